@@ -1,0 +1,227 @@
+"""Experiment configuration: strict YAML schema, ``--set`` overrides, resolution, hashing."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from vflbench.errors import ConfigError
+
+Algorithm = Literal["vlr", "vhnn", "vsnn"]
+AGGREGATIONS: dict[str, tuple[str, ...]] = {
+    "vlr": ("sum",),
+    "vhnn": ("concat", "sum", "mean"),
+    "vsnn": ("concat", "sum", "mean"),
+}
+DEFAULT_MODELS = {"vlr": ("logreg", "identity"), "vhnn": ("mlp2", "mlp2"), "vsnn": ("mlp2", "mlp2")}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(_Strict):
+    """Which dataset, how it is cut among parties, and how much of it to use."""
+
+    name: str
+    parties: int = Field(2, description="number of parties K, the active party included (2..10)")
+    root: str | None = Field(None, description="datasets root (else --data-root or $VFLBENCH_DATA)")
+    split: Literal["auto", "width", "height", "even", "columns"] = "auto"
+    columns: list[list[int]] | None = Field(None, description="explicit column lists, passive parties first")
+    standardise: bool = True
+    train_size: int | None = Field(None, description="subsample this many training rows")
+    test_size: int | None = Field(None, description="subsample this many test rows")
+    options: dict[str, Any] = Field(default_factory=dict, description="dataset-specific options")
+
+
+class ModelConfig(_Strict):
+    """Bottom and top model names and sizes."""
+
+    bottom: str | None = Field(None, description="bottom model of every party (default per algorithm)")
+    top: str | None = Field(None, description="top model (default per algorithm)")
+    embed_dim: int | None = Field(None, description="bottom output width (default 16; classes in VLR)")
+    bottom_options: dict[str, Any] = Field(default_factory=dict)
+    top_options: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrainConfig(_Strict):
+    """The VFL algorithm and its optimisation."""
+
+    algorithm: Algorithm = "vhnn"
+    aggregation: Literal["concat", "sum", "mean"] | None = None
+    epochs: int = Field(10, ge=1)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(0.1, gt=0)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    momentum: float = Field(0.9, ge=0, description="SGD momentum (0.9 as in Fu et al.)")
+    weight_decay: float = Field(0.0, ge=0)
+    schedule: Literal["constant", "step", "multistep", "cosine"] = "constant"
+    step_size: int = Field(30, ge=1)
+    milestones: list[int] = Field(default_factory=list)
+    gamma: float = Field(0.1, gt=0)
+    metric: Literal["accuracy", "auc"] = "accuracy"
+    eval_every: int = Field(1, ge=1)
+    threads: int = Field(1, ge=1, description="torch intra-op threads (1 is fastest for small models)")
+    checkpoint: Literal["none", "final", "every_epoch"] = "final"
+
+
+class ComponentSpec(BaseModel):
+    """A defense or attack by registry name, with its keyword parameters beside the name."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+
+    def params(self) -> dict[str, Any]:
+        """The parameters other than ``name``."""
+        return dict(self.model_extra or {})
+
+
+class ExperimentConfig(_Strict):
+    """A whole experiment: one scenario, its defenses and attacks, and the seed."""
+
+    data: DataConfig
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    defenses: list[ComponentSpec] = Field(default_factory=list)
+    attacks: list[ComponentSpec] = Field(default_factory=list)
+    baselines: list[Literal["vanilla", "alone"]] = Field(default_factory=list)
+    seed: int = 0
+    sweep: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_algorithm(self) -> ExperimentConfig:
+        algo = self.train.algorithm
+        allowed = AGGREGATIONS[algo]
+        if self.train.aggregation is not None and self.train.aggregation not in allowed:
+            raise ValueError(f"aggregation {self.train.aggregation!r} is not allowed with {algo}; "
+                             f"{algo} allows: {', '.join(allowed)}")
+        if algo == "vlr":
+            if self.model.bottom not in (None, "logreg"):
+                raise ValueError(f"VLR uses logreg bottom models, got {self.model.bottom!r}; use vhnn for neural bottoms")
+            if self.model.top not in (None, "identity"):
+                raise ValueError(f"VLR has no top model (top: identity), got {self.model.top!r}")
+        return self
+
+    def resolved(self) -> ExperimentConfig:
+        """A copy with every algorithm-dependent default made explicit."""
+        algo = self.train.algorithm
+        bottom, top = DEFAULT_MODELS[algo]
+        out = self.model_copy(deep=True)
+        out.model.bottom = self.model.bottom or bottom
+        out.model.top = self.model.top or top
+        out.train.aggregation = self.train.aggregation or AGGREGATIONS[algo][0]
+        return out
+
+    def hash(self) -> str:
+        """A short stable hash of the resolved config (the run directory's name)."""
+        payload = self.resolved().model_dump(mode="json", exclude={"sweep"})
+        text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def to_yaml(self) -> str:
+        """The config as YAML."""
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
+    """Valid keys of the config section at ``loc`` (for 'unknown key' messages)."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)) or part not in current.model_fields:
+            return None
+        annotation = current.model_fields[part].annotation
+        candidates = [annotation, *typing.get_args(annotation)]
+        nested = [a for a in candidates for a in (a, *typing.get_args(a))
+                  if isinstance(a, type) and issubclass(a, BaseModel)]
+        current = nested[0] if nested else None
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return None
+
+
+def _explain(exc: ValidationError) -> ConfigError:
+    lines = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        where = ".".join(str(p) for p in loc) or "config"
+        if err["type"] == "extra_forbidden":
+            valid = _fields_at(ExperimentConfig, loc[:-1]) or []
+            lines.append(f"unknown key {where!r}; valid keys here are: {', '.join(valid)}")
+        elif err["type"] == "missing":
+            lines.append(f"missing required key {where!r}")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"{where}: {msg}" if loc else msg)
+    return ConfigError("invalid config: " + "; ".join(lines) + ".")
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Split ``a.b.0.c=value`` into a key path and a YAML-parsed value."""
+    if "=" not in item:
+        raise ConfigError(f"--set expects key=value (e.g. train.epochs=5), got {item!r}")
+    key, _, raw = item.partition("=")
+    if not key.strip():
+        raise ConfigError(f"--set {item!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def apply_override(raw: dict[str, Any], path: list[str], value: Any) -> None:
+    """Set ``value`` at ``path`` in a nested dict/list, creating dict levels as needed."""
+    node: Any = raw
+    for i, part in enumerate(path):
+        last = i == len(path) - 1
+        if isinstance(node, list):
+            try:
+                idx = int(part)
+                if last:
+                    node[idx] = value
+                else:
+                    node = node[idx]
+                continue
+            except (ValueError, IndexError):
+                raise ConfigError(f"--set {'.'.join(path)}: {part!r} is not a valid index of a "
+                                  f"list of {len(node)} items") from None
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {'.'.join(path)}: {'.'.join(path[:i])} is not a section")
+        if last:
+            node[part] = value
+        else:
+            node = node.setdefault(part, {})
+
+
+def build_config(raw: dict[str, Any], overrides: list[str] = ()) -> ExperimentConfig:  # type: ignore[assignment]
+    """Validate a raw mapping (with ``--set`` overrides applied) into a config."""
+    data = copy.deepcopy(raw)
+    for item in overrides:
+        apply_override(data, *parse_override(item))
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _explain(exc) from None
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:  # type: ignore[assignment]
+    """Read a YAML config file and validate it."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist")
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p} is not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p} must hold a mapping with sections data, model, train, defenses, attacks, seed")
+    return build_config(raw, list(overrides))

@@ -1,0 +1,32 @@
+"""Datasets: registry, loaders, vertical partitioning, and threat-model samplers."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+from vflbench.data import embedded, images  # noqa: F401  (register loaders)
+from vflbench.data.base import Dataset, PartySlice, VerticalData
+from vflbench.data.files import resolve_root
+from vflbench.data.partition import partition, subsample
+from vflbench.data.registry import DATASETS
+from vflbench.data.sampling import aux_indices, known_label_indices
+from vflbench.errors import DataError
+
+__all__ = ["DATASETS", "Dataset", "PartySlice", "VerticalData", "aux_indices", "known_label_indices",
+           "load_dataset", "partition", "subsample"]
+
+
+def load_dataset(name: str, *, root: str | Path | None = None, **options: Any) -> Dataset:
+    """Load the registered dataset ``name``; ``options`` are its own keyword arguments."""
+    entry = DATASETS.get(name)
+    params = inspect.signature(entry.factory).parameters
+    valid = sorted(p for p in params if p != "root")
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise DataError(
+            f"dataset {name!r} has no option {', '.join(map(repr, unknown))}; "
+            f"valid options are: {', '.join(valid) or '(none)'}."
+        )
+    return entry.factory(root=resolve_root(root), **options)

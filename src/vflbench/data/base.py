@@ -1,0 +1,82 @@
+"""Dataset containers shared by every loader."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+Kind = Literal["image", "tabular", "text"]
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A centralized dataset before vertical partitioning.
+
+    ``x_*`` are float32 for images (N, C, H, W) in [0, 1] and tabular data (N, F); text is
+    int64 token ids (N, L). Categorical tabular columns (Criteo) hold integer codes stored as
+    floats and are listed in ``meta["categorical"]`` with their cardinalities in
+    ``meta["cardinalities"]``; they are never standardised.
+    """
+
+    name: str
+    kind: Kind
+    x_train: Tensor
+    y_train: Tensor
+    x_test: Tensor
+    y_test: Tensor
+    num_classes: int
+    feature_names: tuple[str, ...] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.x_train) != len(self.y_train) or len(self.x_test) != len(self.y_test):
+            raise ValueError(f"{self.name}: features and labels differ in length")
+        if self.y_train.dtype != torch.long or self.y_test.dtype != torch.long:
+            raise ValueError(f"{self.name}: labels must be int64 class indices")
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """Shape of one sample's features."""
+        return tuple(self.x_train.shape[1:])
+
+
+@dataclass(frozen=True)
+class PartySlice:
+    """One party's vertical slice of the features (train and test rows aligned by index)."""
+
+    x_train: Tensor
+    x_test: Tensor
+    kind: Kind
+    columns: tuple[int, ...] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """Shape of one sample of this slice (what the party's bottom model sees)."""
+        return tuple(self.x_train.shape[1:])
+
+
+@dataclass(frozen=True)
+class VerticalData:
+    """A dataset partitioned vertically among parties.
+
+    ``passive`` holds one slice per passive party (``passive_1`` ... ``passive_{K-1}``);
+    ``active`` is the active party's slice, or ``None`` when it holds no features (VSNN).
+    Labels belong to the active party only.
+    """
+
+    name: str
+    num_classes: int
+    passive: tuple[PartySlice, ...]
+    active: PartySlice | None
+    y_train: Tensor
+    y_test: Tensor
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_parties(self) -> int:
+        """Number of parties, the active party included."""
+        return len(self.passive) + 1

@@ -1,0 +1,100 @@
+"""Embedded datasets: shipped with scikit-learn, no files needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn import datasets as skd
+from sklearn.model_selection import train_test_split
+
+from vflbench.data.base import Dataset, Kind
+from vflbench.data.registry import DATASETS
+from vflbench.errors import DataError
+
+#: Fixed seed of the train/test split of embedded datasets, so that every run and every
+#: paper-style table uses the same split; the experiment seed changes everything else.
+SPLIT_SEED = 0
+
+
+def _split(
+    name: str,
+    kind: Kind,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    test_fraction: float,
+    feature_names: tuple[str, ...] | None = None,
+) -> Dataset:
+    if not 0.0 < test_fraction < 1.0:
+        raise DataError(f"{name}: test_fraction must be in (0, 1), got {test_fraction}")
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        x, y, test_size=test_fraction, stratify=y, random_state=SPLIT_SEED
+    )
+    return Dataset(
+        name=name,
+        kind=kind,
+        x_train=torch.as_tensor(x_tr, dtype=torch.float32),
+        y_train=torch.as_tensor(y_tr, dtype=torch.long),
+        x_test=torch.as_tensor(x_te, dtype=torch.float32),
+        y_test=torch.as_tensor(y_te, dtype=torch.long),
+        num_classes=int(np.max(y)) + 1,
+        feature_names=feature_names,
+    )
+
+
+@DATASETS.register("digits", summary="scikit-learn 8x8 handwritten digits, 1,797 images, 10 classes",
+                   kind="image", files=())
+def load_digits(*, root: Path | None = None, test_fraction: float = 0.2) -> Dataset:
+    """scikit-learn's 8x8 digits as 1x8x8 images scaled to [0, 1]."""
+    bunch = skd.load_digits()
+    x = (bunch.data / 16.0).reshape(-1, 1, 8, 8)
+    return _split("digits", "image", x, bunch.target, test_fraction=test_fraction)
+
+
+@DATASETS.register("breast_cancer", summary="Wisconsin breast cancer, 569 rows, 30 features, binary",
+                   kind="tabular", files=())
+def load_breast_cancer(*, root: Path | None = None, test_fraction: float = 0.2) -> Dataset:
+    """Wisconsin diagnostic breast cancer (binary; 1 = benign as in scikit-learn)."""
+    bunch = skd.load_breast_cancer()
+    return _split("breast_cancer", "tabular", bunch.data, bunch.target,
+                  test_fraction=test_fraction, feature_names=tuple(bunch.feature_names))
+
+
+@DATASETS.register("wine", summary="UCI wine, 178 rows, 13 features, 3 classes",
+                   kind="tabular", files=())
+def load_wine(*, root: Path | None = None, test_fraction: float = 0.25) -> Dataset:
+    """UCI wine recognition (3 classes)."""
+    bunch = skd.load_wine()
+    return _split("wine", "tabular", bunch.data, bunch.target,
+                  test_fraction=test_fraction, feature_names=tuple(bunch.feature_names))
+
+
+@DATASETS.register("synthetic", summary="make_classification with chosen samples/features/classes",
+                   kind="tabular", files=())
+def load_synthetic(
+    *,
+    root: Path | None = None,
+    n_samples: int = 2000,
+    n_features: int = 20,
+    n_informative: int = 10,
+    n_classes: int = 2,
+    class_sep: float = 1.0,
+    generator_seed: int = 0,
+    test_fraction: float = 0.2,
+) -> Dataset:
+    """scikit-learn ``make_classification`` with the given shape (its own seed)."""
+    if n_informative > n_features:
+        raise DataError(
+            f"synthetic: n_informative ({n_informative}) cannot exceed n_features ({n_features})"
+        )
+    try:
+        x, y = skd.make_classification(
+            n_samples=n_samples, n_features=n_features, n_informative=n_informative,
+            n_redundant=0, n_classes=n_classes, class_sep=class_sep,
+            random_state=generator_seed,
+        )
+    except ValueError as exc:
+        raise DataError(f"synthetic: {exc}") from None
+    return _split("synthetic", "tabular", x, y, test_fraction=test_fraction)

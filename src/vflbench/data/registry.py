@@ -1,0 +1,13 @@
+"""The dataset registry.
+
+A dataset factory takes keyword-only arguments: ``root`` (the datasets root, a
+:class:`pathlib.Path` or ``None``) and its own options, and returns a :class:`Dataset`.
+Entries carry ``files`` (the files a user must place under the root; empty for embedded data).
+"""
+
+from __future__ import annotations
+
+from vflbench.data.base import Dataset
+from vflbench.registry import Registry
+
+DATASETS: Registry[Dataset] = Registry("dataset")

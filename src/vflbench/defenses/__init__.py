@@ -1,0 +1,42 @@
+"""Defenses: the registry and construction from config specs.
+
+Each defense is a :class:`~vflbench.protocol.hooks.Defense` subclass registered by name.
+Its parameters are keyword-only; ``strength`` is accepted everywhere as an alias for the
+defense's main knob (``strength_param``), so that sweeps treat all defenses alike.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from vflbench.errors import ConfigError
+from vflbench.protocol.hooks import Defense
+from vflbench.registry import Registry
+
+DEFENSES: Registry[Defense] = Registry("defense")
+
+
+def defense_params(cls: type[Defense]) -> list[str]:
+    """The keyword parameters a defense accepts (``strength`` included where aliased)."""
+    names = [p for p in inspect.signature(cls).parameters if p != "self"]
+    return names + (["strength"] if cls.strength_param else [])
+
+
+def create_defense(name: str, **params: Any) -> Defense:
+    """Build defense ``name``; ``strength`` maps to its main knob; unknown keys are errors."""
+    cls = DEFENSES.get(name).factory
+    assert isinstance(cls, type) and issubclass(cls, Defense)
+    valid = defense_params(cls)
+    unknown = sorted(set(params) - set(valid))
+    if unknown:
+        raise ConfigError(f"defense {name!r} has no parameter {', '.join(map(repr, unknown))}; "
+                          f"valid parameters are: {', '.join(valid) or '(none)'}.")
+    if "strength" in params:
+        if cls.strength_param in params:
+            raise ConfigError(f"defense {name!r}: give 'strength' or {cls.strength_param!r}, not both")
+        params[cls.strength_param] = params.pop("strength")  # type: ignore[index]
+    try:
+        return cls(**params)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"defense {name!r}: {exc}") from None

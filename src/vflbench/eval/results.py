@@ -1,0 +1,83 @@
+"""Typed results and their atomic writing (the results contract of DESIGN.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class UtilityResult:
+    """Main-task performance of a trained model on the test split."""
+
+    metric: str
+    value: float
+    per_epoch: list[float] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class AttackResult:
+    """One attack's outcome: its metric, value, the prior it is compared to, and eps_p."""
+
+    name: str
+    target: str
+    metric: str
+    value: float
+    prior: float
+    prior_name: str
+    leakage: float
+    per_epoch: list[float] | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Timing:
+    """Wall-clock seconds."""
+
+    train_seconds: float
+    epoch_seconds: list[float]
+    attack_seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class RunResult:
+    """Everything ``result.json`` records for one run."""
+
+    config_hash: str
+    seed: int
+    data: dict[str, Any]
+    utility: UtilityResult
+    defense: list[dict[str, Any]]
+    attacks: list[AttackResult]
+    timing: Timing
+    comm: dict[str, int]
+    baselines: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, payload: Any) -> None:
+    """Atomically write ``payload`` as indented JSON."""
+    write_atomic(path, json.dumps(payload, indent=2, sort_keys=False) + "\n")

@@ -1,0 +1,149 @@
+"""Running one experiment: train, evaluate, baselines, attacks; write the run directory."""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sklearn
+import torch
+
+from vflbench import __version__
+from vflbench.config import ExperimentConfig
+from vflbench.data import VerticalData
+from vflbench.errors import ConfigError
+from vflbench.eval.results import RunResult, Timing, UtilityResult, write_atomic, write_json
+from vflbench.eval.scenario import build_federation, load_vertical_data, plan_defenses
+from vflbench.protocol import Federation, History, Progress
+from vflbench.rng import generator
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainedRun:
+    """A trained federation with its data and history (what attacks run on)."""
+
+    config: ExperimentConfig
+    data: VerticalData
+    federation: Federation
+    history: History
+    train_seconds: float
+
+
+def utility_of(cfg: ExperimentConfig, history: History) -> UtilityResult:
+    """The configured utility metric: final test value and its per-epoch curve."""
+    key = f"test_{cfg.train.metric}"
+    per_epoch = [r[key] for r in history.epochs if key in r]
+    if not per_epoch:
+        raise ConfigError(f"train.metric {cfg.train.metric!r} is not available for this task "
+                          f"(AUC needs a binary task); use accuracy")
+    final = {k.removeprefix("test_"): v for k, v in history.epochs[-1].items() if k.startswith("test_")}
+    return UtilityResult(cfg.train.metric, per_epoch[-1], per_epoch, final)
+
+
+def train_run(cfg: ExperimentConfig, vd: VerticalData, *, with_defenses: bool = True, alone: bool = False,
+              progress: Progress | None = None, keep: dict[str, set[str]] | None = None,
+              on_epoch_end: Callable[[int, dict[str, Any]], None] | None = None) -> TrainedRun:
+    """Build and train one federation of ``cfg`` on ``vd``."""
+    names = [f"passive_{i + 1}" for i in range(0 if alone else len(vd.passive))]
+    plan = plan_defenses(cfg, names) if with_defenses else None
+    fed = build_federation(cfg, vd, defenses=plan, alone=alone, keep=keep)
+    tic = time.perf_counter()
+    history = fed.fit(epochs=cfg.train.epochs, batch_size=cfg.train.batch_size,
+                      generator=generator(cfg.seed, "active", "batches"), y_test=vd.y_test,
+                      eval_every=cfg.train.eval_every, progress=progress, on_epoch_end=on_epoch_end)
+    return TrainedRun(cfg, vd, fed, history, time.perf_counter() - tic)
+
+
+def environment(threads: int) -> dict[str, Any]:
+    """Versions, git commit and thread count, for ``env.json``."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        sha = None
+    return {"vflbench": __version__, "python": platform.python_version(), "torch": torch.__version__,
+            "numpy": np.__version__, "scikit_learn": sklearn.__version__, "platform": platform.platform(),
+            "git_sha": sha, "threads": threads, "interop_threads": torch.get_num_interop_threads()}
+
+
+def save_checkpoints(run: TrainedRun, directory: Path, tag: str = "final") -> None:
+    """Save every party's models (state dicts) under ``directory/checkpoints``."""
+    for party in run.federation.parties():
+        for role, model in party.models().items():
+            path = directory / "checkpoints" / f"{party.name}.{role}.{tag}.pt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            torch.save(model.state_dict(), tmp)
+            tmp.replace(path)
+
+
+def run_experiment(cfg: ExperimentConfig, *, out_dir: str | Path | None = None,
+                   data_root: str | Path | None = None, progress: Progress | None = None) -> RunResult:
+    """Run ``cfg`` end to end; if ``out_dir`` is given write ``out_dir/<hash>/``."""
+    cfg = cfg.resolved()
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.train.threads)
+    try:
+        return _run(cfg, out_dir=Path(out_dir) if out_dir else None, data_root=data_root, progress=progress)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path | None,
+         progress: Progress | None) -> RunResult:
+    from vflbench.attacks import run_attacks, validate_attacks
+
+    vd = load_vertical_data(cfg, data_root)
+    attack_plan = validate_attacks(cfg, vd)
+    run_dir = out_dir / cfg.hash() if out_dir else None
+    metrics_lines: list[str] = []
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(run_dir / "config.yaml", cfg.to_yaml())
+        write_json(run_dir / "env.json", environment(cfg.train.threads))
+
+    def on_epoch_end(epoch: int, record: dict[str, Any]) -> None:
+        if run_dir is None:
+            return
+        metrics_lines.append(json.dumps(record))
+        write_atomic(run_dir / "metrics.jsonl", "\n".join(metrics_lines) + "\n")
+
+    run = train_run(cfg, vd, progress=progress, keep=attack_plan.keep, on_epoch_end=on_epoch_end)
+    utility = utility_of(cfg, run.history)
+    if run_dir is not None and cfg.train.checkpoint != "none":
+        save_checkpoints(run, run_dir)
+    baselines: dict[str, Any] = {}
+    for name in cfg.baselines:
+        if name == "vanilla" and not cfg.defenses:
+            baselines["vanilla"] = utility.__dict__
+        elif name == "vanilla":
+            baselines["vanilla"] = utility_of(cfg, train_run(cfg, vd, with_defenses=False).history).__dict__
+        elif vd.active is None:
+            baselines["alone"] = {"skipped": "in VSNN the active party holds no features, so it cannot train alone"}
+        else:
+            baselines["alone"] = utility_of(cfg, train_run(cfg, vd, with_defenses=False, alone=True).history).__dict__
+    attack_results, attack_seconds = run_attacks(attack_plan, run)
+    comm = run.federation.channel.train
+    result = RunResult(
+        config_hash=cfg.hash(), seed=cfg.seed,
+        data={**vd.info, "n_train": len(vd.y_train), "n_test": len(vd.y_test)},
+        utility=utility,
+        defense=[{"name": s.name, "params": s.params()} for s in cfg.defenses],
+        attacks=attack_results,
+        timing=Timing(run.train_seconds, run.history.epoch_seconds, attack_seconds),
+        comm={"messages": comm.messages, "bytes_up": comm.bytes_up, "bytes_down": comm.bytes_down},
+        baselines=baselines,
+    )
+    if run_dir is not None:
+        write_json(run_dir / "result.json", result.to_dict())
+    return result

@@ -1,0 +1,152 @@
+"""Building a federation from a config: data, parties, models, optimizers, defenses."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vflbench.config import ExperimentConfig
+from vflbench.data import VerticalData, load_dataset, partition, subsample
+from vflbench.defenses import create_defense
+from vflbench.errors import ConfigError
+from vflbench.models import build_bottom, build_top
+from vflbench.protocol import (
+    ACTIVE,
+    ActiveParty,
+    BindContext,
+    Defense,
+    Federation,
+    PassiveParty,
+    Transcript,
+    default_objective,
+    passive_name,
+)
+from vflbench.rng import generator
+
+DEFAULT_EMBED_DIM = 16
+
+
+def load_vertical_data(cfg: ExperimentConfig, data_root: str | Path | None = None) -> VerticalData:
+    """Load, subsample and partition the config's dataset."""
+    d = cfg.data
+    ds = load_dataset(d.name, root=d.root or data_root, **d.options)
+    ds = subsample(ds, train_size=d.train_size, test_size=d.test_size,
+                   generator=generator(cfg.seed, "data", "subsample"))
+    vd = partition(ds, parties=d.parties, active_has_features=cfg.train.algorithm != "vsnn",
+                   split=d.split, columns=d.columns, standardise=d.standardise)
+    vd.info.update({"dataset": d.name, "parties": d.parties, "subsampled": d.train_size is not None or d.test_size is not None,
+                    "slice_shapes": [list(p.sample_shape) for p in vd.passive]
+                    + ([list(vd.active.sample_shape)] if vd.active is not None else [])})
+    return vd
+
+
+def make_optimizer(cfg: ExperimentConfig, params: Sequence[nn.Parameter]) -> torch.optim.Optimizer:
+    """The configured optimizer over ``params``."""
+    t = cfg.train
+    if t.optimizer == "adam":
+        return torch.optim.Adam(params, lr=t.lr, weight_decay=t.weight_decay)
+    return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+
+
+def make_scheduler(cfg: ExperimentConfig, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """The configured learning-rate schedule (stepped once per epoch)."""
+    t = cfg.train
+    if t.schedule == "step":
+        return torch.optim.lr_scheduler.StepLR(opt, t.step_size, t.gamma)
+    if t.schedule == "multistep":
+        return torch.optim.lr_scheduler.MultiStepLR(opt, t.milestones, t.gamma)
+    if t.schedule == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(opt, t.epochs)
+    return None
+
+
+@dataclass
+class DefensePlan:
+    """Defense instances per party (each party gets its own instances of its side's defenses)."""
+
+    active: list[Defense]
+    passive: dict[str, list[Defense]]
+
+    def all(self) -> list[Defense]:
+        """Every instance, active side first."""
+        return self.active + [d for ds in self.passive.values() for d in ds]
+
+
+def plan_defenses(cfg: ExperimentConfig, passive_names: Sequence[str]) -> DefensePlan:
+    """Instantiate the configured defenses for the parties whose side they act on."""
+    plan = DefensePlan([], {n: [] for n in passive_names})
+    for spec in cfg.defenses:
+        probe = create_defense(spec.name, **spec.params())
+        if probe.side == "active":
+            plan.active.append(probe)
+        else:
+            for name in passive_names:
+                plan.passive[name].append(create_defense(spec.name, **spec.params()))
+    return plan
+
+
+def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: DefensePlan | None = None,
+                     alone: bool = False, keep: dict[str, set[str]] | None = None) -> Federation:
+    """Build the parties of ``cfg`` over ``vd`` (``alone``: the active party by itself)."""
+    cfg = cfg.resolved()
+    m, t, seed = cfg.model, cfg.train, cfg.seed
+    assert m.bottom and m.top and t.aggregation
+    keep = keep or {}
+    passive_slices = () if alone else vd.passive
+    names = [passive_name(i + 1) for i in range(len(passive_slices))]
+    plan = defenses or DefensePlan([], {n: [] for n in names})
+    single_logit = t.algorithm == "vlr" and vd.num_classes == 2
+    objective = default_objective(vd.y_train, vd.num_classes, single_logit=single_logit)
+    holders = len(passive_slices) + (vd.active is not None)
+
+    def bind(d: Defense, party: str) -> None:
+        d.bind(BindContext(party, t.algorithm, vd.num_classes, holders + (vd.active is None),
+                           generator(seed, "defense", d.name, party)))
+
+    for d in plan.active:
+        bind(d, ACTIVE)
+        objective = d.transform_labels(objective)
+    if t.algorithm == "vlr":
+        embed_dim = objective.out_dim
+        if m.embed_dim not in (None, embed_dim):
+            raise ConfigError(f"VLR bottoms output the logits ({embed_dim}); remove model.embed_dim")
+    else:
+        embed_dim = m.embed_dim or DEFAULT_EMBED_DIM
+
+    def bottom_for(name: str, part) -> nn.Module:  # noqa: ANN001
+        model = build_bottom(m.bottom, part, embed_dim, generator(seed, name, "init"), **m.bottom_options)
+        for d in (*plan.active, *plan.passive.get(name, ())):
+            model = d.wrap_bottom(model, name)
+        return model
+
+    passives = []
+    for name, part in zip(names, passive_slices, strict=True):
+        for d in plan.passive[name]:
+            bind(d, name)
+        bottom = bottom_for(name, part)
+        opt = make_optimizer(cfg, list(bottom.parameters()))
+        passives.append(PassiveParty(name, data=part, bottom=bottom, optimizer=opt,
+                                     scheduler=make_scheduler(cfg, opt),
+                                     generator=generator(seed, name, "party"), defenses=plan.passive[name],
+                                     transcript=Transcript(name, keep.get(name, ()))))
+    active_bottom = bottom_for(ACTIVE, vd.active) if vd.active is not None else None
+    if holders == 0:
+        raise ConfigError("the active party holds no features in VSNN, so it cannot train alone")
+    n_inputs = holders
+    in_dim = embed_dim * n_inputs if t.aggregation == "concat" else embed_dim
+    top = build_top(m.top, in_dim, objective.out_dim, generator(seed, ACTIVE, "top"), **m.top_options)
+    if m.top == "identity" and embed_dim != objective.out_dim:
+        raise ConfigError("an identity top model needs bottoms that output the logits")
+    for d in plan.active:
+        top = d.wrap_top(top)
+    params = list(top.parameters()) + (list(active_bottom.parameters()) if active_bottom is not None else [])
+    opt = make_optimizer(cfg, params)
+    active = ActiveParty(ACTIVE, data=vd.active, bottom=active_bottom, top=top, objective=objective,
+                         aggregation=t.aggregation, optimizer=opt, scheduler=make_scheduler(cfg, opt),
+                         generator=generator(seed, ACTIVE, "party"), defenses=plan.active,
+                         transcript=Transcript(ACTIVE, keep.get(ACTIVE, ())))
+    return Federation(active, passives)

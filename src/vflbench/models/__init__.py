@@ -1,0 +1,52 @@
+"""Model zoo: bottom models per party slice, top models, inference heads, layer listing."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+from vflbench.data.base import PartySlice
+from vflbench.errors import ConfigError
+from vflbench.models import top, zoo  # noqa: F401  (register models)
+from vflbench.models.base import check_fits, init_parameters, linear_layers
+from vflbench.models.registry import MODELS, TOP_MODELS
+from vflbench.models.top import inference_head
+
+__all__ = ["MODELS", "TOP_MODELS", "build_bottom", "build_top", "check_fits", "inference_head",
+           "init_parameters", "linear_layers"]
+
+
+def _check_options(kind: str, name: str, factory: Any, options: dict[str, Any], reserved: set[str]) -> None:
+    valid = sorted(set(inspect.signature(factory).parameters) - reserved)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ConfigError(f"{kind} {name!r} has no option {', '.join(map(repr, unknown))}; "
+                          f"valid options are: {', '.join(valid) or '(none)'}.")
+
+
+def build_bottom(name: str, part: PartySlice, out_dim: int, generator: torch.Generator,
+                 **options: Any) -> nn.Module:
+    """Build and seed bottom model ``name`` for a party's slice; check that it fits."""
+    entry = MODELS.get(name)
+    _check_options("model", name, entry.factory, options, {"input_shape", "out_dim", "meta"})
+    try:
+        model = entry.factory(input_shape=part.sample_shape, out_dim=out_dim, meta=dict(part.meta), **options)
+    except ValueError as exc:
+        raise ConfigError(f"model {name!r} does not fit a party's input of shape {part.sample_shape}: {exc}. "
+                          f"Use a model for this input (e.g. mlp2 for small or tabular slices) or fewer parties.") from None
+    dtype = part.x_train.dtype
+    width = check_fits(model, part.sample_shape, name, dtype)
+    if width != out_dim:
+        raise ConfigError(f"model {name!r} outputs {width} values, expected {out_dim}")
+    return init_parameters(model, generator)
+
+
+def build_top(name: str, in_dim: int, num_classes: int, generator: torch.Generator,
+              **options: Any) -> nn.Module:
+    """Build and seed top model ``name``."""
+    entry = TOP_MODELS.get(name)
+    _check_options("top model", name, entry.factory, options, {"in_dim", "num_classes"})
+    return init_parameters(entry.factory(in_dim=in_dim, num_classes=num_classes, **options), generator)

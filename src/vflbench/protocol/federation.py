@@ -1,0 +1,146 @@
+"""The federation and the one VFL training loop (VLR, VHNN and VSNN alike)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from sklearn.metrics import roc_auc_score
+from torch import Tensor
+
+from vflbench.protocol.channel import Channel
+from vflbench.protocol.messages import ACTIVE, Message
+from vflbench.protocol.party import ActiveParty, PassiveParty, Split
+
+log = logging.getLogger(__name__)
+EVAL_BATCH = 4096
+
+
+class Progress(Protocol):
+    """What the loop reports to a progress display."""
+
+    def start(self, epochs: int, steps_per_epoch: int) -> None: ...  # noqa: D102
+    def advance(self) -> None: ...  # noqa: D102
+    def epoch_done(self, record: dict[str, Any]) -> None: ...  # noqa: D102
+
+
+@dataclass
+class History:
+    """Per-epoch records of one training run."""
+
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    epoch_seconds: list[float] = field(default_factory=list)
+    refused_updates: int = 0
+
+
+def classification_metrics(scores: Tensor, predicted: Tensor, y: Tensor) -> dict[str, float]:
+    """Accuracy always; AUC for binary tasks; top-5 accuracy for 100+ classes."""
+    out = {"accuracy": float((predicted == y).float().mean())}
+    n_classes = scores.shape[1]
+    if n_classes == 2 and len(torch.unique(y)) == 2:
+        out["auc"] = float(roc_auc_score(y.numpy(), scores[:, 1].double().numpy()))
+    if n_classes >= 100:
+        top5 = scores.topk(5, 1).indices
+        out["top5"] = float((top5 == y[:, None]).any(1).float().mean())
+    return out
+
+
+class Federation:
+    """An active party and K-1 passive parties joined by a channel."""
+
+    def __init__(self, active: ActiveParty, passives: Sequence[PassiveParty],
+                 channel: Channel | None = None) -> None:
+        self.active = active
+        self.passives = list(passives)
+        self.channel = channel or Channel()
+        for party in (active, *self.passives):
+            self.channel.register(party.transcript)
+
+    def parties(self) -> list[Any]:
+        """Every party, passive parties first."""
+        return [*self.passives, self.active]
+
+    def train_step(self, ids: Tensor, *, epoch: int, step: int) -> int:
+        """One batch of the protocol; returns the number of refused updates."""
+        send = self.channel.send
+        received = [
+            send(Message("embedding", p.name, ACTIVE, p.forward(ids, epoch=epoch, step=step), ids, epoch, step)).payload
+            for p in self.passives
+        ]
+        gradients = self.active.step(ids, received, epoch=epoch, step=step,
+                                     senders=[p.name for p in self.passives])
+        refused = 0
+        for p, g in zip(self.passives, gradients, strict=True):
+            delivered = send(Message("cut_gradient", ACTIVE, p.name, g, ids, epoch, step)).payload
+            refused += not p.backward(delivered)
+        return refused
+
+    def outputs(self, split: Split, ids: Tensor | None = None) -> Tensor:
+        """Model outputs for ``split`` (all rows, or ``ids``), computed through the protocol."""
+        n = len(self.active.objective.targets) if split == "train" else self._n_test()
+        rows = torch.arange(n) if ids is None else ids
+        chunks = []
+        for start in range(0, len(rows), EVAL_BATCH):
+            batch = rows[start : start + EVAL_BATCH]
+            received = [
+                self.channel.send(Message("embedding", p.name, ACTIVE,
+                                          p.forward(batch, epoch=-1, step=-1, split=split, train=False),
+                                          batch, -1, -1, "eval")).payload
+                for p in self.passives
+            ]
+            chunks.append(self.active.predict(batch, received, split))
+        return torch.cat(chunks)
+
+    def _n_test(self) -> int:
+        holder = self.active if self.active.data is not None else self.passives[0]
+        assert holder.data is not None
+        return len(holder.data.x_test)
+
+    def evaluate(self, y: Tensor, split: Split = "test") -> dict[str, float]:
+        """Classification metrics of the joint model on ``split`` against labels ``y``."""
+        out = self.outputs(split)
+        obj = self.active.objective
+        return classification_metrics(obj.scores(out), obj.decode(out), y)
+
+    def fit(self, *, epochs: int, batch_size: int, generator: torch.Generator, y_test: Tensor,
+            eval_every: int = 1, progress: Progress | None = None,
+            on_epoch_end: Callable[[int, dict[str, Any]], None] | None = None) -> History:
+        """THE training loop: shuffled batches of aligned ids, evaluation every ``eval_every``."""
+        n = len(self.active.objective.targets)
+        steps = int(np.ceil(n / batch_size))
+        history = History()
+        if progress is not None:
+            progress.start(epochs, steps)
+        for epoch in range(epochs):
+            order = torch.randperm(n, generator=generator)
+            tic = time.perf_counter()
+            refused = 0
+            for step in range(steps):
+                refused += self.train_step(order[step * batch_size : (step + 1) * batch_size],
+                                           epoch=epoch, step=step)
+                if progress is not None:
+                    progress.advance()
+            history.epoch_seconds.append(time.perf_counter() - tic)
+            history.refused_updates += refused
+            record: dict[str, Any] = {"epoch": epoch, "loss": self.active.last_loss,
+                                      "seconds": history.epoch_seconds[-1]}
+            for party in self.parties():
+                record.update(party.end_epoch(epoch))
+            if refused:
+                record["refused_updates"] = refused
+            if (epoch + 1) % eval_every == 0 or epoch == epochs - 1:
+                record.update({f"test_{k}": v for k, v in self.evaluate(y_test).items()})
+            if on_epoch_end is not None:
+                on_epoch_end(epoch, record)
+            history.epochs.append(record)
+            if progress is not None:
+                progress.epoch_done(record)
+            else:
+                log.info("epoch %d/%d %s", epoch + 1, epochs,
+                         " ".join(f"{k}={v:.4g}" for k, v in record.items() if isinstance(v, float)))
+        return history

@@ -1,0 +1,117 @@
+"""The base class of defenses and the hook points of the training loop.
+
+A defense attaches at named hook points of the one training loop, never by editing it.
+Every hook is a no-op here; a defense overrides the ones it uses. Its parameters are
+keyword-only constructor arguments stored unmodified (as in scikit-learn); its state and
+randomness come from :meth:`Defense.bind`, called once before training.
+
+| hook | side | called |
+|---|---|---|
+| ``transform_labels`` | active | once, before training |
+| ``wrap_bottom`` / ``wrap_top`` | either | once, when models are built |
+| ``regularizer`` | either | every batch, extra loss |
+| ``transform_embedding`` | passive | every batch, before sending |
+| ``transform_cut_gradient`` | active | every batch, before sending |
+| ``on_received_gradient`` | passive | every batch; return ``None`` to refuse the update |
+| ``on_epoch_end`` | either | after every epoch |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import Tensor, nn
+
+from vflbench.protocol.objective import Objective
+
+Side = Literal["active", "passive"]
+
+
+@dataclass(frozen=True)
+class BindContext:
+    """What a defense learns about the run when it is bound (no other party's data)."""
+
+    party: str
+    algorithm: str
+    num_classes: int
+    num_parties: int
+    generator: torch.Generator
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepState:
+    """The current batch as seen by the party running the hook.
+
+    At the active side ``targets`` and ``outputs`` are set; ``receiver`` names the passive
+    party a cut gradient is for. At a passive side ``inputs`` and ``embedding`` are its own.
+    """
+
+    epoch: int
+    step: int
+    ids: Tensor
+    party: str
+    receiver: str | None = None
+    inputs: Tensor | None = None
+    embedding: Tensor | None = None
+    embeddings: list[Tensor] | None = None
+    outputs: Tensor | None = None
+    targets: Tensor | None = None
+
+
+class Defense:
+    """A protection attached at hook points (see the module docstring).
+
+    Subclasses set ``name`` and ``side``, take their parameters as keyword-only arguments,
+    and override the hooks they need. ``strength`` aliases the main knob so that sweeps
+    treat all defenses alike; ``strength_direction`` says whether larger is stronger.
+    """
+
+    name: ClassVar[str] = ""
+    side: ClassVar[Side] = "active"
+    paper: ClassVar[str] = ""
+    threat: ClassVar[str] = ""
+    strength_param: ClassVar[str | None] = None
+    strength_direction: ClassVar[str] = "larger is stronger"
+
+    def bind(self, context: BindContext) -> None:
+        """Receive the run context before training (store the generator here)."""
+        self.context_ = context
+
+    def transform_labels(self, objective: Objective) -> Objective:
+        """Change targets, loss, output width or decoding (active side)."""
+        return objective
+
+    def wrap_bottom(self, model: nn.Module, party: str) -> nn.Module:
+        """Wrap or replace a bottom model (either side)."""
+        return model
+
+    def wrap_top(self, model: nn.Module) -> nn.Module:
+        """Wrap or replace the top model (active side)."""
+        return model
+
+    def regularizer(self, state: StepState) -> Tensor | None:
+        """An extra loss term for this batch, or ``None``."""
+        return None
+
+    def transform_embedding(self, embedding: Tensor, state: StepState) -> Tensor:
+        """Change an embedding before the passive party sends it."""
+        return embedding
+
+    def transform_cut_gradient(self, gradient: Tensor, state: StepState) -> Tensor:
+        """Change a cut-layer gradient before the active party sends it."""
+        return gradient
+
+    def on_received_gradient(self, gradient: Tensor, state: StepState) -> Tensor | None:
+        """Observe (or change) a received gradient; ``None`` refuses the update."""
+        return gradient
+
+    def on_epoch_end(self, epoch: int) -> dict[str, Any]:
+        """Called after every epoch; returned values go into the per-epoch metrics."""
+        return {}
+
+    def get_params(self) -> dict[str, Any]:
+        """The constructor parameters, as given (for results and hashing)."""
+        return {k: v for k, v in vars(self).items() if not k.endswith("_") and not k.startswith("_")}
