@@ -1,0 +1,210 @@
+"""The ``vflbench`` command line."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from vflbench.errors import VFLBenchError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
+                  help="Train, attack, defend and evaluate vertical federated learning.")
+datasets_app = typer.Typer(no_args_is_help=True, help="Dataset utilities.")
+app.add_typer(datasets_app, name="datasets")
+out = Console()
+err = Console(stderr=True)
+
+KINDS = ("datasets", "models", "attacks", "defenses")
+
+
+def _registries() -> dict[str, Any]:
+    from vflbench.attacks import ATTACKS
+    from vflbench.data import DATASETS
+    from vflbench.defenses import DEFENSES
+    from vflbench.models import MODELS, TOP_MODELS
+
+    return {"datasets": DATASETS, "models": MODELS, "top models": TOP_MODELS,
+            "attacks": ATTACKS, "defenses": DEFENSES}
+
+
+class RichProgress:
+    """Progress bar on a terminal; one log line per epoch otherwise."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.bar: Progress | None = None
+        self.epochs = 0
+
+    def start(self, epochs: int, steps_per_epoch: int) -> None:  # noqa: D102
+        self.epochs = epochs
+        if self.console.is_terminal:
+            self.bar = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), TextColumn("{task.description}"),
+                                console=self.console, transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("", total=epochs * steps_per_epoch)
+
+    def advance(self) -> None:  # noqa: D102
+        if self.bar is not None:
+            self.bar.advance(self.task)
+
+    def epoch_done(self, record: dict[str, Any]) -> None:  # noqa: D102
+        metrics = " ".join(f"{k}={v:.4f}" for k, v in record.items() if k.startswith("test_"))
+        line = f"epoch {record['epoch'] + 1}/{self.epochs} loss={record['loss']:.4f} {metrics}"
+        if self.bar is not None:
+            self.bar.update(self.task, description=line)
+            if record["epoch"] + 1 == self.epochs:
+                self.bar.stop()
+        else:
+            logging.getLogger("vflbench").info(line)
+
+
+def _result_table(result: Any) -> Table:
+    table = Table(title=f"run {result.config_hash} (seed {result.seed})")
+    for col in ("what", "metric", "value", "prior", "leakage"):
+        table.add_column(col, justify="right" if col in ("value", "prior", "leakage") else "left")
+    u = result.utility
+    label = "VFL" + (f" + {', '.join(d['name'] for d in result.defense)}" if result.defense else " (vanilla)")
+    table.add_row(label, u.metric, f"{u.value:.4f}", "", "")
+    for name, base in result.baselines.items():
+        if "skipped" in base:
+            table.add_row(name, "-", "skipped", "", "")
+        else:
+            table.add_row(name, base["metric"], f"{base['value']:.4f}", "", "")
+    for a in result.attacks:
+        table.add_row(f"attack {a.name}", a.metric, f"{a.value:.4f}", f"{a.prior:.4f} ({a.prior_name})",
+                      f"{a.leakage:.2f}")
+    return table
+
+
+@app.command()
+def run(
+    config: Annotated[Path, typer.Argument(help="experiment YAML")],
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override, e.g. train.epochs=5")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="directory for run directories")] = Path("runs"),
+    data_root: Annotated[Path | None, typer.Option("--data-root", help="datasets root")] = None,
+) -> None:
+    """Train and evaluate one experiment; write OUT/<config hash>/result.json."""
+    from vflbench.config import load_config
+    from vflbench.eval.run import run_experiment
+
+    cfg = load_config(config, set_ or [])
+    result = run_experiment(cfg, out_dir=out_dir, data_root=data_root, progress=RichProgress(err))
+    out.print(_result_table(result))
+    out.print(f"results in {out_dir / result.config_hash}")
+
+
+@app.command("list")
+def list_(kind: Annotated[str, typer.Argument(help="datasets | models | attacks | defenses")]) -> None:
+    """List the registered names of one kind of component."""
+    regs = _registries()
+    if kind not in KINDS:
+        raise VFLBenchError(f"unknown kind {kind!r}; valid kinds are: {', '.join(KINDS)}.")
+    kinds = [kind, "top models"] if kind == "models" else [kind]
+    for k in kinds:
+        table = Table(title=k)
+        table.add_column("name")
+        table.add_column("summary")
+        for entry in regs[k]:
+            table.add_row(entry.name, entry.summary)
+        out.print(table)
+
+
+def _parameters(factory: Any) -> list[tuple[str, str]]:
+    skip = {"self", "root", "input_shape", "out_dim", "meta", "in_dim", "num_classes"}
+    params = []
+    for p in inspect.signature(factory).parameters.values():
+        if p.name in skip or p.kind is inspect.Parameter.VAR_KEYWORD:
+            continue
+        default = "required" if p.default is inspect.Parameter.empty else repr(p.default)
+        params.append((p.name, default))
+    return params
+
+
+@app.command()
+def describe(name: Annotated[str, typer.Argument(help="a dataset, model, attack or defense name")]) -> None:
+    """Show what a component is: paper, threat model, what it reads, parameters and defaults."""
+    found = False
+    for kind, reg in _registries().items():
+        if name not in reg:
+            continue
+        found = True
+        entry = reg.get(name)
+        factory = entry.factory
+        out.print(f"[bold]{name}[/bold] ({kind.rstrip('s')}): {entry.summary}")
+        facts = dict(entry.info)
+        for attr in ("paper", "threat", "target", "reads", "phase", "requirements", "side",
+                     "strength_param", "strength_direction", "prior"):
+            value = getattr(factory, attr, None)
+            if value:
+                facts[attr] = value
+        for key, value in facts.items():
+            if value not in (None, (), [], ""):
+                out.print(f"  {key}: {', '.join(map(str, value)) if isinstance(value, (list, tuple)) else value}")
+        params = _parameters(factory)
+        if params:
+            table = Table("parameter", "default", title="parameters")
+            for p, d in params:
+                table.add_row(p, d)
+            out.print(table)
+    if not found:
+        names = sorted({n for reg in _registries().values() for n in reg.names()})
+        raise VFLBenchError(f"unknown component {name!r}; valid names are: {', '.join(names)}.")
+
+
+@datasets_app.command("verify")
+def datasets_verify(
+    data_root: Annotated[Path | None, typer.Option("--data-root", help="datasets root")] = None,
+    names: Annotated[list[str] | None, typer.Argument(help="datasets to check (default: all)")] = None,
+) -> None:
+    """Check that dataset files are present and match their published checksums."""
+    from vflbench.data import verify_datasets
+    from vflbench.data.files import resolve_root
+
+    statuses = verify_datasets(resolve_root(data_root), names or None)
+    table = Table("dataset", "status", "details")
+    for s in statuses:
+        style = {"ok": "green", "embedded": "cyan", "missing": "yellow", "corrupt": "red"}.get(s.status, "")
+        table.add_row(s.name, f"[{style}]{s.status}[/{style}]", s.message)
+    out.print(table)
+    if any(s.status == "corrupt" for s in statuses):
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    """Console-script entry point: user errors print one paragraph and exit with status 2."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s",
+                        handlers=[RichHandler(console=err, show_path=False, show_time=False)]
+                        if err.is_terminal else [logging.StreamHandler(sys.stderr)])
+    try:
+        app(standalone_mode=False)
+    except VFLBenchError as exc:
+        err.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+    except (typer.Exit, SystemExit) as exc:
+        code = getattr(exc, "exit_code", getattr(exc, "code", 0))
+        sys.exit(code)
+    except Exception as exc:
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

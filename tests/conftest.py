@@ -1,0 +1,46 @@
+"""Shared fixtures: tiny configs and the location of the real datasets."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+SHARED_DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+
+
+def datasets_root() -> Path | None:
+    """The real datasets folder, if this machine has it."""
+    env = os.environ.get("VFLBENCH_DATA")
+    for candidate in (Path(env) if env else None, SHARED_DATASETS):
+        if candidate is not None and candidate.is_dir():
+            return candidate
+    return None
+
+
+@pytest.fixture
+def real_data_root() -> Path:
+    """Skip unless the real datasets (../shared/datasets or $VFLBENCH_DATA) are present."""
+    root = datasets_root()
+    if root is None or not (root / "mnist").is_dir():
+        pytest.skip("real datasets not present (../shared/datasets or $VFLBENCH_DATA)")
+    return root
+
+
+def minimal(**sections):
+    """The issue's minimal config, with sections replaced or extended."""
+    raw = {
+        "data": {"name": "digits", "parties": 2},
+        "model": {"bottom": "mlp2", "top": "mlp2"},
+        "train": {"algorithm": "vhnn", "epochs": 5, "batch_size": 64, "lr": 0.1},
+        "defenses": [],
+        "attacks": [],
+        "seed": 0,
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(raw.get(key), dict):
+            raw[key] = {**raw[key], **value}
+        else:
+            raw[key] = value
+    return raw
