@@ -10,7 +10,7 @@ from torch import nn
 
 from vflbench.data.base import PartySlice
 from vflbench.errors import ConfigError
-from vflbench.models import top, zoo  # noqa: F401  (register models)
+from vflbench.models import tabular_text, top, vision, zoo  # noqa: F401  (register models)
 from vflbench.models.base import check_fits, init_parameters, linear_layers
 from vflbench.models.registry import MODELS, TOP_MODELS
 from vflbench.models.top import inference_head
@@ -36,7 +36,8 @@ def build_bottom(name: str, part: PartySlice, out_dim: int, generator: torch.Gen
         model = entry.factory(input_shape=part.sample_shape, out_dim=out_dim, meta=dict(part.meta), **options)
     except ValueError as exc:
         raise ConfigError(f"model {name!r} does not fit a party's input of shape {part.sample_shape}: {exc}. "
-                          f"Use a model for this input (e.g. mlp2 for small or tabular slices) or fewer parties.") from None
+                          "Use a model for this input (e.g. mlp2 for small or tabular slices) "
+                          "or fewer parties.") from None
     dtype = part.x_train.dtype
     width = check_fits(model, part.sample_shape, name, dtype)
     if width != out_dim:

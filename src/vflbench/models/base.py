@@ -34,6 +34,8 @@ def init_parameters(model: nn.Module, generator: torch.Generator) -> nn.Module:
                     nn.init.uniform_(m.bias, -bound, bound, generator=generator)
             elif isinstance(m, nn.Embedding):
                 nn.init.normal_(m.weight, generator=generator)
+                if m.padding_idx is not None:
+                    m.weight[m.padding_idx].zero_()
             elif isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm)):
                 if getattr(m, "weight", None) is not None:
                     nn.init.ones_(m.weight)
