@@ -56,9 +56,13 @@ def load_digits(*, root: Path | None = None, test_fraction: float = 0.2) -> Data
 @DATASETS.register("breast_cancer", summary="Wisconsin breast cancer, 569 rows, 30 features, binary",
                    kind="tabular", files=())
 def load_breast_cancer(*, root: Path | None = None, test_fraction: float = 0.2) -> Dataset:
-    """Wisconsin diagnostic breast cancer (binary; 1 = benign as in scikit-learn)."""
+    """Wisconsin diagnostic breast cancer; 1 = malignant (the positive finding, 37% of rows).
+
+    scikit-learn codes benign as 1; we follow the diagnostic convention (and Li et al.'s, where
+    the positive class is the minority), so label 1 is malignant.
+    """
     bunch = skd.load_breast_cancer()
-    return _split("breast_cancer", "tabular", bunch.data, bunch.target,
+    return _split("breast_cancer", "tabular", bunch.data, 1 - bunch.target,
                   test_fraction=test_fraction, feature_names=tuple(bunch.feature_names))
 
 

@@ -17,6 +17,7 @@ import sklearn
 import torch
 
 from vflbench import __version__
+from vflbench.attacks import AttackPlan, run_attacks, validate_attacks
 from vflbench.config import ExperimentConfig
 from vflbench.data import VerticalData
 from vflbench.errors import ConfigError
@@ -51,16 +52,25 @@ def utility_of(cfg: ExperimentConfig, history: History) -> UtilityResult:
 
 
 def train_run(cfg: ExperimentConfig, vd: VerticalData, *, with_defenses: bool = True, alone: bool = False,
-              progress: Progress | None = None, keep: dict[str, set[str]] | None = None,
+              progress: Progress | None = None, attacks: AttackPlan | None = None,
               on_epoch_end: Callable[[int, dict[str, Any]], None] | None = None) -> TrainedRun:
-    """Build and train one federation of ``cfg`` on ``vd``."""
+    """Build and train one federation of ``cfg`` on ``vd`` (with the attackers installed)."""
     names = [f"passive_{i + 1}" for i in range(0 if alone else len(vd.passive))]
     plan = plan_defenses(cfg, names) if with_defenses else None
-    fed = build_federation(cfg, vd, defenses=plan, alone=alone, keep=keep)
+    fed = build_federation(cfg, vd, defenses=plan, alone=alone, keep=attacks.keep if attacks else None)
+    if attacks is not None:
+        attacks.prepare(fed)
+
+    def epoch_end(epoch: int, record: dict[str, Any]) -> None:
+        if attacks is not None:
+            attacks.on_epoch_end(fed)
+        if on_epoch_end is not None:
+            on_epoch_end(epoch, record)
+
     tic = time.perf_counter()
     history = fed.fit(epochs=cfg.train.epochs, batch_size=cfg.train.batch_size,
                       generator=generator(cfg.seed, "active", "batches"), y_test=vd.y_test,
-                      eval_every=cfg.train.eval_every, progress=progress, on_epoch_end=on_epoch_end)
+                      eval_every=cfg.train.eval_every, progress=progress, on_epoch_end=epoch_end)
     return TrainedRun(cfg, vd, fed, history, time.perf_counter() - tic)
 
 
@@ -101,8 +111,6 @@ def run_experiment(cfg: ExperimentConfig, *, out_dir: str | Path | None = None,
 
 def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path | None,
          progress: Progress | None) -> RunResult:
-    from vflbench.attacks import run_attacks, validate_attacks
-
     vd = load_vertical_data(cfg, data_root)
     attack_plan = validate_attacks(cfg, vd)
     run_dir = out_dir / cfg.hash() if out_dir else None
@@ -118,7 +126,7 @@ def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path |
         metrics_lines.append(json.dumps(record))
         write_atomic(run_dir / "metrics.jsonl", "\n".join(metrics_lines) + "\n")
 
-    run = train_run(cfg, vd, progress=progress, keep=attack_plan.keep, on_epoch_end=on_epoch_end)
+    run = train_run(cfg, vd, progress=progress, attacks=attack_plan, on_epoch_end=on_epoch_end)
     utility = utility_of(cfg, run.history)
     if run_dir is not None and cfg.train.checkpoint != "none":
         save_checkpoints(run, run_dir)

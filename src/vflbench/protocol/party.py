@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
@@ -67,6 +67,9 @@ class PassiveParty(Party):
     def __init__(self, name: str, **kwargs: object) -> None:
         super().__init__(name, **kwargs)  # type: ignore[arg-type]
         self._pending: tuple[Tensor, StepState] | None = None
+        #: Callables ``(state, gradient)`` run after backward and before the optimizer step,
+        #: when this party's own parameter gradients are set (an observing attacker's view).
+        self.observers: list[Callable[[StepState, Tensor], None]] = []
 
     def forward(self, ids: Tensor, *, epoch: int, step: int, split: Split = "train",
                 train: bool = True) -> Tensor:
@@ -101,6 +104,8 @@ class PassiveParty(Party):
             torch.autograd.backward([h, torch.stack(regs).sum()], [g, None])
         else:
             h.backward(g)
+        for observe in self.observers:
+            observe(state, g)
         self.optimizer.step()
         return True
 

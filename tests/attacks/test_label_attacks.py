@@ -1,0 +1,119 @@
+"""Label attacks: they beat chance without defense, and they see only the attacker's view."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import minimal
+from torch import nn
+
+from vflbench.attacks import ATTACKS
+from vflbench.attacks.runner import _view, validate_attacks
+from vflbench.config import build_config
+from vflbench.errors import CompatibilityError
+from vflbench.eval.run import run_experiment, train_run
+from vflbench.eval.scenario import load_vertical_data
+
+
+def _vlr(attacks, **train):
+    return build_config(minimal(data={"name": "breast_cancer"}, model={"bottom": "logreg", "top": "identity"},
+                                train={"algorithm": "vlr", "batch_size": 32, **train}, attacks=attacks))
+
+
+def test_model_completion_beats_its_scratch_prior_on_digits():
+    cfg = build_config(minimal(train={"epochs": 10}, attacks=[{"name": "model_completion", "prior": "scratch"}]))
+    [mc] = run_experiment(cfg).attacks
+    assert mc.metric == "accuracy" and mc.prior_name == "scratch"
+    assert mc.value > mc.prior + 0.05
+    assert mc.value > 0.1 + 0.2  # far above a random 10-class guess
+
+
+def test_model_completion_in_vlr_needs_no_training_and_beats_local_prior():
+    [mc] = run_experiment(_vlr([{"name": "model_completion", "prior": "local"}])).attacks
+    assert mc.metric == "auc" and mc.details["trained"] is False
+    assert mc.value > 0.9 and mc.value > mc.prior
+
+
+def test_norm_and_direction_scoring_on_breast_cancer():
+    cfg = build_config(minimal(data={"name": "breast_cancer"}, train={"batch_size": 32},
+                               attacks=[{"name": "norm_scoring", "epochs": [0]},
+                                        {"name": "direction_scoring", "epochs": [0]}]))
+    ns, ds = run_experiment(cfg).attacks
+    assert ns.value >= 0.75 and ds.value >= 0.75
+    assert ns.details["batches_scored"] > 5
+    assert ns.leakage == pytest.approx(100 * (ns.value - 0.5))
+
+
+@pytest.mark.parametrize("name", ["direct_label_inference", "residue_reconstruction", "gradient_inversion"])
+def test_vlr_gradient_attacks_beat_chance(name):
+    [attack] = run_experiment(_vlr([{"name": name}])).attacks
+    assert attack.prior == 0.5
+    assert attack.value > 0.6
+
+
+def test_direct_label_inference_is_exact_without_defense():
+    [dl] = run_experiment(_vlr([{"name": "direct_label_inference"}])).attacks
+    assert dl.value == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    (minimal(attacks=[{"name": "norm_scoring"}]), "needs binary labels, but the task has 10 classes"),
+    (minimal(data={"name": "breast_cancer"}, attacks=[{"name": "residue_reconstruction"}]), "needs VLR"),
+    (minimal(data={"name": "breast_cancer"}, attacks=[{"name": "direct_label_inference"}]),
+     "model.top: identity with train.aggregation: sum"),
+])
+def test_incompatible_attacks_fail_before_training(config, message):
+    cfg = build_config(config)
+    with pytest.raises(CompatibilityError, match=message):
+        validate_attacks(cfg, load_vertical_data(cfg))
+
+
+def _tensors(obj, seen=None):
+    """Every tensor reachable from ``obj`` through attributes, containers and modules."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, nn.Module):
+        yield from obj.parameters()
+        yield from obj.buffers()
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v, seen)
+    elif isinstance(obj, (list, tuple, set)):
+        for v in obj:
+            yield from _tensors(v, seen)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type) and not isinstance(obj, torch.Generator):
+        yield from _tensors(vars(obj), seen)
+
+
+def test_attacker_view_carries_no_other_party_state():
+    cfg = build_config(minimal(data={"name": "breast_cancer"}, train={"epochs": 1},
+                               attacks=[{"name": "norm_scoring"}, {"name": "model_completion", "epochs": 1}]))
+    vd = load_vertical_data(cfg)
+    plan = validate_attacks(cfg, vd)
+    run = train_run(cfg, vd, attacks=plan)
+    active = run.federation.active
+    forbidden = [vd.y_train, vd.y_test, vd.active.x_train, vd.active.x_test,
+                 *active.top.parameters(), *active.bottom.parameters()]
+    for planned in plan.attacks:
+        view = _view(run, planned)
+        assert set(view.models) == {"bottom"}
+        assert all(m.receiver == "passive_1" or m.sender == "passive_1" for m in view.transcript.messages)
+        reachable = list(_tensors(view))
+        assert reachable, "the walk must find the view's own tensors"
+        for t in reachable:
+            for f in forbidden:
+                same_storage = t.untyped_storage().data_ptr() == f.untyped_storage().data_ptr()
+                assert not same_storage and not (t.shape == f.shape and torch.equal(t, f))
+        if view.known is not None:
+            assert len(view.known.ids) == 2 * planned.attack.known_per_class
+
+
+def test_every_registered_attack_declares_its_threat_model():
+    for entry in ATTACKS:
+        cls = entry.factory
+        assert cls.name == entry.name and cls.paper and cls.threat and cls.reads
+        assert cls.target in ("labels", "features") and cls.phase in ("observer", "post_training", "malicious")
