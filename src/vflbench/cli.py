@@ -144,7 +144,7 @@ def describe(name: Annotated[str, typer.Argument(help="a dataset, model, attack 
         out.print(f"[bold]{name}[/bold] ({kind.rstrip('s')}): {entry.summary}")
         facts = dict(entry.info)
         for attr in ("paper", "threat", "target", "reads", "phase", "requirements", "side",
-                     "strength_param", "strength_direction", "prior"):
+                     "strength_param", "strength_direction"):
             value = getattr(factory, attr, None)
             if value:
                 facts[attr] = value
