@@ -81,9 +81,9 @@ def plan_defenses(cfg: ExperimentConfig, passive_names: Sequence[str]) -> Defens
     plan = DefensePlan([], {n: [] for n in passive_names})
     for spec in cfg.defenses:
         probe = create_defense(spec.name, **spec.params())
-        if probe.side == "active":
+        if probe.side in ("active", "both"):
             plan.active.append(probe)
-        else:
+        if probe.side in ("passive", "both"):
             for name in passive_names:
                 plan.passive[name].append(create_defense(spec.name, **spec.params()))
     return plan
@@ -105,7 +105,7 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
 
     def bind(d: Defense, party: str) -> None:
         d.bind(BindContext(party, t.algorithm, vd.num_classes, holders + (vd.active is None),
-                           generator(seed, "defense", d.name, party)))
+                           generator(seed, "defense", d.name, party), generator(seed, "defense", d.name, "shared")))
 
     for d in plan.active:
         bind(d, ACTIVE)

@@ -26,18 +26,24 @@ from torch import Tensor, nn
 
 from vflbench.protocol.objective import Objective
 
-Side = Literal["active", "passive"]
+Side = Literal["active", "passive", "both"]
 
 
 @dataclass(frozen=True)
 class BindContext:
-    """What a defense learns about the run when it is bound (no other party's data)."""
+    """What a defense learns about the run when it is bound (no other party's data).
+
+    ``generator`` is private to this party's instance; ``shared_generator`` produces the same
+    stream in every party's instance of the same defense (coordinated randomness agreed on in
+    advance, e.g. MixUp's permutation and mixing weight).
+    """
 
     party: str
     algorithm: str
     num_classes: int
     num_parties: int
     generator: torch.Generator
+    shared_generator: torch.Generator
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -64,7 +70,8 @@ class StepState:
 class Defense:
     """A protection attached at hook points (see the module docstring).
 
-    Subclasses set ``name`` and ``side``, take their parameters as keyword-only arguments,
+    Subclasses set ``name`` and ``side`` (``"active"``, ``"passive"``: one instance per passive
+    party, or ``"both"``: one instance at every party), take their parameters as keyword-only arguments,
     and override the hooks they need. ``strength`` aliases the main knob so that sweeps
     treat all defenses alike; ``strength_direction`` says whether larger is stronger.
     """
