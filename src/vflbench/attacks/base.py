@@ -132,8 +132,15 @@ class Attack(ABC):
     def check(self, scenario: Scenario) -> None:
         """Raise :class:`CompatibilityError` if the scenario does not meet the requirements."""
 
-    def corrupt(self, party: Any) -> None:
-        """Change the attacker's own party before training (malicious attacks only)."""
+    def extra_embedding_dims(self) -> int:
+        """Dimensions a malicious passive attacker appends to its uploaded embedding (0: none)."""
+        return 0
+
+    def corrupt(self, party: Any, known: KnownLabels | None) -> None:
+        """Change the attacker's own party before training (malicious attacks only).
+
+        ``known`` are the labels the threat model grants (the same rows the view will hold).
+        """
 
     @abstractmethod
     def infer(self, view: PartyView) -> LabelInference:

@@ -72,6 +72,15 @@ class PlannedAttack:
     snapshots: list[dict[str, dict[str, Tensor]]] = field(default_factory=list)
 
 
+def known_labels(attack: Attack, y_train: Tensor, seed: int) -> KnownLabels | None:
+    """The labelled rows the attack's threat model grants (seeded per attack)."""
+    if not attack.known_per_class:
+        return None
+    ids = known_label_indices(y_train, per_class=attack.known_per_class,
+                              generator=generator(seed, "attack", attack.name, "known"))
+    return KnownLabels(ids, y_train[ids])
+
+
 @dataclass
 class AttackPlan:
     """Validated attacks of a config and what each party's transcript must retain."""
@@ -79,6 +88,17 @@ class AttackPlan:
     scenario: Scenario | None = None
     attacks: list[PlannedAttack] = field(default_factory=list)
     keep: dict[str, set[str]] = field(default_factory=dict)
+    seed: int = 0
+    y_train: Tensor | None = None
+
+    def extra_dims(self) -> dict[str, int]:
+        """Embedding dimensions malicious passive attackers append, by party."""
+        out: dict[str, int] = {}
+        for planned in self.attacks:
+            extra = planned.attack.extra_embedding_dims()
+            if extra:
+                out[planned.attack.party] = out.get(planned.attack.party, 0) + extra
+        return out
 
     def prepare(self, fed: Federation) -> None:
         """Install each attack on its own party before training."""
@@ -88,7 +108,8 @@ class AttackPlan:
             party = parties[attack.party]
             if {"model_gradient", "cut_gradient"} & set(attack.reads) and isinstance(party, PassiveParty):
                 party.observers.append(_recorder(planned, party, with_params="model_gradient" in attack.reads))
-            attack.corrupt(party)
+            assert self.y_train is not None
+            attack.corrupt(party, known_labels(attack, self.y_train, self.seed))
 
     def on_epoch_end(self, fed: Federation) -> None:
         """Snapshot the attacker's models for attacks evaluated at every epoch."""
@@ -116,7 +137,7 @@ def _recorder(planned: PlannedAttack, party: PassiveParty, *, with_params: bool)
 def validate_attacks(cfg: ExperimentConfig, vd: VerticalData) -> AttackPlan:
     """Check every configured attack against the scenario before any training."""
     scenario = scenario_of(cfg, vd)
-    plan = AttackPlan(scenario)
+    plan = AttackPlan(scenario, seed=cfg.seed, y_train=vd.y_train)
     valid_parties = [f"passive_{i + 1}" for i in range(len(vd.passive))] + ["active"]
     for spec in cfg.attacks:
         attack = create_attack(spec.name, **spec.params())
@@ -185,11 +206,7 @@ def random_prior(metric: str, num_classes: int) -> float:
 def _view(run: TrainedRun, planned: PlannedAttack, models: dict[str, nn.Module] | None = None) -> PartyView:
     attack = planned.attack
     party = {p.name: p for p in run.federation.parties()}[attack.party]
-    known = None
-    if attack.known_per_class:
-        ids = known_label_indices(run.data.y_train, per_class=attack.known_per_class,
-                                  generator=generator(run.config.seed, "attack", attack.name, "known"))
-        known = KnownLabels(ids, run.data.y_train[ids])
+    known = known_labels(attack, run.data.y_train, run.config.seed)
     assert party.data is not None
     return PartyView(
         party=party.name, scenario=scenario_of(run.config, run.data), data=party.data,

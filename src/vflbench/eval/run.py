@@ -57,7 +57,8 @@ def train_run(cfg: ExperimentConfig, vd: VerticalData, *, with_defenses: bool = 
     """Build and train one federation of ``cfg`` on ``vd`` (with the attackers installed)."""
     names = [f"passive_{i + 1}" for i in range(0 if alone else len(vd.passive))]
     plan = plan_defenses(cfg, names) if with_defenses else None
-    fed = build_federation(cfg, vd, defenses=plan, alone=alone, keep=attacks.keep if attacks else None)
+    fed = build_federation(cfg, vd, defenses=plan, alone=alone, keep=attacks.keep if attacks else None,
+                           extra_dims=attacks.extra_dims() if attacks else None)
     if attacks is not None:
         attacks.prepare(fed)
 

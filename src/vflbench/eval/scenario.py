@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from vflbench.config import ExperimentConfig
-from vflbench.data import VerticalData, load_dataset, partition, subsample
+from vflbench.data import PartySlice, VerticalData, load_dataset, partition, subsample
 from vflbench.defenses import create_defense
 from vflbench.errors import ConfigError
 from vflbench.models import build_bottom, build_top
@@ -90,8 +90,13 @@ def plan_defenses(cfg: ExperimentConfig, passive_names: Sequence[str]) -> Defens
 
 
 def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: DefensePlan | None = None,
-                     alone: bool = False, keep: dict[str, set[str]] | None = None) -> Federation:
-    """Build the parties of ``cfg`` over ``vd`` (``alone``: the active party by itself)."""
+                     alone: bool = False, keep: dict[str, set[str]] | None = None,
+                     extra_dims: dict[str, int] | None = None) -> Federation:
+    """Build the parties of ``cfg`` over ``vd`` (``alone``: the active party by itself).
+
+    ``extra_dims`` widens a party's uploaded embedding (a malicious passive party appending
+    dimensions); the top model is sized by what it receives, as in a deployment.
+    """
     cfg = cfg.resolved()
     m, t, seed = cfg.model, cfg.train, cfg.seed
     assert m.bottom and m.top and t.aggregation
@@ -117,7 +122,12 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
     else:
         embed_dim = m.embed_dim or DEFAULT_EMBED_DIM
 
-    def bottom_for(name: str, part) -> nn.Module:  # noqa: ANN001
+    def own_slice(name: str, part: PartySlice) -> PartySlice:
+        for d in (plan.active if name == ACTIVE else plan.passive.get(name, ())):
+            part = d.augment_features(part)
+        return part
+
+    def bottom_for(name: str, part: PartySlice) -> nn.Module:
         model = build_bottom(m.bottom, part, embed_dim, generator(seed, name, "init"), **m.bottom_options)
         for d in (*plan.active, *plan.passive.get(name, ())):
             model = d.wrap_bottom(model, name)
@@ -127,17 +137,19 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
     for name, part in zip(names, passive_slices, strict=True):
         for d in plan.passive[name]:
             bind(d, name)
+        part = own_slice(name, part)
         bottom = bottom_for(name, part)
         opt = make_optimizer(cfg, list(bottom.parameters()))
         passives.append(PassiveParty(name, data=part, bottom=bottom, optimizer=opt,
                                      scheduler=make_scheduler(cfg, opt),
                                      generator=generator(seed, name, "party"), defenses=plan.passive[name],
                                      transcript=Transcript(name, keep.get(name, ()))))
-    active_bottom = bottom_for(ACTIVE, vd.active) if vd.active is not None else None
+    active_slice = own_slice(ACTIVE, vd.active) if vd.active is not None else None
+    active_bottom = bottom_for(ACTIVE, active_slice) if active_slice is not None else None
     if holders == 0:
         raise ConfigError("the active party holds no features in VSNN, so it cannot train alone")
-    n_inputs = holders
-    in_dim = embed_dim * n_inputs if t.aggregation == "concat" else embed_dim
+    widths = [embed_dim + (extra_dims or {}).get(n, 0) for n in names] + [embed_dim] * (active_slice is not None)
+    in_dim = sum(widths) if t.aggregation == "concat" else embed_dim
     top = build_top(m.top, in_dim, objective.out_dim, generator(seed, ACTIVE, "top"), **m.top_options)
     if m.top == "identity" and embed_dim != objective.out_dim:
         raise ConfigError("an identity top model needs bottoms that output the logits")
@@ -145,7 +157,7 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
         top = d.wrap_top(top)
     params = list(top.parameters()) + (list(active_bottom.parameters()) if active_bottom is not None else [])
     opt = make_optimizer(cfg, params)
-    active = ActiveParty(ACTIVE, data=vd.active, bottom=active_bottom, top=top, objective=objective,
+    active = ActiveParty(ACTIVE, data=active_slice, bottom=active_bottom, top=top, objective=objective,
                          aggregation=t.aggregation, optimizer=opt, scheduler=make_scheduler(cfg, opt),
                          generator=generator(seed, ACTIVE, "party"), defenses=plan.active,
                          transcript=Transcript(ACTIVE, keep.get(ACTIVE, ())))

@@ -7,6 +7,7 @@ randomness come from :meth:`Defense.bind`, called once before training.
 
 | hook | side | called |
 |---|---|---|
+| ``augment_features`` | each party, its own slice | once, before models are built |
 | ``transform_labels`` | active | once, before training |
 | ``wrap_bottom`` / ``wrap_top`` | either | once, when models are built |
 | ``regularizer`` | either | every batch, extra loss |
@@ -24,6 +25,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
+from vflbench.data.base import PartySlice
 from vflbench.protocol.objective import Objective
 
 Side = Literal["active", "passive", "both"]
@@ -86,6 +88,10 @@ class Defense:
     def bind(self, context: BindContext) -> None:
         """Receive the run context before training (store the generator here)."""
         self.context_ = context
+
+    def augment_features(self, part: PartySlice) -> PartySlice:
+        """Change this party's own feature slice before training (e.g. add an attribute column)."""
+        return part
 
     def transform_labels(self, objective: Objective) -> Objective:
         """Change targets, loss, output width or decoding (active side)."""

@@ -40,6 +40,9 @@ class Party:
         self.generator = generator
         self.defenses = list(defenses)
         self.transcript = transcript or Transcript(name)
+        #: Callables ``(epoch) -> dict`` run after every epoch by this party (its own code, e.g. a
+        #: malicious party's extra training); their values go into the per-epoch metrics.
+        self.epoch_callbacks: list[Callable[[int], dict[str, object]]] = []
 
     def features(self, split: Split) -> Tensor:
         """This party's feature slice of ``split``."""
@@ -58,6 +61,8 @@ class Party:
         report: dict[str, object] = {}
         for d in self.defenses:
             report.update({f"{d.name}.{k}": v for k, v in d.on_epoch_end(epoch).items()})
+        for callback in self.epoch_callbacks:
+            report.update(callback(epoch))
         return report
 
 
