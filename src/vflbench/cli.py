@@ -104,6 +104,58 @@ def run(
     out.print(f"results in {out_dir / result.config_hash}")
 
 
+@app.command()
+def sweep(
+    config: Annotated[Path, typer.Argument(help="experiment YAML with a `sweep` section")],
+    out_dir: Annotated[Path, typer.Option("--out", help="sweep directory")],
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override, e.g. sweep.workers=2")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="skip runs whose result.json exists")] = False,
+    workers: Annotated[int | None, typer.Option("--workers", help="parallel local processes")] = None,
+    data_root: Annotated[Path | None, typer.Option("--data-root", help="datasets root")] = None,
+) -> None:
+    """Run every point of a sweep (cached by config hash) and write summary.csv and scores.csv."""
+    from vflbench.config import load_config
+    from vflbench.eval.sweep import run_sweep
+
+    cfg = load_config(config, set_ or [])
+    table = run_sweep(cfg, out_dir, resume=resume, workers=workers, data_root=str(data_root) if data_root else None)
+    out.print(f"{table['config_hash'].nunique() if not table.empty else 0} runs; "
+              f"summary in {out_dir / 'summary.csv'}, scores in {out_dir / 'scores.csv'}")
+
+
+@app.command()
+def report(directory: Annotated[Path, typer.Argument(help="a sweep or tune directory")]) -> None:
+    """Write report.md and report.html with tables and plots for a sweep directory."""
+    from vflbench.report import build_report
+
+    out.print(f"wrote {build_report(directory)} and {directory / 'report.html'}")
+
+
+@app.command()
+def tune(
+    config: Annotated[Path, typer.Argument(help="experiment YAML with one defense and its attacks")],
+    budget: Annotated[float, typer.Option("--budget", help="privacy budget on the worst attack's ε_p (points)")],
+    low: Annotated[float, typer.Option("--low", help="smallest strength to try")],
+    high: Annotated[float, typer.Option("--high", help="largest strength to try")],
+    out_dir: Annotated[Path, typer.Option("--out", help="tune directory")],
+    steps: Annotated[int, typer.Option("--steps", help="number of strengths to try")] = 6,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override")] = None,
+    data_root: Annotated[Path | None, typer.Option("--data-root", help="datasets root")] = None,
+) -> None:
+    """Find the weakest strength of a defense whose worst-case leakage meets a budget."""
+    from vflbench.config import load_config
+    from vflbench.eval.tune import tune as run_tune
+
+    result = run_tune(load_config(config, set_ or []), out_dir, budget=budget, low=low, high=high, steps=steps,
+                      data_root=str(data_root) if data_root else None)
+    table = Table("strength", "worst ε_p", "ε_u", "meets", title=f"tune {result.defense} (ε_p ≤ {budget})")
+    for t in result.trace:
+        table.add_row(f"{t['strength']:g}", f"{t['worst_leakage']:.2f}", f"{t['utility_loss']:.2f}",
+                      "yes" if t["meets"] else "no")
+    out.print(table)
+    out.print(f"chosen strength: {result.chosen['strength']:g}" if result.chosen else "no strength met the budget")
+
+
 @app.command("list")
 def list_(kind: Annotated[str, typer.Argument(help="datasets | models | attacks | defenses")]) -> None:
     """List the registered names of one kind of component."""

@@ -70,6 +70,8 @@ class TrainConfig(_Strict):
     eval_every: int = Field(1, ge=1)
     threads: int = Field(1, ge=1, description="torch intra-op threads (1 is fastest for small models)")
     checkpoint: Literal["none", "final", "every_epoch"] = "final"
+    save_embeddings: int = Field(0, ge=0, description="save the attacker's embeddings of this many test rows "
+                                 "(embeddings.npz, for t-SNE plots)")
 
 
 class ComponentSpec(BaseModel):

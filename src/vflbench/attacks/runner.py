@@ -160,8 +160,9 @@ def metric_name(num_classes: int) -> str:
 
 
 def _score(s: Scores, y: Tensor, metric: str) -> float | None:
+    """The metric of one score set; non-finite scores (a diverged model) count as ties."""
     truth = y[s.ids]
-    scores = s.scores.detach().float()
+    scores = torch.nan_to_num(s.scores.detach().float(), nan=0.0, posinf=0.0, neginf=0.0)
     if metric == "auc":
         if len(torch.unique(truth)) < 2:
             return None

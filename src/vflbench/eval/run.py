@@ -98,6 +98,20 @@ def save_checkpoints(run: TrainedRun, directory: Path, tag: str = "final") -> No
             tmp.replace(path)
 
 
+def save_embeddings(run: TrainedRun, directory: Path, n: int) -> None:
+    """Save the attacker's (first passive party's) embeddings of the first ``n`` test rows."""
+    if not run.federation.passives:
+        return
+    party = run.federation.passives[0]
+    ids = torch.arange(min(n, len(run.data.y_test)))
+    with torch.no_grad():
+        emb = party.forward(ids, epoch=-1, step=-1, split="test", train=False)
+    path = directory / "embeddings.npz"
+    tmp = directory / ".embeddings.tmp.npz"
+    np.savez(tmp, embedding=emb.numpy(), y=run.data.y_test[ids].numpy(), party=party.name)
+    tmp.replace(path)
+
+
 def run_experiment(cfg: ExperimentConfig, *, out_dir: str | Path | None = None,
                    data_root: str | Path | None = None, progress: Progress | None = None) -> RunResult:
     """Run ``cfg`` end to end; if ``out_dir`` is given write ``out_dir/<hash>/``."""
@@ -131,6 +145,8 @@ def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path |
     utility = utility_of(cfg, run.history)
     if run_dir is not None and cfg.train.checkpoint != "none":
         save_checkpoints(run, run_dir)
+    if run_dir is not None and cfg.train.save_embeddings:
+        save_embeddings(run, run_dir, cfg.train.save_embeddings)
     baselines: dict[str, Any] = {}
     for name in cfg.baselines:
         if name == "vanilla" and not cfg.defenses:

@@ -39,8 +39,17 @@ class History:
 
 
 def classification_metrics(scores: Tensor, predicted: Tensor, y: Tensor) -> dict[str, float]:
-    """Accuracy always; AUC for binary tasks; top-5 accuracy for 100+ classes."""
+    """Accuracy always; AUC for binary tasks; top-5 accuracy for 100+ classes.
+
+    A diverged model (non-finite outputs) is scored as it predicts, with its non-finite scores
+    treated as ties, and the fraction of such rows is reported as ``nonfinite``.
+    """
+    finite = torch.isfinite(scores).all(1)
     out = {"accuracy": float((predicted == y).float().mean())}
+    if not finite.all():
+        out["nonfinite"] = float((~finite).float().mean())
+        log.warning("%d of %d outputs are not finite (training diverged?)", int((~finite).sum()), len(finite))
+        scores = torch.nan_to_num(scores, nan=0.0, posinf=0.0, neginf=0.0)
     n_classes = scores.shape[1]
     if n_classes == 2 and len(torch.unique(y)) == 2:
         out["auc"] = float(roc_auc_score(y.numpy(), scores[:, 1].double().numpy()))

@@ -1,0 +1,236 @@
+"""Sweeps: expand a grid of strengths, defenses and seeds; train each point once (cached by
+config hash, resumable); collect the tidy results table and the privacy-utility scores.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import math
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from vflbench.config import ComponentSpec, ConfigError, ExperimentConfig, apply_override, build_config
+from vflbench.eval.results import write_atomic
+from vflbench.eval.scores import ScoreTable, comprehensive_dcs, dcs, optimal_pu_score, pu_score, type_dcs
+
+log = logging.getLogger(__name__)
+RUNS = "runs"
+NO_DEFENSE = "none"
+ATTACK_TYPES = {"labels": "label_inference", "features": "feature_reconstruction"}
+
+
+class SweepConfig(BaseModel):
+    """The ``sweep`` section of a config."""
+
+    model_config = ConfigDict(extra="forbid")
+    grid: dict[str, list[Any]] = Field(default_factory=dict, description="override path -> values")
+    seeds: list[int] | None = Field(None, description="seeds (default: the config's seed)")
+    defenses: list[list[ComponentSpec]] | None = Field(None, description="alternative defense lists")
+    baseline: bool = Field(True, description="add a no-defense run per seed (needed for utility loss)")
+    workers: int = Field(1, ge=1)
+    executor: Literal["local", "ray"] = "local"
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One run of a sweep: its config and the coordinates that produced it."""
+
+    config: ExperimentConfig
+    coords: dict[str, Any]
+
+    @property
+    def hash(self) -> str:  # noqa: D102
+        return self.config.hash()
+
+
+def sweep_settings(cfg: ExperimentConfig) -> SweepConfig:
+    """The validated sweep section (an empty sweep when absent)."""
+    try:
+        return SweepConfig.model_validate(cfg.sweep or {})
+    except ValidationError as exc:
+        valid = ", ".join(SweepConfig.model_fields)
+        raise ConfigError(f"invalid sweep section ({valid} are valid keys): "
+                          + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
+
+
+def expand(cfg: ExperimentConfig) -> list[SweepPoint]:
+    """All points of the sweep, deduplicated by config hash, in a stable order."""
+    settings = sweep_settings(cfg)
+    base = cfg.model_dump(mode="json", exclude={"sweep"})
+    variants = settings.defenses if settings.defenses is not None else [cfg.defenses]
+    variant_dicts = [[s.model_dump(mode="json") for s in v] for v in variants]
+    if settings.baseline and [] not in variant_dicts:
+        variant_dicts = [[], *variant_dicts]
+    seeds = settings.seeds if settings.seeds is not None else [cfg.seed]
+    keys = list(settings.grid)
+    points: dict[str, SweepPoint] = {}
+    for defenses in variant_dicts:
+        for values in itertools.product(*(settings.grid[k] for k in keys)):
+            for seed in seeds:
+                raw = {**json.loads(json.dumps(base)), "defenses": json.loads(json.dumps(defenses)), "seed": seed}
+                coords: dict[str, Any] = {"seed": seed}
+                for key, value in zip(keys, values, strict=True):
+                    if key.startswith("defenses.") and not _path_exists(raw, key):
+                        continue
+                    apply_override(raw, key.split("."), value)
+                    coords[key] = value
+                point = SweepPoint(build_config(raw), coords)
+                points.setdefault(point.hash, point)
+    return list(points.values())
+
+
+def _path_exists(raw: dict[str, Any], key: str) -> bool:
+    node: Any = raw
+    for part in key.split(".")[:-1]:
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                return False
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return False
+    return True
+
+
+def _run_point(config: dict[str, Any], runs_dir: str, data_root: str | None) -> str:
+    from vflbench.eval.run import run_experiment
+
+    cfg = ExperimentConfig.model_validate(config)
+    run_experiment(cfg, out_dir=runs_dir, data_root=data_root)
+    return cfg.hash()
+
+
+def is_done(out_dir: Path, point: SweepPoint) -> bool:
+    """Whether a point's result is on disk (results are written last and atomically)."""
+    return (out_dir / RUNS / point.hash / "result.json").is_file()
+
+
+def run_sweep(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = False, data_root: str | None = None,
+              workers: int | None = None, runner: Callable[[dict[str, Any], str, str | None], str] = _run_point,
+              on_done: Callable[[SweepPoint], None] | None = None) -> pd.DataFrame:
+    """Run every point (skipping finished ones with ``resume``); write summary.csv and scores.csv."""
+    out = Path(out_dir)
+    settings = sweep_settings(cfg)
+    points = expand(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "sweep.yaml", cfg.to_yaml())
+    todo = [p for p in points if not (resume and is_done(out, p))]
+    log.info("sweep: %d points, %d to run, %d already done", len(points), len(todo), len(points) - len(todo))
+    n_workers = workers or settings.workers
+    runs_dir = str(out / RUNS)
+    if settings.executor == "ray":
+        _run_ray(todo, runs_dir, data_root)
+    elif n_workers == 1:
+        for point in todo:
+            runner(point.config.model_dump(mode="json"), runs_dir, data_root)
+            if on_done is not None:
+                on_done(point)
+    else:
+        with ProcessPoolExecutor(max_workers=n_workers, mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(runner, p.config.model_dump(mode="json"), runs_dir, data_root): p for p in todo}
+            for future in as_completed(futures):
+                future.result()
+                if on_done is not None:
+                    on_done(futures[future])
+    return collect(out, points)
+
+
+def _run_ray(points: Sequence[SweepPoint], runs_dir: str, data_root: str | None) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("sweep.executor 'ray' needs Ray: pip install 'vflbench[cluster]'") from None
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False)
+    remote = ray.remote(num_cpus=1)(_run_point)
+    ray.get([remote.remote(p.config.model_dump(mode="json"), runs_dir, data_root) for p in points])
+
+
+def _defense_label(defenses: list[dict[str, Any]]) -> str:
+    return "+".join(d["name"] for d in defenses) or NO_DEFENSE
+
+
+def _strength(defenses: list[dict[str, Any]]) -> float | None:
+    """The main knob of the first defense that has one (``strength`` or its aliased name)."""
+    from vflbench.defenses import DEFENSES
+
+    for d in defenses:
+        params = d.get("params", {})
+        knob = getattr(DEFENSES.get(d["name"]).factory, "strength_param", None)
+        for key in ("strength", knob):
+            if key is not None and isinstance(params.get(key), (int, float)) and not isinstance(params[key], bool):
+                return float(params[key])
+    return None
+
+
+def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
+    """Build the tidy table from the finished runs and write summary.csv and scores.csv."""
+    rows = []
+    for point in points:
+        path = out_dir / RUNS / point.hash / "result.json"
+        if not path.is_file():
+            continue
+        result = json.loads(path.read_text())
+        cfg = point.config
+        base = {"dataset": cfg.data.name, "algorithm": cfg.train.algorithm, "defense": _defense_label(result["defense"]),
+                "strength": _strength(result["defense"]), "seed": cfg.seed, "config_hash": point.hash,
+                "utility_metric": result["utility"]["metric"], "utility": result["utility"]["value"],
+                "train_seconds": result["timing"]["train_seconds"]}
+        if not result["attacks"]:
+            rows.append({**base, "attack": None})
+        for a in result["attacks"]:
+            rows.append({**base, "attack": a["name"], "attack_target": a["target"], "attack_metric": a["metric"],
+                         "attack_value": a["value"], "prior": a["prior"], "prior_name": a["prior_name"],
+                         "leakage": a["leakage"]})
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    vanilla = (table[table["defense"] == NO_DEFENSE].groupby(["dataset", "algorithm", "seed"])["utility"].first())
+    keys = list(zip(table["dataset"], table["algorithm"], table["seed"], strict=True))
+    table["utility_loss"] = [100.0 * (vanilla[k] - u) if k in vanilla.index else math.nan
+                             for k, u in zip(keys, table["utility"], strict=True)]
+    table["pu_score"] = [pu_score(p, u) if not (math.isnan(u) or pd.isna(p)) else None
+                         for p, u in zip(table.get("leakage", pd.Series([math.nan] * len(table))), table["utility_loss"],
+                                         strict=True)]
+    write_atomic(out_dir / "summary.csv", table.to_csv(index=False))
+    write_atomic(out_dir / "scores.csv", scores_table(table).to_csv(index=False))
+    return table
+
+
+def scores_table(table: pd.DataFrame, score_table: ScoreTable = ScoreTable()) -> pd.DataFrame:
+    """One row per (dataset, algorithm, defense): Kang's optimal PU score over strengths (means
+    over seeds), the leakage of each attack and the utility loss at that strength, and C-DCS."""
+    attacked = table.dropna(subset=["attack"]) if "attack" in table else table.iloc[0:0]
+    rows = []
+    for (dataset, algorithm, defense), group in attacked.groupby(["dataset", "algorithm", "defense"], dropna=False):
+        means = group.groupby(["strength", "attack"], dropna=False).agg(
+            leakage=("leakage", "mean"), leakage_std=("leakage", "std"), utility_loss=("utility_loss", "mean"),
+            value=("attack_value", "mean"), prior=("prior", "mean"), utility=("utility", "mean"),
+            target=("attack_target", "first")).reset_index()
+        points = []
+        for strength, per in means.groupby("strength", dropna=False):
+            points.append((None if pd.isna(strength) else float(strength), float(per["utility_loss"].iloc[0]),
+                           dict(zip(per["attack"], per["leakage"], strict=True))))
+        best = optimal_pu_score(points, score_table)
+        at_best = means[(means["strength"] == best.strength) | (means["strength"].isna() & (best.strength is None))]
+        vanilla_utility = at_best["utility"].iloc[0] + at_best["utility_loss"].iloc[0] / 100.0
+        by_type: dict[str, list[float]] = {}
+        for _, r in at_best.iterrows():
+            by_type.setdefault(ATTACK_TYPES.get(r["target"], str(r["target"])), []).append(
+                dcs(r["utility"], r["value"], main_ideal=vanilla_utility, attack_ideal=r["prior"]))
+        row = {"dataset": dataset, "algorithm": algorithm, "defense": defense, "best_strength": best.strength,
+               "utility_loss": round(best.utility_loss, 2), "s_pu": best.score,
+               "c_dcs": round(comprehensive_dcs({k: type_dcs(v) for k, v in by_type.items()}), 4)}
+        row.update({f"eps_p.{k}": round(v, 2) for k, v in best.leakages.items()})
+        rows.append(row)
+    return pd.DataFrame(rows)

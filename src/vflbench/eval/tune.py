@@ -1,0 +1,89 @@
+"""``vflbench tune``: the weakest strength of a defense whose worst-case leakage meets a privacy
+budget (VMask's tunable budget, generalised to every defense), by bisection in log space."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vflbench.config import ConfigError, ExperimentConfig, apply_override, build_config
+from vflbench.defenses import DEFENSES
+from vflbench.eval.results import write_json
+from vflbench.eval.sweep import RUNS, SweepPoint, collect, is_done
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TuneResult:
+    """The search trace and the chosen strength (``None`` when no tried strength meets the budget)."""
+
+    defense: str
+    budget: float
+    trace: list[dict[str, Any]] = field(default_factory=list)
+    chosen: dict[str, Any] | None = None
+
+
+def _evaluate(cfg: ExperimentConfig, out: Path, data_root: str | None) -> dict[str, Any]:
+    from vflbench.eval.run import run_experiment
+
+    point = SweepPoint(cfg, {})
+    if not is_done(out, point):
+        run_experiment(cfg, out_dir=out / RUNS, data_root=data_root)
+    return json.loads((out / RUNS / point.hash / "result.json").read_text())
+
+
+def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: float, high: float, steps: int = 6,
+         data_root: str | None = None) -> TuneResult:
+    """Search ``cfg.defenses[0]``'s strength in [low, high] for the best utility with worst ε_p <= budget."""
+    if len(cfg.defenses) != 1:
+        raise ConfigError("tune needs exactly one defense in the config (its strength is searched)")
+    if not cfg.attacks:
+        raise ConfigError("tune needs at least one attack: the budget bounds the worst attack's leakage")
+    if not 0 < low < high:
+        raise ConfigError(f"tune needs 0 < low < high, got low={low}, high={high}")
+    name = cfg.defenses[0].name
+    cls = DEFENSES.get(name).factory
+    if getattr(cls, "strength_param", None) is None:
+        raise ConfigError(f"defense {name!r} has no strength knob to tune")
+    larger_is_stronger = "larger" in getattr(cls, "strength_direction", "larger is stronger")
+    out = Path(out_dir)
+    base = cfg.model_dump(mode="json", exclude={"sweep"})
+    vanilla = _evaluate(build_config({**base, "defenses": []}), out, data_root)["utility"]["value"]
+    result = TuneResult(name, budget)
+    points = [SweepPoint(build_config({**base, "defenses": []}), {})]
+
+    def trial(strength: float) -> bool:
+        raw = json.loads(json.dumps(base))
+        apply_override(raw, ["defenses", "0", "strength"], strength)
+        point = SweepPoint(build_config(raw), {"strength": strength})
+        points.append(point)
+        res = _evaluate(point.config, out, data_root)
+        worst = max(a["leakage"] for a in res["attacks"])
+        entry = {"strength": strength, "worst_leakage": worst, "utility": res["utility"]["value"],
+                 "utility_loss": 100.0 * (vanilla - res["utility"]["value"]), "meets": worst <= budget}
+        result.trace.append(entry)
+        log.info("tune %s strength=%g worst_eps_p=%.2f eps_u=%.2f", name, strength, worst, entry["utility_loss"])
+        return bool(entry["meets"])
+
+    strong, weak = (high, low) if larger_is_stronger else (low, high)
+    if trial(strong):
+        if trial(weak):
+            pass
+        else:
+            lo_s, hi_s = weak, strong
+            for _ in range(max(steps - 2, 0)):
+                mid = math.sqrt(lo_s * hi_s)
+                if trial(mid):
+                    hi_s = mid
+                else:
+                    lo_s = mid
+    meeting = [t for t in result.trace if t["meets"]]
+    result.chosen = min(meeting, key=lambda t: t["utility_loss"]) if meeting else None
+    collect(out, points)
+    write_json(out / "tune.json", asdict(result))
+    return result

@@ -1,0 +1,131 @@
+"""Build ``report.md`` and ``report.html`` (with PNG plots) from a sweep or tune directory."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from vflbench.errors import VFLBenchError
+from vflbench.eval.results import write_atomic
+from vflbench.eval.sweep import NO_DEFENSE, RUNS
+from vflbench.report import plots
+
+SUMMARY_COLUMNS = ["defense", "strength", "seed", "attack", "utility", "attack_value", "prior", "leakage",
+                   "utility_loss", "pu_score"]
+
+
+def markdown_table(df: pd.DataFrame, floatfmt: str = "{:.4g}") -> str:
+    """A GitHub-flavoured markdown table of ``df``."""
+    def cell(v: object) -> str:
+        if isinstance(v, float):
+            return "" if np.isnan(v) else floatfmt.format(v)
+        return str(v)
+
+    header = "| " + " | ".join(map(str, df.columns)) + " |"
+    rule = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([header, rule, *body])
+
+
+def _curves(directory: Path, summary: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for run_hash, group in summary.groupby("config_hash"):
+        path = directory / RUNS / str(run_hash) / "result.json"
+        if not path.is_file():
+            continue
+        result = json.loads(path.read_text())
+        first = group.iloc[0]
+        label = first["defense"] if pd.isna(first["strength"]) else f"{first['defense']} {first['strength']:g}"
+        for a in result["attacks"]:
+            if a.get("per_epoch"):
+                rows.append({"attack": a["name"], "label": label, "values": np.asarray(a["per_epoch"])})
+    return pd.DataFrame(rows)
+
+
+def _tsne(directory: Path, summary: pd.DataFrame, limit: int = 6) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    from sklearn.manifold import TSNE
+
+    panels = []
+    seen: set[str] = set()
+    for _, row in summary.drop_duplicates("config_hash").sort_values(["defense", "strength"]).iterrows():
+        path = directory / RUNS / str(row["config_hash"]) / "embeddings.npz"
+        label = row["defense"] if pd.isna(row["strength"]) else f"{row['defense']} {row['strength']:g}"
+        if not path.is_file() or label in seen or len(panels) >= limit:
+            continue
+        seen.add(label)
+        data = np.load(path)
+        xy = TSNE(n_components=2, init="pca", random_state=0, perplexity=min(30, len(data["y"]) - 1)).fit_transform(
+            data["embedding"])
+        panels.append((label, xy, data["y"]))
+    return panels
+
+
+def build_report(directory: str | Path) -> Path:
+    """Write report.md, report.html and plots/*.png for a sweep directory; return report.md."""
+    d = Path(directory)
+    if not (d / "summary.csv").is_file():
+        raise VFLBenchError(f"{d} has no summary.csv; run `vflbench sweep CONFIG --out {d}` first")
+    summary = pd.read_csv(d / "summary.csv")
+    scores = pd.read_csv(d / "scores.csv") if (d / "scores.csv").is_file() and (d / "scores.csv").stat().st_size else None
+    figures: list[tuple[str, Path]] = []
+    attacks = [a for a in summary["attack"].dropna().unique()]
+    for attack in attacks:
+        figures.append((f"Privacy-utility trade-off against {attack}",
+                        plots.tradeoff(summary, attack, d / "plots" / f"tradeoff_{attack}.png")))
+    curves = _curves(d, summary)
+    for attack in (curves["attack"].unique() if not curves.empty else []):
+        figures.append((f"{attack} at every training epoch", plots.per_epoch(curves, attack, d / "plots" / f"epochs_{attack}.png")))
+    panels = _tsne(d, summary)
+    if panels:
+        figures.append(("t-SNE of the attacker's embeddings per defense",
+                        plots.tsne_panels(panels, d / "plots" / "tsne.png")))
+    tune = json.loads((d / "tune.json").read_text()) if (d / "tune.json").is_file() else None
+    if tune:
+        trace = pd.DataFrame(tune["trace"])
+        figures.append(("tune: worst-case leakage and utility loss per tried strength",
+                        plots.line(trace["strength"].tolist(), {"worst ε_p": trace["worst_leakage"].tolist(),
+                                                                "ε_u": trace["utility_loss"].tolist()},
+                                   "strength", f"tune {tune['defense']} (budget ε_p ≤ {tune['budget']})",
+                                   d / "plots" / "tune.png")))
+    mean_table = (summary.dropna(subset=["attack"]).groupby(["defense", "strength", "attack"], dropna=False)
+                  .agg(utility=("utility", "mean"), attack_value=("attack_value", "mean"), prior=("prior", "mean"),
+                       leakage=("leakage", "mean"), leakage_std=("leakage", "std"), utility_loss=("utility_loss", "mean"),
+                       pu_score=("pu_score", "min"), seeds=("seed", "nunique")).reset_index())
+    md = [f"# vflbench report: {d.name}", "",
+          f"{summary['config_hash'].nunique()} runs, datasets: {', '.join(map(str, summary['dataset'].unique()))}, "
+          f"defenses: {', '.join(map(str, summary['defense'].unique()))}.", "",
+          "Leakage ε_p = attack value − prior and utility loss ε_u = utility without defense − with it, "
+          "both in points; PU score = min of the two scores of Kang et al.'s Table 8; S*_PU = the best PU score "
+          "over strengths against the worst attack (Kang eq. 22); C-DCS uses the prior as the ideal attack value.", ""]
+    if scores is not None and not scores.empty:
+        md += ["## Optimal PU scores", "", markdown_table(scores), ""]
+    md += ["## Mean over seeds", "", markdown_table(mean_table), ""]
+    if tune:
+        md += ["## Tune trace", "", f"Defense `{tune['defense']}`, budget ε_p ≤ {tune['budget']}: "
+               + (f"chosen strength {tune['chosen']['strength']:g} (ε_u {tune['chosen']['utility_loss']:.2f})."
+                  if tune.get("chosen") else "no tried strength met the budget."), "",
+               markdown_table(pd.DataFrame(tune["trace"])), ""]
+    md += ["## Plots", ""]
+    for title, path in figures:
+        md += [f"### {title}", "", f"![{title}]({path.relative_to(d).as_posix()})", ""]
+    write_atomic(d / "report.md", "\n".join(md))
+    body = [f"<h1>vflbench report: {html.escape(d.name)}</h1>", f"<p>{html.escape(md[2])}</p>", f"<p>{html.escape(md[4])}</p>"]
+    if scores is not None and not scores.empty:
+        body += ["<h2>Optimal PU scores</h2>", scores.to_html(index=False, float_format=lambda v: f"{v:.4g}")]
+    body += ["<h2>Mean over seeds</h2>", mean_table.to_html(index=False, float_format=lambda v: f"{v:.4g}")]
+    if tune:
+        body += ["<h2>Tune trace</h2>", pd.DataFrame(tune["trace"]).to_html(index=False)]
+    body += ["<h2>Plots</h2>"] + [f"<h3>{html.escape(t)}</h3><img src='{p.relative_to(d).as_posix()}' width='640'>"
+                                  for t, p in figures]
+    page = ("<!doctype html><html><head><meta charset='utf-8'><title>vflbench report</title><style>"
+            "body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:collapse;font-size:12px}"
+            "td,th{border:1px solid #ccc;padding:3px 6px}</style></head><body>" + "\n".join(body) + "</body></html>")
+    write_atomic(d / "report.html", page)
+    return d / "report.md"
+
+
+__all__ = ["NO_DEFENSE", "SUMMARY_COLUMNS", "build_report", "markdown_table"]

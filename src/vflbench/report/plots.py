@@ -1,0 +1,101 @@
+"""Plots of privacy-utility results (matplotlib, Agg backend, PNG files)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from vflbench.eval.scores import pareto_front  # noqa: E402
+from vflbench.eval.sweep import NO_DEFENSE  # noqa: E402
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def tradeoff(summary: pd.DataFrame, attack: str, path: Path) -> Path:
+    """Privacy leakage vs utility loss per defense, labelled by strength, with the no-defense
+    point and the Pareto front (Kang Fig. 4; VMask Fig. 6). Means over seeds, std as bars."""
+    data = summary[summary["attack"] == attack]
+    agg = data.groupby(["defense", "strength"], dropna=False).agg(
+        eps_u=("utility_loss", "mean"), eps_u_std=("utility_loss", "std"),
+        eps_p=("leakage", "mean"), eps_p_std=("leakage", "std")).reset_index()
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    markers = iter("osD^v<>phX*")
+    for defense, group in agg.groupby("defense"):
+        if defense == NO_DEFENSE:
+            continue
+        group = group.sort_values("strength")
+        ax.errorbar(group["eps_u"], group["eps_p"], xerr=group["eps_u_std"].fillna(0), yerr=group["eps_p_std"].fillna(0),
+                    marker=next(markers, "o"), linestyle="-", capsize=3, label=defense)
+        for _, r in group.iterrows():
+            if not pd.isna(r["strength"]):
+                ax.annotate(f"{r['strength']:g}", (r["eps_u"], r["eps_p"]), textcoords="offset points",
+                            xytext=(4, 4), fontsize=7)
+    base = agg[agg["defense"] == NO_DEFENSE]
+    if not base.empty:
+        ax.scatter(base["eps_u"], base["eps_p"], marker="*", s=160, color="black", zorder=5, label="no defense")
+    defended = agg[agg["defense"] != NO_DEFENSE].dropna(subset=["eps_u", "eps_p"])
+    if len(defended) > 1:
+        pts = list(zip(defended["eps_u"], defended["eps_p"], strict=True))
+        front = [pts[i] for i in pareto_front(pts)]
+        ax.plot(*zip(*front, strict=True), color="grey", linestyle=":", linewidth=1.5, label="Pareto front")
+    ax.set_xlabel("utility loss ε_u (points)")
+    ax.set_ylabel("privacy leakage ε_p (points)")
+    ax.set_title(f"privacy-utility trade-off: {attack}")
+    ax.axhline(0, color="lightgrey", linewidth=0.8)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def per_epoch(curves: pd.DataFrame, attack: str, path: Path) -> Path:
+    """Attack value at every training epoch, one line per defense setting (VMask Fig. 5)."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for label, group in curves[curves["attack"] == attack].groupby("label"):
+        mean = np.mean(np.stack(group["values"].to_list()), axis=0)
+        ax.plot(np.arange(1, len(mean) + 1), mean, marker=".", label=label)
+    ax.set_xlabel("training epoch")
+    ax.set_ylabel("attack value")
+    ax.set_title(f"{attack} at every epoch")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def tsne_panels(panels: list[tuple[str, np.ndarray, np.ndarray]], path: Path) -> Path:
+    """One t-SNE scatter of the attacker's embeddings per defense, coloured by class (VMask Fig. 7)."""
+    n = len(panels)
+    cols = min(n, 3)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.8 * rows), squeeze=False)
+    for ax, (label, xy, y) in zip(axes.flat, panels, strict=False):
+        ax.scatter(xy[:, 0], xy[:, 1], c=y, cmap="tab10", s=6)
+        ax.set_title(label, fontsize=9)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    return _save(fig, path)
+
+
+def line(x: list[float], ys: dict[str, list[float]], xlabel: str, title: str, path: Path) -> Path:
+    """A simple multi-line plot (e.g. mask ratio and attack value against the privacy budget)."""
+    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    for label, y in ys.items():
+        ax.plot(x, y, marker="o", label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)

@@ -1,0 +1,111 @@
+"""Sweeps: expansion, caching by config hash, resume after a kill, tables, report, tune."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import yaml
+from conftest import minimal
+
+from vflbench.config import build_config
+from vflbench.eval import sweep as sweep_mod
+from vflbench.eval.sweep import expand, run_sweep
+from vflbench.eval.tune import tune
+from vflbench.report import build_report
+
+
+def _sweep_config(**sweep):
+    raw = minimal(data={"name": "breast_cancer"}, train={"epochs": 2, "batch_size": 32},
+                  defenses=[{"name": "isotropic_noise", "strength": 1.0}],
+                  attacks=[{"name": "norm_scoring", "epochs": [0]}, {"name": "direction_scoring", "epochs": [0]}],
+                  sweep={"grid": {"defenses.0.strength": [0.5, 5.0]}, "seeds": [0, 1], **sweep})
+    return build_config(raw)
+
+
+def test_expand_adds_a_no_defense_baseline_per_seed_and_dedupes():
+    points = expand(_sweep_config())
+    assert len(points) == 2 + 2 * 2
+    assert len({p.hash for p in points}) == len(points)
+    baselines = [p for p in points if not p.config.defenses]
+    assert sorted(p.config.seed for p in baselines) == [0, 1]
+
+
+def test_sweep_tables_report_and_resume(tmp_path, monkeypatch):
+    cfg = _sweep_config()
+    table = run_sweep(cfg, tmp_path)
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    for col in ("defense", "strength", "seed", "attack", "utility", "attack_value", "prior", "leakage",
+                "utility_loss", "pu_score"):
+        assert col in summary.columns
+    assert len(summary) == 6 * 2 and len(table) == 12
+    assert set(summary["attack"]) == {"norm_scoring", "direction_scoring"}
+    vanilla = summary[summary["defense"] == "none"]
+    assert (vanilla["utility_loss"] == 0).all()
+    strong = summary[(summary["strength"] == 5.0) & (summary["attack"] == "direction_scoring")]
+    assert strong["leakage"].mean() < vanilla[vanilla["attack"] == "direction_scoring"]["leakage"].mean()
+    scores = pd.read_csv(tmp_path / "scores.csv")
+    assert {"defense", "best_strength", "s_pu", "utility_loss", "eps_p.norm_scoring", "c_dcs"} <= set(scores.columns)
+
+    report = build_report(tmp_path)
+    assert report.is_file() and (tmp_path / "report.html").is_file()
+    assert (tmp_path / "plots" / "tradeoff_norm_scoring.png").stat().st_size > 10_000
+
+    calls = []
+    monkeypatch.setattr(sweep_mod, "_run_point", lambda *a: calls.append(a))
+    run_sweep(cfg, tmp_path, resume=True, runner=sweep_mod._run_point)
+    assert calls == []
+
+
+def test_killed_sweep_resumes_without_losing_finished_runs(tmp_path):
+    cfg = _sweep_config(seeds=[0])
+    done = []
+
+    class Killed(Exception):
+        pass
+
+    def stop_after_two(point):
+        done.append(point.hash)
+        if len(done) == 2:
+            raise Killed
+
+    with pytest.raises(Killed):
+        run_sweep(cfg, tmp_path, on_done=stop_after_two)
+    finished = {p.name for p in (tmp_path / "runs").iterdir() if (p / "result.json").is_file()}
+    assert finished == set(done)
+    before = {h: (tmp_path / "runs" / h / "result.json").read_text() for h in finished}
+    trained = []
+    run_sweep(cfg, tmp_path, resume=True, on_done=lambda p: trained.append(p.hash))
+    assert len(trained) == 1 and not set(trained) & finished
+    for h, text in before.items():
+        assert (tmp_path / "runs" / h / "result.json").read_text() == text
+    assert len(pd.read_csv(tmp_path / "summary.csv")["config_hash"].unique()) == 3
+
+
+def test_sweep_cli_with_two_workers(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "sweep.yaml"
+    raw = _sweep_config(seeds=[0], grid={"defenses.0.strength": [5.0]}).model_dump(mode="json")
+    path.write_text(yaml.safe_dump(raw))
+    proc = subprocess.run([sys.executable, "-m", "vflbench.cli", "sweep", str(path), "--out", str(tmp_path / "s"),
+                           "--workers", "2"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "s" / "summary.csv").is_file()
+    proc = subprocess.run([sys.executable, "-m", "vflbench.cli", "report", str(tmp_path / "s")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_tune_finds_a_strength_that_meets_the_budget(tmp_path):
+    raw = minimal(data={"name": "breast_cancer"}, train={"epochs": 2, "batch_size": 32},
+                  defenses=[{"name": "isotropic_noise"}],
+                  attacks=[{"name": "direction_scoring", "epochs": [0]}])
+    result = tune(build_config(raw), tmp_path, budget=20.0, low=0.1, high=50.0, steps=5)
+    assert result.chosen is not None and result.chosen["worst_leakage"] <= 20.0
+    assert any(not t["meets"] for t in result.trace)  # the weak end leaks more than the budget
+    assert json.loads((tmp_path / "tune.json").read_text())["chosen"]["strength"] == result.chosen["strength"]
+    build_report(tmp_path)
+    assert (tmp_path / "plots" / "tune.png").is_file()
