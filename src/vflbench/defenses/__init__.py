@@ -40,3 +40,6 @@ def create_defense(name: str, **params: Any) -> Defense:
         return cls(**params)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"defense {name!r}: {exc}") from None
+
+
+from vflbench.defenses import gradient  # noqa: E402,F401  (register)
