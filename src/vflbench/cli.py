@@ -201,8 +201,13 @@ def describe(name: Annotated[str, typer.Argument(help="a dataset, model, attack 
             if value:
                 facts[attr] = value
         for key, value in facts.items():
-            if value not in (None, (), [], ""):
-                out.print(f"  {key}: {', '.join(map(str, value)) if isinstance(value, (list, tuple)) else value}")
+            if value in (None, (), [], "", {}):
+                continue
+            if isinstance(value, dict):
+                value = ", ".join(f"{k} {v}" for k, v in value.items())
+            elif isinstance(value, (list, tuple)):
+                value = ", ".join(map(str, value))
+            out.print(f"  {key}: {value}")
         params = _parameters(factory)
         if params:
             table = Table("parameter", "default", title="parameters")
@@ -250,9 +255,9 @@ def main() -> None:
         code = getattr(exc, "exit_code", getattr(exc, "code", 0))
         sys.exit(code)
     except Exception as exc:
-        import click
-
-        if isinstance(exc, click.ClickException):
+        # Usage errors from typer (and click, which older typer versions build on) know how to
+        # show themselves; anything else is a bug and keeps its traceback.
+        if hasattr(exc, "show") and isinstance(getattr(exc, "exit_code", None), int):
             exc.show()
             sys.exit(exc.exit_code)
         raise

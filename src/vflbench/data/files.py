@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from vflbench.errors import DataError
 
@@ -20,13 +22,74 @@ def resolve_root(root: str | Path | None) -> Path | None:
     return Path(env).expanduser() if env else None
 
 
-def md5sum(path: Path) -> str:
-    """MD5 hex digest of a file, read in chunks."""
-    digest = hashlib.md5()
+def _digest(path: Path, algorithm: str) -> str:
+    """Hex digest of a file with a :mod:`hashlib` algorithm, read in chunks."""
+    digest = hashlib.new(algorithm)
     with path.open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def md5sum(path: Path) -> str:
+    """MD5 hex digest of a file, read in chunks."""
+    return _digest(path, "md5")
+
+
+def sha256sum(path: Path) -> str:
+    """SHA-256 hex digest of a file, read in chunks."""
+    return _digest(path, "sha256")
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    """Outcome of :func:`check_files`: ``base`` is ``root/folder`` (``None`` without a root)."""
+
+    status: Literal["ok", "missing", "corrupt"]
+    message: str
+    base: Path | None
+
+
+def check_files(
+    dataset: str,
+    root: Path | None,
+    folder: str,
+    files: Sequence[str],
+    *,
+    md5: Mapping[str, str] | None = None,
+    sha256: Mapping[str, str] | None = None,
+    source: str = "",
+) -> FileCheck:
+    """Check that ``files`` exist in ``root/folder`` and match their checksums; never raises.
+
+    The message of a failed check names the expected files, where to put them, and how to set
+    the datasets root; a passed check's message says what was verified.
+    """
+    where = f"{root}/{folder}/" if root is not None else f"<root>/{folder}/"
+    expected = ", ".join(files)
+    hint = (f"{dataset} needs the files {expected} in {where}"
+            + (f" (published at {source})" if source else "")
+            + f". Set the datasets root with --data-root, data.root, or ${ENV_VAR}.")
+    if root is None:
+        return FileCheck("missing", f"no datasets root is set. {hint}", None)
+    base = root / folder
+    missing = [f for f in files if not (base / f).is_file()]
+    if missing:
+        return FileCheck("missing", f"missing {', '.join(missing)}. {hint}", base)
+    checked = 0
+    for algorithm, sums in (("md5", md5), ("sha256", sha256)):
+        for name, want in (sums or {}).items():
+            got = _digest(base / name, algorithm)
+            if got != want.lower():
+                return FileCheck(
+                    "corrupt",
+                    f"{base / name} is corrupt or a different version: {algorithm} {got}, "
+                    f"expected {want}. {hint}",
+                    base,
+                )
+            checked += 1
+    verified = f"{checked} checksum(s) match" if checked else "no published per-file checksums"
+    return FileCheck("ok", f"{len(files)} file(s) present in {base}/; {verified}", base)
 
 
 def require_files(
@@ -36,28 +99,15 @@ def require_files(
     files: Sequence[str],
     *,
     md5: Mapping[str, str] | None = None,
+    sha256: Mapping[str, str] | None = None,
     source: str = "",
 ) -> Path:
-    """Return ``root/folder`` after checking that ``files`` exist there (and their MD5s).
+    """Return ``root/folder`` after checking that ``files`` exist there (and their checksums).
 
-    A missing root, folder or file, or a checksum mismatch, raises a :class:`DataError` that
-    names the expected files and where to put them.
+    A missing root, folder or file, or an MD5/SHA-256 mismatch, raises a :class:`DataError`
+    that names the expected files and where to put them.
     """
-    where = f"{root}/{folder}/" if root is not None else f"<root>/{folder}/"
-    expected = ", ".join(files)
-    hint = (f"{dataset} needs the files {expected} in {where}"
-            + (f" (published at {source})" if source else "")
-            + f". Set the datasets root with --data-root, data.root, or ${ENV_VAR}.")
-    if root is None:
-        raise DataError(f"no datasets root is set. {hint}")
-    base = root / folder
-    missing = [f for f in files if not (base / f).is_file()]
-    if missing:
-        raise DataError(f"missing {', '.join(missing)}. {hint}")
-    for name, want in (md5 or {}).items():
-        got = md5sum(base / name)
-        if got != want:
-            raise DataError(
-                f"{base / name} is corrupt or a different version: md5 {got}, expected {want}. {hint}"
-            )
-    return base
+    check = check_files(dataset, root, folder, files, md5=md5, sha256=sha256, source=source)
+    if check.status != "ok" or check.base is None:
+        raise DataError(check.message)
+    return check.base
