@@ -50,7 +50,7 @@ def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: floa
     cls = DEFENSES.get(name).factory
     if getattr(cls, "strength_param", None) is None:
         raise ConfigError(f"defense {name!r} has no strength knob to tune")
-    larger_is_stronger = "larger" in getattr(cls, "strength_direction", "larger is stronger")
+    larger_is_stronger = getattr(cls, "strength_direction", "larger is stronger").startswith("larger")
     out = Path(out_dir)
     base = cfg.model_dump(mode="json", exclude={"sweep"})
     vanilla = _evaluate(build_config({**base, "defenses": []}), out, data_root)["utility"]["value"]

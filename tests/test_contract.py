@@ -1,0 +1,64 @@
+"""One contract test over every registered dataset, model, attack and defense."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from vflbench.attacks import ATTACKS, Attack
+from vflbench.data import DATASETS
+from vflbench.defenses import DEFENSES, create_defense
+from vflbench.models import MODELS, TOP_MODELS
+from vflbench.protocol import Defense
+
+
+def _keyword_only(cls) -> None:
+    for p in inspect.signature(cls).parameters.values():
+        assert p.kind is inspect.Parameter.KEYWORD_ONLY, f"{cls.__name__}: parameter {p.name} must be keyword-only"
+
+
+@pytest.mark.parametrize("entry", list(DEFENSES), ids=lambda e: e.name)
+def test_defense_contract(entry):
+    cls = entry.factory
+    assert isinstance(cls, type) and issubclass(cls, Defense)
+    assert cls.name == entry.name and entry.summary
+    assert cls.side in ("active", "passive", "both")
+    assert cls.paper, "cite the paper"
+    _keyword_only(cls)
+    defense = create_defense(entry.name)
+    params = defense.get_params()
+    assert set(params) <= set(inspect.signature(cls).parameters)
+    assert type(defense)(**params).get_params() == params  # parameters are stored unmodified
+    if cls.strength_param is not None:
+        assert cls.strength_param in inspect.signature(cls).parameters
+        assert cls.strength_direction.startswith(("larger is stronger", "smaller is stronger"))
+
+
+@pytest.mark.parametrize("entry", list(ATTACKS), ids=lambda e: e.name)
+def test_attack_contract(entry):
+    cls = entry.factory
+    assert isinstance(cls, type) and issubclass(cls, Attack)
+    assert cls.name == entry.name and entry.summary and cls.paper and cls.threat and cls.reads
+    assert cls.target in ("labels", "features")
+    assert cls.phase in ("observer", "post_training", "malicious")
+    _keyword_only(cls)
+    attack = cls()
+    assert attack.get_params() == cls(**attack.get_params()).get_params()
+
+
+@pytest.mark.parametrize("registry", [DATASETS, MODELS, TOP_MODELS], ids=["datasets", "models", "top"])
+def test_factories_take_keyword_only_options(registry):
+    for entry in registry:
+        assert entry.summary, entry.name
+        for p in inspect.signature(entry.factory).parameters.values():
+            assert p.kind is inspect.Parameter.KEYWORD_ONLY, f"{entry.name}: {p.name}"
+
+
+def test_canonical_names_are_registered():
+    datasets = {"digits", "breast_cancer", "wine", "synthetic", "mnist", "fashion_mnist", "tabmnist", "tabfmnist",
+                "cifar10", "cifar100", "credit_default", "bank_marketing", "rt_iot2022", "trec", "ag_news", "criteo",
+                "csv"}
+    models = {"logreg", "mlp2", "mlp3", "lenet5", "vgg13", "resnet18", "conv2", "emb_mlp", "text_cnn"}
+    assert datasets <= set(DATASETS.names())
+    assert models <= set(MODELS.names())
