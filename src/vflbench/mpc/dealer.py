@@ -1,0 +1,191 @@
+"""A seeded trusted dealer of Beaver triples (Beaver, CRYPTO'91; CrypTen's trusted third party).
+
+For a bilinear operation ``op`` (elementwise mul, matmul, the im2col matmul of a convolution, or
+the transposed convolution of its input gradient) the dealer draws ``a`` and ``b`` uniformly
+from Z_2^64, computes ``c = op(a, b)`` and hands each party an additive share of ``(a, b, c)``.
+
+Who may deal. In VMask the weight of a masked layer is shared between the passive party P_k
+and the active party P_K, and a Beaver multiplication opens ``delta = W - b`` to both parties.
+Whoever knows ``b`` therefore learns ``W``; likewise knowing ``a`` unmasks the passive party's
+layer input from ``eps = x - a``. So the dealer must be neither party: not the active party
+(it would learn the passive party's inputs, systems.md section 3) and not the passive party
+either (it would learn the masked weight, defeating VMask). ``role`` records who runs the
+dealer and the constructor refuses ``"active"`` and ``"passive"``.
+
+Triples are single use: reusing ``b`` against a changing weight reveals ``W_t - W_{t-1}``.
+Every triple has an id; each party takes its half exactly once (:meth:`Dealer.take`) and the
+protocol marks it used exactly once (:meth:`Dealer.consume`); a second use raises
+:class:`TripleReuseError`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from vflbench.mpc._service import ServiceHandle
+from vflbench.mpc.ring import ring_conv2d, ring_conv2d_input_grad, ring_matmul, uniform
+
+FORBIDDEN_DEALER_ROLES = ("active", "passive")
+
+
+class TripleReuseError(RuntimeError):
+    """A Beaver triple (or one party's half of it) was taken or used twice."""
+
+
+@dataclass(frozen=True)
+class TripleShare:
+    """One party's share of a Beaver triple ``(a, b, c = op(a, b))``."""
+
+    triple_id: int
+    kind: str
+    party: int
+    a: Tensor = field(repr=False)
+    b: Tensor = field(repr=False)
+    c: Tensor = field(repr=False)
+
+
+class Dealer(ServiceHandle):
+    """Seeded trusted third party issuing fresh single-use Beaver triples.
+
+    Args:
+        seed: an int seed or a ``torch.Generator`` (all of the dealer's randomness comes from it).
+        name: a label for logs and errors.
+        role: who runs the dealer; anything but ``"active"`` or ``"passive"`` (see module doc).
+        device: where the triples are delivered (generated on the generator's device).
+    """
+
+    def __init__(
+        self,
+        seed: int | torch.Generator,
+        *,
+        name: str = "dealer",
+        role: str = "third_party",
+        device: torch.device | str | None = None,
+    ) -> None:
+        if role in FORBIDDEN_DEALER_ROLES:
+            raise ValueError(
+                f"the Beaver-triple dealer cannot be the {role} party: knowing the triples' masks it would "
+                "unmask the other party's shares (active: the passive party's layer inputs; passive: the "
+                "masked weights). Use a third party (role='third_party')."
+            )
+        assert role not in FORBIDDEN_DEALER_ROLES
+        self.name = name
+        self.role = role
+        self.device = torch.device(device) if device is not None else None
+        self._gen = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(int(seed))
+        self._next_id = 0
+        self._pending: dict[tuple[int, int], TripleShare] = {}
+        self._taken: set[tuple[int, int]] = set()
+        self._used: set[tuple[int, int]] = set()
+        self.issued: dict[str, int] = defaultdict(int)
+        """Number of triples issued, per kind (``mul``, ``matmul``, ``conv2d``, ``conv2d_input_grad``)."""
+        self.issued_elements = 0
+        """Total ring elements in all issued ``(a, b, c)`` (one party's share)."""
+
+    def __repr__(self) -> str:
+        return f"Dealer(name={self.name!r}, role={self.role!r}, issued={dict(self.issued)})"
+
+    # -- issuing -----------------------------------------------------------------------------
+
+    def _issue(
+        self, kind: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...], op: Callable[[Tensor, Tensor], Tensor]
+    ) -> int:
+        g = self._gen
+        a = uniform(a_shape, g)
+        b = uniform(b_shape, g)
+        c = op(a, b)
+        a0, b0, c0 = uniform(a.shape, g), uniform(b.shape, g), uniform(c.shape, g)
+        tid = self._next_id
+        self._next_id += 1
+        dev = self.device
+        halves = ((a0, b0, c0), (a - a0, b - b0, c - c0))
+        for party, (sa, sb, sc) in enumerate(halves):
+            if dev is not None:
+                sa, sb, sc = sa.to(dev), sb.to(dev), sc.to(dev)
+            self._pending[(tid, party)] = TripleShare(tid, kind, party, sa, sb, sc)
+        self.issued[kind] += 1
+        self.issued_elements += a.numel() + b.numel() + c.numel()
+        return tid
+
+    def issue_mul(self, shape: tuple[int, ...]) -> int:
+        """A triple for the elementwise product of two tensors of ``shape``; returns its id."""
+        return self._issue("mul", tuple(shape), tuple(shape), torch.mul)
+
+    def issue_matmul(self, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
+        """A triple for ``x @ y`` with ``x`` of ``a_shape`` and ``y`` of ``b_shape``; returns its id."""
+        return self._issue("matmul", tuple(a_shape), tuple(b_shape), ring_matmul)
+
+    def issue_conv2d(
+        self,
+        x_shape: tuple[int, ...],
+        w_shape: tuple[int, ...],
+        *,
+        stride: int | tuple[int, int],
+        padding: int | tuple[int, int],
+    ) -> int:
+        """A triple for ``conv2d(x, w)`` (the im2col matmul): ``a`` input-shaped, ``b`` weight-shaped."""
+
+        def op(a: Tensor, b: Tensor) -> Tensor:
+            return ring_conv2d(a, b, stride=stride, padding=padding)
+
+        return self._issue("conv2d", tuple(x_shape), tuple(w_shape), op)
+
+    def issue_conv2d_input_grad(
+        self,
+        g_shape: tuple[int, ...],
+        w_shape: tuple[int, ...],
+        input_size: tuple[int, int],
+        *,
+        stride: int | tuple[int, int],
+        padding: int | tuple[int, int],
+    ) -> int:
+        """A triple for the input gradient of a convolution (im2col matmul followed by col2im)."""
+
+        def op(a: Tensor, b: Tensor) -> Tensor:
+            return ring_conv2d_input_grad(
+                a, b, (int(input_size[0]), int(input_size[1])), stride=stride, padding=padding
+            )
+
+        return self._issue("conv2d_input_grad", tuple(g_shape), tuple(w_shape), op)
+
+    # -- delivering --------------------------------------------------------------------------
+
+    def take(self, triple_id: int, party: int) -> TripleShare:
+        """Deliver ``party``'s half of triple ``triple_id`` (each half can be taken once)."""
+        key = (int(triple_id), int(party))
+        if key in self._taken:
+            raise TripleReuseError(f"{self.name}: party {party} already took its half of triple {triple_id}")
+        try:
+            half = self._pending.pop(key)
+        except KeyError:
+            raise KeyError(f"{self.name}: no triple {triple_id} for party {party}") from None
+        self._taken.add(key)
+        return half
+
+    def consume(self, half: TripleShare) -> None:
+        """Mark ``half`` as used by the protocol; a second use raises :class:`TripleReuseError`."""
+        key = (half.triple_id, half.party)
+        if key in self._used:
+            raise TripleReuseError(
+                f"{self.name}: triple {half.triple_id} ({half.kind}) used twice by party {half.party}"
+            )
+        self._used.add(key)
+
+    def pair(self, triple_id: int) -> tuple[TripleShare, TripleShare]:
+        """Both halves of a triple (for the one-function simulations in :mod:`vflbench.mpc.protocol`)."""
+        return self.take(triple_id, 0), self.take(triple_id, 1)
+
+    @property
+    def pending(self) -> int:
+        """Halves issued but not yet taken."""
+        return len(self._pending)
+
+    @property
+    def consumed(self) -> int:
+        """Halves marked used by the protocol."""
+        return len(self._used)

@@ -1,0 +1,888 @@
+"""VMask's masked layers: a Linear or Conv2d whose weight is secret-shared between the passive
+party P_k (party 0, whose bottom model holds the layer) and the active party P_K (party 1).
+
+Layer masking (VMask, NDSS 2025, Algorithm 1). :func:`mask_layer` encodes the plaintext weight and
+bias in the ring, P_k keeps one share and sends the other to P_K, and P_K adds Gaussian noise
+``N(0, sigma^2)`` to its share (lines 2-6). From then on neither party holds the plaintext
+weight: the effective weight is ``W = s_k + s_K`` (= the original weight + noise). :func:`unmask`
+reverses it (lines 7-11): P_K first adds fresh noise to its share, then sends it to P_k, who
+reconstructs a plaintext ``nn.Linear`` / ``nn.Conv2d``.
+
+Secure forward and backward (VMask Algorithm 5). The layer input ``x`` is plaintext at P_k. P_k
+shares it (sends one share to P_K), both parties compute shares of ``x W^T`` with a Beaver triple
+against the shared weight (:mod:`vflbench.mpc.protocol`, triples from a :class:`Dealer` that is
+neither party), and only P_k receives P_K's output share and reconstructs the output, which it
+feeds to the next (plaintext) non-linearity. Backward mirrors it: P_k shares the output gradient
+``g``; ``g W`` (the input gradient) is computed with Beaver against the shared weight and
+reconstructed to P_k only. The weight gradient ``g^T x`` is computed by P_k in plaintext: P_k knows
+both operands (it shared them itself), so computing it on shares as in Algorithm 5 lines 26-29
+would hide nothing from P_k. P_k therefore learns every weight gradient, but not the weight.
+
+Weight updates happen on shares. An update ``-lr * d`` of the weight (``d`` a plaintext
+direction known to P_k) is linear, so only P_k's share changes: ``s_k -= encode(lr * d)``, with the
+rounding residual carried to the next update (error feedback), so updates smaller than
+``2^-f`` are not lost. Two ways to drive it:
+
+* With any torch optimizer. Each shared layer has plaintext parameters ``weight_offset`` and
+  ``bias_offset`` (P_k's known additive part of the weight, always zero between steps). Autograd
+  gives them the plaintext weight gradient; ``optimizer.step()`` moves them (SGD, momentum, Adam...,
+  with the optimizer's own state); the next forward (or :meth:`SharedLayer.absorb`) folds them into
+  P_k's share and zeroes them. A torch optimizer's ``weight_decay`` decays only the (zero) offsets,
+  i.e. has no effect on the masked weight: use :meth:`SharedLayer.decay_` for that.
+* With :meth:`SharedLayer.step` (SGD with momentum on the plaintext gradient, P_k's state in
+  :class:`PassiveShareHolder`) -- do not also give the offsets to a torch optimizer.
+
+Weight decay needs the weight itself, which is shared. Multiplying both shares by ``1 - lr*wd``
+and truncating locally would fail catastrophically with probability ~|W| 2^(2f-64) per element and
+step, so the layer instead keeps a public scale ``lambda`` known to both parties: the effective
+weight is ``lambda * (s_k + s_K)``; decay multiplies ``lambda`` (a control message, no ring data),
+outputs and input gradients are rescaled by P_k in plaintext after reconstruction, and when
+``lambda < 1/2`` both parties divide their shares by a power of two (a local SecureML truncation by a
+few bits of a value of magnitude ~|W| 2^f, failure probability ~|W| 2^(f-64)) and ``lambda`` grows by it.
+:meth:`SharedLayer.step` applies decay decoupled from momentum (SGDW: ``W <- (1 - lr*wd) W - lr*v``,
+``v`` the momentum of the plaintext gradients); without momentum this is exactly torch's SGD.
+
+Truncation of the products (``truncation=``): ``"reveal"`` (default) opens the untruncated
+product (``2f`` fractional bits) to P_k, who truncates it exactly in plaintext; ``"secureml"``
+truncates each share locally before the opening (SecureML, Mohassel & Zhang 2017), which fails
+catastrophically with probability ~|y| 2^(2f-64) per output element ``y`` (2.3e-10 for |y|=1 and
+f=16; a VGG-sized masked conv sees ~1e11 output elements per training run; one Conv2d(16->32)
+forward with |y| up to 1.6e5 already produced one output off by 2^32). The output goes to P_k in
+both cases; ``"reveal"`` gives P_k the low ``f`` bits of ``x_enc . W_enc`` as well.
+
+Precision. The effective weight is the original rounded to ``2^-(f+1)``; inputs and gradients are
+rounded the same way, so the absolute error of an output is about ``2^-(f+1) sqrt(K/3)`` times the
+rms of the other operand (K the fan-in), plus 1 LSB: ~3e-4 for Linear(784->256) on inputs in [-1, 1]
+at f=16, ~4e-2 for inputs of magnitude 100 (relative 1e-5); raise ``frac_bits`` for more (products
+must stay below ``2^(63-2f)``).
+
+What P_k can still infer. P_k shared the weight itself and computes every weight update in plaintext,
+so an adaptive P_k that remembers them knows the effective weight up to P_K's masking noise
+(``sigma``, plus the fresh noise of every re-masking). VMask's protection against the model
+completion attack rests on that noise and on P_k using its own share as the layer's parameters
+(Algorithm 1 line 7; :func:`passive_attacker_copy`).
+
+Separation of the parties. :class:`SharedLinear` / :class:`SharedConv2d` (the ``nn.Module`` in P_k's
+bottom model) hold only P_k's state (:class:`PassiveShareHolder`) and three service handles:
+an :class:`ActivePeer` (the connection to P_K, through which every protocol message goes and is
+counted in a :class:`~vflbench.mpc.comm.Comm`), the :class:`~vflbench.mpc.dealer.Dealer`, and P_k's
+own random source. P_K's state lives in an :class:`ActiveShareHolder` behind the peer. Handles are
+not copied by ``copy.deepcopy`` (the copy talks to the same peer) and pickle to disconnected stubs,
+so a deep copy or a pickle of P_k's model never contains P_K's share.
+
+The active party only ever receives shares and Beaver openings (uniformly distributed ring
+elements); set ``record_active_inbox=True`` to log them (``ActiveShareHolder.received``) for tests.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+from torch.nn.grad import conv2d_weight
+
+from vflbench.mpc._service import ServiceHandle
+from vflbench.mpc.comm import Comm
+from vflbench.mpc.dealer import Dealer, TripleShare
+from vflbench.mpc.protocol import party_combine, party_masks, truncate_public, truncate_share
+from vflbench.mpc.ring import (
+    DEFAULT_FRAC_BITS,
+    decode,
+    encode,
+    ring_conv2d,
+    ring_conv2d_input_grad,
+    ring_matmul,
+)
+from vflbench.mpc.shares import share
+
+Truncation = Literal["reveal", "secureml"]
+TRUNCATIONS: tuple[str, ...] = ("reveal", "secureml")
+RENORMALIZE_BELOW = 0.5
+"""When the public decay scale falls below this, the shares are divided by a power of two."""
+
+
+class PartyRandomness(ServiceHandle):
+    """A party's private random source (a ``torch.Generator``), shared by all copies of its model.
+
+    Deep-copying a ``torch.Generator`` clones its state; two copies of a model would then draw the
+    same input shares and the other party could subtract them. As a service handle this object is
+    never cloned.
+    """
+
+    def __init__(self, generator: torch.Generator, *, party: str) -> None:
+        self.generator = generator
+        self.party = party
+
+    def __repr__(self) -> str:
+        return f"PartyRandomness({self.party})"
+
+
+@dataclass(frozen=True)
+class _BilinearSpec:
+    """Public description of one shared product ``op(x, weight_operand(W))``."""
+
+    issue: Callable[[Dealer], int]
+    op: Callable[[Tensor, Tensor], Tensor]
+    weight_operand: Callable[[Tensor], Tensor]
+    bias_view: Callable[[Tensor], Tensor] | None  # None: no bias term in this product
+
+
+def _on(t: TripleShare, device: torch.device) -> TripleShare:
+    if t.a.device == device:
+        return t
+    return TripleShare(t.triple_id, t.kind, t.party, t.a.to(device), t.b.to(device), t.c.to(device))
+
+
+def _add_bias_share(
+    z: Tensor, bias: Tensor | None, spec: _BilinearSpec, party: int, truncation: Truncation, f: int
+) -> Tensor:
+    """Truncate (secureml) and add this party's bias share at the right scale."""
+    if truncation == "secureml":
+        z = truncate_share(z, party, f)
+        return z if bias is None or spec.bias_view is None else z + spec.bias_view(bias)
+    # reveal: the product carries 2f fractional bits, so the bias share is shifted by f (exact in the ring)
+    return z if bias is None or spec.bias_view is None else z + (spec.bias_view(bias) << f)
+
+
+# ------------------------------------------------------------------------------------------------
+# The active party
+
+
+class ActiveShareHolder:
+    """P_K's state for one masked layer: its weight and bias shares and the public scale.
+
+    The methods are the active party's side of each protocol step; they receive and return only
+    ring tensors (shares and Beaver openings).
+    """
+
+    def __init__(
+        self, *, name: str, frac_bits: int, dealer: Dealer, generator: torch.Generator, record_received: bool = False
+    ) -> None:
+        self.name = name
+        self.frac_bits = frac_bits
+        self.dealer = dealer
+        self.generator = generator
+        self.weight_share: Tensor | None = None
+        self.bias_share: Tensor | None = None
+        self.scale = 1.0
+        self.record_received = record_received
+        self.received: list[tuple[str, Tensor]] = []
+        """What P_K received (tag, ring tensor), logged when ``record_received``."""
+
+    def __repr__(self) -> str:
+        return f"ActiveShareHolder({self.name})"
+
+    def _log(self, tag: str, *tensors: Tensor) -> None:
+        if self.record_received:
+            self.received.extend((tag, t.detach().clone()) for t in tensors)
+
+    def _require(self) -> Tensor:
+        if self.weight_share is None:
+            raise RuntimeError(f"layer {self.name!r} has no active share (not masked, or already unmasked)")
+        return self.weight_share
+
+    def _noise(self, shape: torch.Size, sigma: float) -> Tensor:
+        """Encoded ``N(0, sigma^2)`` noise in the effective weight's units (divided by the scale)."""
+        if sigma == 0:
+            return torch.zeros(shape, dtype=torch.int64)
+        r = torch.randn(tuple(shape), generator=self.generator, dtype=torch.float64) * sigma / self.scale
+        return encode(r, self.frac_bits)
+
+    def accept_shares(self, w1: Tensor, b1: Tensor | None, *, sigma: float) -> None:
+        """Algorithm 1 lines 4-6: keep P_K's share of the weight (and bias) plus Gaussian noise."""
+        self._log("weight_share", w1, *(() if b1 is None else (b1,)))
+        self.weight_share = w1 + self._noise(w1.shape, sigma).to(w1.device)
+        self.bias_share = None if b1 is None else b1 + self._noise(b1.shape, sigma).to(b1.device)
+
+    def bilinear(
+        self,
+        spec: _BilinearSpec,
+        x1: Tensor,
+        e0: Tensor,
+        d0: Tensor,
+        triple_id: int,
+        *,
+        with_bias: bool,
+        truncation: Truncation,
+        tag: str,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """P_K's side of a shared product: returns its openings ``(e1, d1)`` and its output share."""
+        self._log(tag, x1, e0, d0)
+        w1 = self._require().to(x1.device)
+        t1 = _on(self.dealer.take(triple_id, 1), x1.device)
+        self.dealer.consume(t1)
+        e1, d1 = party_masks(x1, spec.weight_operand(w1), t1)
+        eps, delta = e0 + e1, d0 + d1
+        z1 = party_combine(1, eps, delta, t1, spec.op)
+        b1 = self.bias_share.to(x1.device) if (with_bias and self.bias_share is not None) else None
+        z1 = _add_bias_share(z1, b1, spec, 1, truncation, self.frac_bits)
+        return e1, d1, z1
+
+    def decay(self, factor: float) -> None:
+        """Public decay of the effective weight: the scale is multiplied by ``factor``."""
+        self.scale *= factor
+
+    def renormalize(self, bits: int) -> None:
+        """Divide P_K's shares by ``2^bits`` (SecureML local truncation) as the scale grows by it."""
+        self.weight_share = truncate_share(self._require(), 1, bits)
+        if self.bias_share is not None:
+            self.bias_share = truncate_share(self.bias_share, 1, bits)
+        self.scale *= 2.0**bits
+
+    def release(self, *, sigma: float) -> tuple[Tensor, Tensor | None]:
+        """Algorithm 1 lines 9-10: add fresh noise to P_K's shares, hand them over and forget them."""
+        w1 = self._require()
+        w1 = w1 + self._noise(w1.shape, sigma).to(w1.device)
+        b1 = (
+            None
+            if self.bias_share is None
+            else self.bias_share + self._noise(self.bias_share.shape, sigma).to(w1.device)
+        )
+        self.weight_share, self.bias_share = None, None
+        return w1, b1
+
+
+class ActivePeer(ServiceHandle):
+    """P_k's opaque handle to the active party for one masked layer.
+
+    Every call is a protocol exchange: arguments are messages from P_k to P_K and return values
+    messages back, all counted in ``comm``. Deep copy returns the same handle; pickling yields a
+    disconnected stub. The active party's share is not reachable through public attributes.
+    """
+
+    def __init__(self, holder: ActiveShareHolder, comm: Comm) -> None:
+        self.__holder = holder
+        self.comm = comm
+
+    def __repr__(self) -> str:
+        return f"ActivePeer({self.__holder.name})"
+
+    def share_weights(self, w1: Tensor, b1: Tensor | None, *, sigma: float) -> None:
+        """P_k sends P_K its weight (and bias) share; P_K adds noise (Algorithm 1)."""
+        self.comm.send("passive_to_active", w1, *(() if b1 is None else (b1,)), tag="share_weight")
+        self.__holder.accept_shares(w1, b1, sigma=sigma)
+
+    def bilinear(
+        self,
+        spec: _BilinearSpec,
+        x1: Tensor,
+        e0: Tensor,
+        d0: Tensor,
+        triple_id: int,
+        *,
+        with_bias: bool,
+        truncation: Truncation,
+        stage: str,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """One shared product: P_k sends its share ``x1`` of the operand and its Beaver openings."""
+        self.comm.send("passive_to_active", x1, tag=f"{stage}_share")
+        self.comm.send("passive_to_active", e0, d0, tag=f"{stage}_open")
+        e1, d1, z1 = self.__holder.bilinear(
+            spec, x1, e0, d0, triple_id, with_bias=with_bias, truncation=truncation, tag=stage
+        )
+        self.comm.send("active_to_passive", e1, d1, tag=f"{stage}_open")
+        self.comm.send("active_to_passive", z1, tag=f"{stage}_reconstruct")
+        return e1, d1, z1
+
+    def decay(self, factor: float) -> None:
+        """Tell P_K the public decay factor (a control message)."""
+        self.comm.send("passive_to_active", 1, tag="control")
+        self.__holder.decay(factor)
+
+    def renormalize(self, bits: int) -> None:
+        """Ask P_K to divide its shares by ``2^bits`` (a control message)."""
+        self.comm.send("passive_to_active", 1, tag="control")
+        self.__holder.renormalize(bits)
+
+    def release(self, *, sigma: float) -> tuple[Tensor, Tensor | None]:
+        """Unmasking: P_K adds fresh noise and sends its shares to P_k."""
+        self.comm.send("passive_to_active", 1, tag="control")
+        w1, b1 = self.__holder.release(sigma=sigma)
+        self.comm.send("active_to_passive", w1, *(() if b1 is None else (b1,)), tag="unmask")
+        return w1, b1
+
+    def _oracle_holder(self) -> ActiveShareHolder:
+        """Simulation oracle access to P_K's state (tests and evaluation only; not part of the protocol)."""
+        return self.__holder
+
+
+# ------------------------------------------------------------------------------------------------
+# The passive party
+
+
+class PassiveShareHolder(nn.Module):
+    """P_k's state for one masked layer.
+
+    Buffers: ``weight_share`` / ``bias_share`` (int64 ring shares of the weight divided by the
+    public ``scale``), ``scale`` (float64, public), ``residual_*`` (the part of past updates below
+    the ring's resolution, float64, |.| <= 2^-(f+1)), ``momentum_*`` (the momentum of the plaintext
+    gradients, used by :meth:`SharedLayer.step`). Parameters: ``weight_offset`` / ``bias_offset``,
+    P_k's plaintext additive part of the weight, zero except between a torch optimizer's step and
+    the next forward (see the module docstring).
+    """
+
+    weight_share: Tensor
+    bias_share: Tensor | None
+    scale: Tensor
+    residual_weight: Tensor
+    residual_bias: Tensor | None
+    momentum_weight: Tensor | None
+    momentum_bias: Tensor | None
+    weight_offset: nn.Parameter
+    bias_offset: nn.Parameter | None
+
+    def __init__(self, weight_share: Tensor, bias_share: Tensor | None, *, frac_bits: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.frac_bits = frac_bits
+        self.register_buffer("weight_share", weight_share)
+        self.register_buffer("bias_share", bias_share)
+        self.register_buffer("scale", torch.tensor(1.0, dtype=torch.float64, device=weight_share.device))
+        self.register_buffer(
+            "residual_weight", torch.zeros(weight_share.shape, dtype=torch.float64, device=weight_share.device)
+        )
+        self.register_buffer(
+            "residual_bias",
+            None
+            if bias_share is None
+            else torch.zeros(bias_share.shape, dtype=torch.float64, device=bias_share.device),
+        )
+        self.register_buffer("momentum_weight", None)
+        self.register_buffer("momentum_bias", None)
+        self.weight_offset = nn.Parameter(torch.zeros(weight_share.shape, dtype=dtype, device=weight_share.device))
+        self.bias_offset = (
+            None
+            if bias_share is None
+            else nn.Parameter(torch.zeros(bias_share.shape, dtype=dtype, device=bias_share.device))
+        )
+
+    def entries(self) -> Iterator[tuple[str, Tensor | None, nn.Parameter | None]]:
+        """``(suffix, share, offset)`` for the weight and the bias."""
+        yield "weight", self.weight_share, self.weight_offset
+        yield "bias", self.bias_share, self.bias_offset
+
+    @torch.no_grad()
+    def apply_update(self, which: str, delta: Tensor) -> None:
+        """Add ``delta`` (float, in effective-weight units) to the shared weight via P_k's share only."""
+        share_t: Tensor = getattr(self, f"{which}_share")
+        resid: Tensor = getattr(self, f"residual_{which}")
+        r = resid + delta.to(torch.float64) / float(self.scale)
+        q = encode(r, self.frac_bits)
+        share_t.add_(q)
+        resid.copy_(r - decode(q, self.frac_bits))
+
+    @torch.no_grad()
+    def absorb(self) -> None:
+        """Fold the plaintext offsets into P_k's share and zero them."""
+        for which, share_t, off in self.entries():
+            if share_t is None or off is None or not bool(off.any()):
+                continue
+            self.apply_update(which, off)
+            off.zero_()
+
+
+class _SecureLayerFn(torch.autograd.Function):
+    """Autograd bridge (FATE's pattern): forward and backward run the two-party protocol."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, w_offset: Tensor, b_offset: Tensor | None, layer: SharedLayer) -> Tensor:  # type: ignore[override]
+        ctx.layer = layer
+        ctx.has_bias = b_offset is not None
+        ctx.save_for_backward(x)
+        return layer._secure_forward(x)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, Tensor, Tensor | None, None]:  # type: ignore[override]
+        (x,) = ctx.saved_tensors
+        layer: SharedLayer = ctx.layer
+        gw, gb = layer._plain_weight_grads(x, grad_out)
+        gx = layer._secure_input_grad(grad_out, x) if ctx.needs_input_grad[0] else None
+        return gx, gw, (gb if ctx.has_bias else None), None
+
+
+class SharedLayer(nn.Module):
+    """Common machinery of :class:`SharedLinear` and :class:`SharedConv2d` (P_k's side)."""
+
+    passive: PassiveShareHolder
+
+    def __init__(
+        self,
+        passive: PassiveShareHolder,
+        *,
+        peer: ActivePeer,
+        dealer: Dealer,
+        randomness: PartyRandomness,
+        sigma: float,
+        frac_bits: int,
+        truncation: Truncation,
+    ) -> None:
+        super().__init__()
+        if truncation not in TRUNCATIONS:
+            raise ValueError(f"unknown truncation {truncation!r}; valid: {', '.join(TRUNCATIONS)}")
+        self.passive = passive
+        self.peer = peer
+        self.dealer = dealer
+        self.randomness = randomness
+        self.sigma = float(sigma)
+        self.frac_bits = frac_bits
+        self.truncation: Truncation = truncation
+
+    # -- specs, defined by subclasses -------------------------------------------------------------
+
+    def _forward_spec(self, x_shape: torch.Size) -> _BilinearSpec:
+        raise NotImplementedError
+
+    def _backward_spec(self, g_shape: torch.Size, x_shape: torch.Size) -> _BilinearSpec:
+        raise NotImplementedError
+
+    def _plain_weight_grads(self, x: Tensor, g: Tensor) -> tuple[Tensor, Tensor | None]:
+        raise NotImplementedError
+
+    def _to_operand(self, x: Tensor) -> Tensor:
+        return x
+
+    def _from_output(self, y: Tensor, x: Tensor) -> Tensor:
+        return y
+
+    # -- protocol -----------------------------------------------------------------------------------
+
+    def _secure_product(self, v: Tensor, spec: _BilinearSpec, *, with_bias: bool, stage: str) -> Tensor:
+        """P_k's side: share the plaintext ``v``, Beaver against the shared weight, reconstruct to P_k."""
+        f = self.frac_bits
+        p = self.passive
+        dev = v.device
+        v_ring = encode(v, f)
+        v0, v1 = share(v_ring, self.randomness.generator)
+        tid = spec.issue(self.dealer)
+        t0 = _on(self.dealer.take(tid, 0), dev)
+        self.dealer.consume(t0)
+        e0, d0 = party_masks(v0, spec.weight_operand(p.weight_share.to(dev)), t0)
+        e1, d1, z1 = self.peer.bilinear(
+            spec, v1, e0, d0, tid, with_bias=with_bias, truncation=self.truncation, stage=stage
+        )
+        eps, delta = e0 + e1, d0 + d1
+        z0 = party_combine(0, eps, delta, t0, spec.op)
+        b0 = p.bias_share.to(dev) if (with_bias and p.bias_share is not None) else None
+        z0 = _add_bias_share(z0, b0, spec, 0, self.truncation, f)
+        z = z0 + z1  # Reconstruct, at P_k only
+        if self.truncation == "reveal":
+            z = truncate_public(z, f)
+        return decode(z, f) * float(p.scale)
+
+    def _secure_forward(self, x: Tensor) -> Tensor:
+        xo = self._to_operand(x)
+        y = self._secure_product(xo, self._forward_spec(xo.shape), with_bias=True, stage="forward")
+        return self._from_output(y, x).to(x.dtype)
+
+    def _secure_input_grad(self, g: Tensor, x: Tensor) -> Tensor:
+        go = self._to_operand(g)
+        xo_shape = self._to_operand(x).shape
+        gx = self._secure_product(go, self._backward_spec(go.shape, xo_shape), with_bias=False, stage="backward")
+        return gx.reshape(x.shape).to(g.dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.passive.absorb()
+        return _SecureLayerFn.apply(x, self.passive.weight_offset, self.passive.bias_offset, self)
+
+    # -- updates ------------------------------------------------------------------------------------
+
+    def absorb(self) -> None:
+        """Fold the plaintext offsets (moved by a torch optimizer) into P_k's share."""
+        self.passive.absorb()
+
+    @torch.no_grad()
+    def decay_(self, factor: float) -> None:
+        """Multiply the effective weight (and bias) by ``factor`` in (0, 1] via the public scale."""
+        if not 0 < factor <= 1:
+            raise ValueError(f"decay factor must be in (0, 1], got {factor}")
+        if factor == 1:
+            return
+        self.passive.absorb()
+        p = self.passive
+        p.scale.mul_(factor)
+        self.peer.decay(factor)
+        if float(p.scale) < RENORMALIZE_BELOW:
+            bits = int(math.floor(-math.log2(float(p.scale))))
+            p.weight_share.copy_(truncate_share(p.weight_share, 0, bits))
+            p.residual_weight.div_(2.0**bits)
+            if p.bias_share is not None and p.residual_bias is not None:
+                p.bias_share.copy_(truncate_share(p.bias_share, 0, bits))
+                p.residual_bias.div_(2.0**bits)
+            p.scale.mul_(2.0**bits)
+            self.peer.renormalize(bits)
+
+    @torch.no_grad()
+    def step(
+        self,
+        lr: float,
+        *,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+    ) -> None:
+        """SGD on shares: ``W <- (1 - lr*wd) W - lr * v``, ``v`` the momentum of P_k's plaintext gradients.
+
+        Reads the gradients from ``weight_offset.grad`` / ``bias_offset.grad`` (left in place, as a
+        torch optimizer does). Momentum follows torch's SGD (first buffer = gradient, dampening,
+        Nesterov); weight decay is decoupled from momentum (identical to torch SGD when momentum is 0).
+        """
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        p = self.passive
+        p.absorb()
+        if weight_decay:
+            self.decay_(1.0 - lr * weight_decay)
+        for which, share_t, off in p.entries():
+            if share_t is None or off is None or off.grad is None:
+                continue
+            d = off.grad
+            if momentum:
+                buf = getattr(p, f"momentum_{which}")
+                if buf is None:
+                    buf = d.detach().clone()
+                    setattr(p, f"momentum_{which}", buf)
+                else:
+                    buf.mul_(momentum).add_(d, alpha=1 - dampening)
+                d = d.add(buf, alpha=momentum) if nesterov else buf
+            p.apply_update(which, -lr * d.to(torch.float64))
+
+    # -- views --------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def passive_view_weight(self) -> Tensor:
+        """What P_k decodes from its own weight share alone (times the public scale): random-looking.
+
+        This is the masked layer's weight in the attacker's copy of P_k's model (Algorithm 1 line 7).
+        """
+        self.passive.absorb()
+        return decode(self.passive.weight_share, self.frac_bits) * float(self.passive.scale)
+
+    @torch.no_grad()
+    def passive_view_bias(self) -> Tensor | None:
+        """What P_k decodes from its own bias share alone (None without bias)."""
+        self.passive.absorb()
+        b = self.passive.bias_share
+        return None if b is None else decode(b, self.frac_bits) * float(self.passive.scale)
+
+    def _plain_layer(self, weight: Tensor, bias: Tensor | None) -> nn.Module:
+        raise NotImplementedError
+
+    def passive_view_module(self) -> nn.Module:
+        """A plaintext layer carrying P_k's own-share view of the weights (see :meth:`passive_view_weight`)."""
+        return self._plain_layer(self.passive_view_weight(), self.passive_view_bias())
+
+
+class SharedLinear(SharedLayer):
+    """A masked ``nn.Linear`` in P_k's bottom model (input ``(..., in_features)``)."""
+
+    def __init__(self, passive: PassiveShareHolder, *, in_features: int, out_features: int, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(passive, **kwargs)
+        self.in_features = in_features
+        self.out_features = out_features
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.passive.bias_share is not None}, frac_bits={self.frac_bits}, "
+            f"truncation={self.truncation}, sigma={self.sigma}"
+        )
+
+    def _to_operand(self, x: Tensor) -> Tensor:
+        return x.reshape(-1, x.shape[-1])
+
+    def _from_output(self, y: Tensor, x: Tensor) -> Tensor:
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _forward_spec(self, x_shape: torch.Size) -> _BilinearSpec:
+        a_shape, b_shape = tuple(x_shape), (self.in_features, self.out_features)
+        return _BilinearSpec(
+            issue=lambda d: d.issue_matmul(a_shape, b_shape),
+            op=ring_matmul,
+            weight_operand=lambda w: w.t(),
+            bias_view=lambda b: b,
+        )
+
+    def _backward_spec(self, g_shape: torch.Size, x_shape: torch.Size) -> _BilinearSpec:
+        a_shape, b_shape = tuple(g_shape), (self.out_features, self.in_features)
+        return _BilinearSpec(
+            issue=lambda d: d.issue_matmul(a_shape, b_shape), op=ring_matmul, weight_operand=lambda w: w, bias_view=None
+        )
+
+    def _plain_weight_grads(self, x: Tensor, g: Tensor) -> tuple[Tensor, Tensor | None]:
+        g2 = g.reshape(-1, self.out_features)
+        x2 = x.reshape(-1, self.in_features).to(g2.dtype)
+        gw = (g2.t() @ x2).to(self.passive.weight_offset.dtype)
+        gb = None if self.passive.bias_offset is None else g2.sum(0).to(self.passive.bias_offset.dtype)
+        return gw, gb
+
+    def _plain_layer(self, weight: Tensor, bias: Tensor | None) -> nn.Linear:
+        dtype = self.passive.weight_offset.dtype
+        layer = nn.Linear(self.in_features, self.out_features, bias=bias is not None, device=weight.device, dtype=dtype)
+        with torch.no_grad():
+            layer.weight.copy_(weight)
+            if bias is not None and layer.bias is not None:
+                layer.bias.copy_(bias)
+        return layer
+
+
+def _conv_padding(layer: nn.Conv2d) -> tuple[int, int]:
+    pad = layer.padding
+    if isinstance(pad, str):
+        if pad == "valid":
+            return (0, 0)
+        k = layer.kernel_size
+        if layer.stride != (1, 1) or k[0] % 2 == 0 or k[1] % 2 == 0:
+            raise ValueError("padding='same' is supported only for stride 1 and odd kernels")
+        return (k[0] // 2, k[1] // 2)
+    return (int(pad[0]), int(pad[1]))
+
+
+class SharedConv2d(SharedLayer):
+    """A masked ``nn.Conv2d`` (dilation 1, groups 1, zero padding) in P_k's bottom model."""
+
+    def __init__(
+        self,
+        passive: PassiveShareHolder,
+        *,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: tuple[int, int],
+        stride: tuple[int, int],
+        padding: tuple[int, int],
+        **kwargs,  # type: ignore[no-untyped-def]
+    ) -> None:
+        super().__init__(passive, **kwargs)
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = kernel_size
+        self.stride = stride
+        self.padding = padding
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+            f"padding={self.padding}, bias={self.passive.bias_share is not None}, frac_bits={self.frac_bits}, "
+            f"truncation={self.truncation}, sigma={self.sigma}"
+        )
+
+    def _forward_spec(self, x_shape: torch.Size) -> _BilinearSpec:
+        xs, ws, st, pd = tuple(x_shape), tuple(self.passive.weight_share.shape), self.stride, self.padding
+        return _BilinearSpec(
+            issue=lambda d: d.issue_conv2d(xs, ws, stride=st, padding=pd),
+            op=lambda a, b: ring_conv2d(a, b, stride=st, padding=pd),
+            weight_operand=lambda w: w,
+            bias_view=lambda b: b.view(1, -1, 1, 1),
+        )
+
+    def _backward_spec(self, g_shape: torch.Size, x_shape: torch.Size) -> _BilinearSpec:
+        gs, ws, st, pd = tuple(g_shape), tuple(self.passive.weight_share.shape), self.stride, self.padding
+        size = (int(x_shape[2]), int(x_shape[3]))
+        return _BilinearSpec(
+            issue=lambda d: d.issue_conv2d_input_grad(gs, ws, size, stride=st, padding=pd),
+            op=lambda a, b: ring_conv2d_input_grad(a, b, size, stride=st, padding=pd),
+            weight_operand=lambda w: w,
+            bias_view=None,
+        )
+
+    def _plain_weight_grads(self, x: Tensor, g: Tensor) -> tuple[Tensor, Tensor | None]:
+        w_shape = list(self.passive.weight_share.shape)
+        gw = conv2d_weight(x.to(g.dtype), w_shape, g, stride=self.stride, padding=self.padding)
+        bo = self.passive.bias_offset
+        return gw.to(self.passive.weight_offset.dtype), (None if bo is None else g.sum((0, 2, 3)).to(bo.dtype))
+
+    def _plain_layer(self, weight: Tensor, bias: Tensor | None) -> nn.Conv2d:
+        dtype = self.passive.weight_offset.dtype
+        layer = nn.Conv2d(
+            self.in_channels,
+            self.out_channels,
+            self.kernel_size,
+            stride=self.stride,
+            padding=self.padding,
+            bias=bias is not None,
+            device=weight.device,
+            dtype=dtype,
+        )
+        with torch.no_grad():
+            layer.weight.copy_(weight)
+            if bias is not None and layer.bias is not None:
+                layer.bias.copy_(bias)
+        return layer
+
+
+# ------------------------------------------------------------------------------------------------
+# Masking and unmasking (Algorithm 1)
+
+
+def mask_layer(
+    layer: nn.Linear | nn.Conv2d,
+    *,
+    dealer: Dealer,
+    comm: Comm,
+    generator_passive: torch.Generator,
+    generator_active: torch.Generator,
+    sigma: float = 0.01,
+    frac_bits: int = DEFAULT_FRAC_BITS,
+    truncation: Truncation = "reveal",
+    name: str = "",
+    record_active_inbox: bool = False,
+) -> SharedLinear | SharedConv2d:
+    """Mask a plaintext layer of P_k's bottom model (VMask Algorithm 1, lines 2-6).
+
+    P_k encodes the weight and bias, shares them with ``generator_passive`` and sends P_K's share
+    (counted in ``comm``); P_K adds ``N(0, sigma^2)`` noise from ``generator_active``. The returned
+    module holds only P_k's share. The plaintext ``layer`` is not modified: the caller (P_k) must drop
+    it, e.g. by replacing it in the model (see :func:`mask_submodule`).
+    """
+    if sigma < 0:
+        raise ValueError(f"sigma must be >= 0, got {sigma}")
+    if isinstance(layer, nn.Conv2d):
+        if layer.dilation != (1, 1) or layer.groups != 1 or layer.padding_mode != "zeros":
+            raise ValueError("SharedConv2d supports dilation 1, groups 1 and zero padding only")
+    elif not isinstance(layer, nn.Linear):
+        raise TypeError(f"only nn.Linear and nn.Conv2d can be masked, got {type(layer).__name__}")
+    with torch.no_grad():
+        w_ring = encode(layer.weight, frac_bits)
+        b_ring = None if layer.bias is None else encode(layer.bias, frac_bits)
+    w0, w1 = share(w_ring, generator_passive)
+    b0, b1 = (None, None) if b_ring is None else share(b_ring, generator_passive)
+    holder = ActiveShareHolder(
+        name=name or type(layer).__name__,
+        frac_bits=frac_bits,
+        dealer=dealer,
+        generator=generator_active,
+        record_received=record_active_inbox,
+    )
+    peer = ActivePeer(holder, comm)
+    peer.share_weights(w1, b1, sigma=sigma)
+    passive = PassiveShareHolder(w0, b0, frac_bits=frac_bits, dtype=layer.weight.dtype)
+    common = {
+        "peer": peer,
+        "dealer": dealer,
+        "randomness": PartyRandomness(generator_passive, party="passive"),
+        "sigma": sigma,
+        "frac_bits": frac_bits,
+        "truncation": truncation,
+    }
+    if isinstance(layer, nn.Conv2d):
+        return SharedConv2d(
+            passive,
+            in_channels=layer.in_channels,
+            out_channels=layer.out_channels,
+            kernel_size=(int(layer.kernel_size[0]), int(layer.kernel_size[1])),
+            stride=(int(layer.stride[0]), int(layer.stride[1])),
+            padding=_conv_padding(layer),
+            **common,
+        )
+    return SharedLinear(passive, in_features=layer.in_features, out_features=layer.out_features, **common)
+
+
+@torch.no_grad()
+def unmask(layer: SharedLayer, *, sigma: float | None = None) -> nn.Linear | nn.Conv2d:
+    """Reconstruct a masked layer to P_k for plaintext use (VMask Algorithm 1, lines 7-11).
+
+    P_K adds fresh ``N(0, sigma^2)`` noise (default: the layer's ``sigma``) to its share and sends it;
+    P_k reconstructs. P_K forgets its share, so ``layer`` can no longer be used.
+    """
+    layer.passive.absorb()
+    w1, b1 = layer.peer.release(sigma=layer.sigma if sigma is None else float(sigma))
+    p = layer.passive
+    scale = float(p.scale)
+    w = decode(p.weight_share + w1.to(p.weight_share.device), layer.frac_bits) * scale + p.residual_weight * scale
+    b = None
+    if p.bias_share is not None and p.residual_bias is not None and b1 is not None:
+        b = decode(p.bias_share + b1.to(p.bias_share.device), layer.frac_bits) * scale + p.residual_bias * scale
+    return layer._plain_layer(w, b)  # type: ignore[return-value]
+
+
+@torch.no_grad()
+def oracle_effective_weight(layer: SharedLayer) -> tuple[Tensor, Tensor | None]:
+    """The effective plaintext (weight, bias) the forward pass uses: both shares combined, as float64.
+
+    Excludes P_k's sub-resolution update residual (|.| <= 2^-(f+1), applied with later updates and
+    by :func:`unmask`). A simulation oracle for tests and evaluation (e.g. the attacker's upper bound); it bypasses
+    the protocol, is not counted and is not available to either party.
+    """
+    layer.passive.absorb()
+    holder = layer.peer._oracle_holder()
+    p = layer.passive
+    scale = float(p.scale)
+    w1 = holder._require().to(p.weight_share.device)
+    w = decode(p.weight_share + w1, layer.frac_bits) * scale
+    b = None
+    if p.bias_share is not None and holder.bias_share is not None:
+        b = decode(p.bias_share + holder.bias_share.to(p.bias_share.device), layer.frac_bits) * scale
+    return w, b
+
+
+# ------------------------------------------------------------------------------------------------
+# Model-level helpers
+
+
+def shared_layers(model: nn.Module) -> list[tuple[str, SharedLayer]]:
+    """All masked layers of ``model`` with their qualified names."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, SharedLayer)]
+
+
+def offset_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The plaintext offset parameters of all masked layers (to exclude from, or give wd=0 in, an optimizer)."""
+    out: list[nn.Parameter] = []
+    for _, m in shared_layers(model):
+        out.extend(p for p in (m.passive.weight_offset, m.passive.bias_offset) if p is not None)
+    return out
+
+
+def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+
+
+def mask_submodule(model: nn.Module, name: str, **kwargs) -> SharedLinear | SharedConv2d:  # type: ignore[no-untyped-def]
+    """Replace ``model.<name>`` (``nn.Linear`` / ``nn.Conv2d``) by its masked version (kwargs: :func:`mask_layer`)."""
+    layer = model.get_submodule(name)
+    shared = mask_layer(layer, name=kwargs.pop("name", name), **kwargs)  # type: ignore[arg-type]
+    _set_submodule(model, name, shared)
+    return shared
+
+
+def unmask_submodule(model: nn.Module, name: str, *, sigma: float | None = None) -> nn.Linear | nn.Conv2d:
+    """Replace the masked layer ``model.<name>`` by its reconstructed plaintext layer (:func:`unmask`)."""
+    layer = model.get_submodule(name)
+    if not isinstance(layer, SharedLayer):
+        raise TypeError(f"{name!r} is not a masked layer")
+    plain = unmask(layer, sigma=sigma)
+    _set_submodule(model, name, plain)
+    return plain
+
+
+def step_shared_layers(
+    model: nn.Module,
+    *,
+    lr: float,
+    momentum: float = 0.0,
+    dampening: float = 0.0,
+    weight_decay: float = 0.0,
+    nesterov: bool = False,
+) -> None:
+    """:meth:`SharedLayer.step` on every masked layer of ``model``."""
+    for _, m in shared_layers(model):
+        m.step(lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov)
+
+
+def passive_attacker_copy(model: nn.Module) -> nn.Module:
+    """A deep copy of P_k's model with every masked layer replaced by P_k's own-share view.
+
+    This is what an honest-but-curious P_k running the model completion attack holds
+    (Algorithm 1 line 7: the masked layer's parameters are P_k's share).
+    """
+    clone = copy.deepcopy(model)
+    for name, m in shared_layers(clone):
+        _set_submodule(clone, name, m.passive_view_module())
+    return clone

@@ -1,0 +1,233 @@
+"""Fixed-point arithmetic over the ring Z_2^64, stored in ``torch.int64``.
+
+A real number ``x`` is encoded as ``round(x * 2^f)`` (``f`` fractional bits, 16 by default as in
+CrypTen) and read as a two's-complement element of Z_2^64. Ring addition, negation,
+multiplication and matrix multiplication are the int64 ones: torch wraps int64 overflow modulo
+2^64 (checked in ``tests/mpc``), so no explicit ``mod`` is ever taken.
+
+The product of two encodings carries ``2f`` fractional bits and must be truncated by ``2^f``
+(see :mod:`vflbench.mpc.protocol`); before truncation ``|x * y|`` must stay below
+``2^(63 - 2f)`` (2^31 for ``f = 16``).
+
+torch has no int64 convolution or ``unfold`` (im2col) on CPU, so :func:`ring_conv2d` and
+:func:`ring_conv2d_input_grad` are built from an index gather (im2col), an int64 matmul and an
+``index_add_`` (col2im). CUDA has no int64 matmul either; :func:`ring_matmul` then splits both
+operands into four 16-bit limbs and multiplies them exactly in float64 (CrypTen's approach).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+from torch import Tensor
+
+RING_BITS = 64
+"""Bit width of the ring: shares and encodings are elements of Z_2^64 (``torch.int64``)."""
+
+DEFAULT_FRAC_BITS = 16
+"""Default number of fractional bits of the fixed-point encoding (CrypTen's default)."""
+
+_LIMB_BITS = 16
+_LIMB_MASK = (1 << _LIMB_BITS) - 1
+_FLOAT64_EXACT_K = 1 << (53 - 2 * _LIMB_BITS)  # inner dimension up to which limb products are exact
+
+
+class RingOverflowError(OverflowError):
+    """A value does not fit the fixed-point range of the ring."""
+
+
+def max_abs(frac_bits: int = DEFAULT_FRAC_BITS) -> float:
+    """The largest magnitude :func:`encode` accepts: ``2^(63 - f)`` (exclusive)."""
+    return float(2 ** (RING_BITS - 1 - frac_bits))
+
+
+def encode(x: Tensor, frac_bits: int = DEFAULT_FRAC_BITS) -> Tensor:
+    """Encode a float tensor as fixed point in Z_2^64: ``round(x * 2^frac_bits)`` as int64.
+
+    Rounds to nearest (ties to even), computed in float64 so that float32 inputs are scaled
+    exactly. Raises :class:`RingOverflowError` for non-finite values or ``|x| >= 2^(63 - f)``.
+    """
+    if not 0 <= frac_bits < RING_BITS - 1:
+        raise ValueError(f"frac_bits must be in [0, {RING_BITS - 2}], got {frac_bits}")
+    if x.dtype == torch.int64:
+        raise TypeError("encode expects a floating-point tensor; int64 tensors are already ring elements")
+    xd = x.detach().to(torch.float64)
+    if xd.numel():
+        if not bool(torch.isfinite(xd).all()):
+            raise RingOverflowError("cannot encode non-finite values (nan/inf) in the fixed-point ring")
+        biggest = float(xd.abs().max())
+        limit = max_abs(frac_bits)
+        if biggest >= limit:
+            raise RingOverflowError(
+                f"value of magnitude {biggest:.4g} does not fit the ring Z_2^{RING_BITS} with {frac_bits} "
+                f"fractional bits (|x| must be < 2^{RING_BITS - 1 - frac_bits} = {limit:.4g})"
+            )
+    return torch.round(xd * float(2**frac_bits)).to(torch.int64)
+
+
+def decode(v: Tensor, frac_bits: int = DEFAULT_FRAC_BITS, *, dtype: torch.dtype = torch.float64) -> Tensor:
+    """Decode int64 ring elements (two's complement) with ``frac_bits`` fractional bits to floats.
+
+    Exact in float64 up to magnitude ``2^(53 - f)``; larger values (e.g. a single random share)
+    are rounded to the nearest float64.
+    """
+    if v.dtype != torch.int64:
+        raise TypeError(f"decode expects an int64 ring tensor, got {v.dtype}")
+    return (v.to(torch.float64) / float(2**frac_bits)).to(dtype)
+
+
+def uniform(
+    shape: torch.Size | tuple[int, ...], generator: torch.Generator, *, device: torch.device | str | None = None
+) -> Tensor:
+    """Uniformly random elements of Z_2^64 drawn from ``generator``.
+
+    One ``torch.randint`` over ``[-2^63, 2^63 - 1)``: torch draws 64 random bits and reduces them
+    modulo the range ``2^64 - 1``, so the distribution is within statistical distance ~2^-63 of
+    uniform (one value of 2^64 is never drawn, one is twice as likely) -- negligible, and 4x faster
+    than combining two 32-bit draws. Draws on the generator's device, then moves to ``device``.
+    """
+    out = torch.randint(
+        -(2**63), 2**63 - 1, tuple(shape), generator=generator, dtype=torch.int64, device=generator.device
+    )
+    return out if device is None else out.to(device)
+
+
+def shift_right(v: Tensor, bits: int) -> Tensor:
+    """Arithmetic (sign-extending) right shift: ``floor(v / 2^bits)`` for int64 ``v``."""
+    return v >> bits if bits else v
+
+
+def _limbs(v: Tensor) -> list[Tensor]:
+    return [((v >> (_LIMB_BITS * i)) & _LIMB_MASK).to(torch.float64) for i in range(RING_BITS // _LIMB_BITS)]
+
+
+def _limb_matmul(a: Tensor, b: Tensor) -> Tensor:
+    """Exact ``a @ b`` mod 2^64 from 16-bit limbs multiplied in float64 (exact for inner dim < 2^21)."""
+    k = a.shape[-1]
+    if k >= _FLOAT64_EXACT_K:
+        raise ValueError(f"limb matmul is exact only for inner dimension < {_FLOAT64_EXACT_K}, got {k}")
+    al, bl = _limbs(a), _limbs(b)
+    n = len(al)
+    out: Tensor | None = None
+    for i in range(n):
+        for j in range(n - i):
+            term = (al[i] @ bl[j]).to(torch.int64) << (_LIMB_BITS * (i + j))
+            out = term if out is None else out + term
+    assert out is not None
+    return out
+
+
+def ring_matmul(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` in Z_2^64. int64 matmul on CPU; exact 16-bit-limb float64 matmuls elsewhere (CUDA)."""
+    if a.dtype != torch.int64 or b.dtype != torch.int64:
+        raise TypeError("ring_matmul expects int64 tensors")
+    if a.device.type == "cpu":
+        return a @ b
+    return _limb_matmul(a, b)
+
+
+# ----------------------------------------------------------------------------------------------
+# Convolution in the ring via im2col (index gather) and col2im (index_add_).
+
+
+def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def conv_output_size(
+    size: tuple[int, int], kernel: tuple[int, int], stride: tuple[int, int], padding: tuple[int, int]
+) -> tuple[int, int]:
+    """Spatial output size of a (dilation 1) convolution."""
+    oh = (size[0] + 2 * padding[0] - kernel[0]) // stride[0] + 1
+    ow = (size[1] + 2 * padding[1] - kernel[1]) // stride[1] + 1
+    if oh <= 0 or ow <= 0:
+        raise ValueError(f"convolution of input {size} with kernel {kernel}, padding {padding} has empty output")
+    return oh, ow
+
+
+@lru_cache(maxsize=64)
+def _im2col_index(
+    channels: int, size: tuple[int, int], kernel: tuple[int, int], stride: tuple[int, int], padding: tuple[int, int]
+) -> Tensor:
+    """Flat indices into the padded ``(C, H+2p, W+2p)`` input: shape ``(L, C*kh*kw)``, L = oh*ow."""
+    hp, wp = size[0] + 2 * padding[0], size[1] + 2 * padding[1]
+    oh, ow = conv_output_size(size, kernel, stride, padding)
+    c = torch.arange(channels).view(channels, 1, 1)
+    ki = torch.arange(kernel[0]).view(1, kernel[0], 1)
+    kj = torch.arange(kernel[1]).view(1, 1, kernel[1])
+    patch = (c * hp + ki) * wp + kj  # (C, kh, kw) offsets relative to the patch's top-left corner
+    oi = torch.arange(oh).view(oh, 1) * stride[0]
+    oj = torch.arange(ow).view(1, ow) * stride[1]
+    corner = (oi * wp + oj).reshape(-1, 1)  # (L, 1)
+    return corner + patch.reshape(1, -1)
+
+
+def im2col(x: Tensor, kernel: tuple[int, int], stride: tuple[int, int], padding: tuple[int, int]) -> Tensor:
+    """``(N, C, H, W)`` -> ``(N, L, C*kh*kw)`` patches (works for int64, zero padding)."""
+    n, c, h, w = x.shape
+    idx = _im2col_index(c, (h, w), kernel, stride, padding).to(x.device)
+    xp = torch.nn.functional.pad(x, (padding[1], padding[1], padding[0], padding[0])) if any(padding) else x
+    return xp.reshape(n, -1)[:, idx]
+
+
+def col2im(
+    cols: Tensor,
+    channels: int,
+    size: tuple[int, int],
+    kernel: tuple[int, int],
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+) -> Tensor:
+    """Adjoint of :func:`im2col`: ``(N, L, C*kh*kw)`` -> ``(N, C, H, W)``, summing overlaps (ring sums)."""
+    n = cols.shape[0]
+    hp, wp = size[0] + 2 * padding[0], size[1] + 2 * padding[1]
+    idx = _im2col_index(channels, size, kernel, stride, padding).to(cols.device)
+    out = torch.zeros(n, channels * hp * wp, dtype=cols.dtype, device=cols.device)
+    out.index_add_(1, idx.reshape(-1), cols.reshape(n, -1))
+    out = out.view(n, channels, hp, wp)
+    return out[:, :, padding[0] : padding[0] + size[0], padding[1] : padding[1] + size[1]]
+
+
+def ring_conv2d(
+    x: Tensor, w: Tensor, *, stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0
+) -> Tensor:
+    """Cross-correlation ``conv2d(x, w)`` in Z_2^64 (no bias, dilation 1, groups 1).
+
+    ``x``: ``(N, C, H, W)``, ``w``: ``(O, C, kh, kw)`` -> ``(N, O, oh, ow)``.
+    """
+    stride, padding = _pair(stride), _pair(padding)
+    kernel = (int(w.shape[2]), int(w.shape[3]))
+    n, _, h, wd = x.shape
+    oh, ow = conv_output_size((h, wd), kernel, stride, padding)
+    cols = im2col(x, kernel, stride, padding)  # (N, L, CK)
+    out = ring_matmul(cols.reshape(-1, cols.shape[-1]), w.reshape(w.shape[0], -1).t())  # (N*L, O)
+    return out.view(n, oh, ow, -1).permute(0, 3, 1, 2).contiguous()
+
+
+def ring_conv2d_input_grad(
+    g: Tensor,
+    w: Tensor,
+    input_size: tuple[int, int],
+    *,
+    stride: int | tuple[int, int] = 1,
+    padding: int | tuple[int, int] = 0,
+) -> Tensor:
+    """Gradient of ``conv2d`` with respect to its input (a transposed convolution) in Z_2^64.
+
+    ``g``: ``(N, O, oh, ow)`` output gradient, ``w``: ``(O, C, kh, kw)`` -> ``(N, C, H, W)``.
+    Bilinear in ``(g, w)``, so it can be evaluated on shares with a Beaver triple.
+    """
+    stride, padding = _pair(stride), _pair(padding)
+    kernel = (int(w.shape[2]), int(w.shape[3]))
+    n, o = g.shape[0], g.shape[1]
+    gm = g.permute(0, 2, 3, 1).reshape(-1, o)  # (N*L, O)
+    cols = ring_matmul(gm, w.reshape(o, -1))  # (N*L, CK)
+    return col2im(
+        cols.view(n, -1, cols.shape[-1]),
+        int(w.shape[1]),
+        (int(input_size[0]), int(input_size[1])),
+        kernel,
+        stride,
+        padding,
+    )

@@ -1,0 +1,567 @@
+"""VMask masked layers: correctness against plaintext layers, training, and the security invariants."""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import Tensor, nn
+
+from vflbench.mpc import (
+    Comm,
+    Dealer,
+    RingOverflowError,
+    SharedConv2d,
+    decode,
+    mask_layer,
+    mask_submodule,
+    offset_parameters,
+    oracle_effective_weight,
+    passive_attacker_copy,
+    shared_layers,
+    step_shared_layers,
+    unmask,
+    unmask_submodule,
+)
+from vflbench.mpc._service import DisconnectedService, ServiceHandle
+
+FAST = settings(max_examples=20, deadline=None)
+F_BITS = 16
+H = 2.0 ** -(F_BITS + 1)  # half an LSB: the encoding error bound
+LSB = 2.0**-F_BITS
+F32 = 2.0**-24
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def masked(layer: nn.Module, *, sigma: float = 0.0, seed: int = 0, **kw):  # type: ignore[no-untyped-def]
+    dealer, comm = Dealer(gen(seed + 100), name="ttp"), Comm()
+    shared = mask_layer(
+        layer,
+        dealer=dealer,
+        comm=comm,
+        generator_passive=gen(seed + 1),
+        generator_active=gen(seed + 2),
+        sigma=sigma,
+        **kw,
+    )
+    return shared, dealer, comm
+
+
+def uniform_init(layer: nn.Module, mag: float, seed: int) -> None:
+    g = gen(seed)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_((torch.rand(p.shape, generator=g) * 2 - 1) * mag)
+
+
+# -- correctness -----------------------------------------------------------------------------------
+
+
+def linear_bounds(x: Tensor, w: Tensor, g: Tensor, y: Tensor, gx: Tensor) -> tuple[Tensor, Tensor]:
+    """Worst-case error of the shared forward / input gradient against float64 plaintext.
+
+    Encoding error <= H per element of x, W, b, g; 1 LSB of truncation; float32 output rounding.
+    """
+    x, w, g = x.double(), w.double(), g.double()
+    k_in, k_out = w.shape[1], w.shape[0]
+    fwd = H * (x.abs().sum(1, keepdim=True) + w.abs().sum(1).view(1, -1)) + k_in * H * H + H + LSB
+    bwd = H * (g.abs().sum(1, keepdim=True) + w.abs().sum(0).view(1, -1)) + k_out * H * H + LSB
+    return fwd + F32 * y.abs() + 1e-12, bwd + F32 * gx.abs() + 1e-12
+
+
+mags = st.sampled_from([0.1, 1.0, 10.0, 100.0])
+
+
+@FAST
+@given(
+    st.integers(1, 6),
+    st.integers(1, 12),
+    st.integers(1, 6),
+    mags,
+    mags,
+    st.sampled_from(["reveal", "secureml"]),
+    st.integers(0, 2**20),
+)
+def test_shared_linear_matches_nn_linear(
+    batch: int, n_in: int, n_out: int, xmag: float, wmag: float, truncation: str, seed: int
+) -> None:
+    if truncation == "secureml" and xmag * wmag > 100:
+        # catastrophic SecureML failures occur at ~|y| 2^-32 per output element (see protocol.py); keep
+        # |y| small there so the test is not flaky. The default "reveal" truncation is exact.
+        wmag = 100 / xmag
+    torch.manual_seed(0)  # nn.Linear's init; overwritten below from an explicit generator
+    lin = nn.Linear(n_in, n_out)
+    uniform_init(lin, wmag, seed)
+    shared, dealer, _ = masked(lin, seed=seed, truncation=truncation)
+    g = gen(seed + 7)
+    x = ((torch.rand(batch, n_in, generator=g) * 2 - 1) * xmag).requires_grad_(True)
+    x_ref = x.detach().double().requires_grad_(True)
+    lin64 = copy.deepcopy(lin).double()
+    y, y_ref = shared(x), lin64(x_ref)
+    gy = (torch.rand(batch, n_out, generator=g) * 2 - 1) * xmag
+    y.backward(gy)
+    y_ref.backward(gy.double())
+    fwd, bwd = linear_bounds(x, lin.weight, gy, y_ref, x_ref.grad)
+    assert y.dtype == torch.float32
+    assert bool(((y.double() - y_ref).abs() <= fwd).all())
+    assert bool(((x.grad.double() - x_ref.grad).abs() <= bwd).all())
+    # the weight gradient is computed by P_k in plaintext: equal to the plaintext layer's
+    torch.testing.assert_close(
+        shared.passive.weight_offset.grad.double(), lin64.weight.grad, rtol=1e-5, atol=1e-5 * xmag**2
+    )
+    torch.testing.assert_close(shared.passive.bias_offset.grad.double(), lin64.bias.grad, rtol=1e-5, atol=1e-5 * xmag)
+    assert dealer.issued["matmul"] == 2 and dealer.pending == 0 and dealer.consumed == 4
+
+
+@FAST
+@given(
+    st.integers(1, 2),
+    st.integers(1, 3),
+    st.integers(1, 4),
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.integers(0, 2),
+    mags,
+    st.booleans(),
+    st.integers(0, 2**20),
+)
+def test_shared_conv2d_matches_nn_conv2d(
+    n: int, c: int, o: int, k: int, s: int, p: int, mag: float, bias: bool, seed: int
+) -> None:
+    conv = nn.Conv2d(c, o, k, stride=s, padding=p, bias=bias)
+    uniform_init(conv, mag, seed)
+    shared, dealer, _ = masked(conv, seed=seed)
+    assert isinstance(shared, SharedConv2d)
+    g = gen(seed + 7)
+    h, w = k + 4, k + 3
+    x = ((torch.rand(n, c, h, w, generator=g) * 2 - 1) * mag).requires_grad_(True)
+    x_ref = x.detach().double().requires_grad_(True)
+    conv64 = copy.deepcopy(conv).double()
+    y, y_ref = shared(x), conv64(x_ref)
+    gy = (torch.rand(y.shape, generator=g) * 2 - 1) * mag
+    y.backward(gy)
+    y_ref.backward(gy.double())
+    wt = conv.weight.detach().double()
+    fwd = H * (
+        F.conv2d(x.detach().double().abs(), torch.ones_like(wt), stride=s, padding=p)
+        + wt.abs().sum((1, 2, 3)).view(1, -1, 1, 1)
+    )
+    fwd = fwd + c * k * k * H * H + H + LSB + F32 * y_ref.abs() + 1e-12
+    assert bool(((y.double() - y_ref).abs() <= fwd).all())
+    bwd = H * (gy.double().abs().sum() + wt.abs().sum()) + o * k * k * H * H + LSB + 1e-9
+    assert float((x.grad.double() - x_ref.grad).abs().max()) <= float(bwd)
+    assert float((x.grad.double() - x_ref.grad).abs().max()) <= 1e-3 * max(mag, 1.0)
+    torch.testing.assert_close(
+        shared.passive.weight_offset.grad.double(), conv64.weight.grad, rtol=1e-5, atol=1e-5 * mag**2
+    )
+    if bias:
+        torch.testing.assert_close(
+            shared.passive.bias_offset.grad.double(), conv64.bias.grad, rtol=1e-5, atol=1e-5 * mag
+        )
+    assert dealer.issued["conv2d"] == 1 and dealer.issued["conv2d_input_grad"] == 1
+
+
+def test_typical_layer_error_is_well_below_1e_3() -> None:
+    """Linear(784 -> 256) at default init, inputs in [0, 1] (MNIST-like), batch 32: measured 3.1e-4."""
+    torch.manual_seed(0)
+    lin = nn.Linear(784, 256)
+    shared, _, _ = masked(lin)
+    x = torch.rand(32, 784, generator=gen(3), requires_grad=True)
+    y = shared(x)
+    x_ref = x.detach().double().requires_grad_(True)
+    y_ref = copy.deepcopy(lin).double()(x_ref)
+    gy = torch.randn(32, 256, generator=gen(4))
+    y.backward(gy)
+    y_ref.backward(gy.double())
+    # dominated by the weight's encoding error: ~sqrt(784) * 2^-17/sqrt(3) * rms(x) ~ 7e-5 rms
+    assert float((y.detach().double() - y_ref.detach()).abs().max()) < 5e-4
+    assert float((x.grad.double() - x_ref.grad).abs().max()) < 5e-4
+
+
+def test_linear_accepts_leading_dimensions_and_first_layer_inputs() -> None:
+    lin = nn.Linear(5, 3)
+    shared, dealer, comm = masked(lin)
+    x = torch.randn(2, 4, 5)  # does not require grad: the first layer of a bottom model
+    y = shared(x)
+    assert y.shape == (2, 4, 3)
+    torch.testing.assert_close(y, lin(x), atol=1e-3, rtol=0)
+    before = comm.snapshot()
+    y.sum().backward()
+    # the weight gradient still arrives (P_k computes it in plaintext), with no input-gradient protocol
+    torch.testing.assert_close(shared.passive.weight_offset.grad, torch.ones(8, 3).t() @ x.reshape(8, 5))
+    assert comm.snapshot() == before and dealer.issued["matmul"] == 1
+
+
+def test_overflowing_input_raises() -> None:
+    shared, _, _ = masked(nn.Linear(2, 2))
+    with pytest.raises(RingOverflowError):
+        shared(torch.tensor([[1e15, 0.0]]))
+
+
+def test_unsupported_layers_raise() -> None:
+    with pytest.raises(ValueError):
+        masked(nn.Conv2d(2, 2, 3, groups=2))
+    with pytest.raises(TypeError):
+        masked(nn.BatchNorm1d(3))  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        masked(nn.Linear(2, 2), truncation="nope")
+
+
+# -- communication and triples ---------------------------------------------------------------------
+
+
+def test_comm_grows_by_the_expected_elements_per_forward_and_backward() -> None:
+    b, n_in, n_out = 4, 6, 3
+    shared, dealer, comm = masked(nn.Linear(n_in, n_out))
+    setup = comm.snapshot()
+    assert setup["passive_to_active"]["elements"] == n_in * n_out + n_out  # P_K's weight and bias shares
+    comm.reset()
+    x = torch.randn(b, n_in, requires_grad=True)
+    y = shared(x)
+    s = comm.snapshot()
+    # P_k -> P_K: its input share (b*n_in), its shares of eps (b*n_in) and delta (n_in*n_out)
+    assert s["passive_to_active"]["elements"] == 2 * b * n_in + n_in * n_out
+    # P_K -> P_k: its shares of eps and delta, then its output share (b*n_out) for reconstruction
+    assert s["active_to_passive"]["elements"] == b * n_in + n_in * n_out + b * n_out
+    assert s["passive_to_active"]["rounds"] == 2 and s["active_to_passive"]["rounds"] == 2
+    assert s["active_to_passive"]["bytes"] == 8 * s["active_to_passive"]["elements"]
+    comm.reset()
+    y.backward(torch.randn(b, n_out))
+    s = comm.snapshot()
+    assert s["passive_to_active"]["elements"] == 2 * b * n_out + n_out * n_in
+    assert s["active_to_passive"]["elements"] == b * n_out + n_out * n_in + b * n_in
+    # every forward / backward gets a fresh triple, consumed once by each party
+    assert dealer.issued["matmul"] == 2 and dealer.consumed == 4 and dealer.pending == 0
+    shared(x)
+    assert dealer.issued["matmul"] == 3
+
+
+def test_conv_comm_opens_input_shaped_masks() -> None:
+    shared, _, comm = masked(nn.Conv2d(2, 3, 3, padding=1))
+    comm.reset()
+    x = torch.randn(2, 2, 5, 5)
+    y = shared(x)
+    s = comm.snapshot()
+    assert s["passive_to_active"]["elements"] == 2 * x.numel() + 3 * 2 * 3 * 3
+    assert s["active_to_passive"]["elements"] == x.numel() + 3 * 2 * 3 * 3 + y.numel()
+
+
+# -- masking noise, unmasking -----------------------------------------------------------------------
+
+
+def test_sigma_zero_keeps_the_weight_and_sigma_adds_gaussian_noise() -> None:
+    torch.manual_seed(0)
+    lin = nn.Linear(300, 200)
+    shared, _, _ = masked(lin, sigma=0.0)
+    w, b = oracle_effective_weight(shared)
+    assert float((w - lin.weight.detach().double()).abs().max()) <= H + 1e-12
+    assert float((b - lin.bias.detach().double()).abs().max()) <= H + 1e-12
+    sigma = 0.05
+    shared, _, _ = masked(lin, sigma=sigma)
+    w, _ = oracle_effective_weight(shared)
+    noise = w - lin.weight.detach().double()
+    assert abs(float(noise.std()) / sigma - 1) < 0.02  # 60000 samples: std of the std estimate ~0.3%
+    assert abs(float(noise.mean())) < 5 * sigma / 60000**0.5
+
+
+def test_unmask_adds_fresh_noise_and_ends_the_masking() -> None:
+    torch.manual_seed(0)
+    lin = nn.Linear(200, 100)
+    shared, _, comm = masked(lin, sigma=0.0)
+    w, b = oracle_effective_weight(shared)
+    comm.reset()
+    plain = unmask(shared)
+    assert isinstance(plain, nn.Linear) and plain.weight.dtype == torch.float32
+    assert float((plain.weight.detach().double() - w).abs().max()) < 1e-6
+    assert comm.snapshot()["active_to_passive"]["elements"] == 200 * 100 + 100
+    with pytest.raises(RuntimeError, match="no active share"):
+        shared(torch.randn(1, 200))
+    sigma = 0.03
+    shared, _, _ = masked(lin, sigma=0.0, seed=5)
+    w, _ = oracle_effective_weight(shared)
+    plain = unmask(shared, sigma=sigma)
+    assert abs(float((plain.weight.detach().double() - w).std()) / sigma - 1) < 0.03
+
+
+def test_mask_and_unmask_submodule_in_a_model() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(2 * 4 * 4, 3))
+    x = torch.randn(2, 1, 6, 6)
+    ref = model(x)
+    dealer, comm = Dealer(0), Comm()
+    kw = {"dealer": dealer, "comm": comm, "generator_passive": gen(1), "generator_active": gen(2), "sigma": 0.0}
+    mask_submodule(model, "0", **kw)
+    mask_submodule(model, "3", **kw)
+    assert [n for n, _ in shared_layers(model)] == ["0", "3"]
+    assert len(offset_parameters(model)) == 4
+    torch.testing.assert_close(model(x), ref, atol=2e-3, rtol=0)
+    unmask_submodule(model, "3")
+    assert isinstance(model[3], nn.Linear)
+    torch.testing.assert_close(model(x), ref, atol=2e-3, rtol=0)
+
+
+# -- training on shares ----------------------------------------------------------------------------
+
+
+def _train(model: nn.Module, opt_fn, steps: int, seed: int) -> None:  # type: ignore[no-untyped-def]
+    g = gen(seed)
+    for _ in range(steps):
+        x = torch.randn(16, 10, generator=g)
+        y = torch.randint(0, 3, (16,), generator=g)
+        for p in model.parameters():
+            p.grad = None
+        F.cross_entropy(model(x), y).backward()
+        opt_fn()
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_training_with_a_torch_optimizer_tracks_plaintext_training(momentum: float) -> None:
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(10, 8), nn.ReLU(), nn.Linear(8, 3))
+    model = copy.deepcopy(plain)
+    mask_submodule(
+        model, "0", dealer=Dealer(0), comm=Comm(), generator_passive=gen(1), generator_active=gen(2), sigma=0.0
+    )
+    opt_p = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=momentum)
+    opt_m = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+    _train(plain, opt_p.step, 30, seed=3)
+    _train(model, opt_m.step, 30, seed=3)
+    w, b = oracle_effective_weight(model[0])
+    assert float((w - plain[0].weight.detach().double()).abs().max()) < 2e-3
+    assert float((b - plain[0].bias.detach().double()).abs().max()) < 2e-3
+    assert float((model[2].weight - plain[2].weight).detach().abs().max()) < 2e-3
+    assert float(model[0].passive.weight_offset.detach().abs().max()) == 0.0  # absorbed into P_k's share
+
+
+def test_adam_works_on_the_offsets() -> None:
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(10, 3))
+    model = copy.deepcopy(plain)
+    mask_submodule(
+        model, "0", dealer=Dealer(0), comm=Comm(), generator_passive=gen(1), generator_active=gen(2), sigma=0.0
+    )
+    opt_p, opt_m = torch.optim.Adam(plain.parameters(), lr=1e-2), torch.optim.Adam(model.parameters(), lr=1e-2)
+    _train(plain, opt_p.step, 20, seed=4)
+    _train(model, opt_m.step, 20, seed=4)
+    w, _ = oracle_effective_weight(model[0])
+    assert float((w - plain[0].weight.detach().double()).abs().max()) < 2e-3
+
+
+def test_tiny_updates_are_not_lost_below_the_ring_resolution() -> None:
+    lin = nn.Linear(4, 2)
+    shared, _, _ = masked(lin)
+    w0, _ = oracle_effective_weight(shared)
+    for _ in range(1000):
+        shared.passive.weight_offset.grad = torch.full((2, 4), 1e-3)
+        shared.step(1e-3)  # 1e-6 per step: 1/15 of an LSB
+    w1, _ = oracle_effective_weight(shared)
+    torch.testing.assert_close(w1 - w0, torch.full((2, 4), -1e-3, dtype=torch.float64), atol=2 * LSB, rtol=0)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_step_matches_torch_sgd_including_weight_decay(momentum: float) -> None:
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(10, 8), nn.ReLU(), nn.Linear(8, 3))
+    model = copy.deepcopy(plain)
+    mask_submodule(
+        model, "0", dealer=Dealer(0), comm=Comm(), generator_passive=gen(1), generator_active=gen(2), sigma=0.0
+    )
+    lr, wd = 0.1, 0.05
+    rest = [p for p in model.parameters() if all(p is not q for q in offset_parameters(model))]
+    opt_rest = torch.optim.SGD(rest, lr=lr, momentum=momentum, weight_decay=wd)
+
+    def model_step() -> None:
+        opt_rest.step()
+        step_shared_layers(model, lr=lr, momentum=momentum, weight_decay=wd)
+
+    if momentum == 0:  # identical to torch SGD with (coupled) weight decay
+        opt_p = torch.optim.SGD(plain.parameters(), lr=lr, weight_decay=wd)
+        plain_step = opt_p.step
+    else:  # decoupled weight decay (SGDW) on the masked layer: check against a hand-written reference
+        opt_p = torch.optim.SGD(list(plain[2].parameters()), lr=lr, momentum=momentum, weight_decay=wd)
+        bufs: dict[int, Tensor] = {}
+
+        def plain_step() -> None:
+            opt_p.step()
+            with torch.no_grad():
+                for p in plain[0].parameters():
+                    buf = bufs.get(id(p))
+                    bufs[id(p)] = p.grad.clone() if buf is None else buf.mul_(momentum).add_(p.grad)
+                    p.mul_(1 - lr * wd).sub_(lr * bufs[id(p)])
+
+    _train(plain, plain_step, 40, seed=5)
+    _train(model, model_step, 40, seed=5)
+    w, b = oracle_effective_weight(model[0])
+    assert float((w - plain[0].weight.detach().double()).abs().max()) < 2e-3
+    assert float((b - plain[0].bias.detach().double()).abs().max()) < 2e-3
+    assert float(model[0].passive.scale) < 1.0  # decay went to the public scale
+
+
+def test_strong_decay_renormalizes_the_shares() -> None:
+    torch.manual_seed(0)
+    lin = nn.Linear(30, 20)
+    shared, _, comm = masked(lin)
+    w0, b0 = oracle_effective_weight(shared)
+    factor = 1.0
+    for _ in range(5):
+        shared.decay_(0.6)
+        factor *= 0.6
+    assert 0.5 <= float(shared.passive.scale) <= 1.0
+    w, b = oracle_effective_weight(shared)
+    assert float((w - factor * w0).abs().max()) < 4 * LSB
+    assert float((b - factor * b0).abs().max()) < 4 * LSB
+    assert comm.snapshot()["passive_to_active"]["by_tag"]["control"] > 0
+    x = torch.randn(3, 30)
+    torch.testing.assert_close(shared(x).double(), x.double() @ w.t() + b, atol=1e-3, rtol=0)
+
+
+# -- security invariants ---------------------------------------------------------------------------
+
+
+def reachable_tensors(root: object) -> Iterator[Tensor]:
+    """Every tensor reachable from ``root`` through attributes and containers, stopping at service
+    handles (the connection to the other party, the dealer, the party's random source)."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        o = stack.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if isinstance(o, ServiceHandle | torch.Generator | type):
+            continue
+        if isinstance(o, Tensor):
+            yield o
+            if o.grad is not None:
+                stack.append(o.grad)
+        elif isinstance(o, dict):
+            stack.extend(o.keys())
+            stack.extend(o.values())
+        elif isinstance(o, list | tuple | set | frozenset):
+            stack.extend(o)
+        elif hasattr(o, "__dict__"):
+            stack.extend(vars(o).values())
+
+
+def looks_like(t: Tensor, target: Tensor, frac_bits: int = F_BITS) -> bool:
+    """Whether ``t`` (float, or int64 ring decoded) equals, is close to, or is correlated with ``target``."""
+    if t.numel() != target.numel() or t.numel() < 2:
+        return False
+    v = (decode(t, frac_bits) if t.dtype == torch.int64 else t.detach().double()).flatten()
+    ref = target.detach().double().flatten()
+    if torch.allclose(v, ref, atol=0.1 * float(ref.abs().max()), rtol=0):
+        return True
+    if float(v.std()) == 0 or v.numel() < 30:  # too few values for a meaningful correlation
+        return False
+    corr = float(torch.corrcoef(torch.stack([v, ref]))[0, 1])
+    return abs(corr) > 0.3
+
+
+def assert_hides(module: nn.Module, weight: Tensor, bias: Tensor) -> None:
+    tensors = list(reachable_tensors(module))
+    assert tensors, "the walk found nothing"
+    for t in tensors:
+        assert not looks_like(t, weight), f"a tensor of shape {tuple(t.shape)} reveals the weight"
+        assert not looks_like(t, bias), f"a tensor of shape {tuple(t.shape)} reveals the bias"
+    for name, t in module.state_dict().items():
+        assert not looks_like(t, weight) and not looks_like(t, bias), name
+
+
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+def test_nothing_reachable_from_the_passive_module_reveals_the_weight(kind: str) -> None:
+    torch.manual_seed(0)
+    layer = nn.Linear(64, 32) if kind == "linear" else nn.Conv2d(3, 8, 3, padding=1)
+    weight, bias = layer.weight.detach().clone(), layer.bias.detach().clone()
+    model = nn.Sequential(layer, nn.ReLU())
+    mask_submodule(
+        model, "0", dealer=Dealer(0), comm=Comm(), generator_passive=gen(1), generator_active=gen(2), sigma=0.0
+    )
+    shared = model[0]
+    assert_hides(model, weight, bias)
+    # ... also after training steps (gradients, momentum, residuals populated)
+    # a few small steps: P_k's optimizer state (momentum) holds its own past updates, which by design it
+    # knows; after long training they make up most of the weight (see the module docs and the report)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    for i in range(3):
+        x = torch.randn(8, 64, generator=gen(i)) if kind == "linear" else torch.randn(8, 3, 6, 6, generator=gen(i))
+        opt.zero_grad()
+        # a loss whose gradients do not depend on the weight: P_k legitimately knows the gradients
+        # (it computes them), and e.g. a squared loss makes them correlate with the weight
+        out = model(x)
+        (out * torch.randn(out.shape, generator=gen(10 + i))).mean().backward()
+        opt.step()
+        shared.step(1e-3, momentum=0.9)  # populate the module's own optimizer state as well
+    w_now, b_now = oracle_effective_weight(shared)
+    for target_w, target_b in ((weight, bias), (w_now, b_now)):
+        assert_hides(model, target_w, target_b)
+        # a deep copy (what an attack fine-tunes) holds only P_k's share and the same peer
+        clone = copy.deepcopy(model)
+        assert clone[0].peer is shared.peer and clone[0].dealer is shared.dealer
+        assert_hides(clone, target_w, target_b)
+        # the attacker's copy (masked layers replaced by P_k's own-share view)
+        assert_hides(passive_attacker_copy(model), target_w, target_b)
+    # the passive view is random-looking: huge values, uncorrelated with the weight
+    view = shared.passive_view_weight()
+    assert float(view.abs().median()) > 1e6
+    assert not looks_like(view, w_now)
+
+
+def test_the_peer_handle_is_not_copied_or_pickled() -> None:
+    shared, _, _ = masked(nn.Linear(4, 3))
+    assert copy.deepcopy(shared.peer) is shared.peer and copy.copy(shared.peer) is shared.peer
+    assert copy.deepcopy(shared.randomness) is shared.randomness
+    assert not any(isinstance(v, Tensor) for v in vars(shared.peer).values())
+    buf = io.BytesIO()
+    torch.save(shared, buf)  # pickles the whole module
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert isinstance(loaded.peer, DisconnectedService) and isinstance(loaded.dealer, DisconnectedService)
+    with pytest.raises(RuntimeError, match="disconnected"):
+        loaded(torch.randn(1, 4))
+    assert torch.equal(loaded.passive.weight_share, shared.passive.weight_share)
+    assert isinstance(pickle.loads(pickle.dumps(shared.peer)), DisconnectedService)
+
+
+def test_a_deep_copy_draws_fresh_input_shares() -> None:
+    """The copy shares P_k's random source (not a clone of it), so no input mask is ever reused."""
+    shared, _, _ = masked(nn.Linear(4, 3), record_active_inbox=True)
+    clone = copy.deepcopy(shared)
+    x = torch.randn(2, 4)
+    shared(x)
+    clone(x)
+    inbox = shared.peer._oracle_holder().received
+    first, second = [t for tag, t in inbox if tag == "forward"][::3]
+    assert not torch.equal(first, second)
+
+
+def test_the_active_party_only_receives_masked_values() -> None:
+    torch.manual_seed(0)
+    lin = nn.Linear(50, 20)
+    shared, _, _ = masked(lin, record_active_inbox=True, sigma=0.01)
+    x = torch.randn(40, 50, requires_grad=True)
+    y = shared(x)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    holder = shared.peer._oracle_holder()
+    assert holder.received, "nothing was logged"
+    targets = [x.detach(), gy, lin.weight.detach(), lin.weight.detach().t(), lin.bias.detach()]
+    for tag, t in holder.received:
+        assert t.dtype == torch.int64, tag
+        assert float(decode(t).abs().median()) > 1e6, tag  # uniform ring elements, not encodings
+        for target in targets:
+            assert not looks_like(t, target), tag
+    # what P_K can combine from its inbox: x1 + e0 = x1 + (x0 - a0) = x - a0, still masked by P_k's a0
+    fwd = [t for tag, t in holder.received if tag == "forward"]
+    x1, e0 = fwd[0], fwd[1]
+    assert not looks_like(x1 + e0, x.detach())
+    assert float(decode(x1 + e0).abs().median()) > 1e6
