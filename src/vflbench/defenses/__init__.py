@@ -45,3 +45,4 @@ def create_defense(name: str, **params: Any) -> Defense:
 from vflbench.defenses import gradient  # noqa: E402,F401  (register)
 from vflbench.defenses import labels  # noqa: E402,F401  (register)
 from vflbench.defenses import regularizers  # noqa: E402,F401  (register)
+from vflbench.defenses import vmask  # noqa: E402,F401  (register)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from vflbench.config import ExperimentConfig
-from vflbench.data import PartySlice, VerticalData, load_dataset, partition, subsample
+from vflbench.data import PartySlice, VerticalData, aux_indices, load_dataset, partition, subsample
 from vflbench.defenses import create_defense
 from vflbench.errors import ConfigError
 from vflbench.models import build_bottom, build_top
@@ -110,7 +110,21 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
 
     def bind(d: Defense, party: str) -> None:
         d.bind(BindContext(party, t.algorithm, vd.num_classes, holders + (vd.active is None),
-                           generator(seed, "defense", d.name, party), generator(seed, "defense", d.name, "shared")))
+                           generator(seed, "defense", d.name, party), generator(seed, "defense", d.name, "shared"),
+                           extra=defense_aux(d, party)))
+
+    def defense_aux(d: Defense, party: str) -> dict[str, object]:
+        """The auxiliary labelled set a defense's threat model grants the active party (``aux_size``)."""
+        info: dict[str, object] = {"train": {"lr": t.lr, "batch_size": t.batch_size, "momentum": t.momentum,
+                                             "weight_decay": t.weight_decay, "epochs": t.epochs},
+                                   "aggregation": t.aggregation, "active_has_features": vd.active is not None}
+        size = getattr(d, "aux_size", None)
+        if party != ACTIVE or not size:
+            return info
+        ids = aux_indices(vd.y_train, size=min(int(size), len(vd.y_train)),
+                          generator=generator(seed, "defense", d.name, "aux"))
+        return {**info, "aux_ids": ids, "aux_y": vd.y_train[ids],
+                "aux_x": {n: part.x_train[ids] for n, part in zip(names, passive_slices, strict=True)}}
 
     for d in plan.active:
         bind(d, ACTIVE)

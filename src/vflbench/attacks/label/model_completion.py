@@ -5,33 +5,11 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 
 from vflbench.attacks.base import Attack, LabelInference, PartyView, Prior, Scores, require
 from vflbench.attacks.runner import ATTACKS
-from vflbench.models import inference_head, init_parameters
-
-EVAL_BATCH = 4096
-
-
-def predict(model: nn.Module, x: Tensor) -> Tensor:
-    """Model outputs on ``x`` in evaluation mode, in chunks."""
-    model.eval()
-    with torch.no_grad():
-        return torch.cat([model(x[i : i + EVAL_BATCH]) for i in range(0, len(x), EVAL_BATCH)])
-
-
-def class_scores(outputs: Tensor) -> Tensor:
-    """Probabilities from one logit (sigmoid) or several (softmax)."""
-    return torch.sigmoid(outputs.squeeze(1)) if outputs.shape[1] == 1 else outputs.softmax(1)
-
-
-def supervised_loss(outputs: Tensor, y: Tensor) -> Tensor:
-    """Logistic loss for one logit, cross-entropy otherwise."""
-    if outputs.shape[1] == 1:
-        return F.binary_cross_entropy_with_logits(outputs.squeeze(1), y.float())
-    return F.cross_entropy(outputs, y)
+from vflbench.eval.finetune import class_scores, complete, predict, supervised_loss  # noqa: F401
 
 
 @ATTACKS.register("model_completion", summary="fine-tune an inference head on the trained bottom model with known labels")
@@ -91,28 +69,11 @@ class ModelCompletion(Attack):
 
     def _fit(self, view: PartyView, bottom: nn.Module, *, head: bool) -> LabelInference:
         assert view.known is not None
-        k = view.scenario.num_classes
-        modules: list[nn.Module] = [bottom]
-        if head:
-            modules.append(init_parameters(inference_head(view.scenario.embed_dim, k, self.head_hidden),
-                                           view.generator))
-        model = nn.Sequential(*modules)
-        params = model.parameters() if self.finetune_bottom or not head else modules[-1].parameters()
-        opt = (torch.optim.Adam(params, lr=self.lr) if self.optimizer == "adam"
-               else torch.optim.SGD(params, lr=self.lr, momentum=0.9))
         x, y = view.data.x_train[view.known.ids], view.known.labels
-        size = self.batch_size or len(y)
         test_ids = torch.arange(len(view.data.x_test))
-        per_epoch = []
-        for _ in range(self.epochs):
-            model.train()
-            order = torch.randperm(len(y), generator=view.generator)
-            for start in range(0, len(y), size):
-                batch = order[start : start + size]
-                loss = supervised_loss(model(x[batch]), y[batch])
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-            per_epoch.append(LabelInference(test=Scores(test_ids, class_scores(predict(model, view.data.x_test)),
-                                                        "test")))
+        outputs = complete(bottom, x, y, view.data.x_test, num_classes=view.scenario.num_classes,
+                           embed_dim=view.scenario.embed_dim, head=head, epochs=self.epochs, optimizer=self.optimizer,
+                           lr=self.lr, batch_size=self.batch_size, head_hidden=self.head_hidden,
+                           finetune_bottom=self.finetune_bottom, generator=view.generator)
+        per_epoch = [LabelInference(test=Scores(test_ids, class_scores(out), "test")) for out in outputs]
         return LabelInference(per_epoch=per_epoch, details={"known_labels": len(y), "trained": True})

@@ -1,0 +1,446 @@
+"""VMask (Tan et al., NDSS 2025): secret-shared layer masking of the passive parties' bottom
+models, with a shadow model and a tunable privacy budget, against model completion.
+
+Per passive party P_k (Algorithm 4): the first linear layer is masked before training
+(initialisation); every epoch runs the secure model update (Algorithm 5: masked layers forward and
+backward on shares, :mod:`vflbench.mpc`), then the active party trains a shadow copy of P_k's
+bottom model on its auxiliary set with the top model frozen (Algorithm 6), adds the shadow's
+per-layer L1 gradient norms to the accumulated norms G, and selects the layers to mask next epoch
+(Algorithm 2): in decreasing order of G it masks layers until a model completion attack simulated
+on the shadow model (with those layers re-randomised, Algorithm 3) falls to the privacy budget.
+Layer masking (Algorithm 1) then shares newly selected layers (the active party adds N(0, sigma^2)
+to its share) and reconstructs deselected ones to P_k (after fresh noise from the active party).
+
+Variants: ``vmask_as`` selects accumulatively (masked layers stay masked), ``vmask_rs`` masks as
+many layers as VMask would, chosen at random, ``vmask_alls`` masks every eligible layer throughout.
+
+Simulation notes (also in docs/decisions.md):
+
+* One active-side object orchestrates the protocol; party state stays separated: P_k's model holds
+  only its own shares (plus zero offsets), the active party's shares live behind the mpc peer
+  handle, and Beaver triples come from a dealer that is neither party.
+* Each masked layer keeps the same parameter objects throughout (the plaintext weight while
+  unmasked, a zero offset that carries P_k's update while masked), so P_k's optimizer, including
+  its momentum, is unaffected by (un)masking. A torch optimizer's weight decay does not reach a
+  masked weight (it decays the zero offset).
+* The shadow model's top-model input for the active party's own embedding is zero (Algorithm 6:
+  the active party's bottom model takes no part); the shadow's "gradient norm at this epoch" is the
+  L1 norm summed over the epoch's shadow steps; the simulated attack trains on ``known_per_class``
+  labels per class of the auxiliary set and is scored on the rest of it (its best epoch).
+* The attacker's copy of its model (``attacker_copy``) carries its own share as the weight of
+  each masked layer (Algorithm 1 line 7): what an honest-but-curious P_k holds.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vflbench.defenses import DEFENSES
+from vflbench.errors import CompatibilityError
+from vflbench.eval.finetune import complete
+from vflbench.models import init_parameters
+from vflbench.mpc.comm import DIRECTIONS, Comm
+from vflbench.mpc.dealer import Dealer
+from vflbench.mpc.layers import SharedLayer, _SecureLayerFn, mask_layer, unmask
+from vflbench.protocol.hooks import BindContext, Defense
+from vflbench.protocol.messages import ACTIVE
+from vflbench.protocol.party import aggregate
+from vflbench.rng import derive_seed
+
+
+class MaskableLayer(nn.Module):
+    """A Linear or Conv2d of P_k's bottom model that VMask can mask (share) and unmask.
+
+    ``weight``/``bias`` are the plaintext parameters while unmasked; while masked they are zero
+    offsets through which P_k's optimizer moves its share, and ``shared`` runs the protocol.
+    """
+
+    def __init__(self, layer: nn.Linear | nn.Conv2d) -> None:
+        super().__init__()
+        self.conv = isinstance(layer, nn.Conv2d)
+        self.config = ({"stride": layer.stride, "padding": layer.padding} if isinstance(layer, nn.Conv2d)
+                       else {})
+        self.shape = (layer.in_channels, layer.out_channels, layer.kernel_size) if isinstance(layer, nn.Conv2d) \
+            else (layer.in_features, layer.out_features)
+        self.weight = layer.weight
+        self.bias = layer.bias
+        self.shared: SharedLayer | None = None
+        self.attacker_view = "reinit"
+        self.reinit_seed = 0
+
+    @property
+    def masked(self) -> bool:
+        """Whether the layer's weight is currently secret-shared."""
+        return self.shared is not None
+
+    def plain(self, weight: Tensor, bias: Tensor | None) -> nn.Linear | nn.Conv2d:
+        """A plaintext layer of this shape carrying ``weight`` and ``bias``."""
+        if self.conv:
+            c_in, c_out, k = self.shape
+            layer: nn.Linear | nn.Conv2d = nn.Conv2d(c_in, c_out, k, bias=bias is not None, **self.config)
+        else:
+            layer = nn.Linear(*self.shape, bias=bias is not None)
+        with torch.no_grad():
+            layer.weight.copy_(weight)
+            if bias is not None:
+                layer.bias.copy_(bias)
+        return layer
+
+    @torch.no_grad()
+    def _absorb(self) -> None:
+        assert self.shared is not None
+        for which, p in (("weight", self.weight), ("bias", self.bias)):
+            if p is not None and bool(p.any()):
+                self.shared.passive.apply_update(which, p.detach())
+                p.zero_()
+
+    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
+        if self.shared is None:
+            if self.conv:
+                return F.conv2d(x, self.weight, self.bias, **self.config)
+            return F.linear(x, self.weight, self.bias)
+        self._absorb()
+        return _SecureLayerFn.apply(x, self.weight, self.bias, self.shared)
+
+    def mask(self, **kwargs: Any) -> None:
+        """P_k shares the layer (Algorithm 1, lines 2-6) and drops its plaintext weight."""
+        if self.shared is not None:
+            return
+        plain = self.plain(self.weight.detach(), None if self.bias is None else self.bias.detach())
+        self.shared = mask_layer(plain, **kwargs)
+        with torch.no_grad():
+            self.weight.zero_()
+            if self.bias is not None:
+                self.bias.zero_()
+
+    def unmask(self, sigma: float) -> None:
+        """Reconstruct the layer to P_k after fresh noise from the active party (lines 7-11)."""
+        if self.shared is None:
+            return
+        self._absorb()
+        plain = unmask(self.shared, sigma=sigma)
+        with torch.no_grad():
+            self.weight.copy_(plain.weight)
+            if self.bias is not None:
+                self.bias.copy_(plain.bias)
+        self.shared = None
+
+    def attacker_module(self) -> nn.Module:
+        """What P_k can run alone. Unmasked: the plain layer. Masked: P_k's share is uniformly random
+        on the ring and says nothing about the weight, so a rational attacker re-initialises the
+        layer (``attacker_view="reinit"``, the attacker VMask's Algorithm 2 simulates), or uses its
+        decoded share as the weight (``"share"``, Algorithm 1 line 7 read literally)."""
+        if self.shared is None:
+            return self.plain(self.weight.detach(), None if self.bias is None else self.bias.detach())
+        self._absorb()
+        if self.attacker_view == "share":
+            return self.shared.passive_view_module()
+        fresh = self.plain(self.weight.detach(), None if self.bias is None else self.bias.detach())
+        return init_parameters(fresh, torch.Generator().manual_seed(self.reinit_seed))
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, new)
+
+
+def make_maskable(model: nn.Module) -> list[MaskableLayer]:
+    """Replace every Linear/Conv2d of ``model`` in place; return them in forward order."""
+    names = [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    layers = []
+    for name in names:
+        wrapper = MaskableLayer(model.get_submodule(name))
+        _replace(model, name, wrapper)
+        layers.append(wrapper)
+    return layers
+
+
+class VMaskBottom(nn.Module):
+    """P_k's bottom model with maskable layers."""
+
+    def __init__(self, inner: nn.Module, layers: list[MaskableLayer]) -> None:
+        super().__init__()
+        self.inner = inner
+        self._layer_names = [n for n, m in inner.named_modules() if isinstance(m, MaskableLayer)]
+        assert len(self._layer_names) == len(layers)
+
+    def layers(self) -> list[MaskableLayer]:
+        """The maskable layers in forward order."""
+        return [self.inner.get_submodule(n) for n in self._layer_names]  # type: ignore[misc]
+
+    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
+        return self.inner(x)
+
+    def attacker_copy(self) -> nn.Module:
+        """A plain model with P_k's own shares as the weights of masked layers (no protocol)."""
+        clone = copy.deepcopy(self.inner)
+        for name, layer in zip(self._layer_names, self.layers(), strict=True):
+            _replace(clone, name, layer.attacker_module())
+        return clone
+
+
+@dataclass
+class PartyState:
+    """The active party's VMask state for one passive party."""
+
+    bottom: VMaskBottom
+    shadow: nn.Module
+    shadow_opt: torch.optim.Optimizer
+    comm: Comm
+    masked: set[int]
+    grad_norm: Tensor
+    history: list[list[int]] = field(default_factory=list)
+    estimates: list[float] = field(default_factory=list)
+
+
+@DEFENSES.register("vmask", summary="secret-shared layer masking with shadow-model layer selection under a privacy budget")
+class VMask(Defense):
+    """VMask (Tan et al., NDSS 2025), Algorithm 4 with layer selection with replacement."""
+
+    name = "vmask"
+    side = "active"
+    paper = "Tan et al., VMask: Tunable Label Privacy Protection for VFL via Layer Masking (NDSS 2025)"
+    threat = "honest-but-curious passive parties running model completion on their bottom models"
+    strength_param = "budget"
+    strength_direction = "smaller is stronger"
+    selection: ClassVar[str] = "greedy"
+
+    def __init__(self, *, budget: float = 0.25, sigma: float = 0.01, aux_size: int = 640, known_per_class: int = 4,
+                 mc_epochs: int = 20, mc_lr: float = 1e-3, frac_bits: int = 16, truncation: str = "reveal",
+                 layers: list[int] | None = None, attacker_view: str = "reinit") -> None:
+        self.budget = budget
+        self.sigma = sigma
+        self.aux_size = aux_size
+        self.known_per_class = known_per_class
+        self.mc_epochs = mc_epochs
+        self.mc_lr = mc_lr
+        self.frac_bits = frac_bits
+        self.truncation = truncation
+        self.layers = layers
+        self.attacker_view = attacker_view
+        if attacker_view not in ("reinit", "share"):
+            raise ValueError(f"attacker_view must be 'reinit' or 'share', got {attacker_view!r}")
+        if sigma < 0 or aux_size < 1 or known_per_class < 1 or mc_epochs < 1:
+            raise ValueError("sigma must be >= 0 and aux_size, known_per_class, mc_epochs >= 1")
+
+    # -- set-up -------------------------------------------------------------------------------------
+
+    def bind(self, context: BindContext) -> None:  # noqa: D102
+        super().bind(context)
+        if context.algorithm == "vlr":
+            raise CompatibilityError("vmask masks layers of neural bottom models; use vhnn or vsnn, not vlr")
+        self.parties_: dict[str, PartyState] = {}
+        self.seed_ = int(torch.randint(0, 2**62, (1,), generator=context.generator))
+        self.dealer_ = Dealer(torch.Generator().manual_seed(derive_seed(self.seed_, "dealer")), name="vmask-dealer")
+        self.top_: nn.Module | None = None
+        self.ratios_: list[float] = []
+
+    def _gen(self, *names: str | int) -> torch.Generator:
+        return torch.Generator().manual_seed(derive_seed(self.seed_, *names))
+
+    def _eligible(self, n: int) -> list[int]:
+        chosen = list(range(n)) if self.layers is None else list(self.layers)
+        bad = [i for i in chosen if not 0 <= i < n]
+        if bad:
+            raise CompatibilityError(f"vmask: layers {bad} do not exist; the bottom model has {n} linear layers (0..{n - 1})")
+        return chosen
+
+    def wrap_bottom(self, model: nn.Module, party: str) -> nn.Module:  # noqa: D102
+        if party == ACTIVE:
+            return model
+        shadow = copy.deepcopy(model)  # Algorithm 4 line 2: same initial parameters as P_k's bottom
+        layers = make_maskable(model)
+        if not layers:
+            raise CompatibilityError("vmask needs a bottom model with Linear or Conv2d layers")
+        train = self.context_.extra["train"]
+        state = PartyState(
+            bottom=VMaskBottom(model, layers), shadow=shadow,
+            shadow_opt=torch.optim.SGD(shadow.parameters(), lr=train["lr"], momentum=train["momentum"]),
+            comm=Comm(), masked=set(), grad_norm=torch.zeros(len(layers), dtype=torch.float64))
+        self.parties_[party] = state
+        self._apply_mask(party, state, self._initial(len(layers)))
+        return state.bottom
+
+    def _initial(self, n: int) -> set[int]:
+        """Layers masked in the first epoch: the first eligible layer (Algorithm 4 line 3)."""
+        return {self._eligible(n)[0]}
+
+    def wrap_top(self, model: nn.Module) -> nn.Module:  # noqa: D102
+        self.top_ = model
+        return model
+
+    # -- Algorithm 1: layer masking ---------------------------------------------------------------
+
+    def _apply_mask(self, party: str, state: PartyState, target: set[int]) -> None:
+        layers = state.bottom.layers()
+        for i in sorted(target - state.masked):
+            layers[i].attacker_view = self.attacker_view
+            layers[i].reinit_seed = derive_seed(self.seed_, party, "attacker-reinit", i)
+            layers[i].mask(dealer=self.dealer_, comm=state.comm, generator_passive=self._gen(party, "share", i,
+                                                                                           len(state.history)),
+                           generator_active=self._gen(ACTIVE, "noise", party, i, len(state.history)),
+                           sigma=self.sigma, frac_bits=self.frac_bits, truncation=self.truncation,
+                           name=f"{party}.layer{i}")
+        for i in sorted(state.masked - target):
+            layers[i].unmask(self.sigma)
+        state.masked = set(target)
+        state.history.append(sorted(target))
+
+    # -- Algorithm 6: shadow model update -------------------------------------------------------------
+
+    def _shadow_update(self) -> dict[str, Tensor]:
+        """One epoch of every shadow model on the auxiliary set through the frozen top model."""
+        extra = self.context_.extra
+        if "aux_x" not in extra:
+            raise CompatibilityError("vmask needs an auxiliary set (aux_size) granted by the scenario")
+        assert self.top_ is not None
+        names = list(self.parties_)
+        x_aux, y_aux = extra["aux_x"], extra["aux_y"]
+        batch = int(extra["train"]["batch_size"])
+        top = self.top_
+        was_training = top.training
+        top.eval()
+        frozen = [p for p in top.parameters() if p.requires_grad]
+        for p in frozen:
+            p.requires_grad_(False)
+        norms = {n: torch.zeros(len(self.parties_[n].grad_norm), dtype=torch.float64) for n in names}
+        order = torch.randperm(len(y_aux), generator=self._gen("shadow", len(self.ratios_)))
+        try:
+            for start in range(0, len(y_aux), batch):
+                ids = order[start : start + batch]
+                embeddings = []
+                for n in names:
+                    self.parties_[n].shadow.train()
+                    embeddings.append(self.parties_[n].shadow(x_aux[n][ids]))
+                if extra["active_has_features"]:
+                    embeddings.insert(0, torch.zeros_like(embeddings[0]))
+                loss = F.cross_entropy(top(aggregate(embeddings, extra["aggregation"])), y_aux[ids])
+                for n in names:
+                    self.parties_[n].shadow_opt.zero_grad()
+                loss.backward()
+                for n in names:
+                    state = self.parties_[n]
+                    for i, layer in enumerate(m for m in state.shadow.modules() if isinstance(m, (nn.Linear, nn.Conv2d))):
+                        norms[n][i] += sum(float(p.grad.abs().sum()) for p in layer.parameters() if p.grad is not None)
+                    state.shadow_opt.step()
+        finally:
+            for p in frozen:
+                p.requires_grad_(True)
+            top.train(was_training)
+        return norms
+
+    # -- Algorithms 2 and 3: layer selection by simulated model completion ------------------------
+
+    def _simulated_attack(self, party: str, shadow: nn.Module, masked: set[int]) -> float:
+        """Best accuracy of model completion on the shadow with ``masked`` layers re-randomised."""
+        extra = self.context_.extra
+        x, y = extra["aux_x"][party], extra["aux_y"]
+        g = self._gen("attack", party, len(self.ratios_), tuple(sorted(masked)).__repr__())
+        known = torch.cat([torch.nonzero(y == c).flatten()[torch.randperm(int((y == c).sum()), generator=g)]
+                           [: self.known_per_class] for c in torch.unique(y)])
+        rest = torch.ones(len(y), dtype=torch.bool)
+        rest[known] = False
+        model = copy.deepcopy(shadow)
+        linear = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+        for i in masked:
+            init_parameters(linear[i], g)
+        embed_dim = next(m for m in reversed(linear)).weight.shape[0]
+        outputs = complete(model, x[known], y[known], x[rest], num_classes=self.context_.num_classes,
+                           embed_dim=embed_dim, epochs=self.mc_epochs, lr=self.mc_lr, generator=g)
+        return max(float((o.argmax(1) == y[rest]).float().mean()) for o in outputs)
+
+    def _select(self, party: str, state: PartyState) -> set[int]:
+        """Algorithm 2 (with replacement: VMask)."""
+        eligible = self._eligible(len(state.grad_norm))
+        queue = sorted(eligible, key=lambda i: -float(state.grad_norm[i]))
+        masked: set[int] = set()
+        estimate = self._simulated_attack(party, state.shadow, masked)
+        while queue and estimate > self.budget:
+            masked.add(queue.pop(0))
+            estimate = self._simulated_attack(party, state.shadow, masked)
+        state.estimates.append(estimate)
+        return masked
+
+    # -- per epoch ------------------------------------------------------------------------------------
+
+    def on_epoch_end(self, epoch: int) -> dict[str, Any]:  # noqa: D102
+        if not self.parties_:
+            return {}
+        ratios = [len(s.masked) / len(s.grad_norm) for s in self.parties_.values()]
+        self.ratios_.append(sum(ratios) / len(ratios))
+        report: dict[str, Any] = {"mask_ratio_epoch": self.ratios_[-1],
+                                  "mask_ratio": sum(self.ratios_) / len(self.ratios_)}
+        if self.context_.extra["train"]["epochs"] == epoch + 1:
+            report.update(self._comm_report())
+            return report  # no next epoch to mask for
+        norms = self._shadow_update() if self.selection != "all" else {}
+        for party, state in self.parties_.items():
+            if party in norms:
+                state.grad_norm += norms[party]
+            target = self._next_mask(party, state)
+            self._apply_mask(party, state, target)
+            report[f"{party}.masked"] = sorted(target)
+            if state.estimates:
+                report[f"{party}.estimated_attack"] = state.estimates[-1]
+        report.update(self._comm_report())
+        return report
+
+    def _next_mask(self, party: str, state: PartyState) -> set[int]:
+        return self._select(party, state)
+
+    def _comm_report(self) -> dict[str, Any]:
+        total = sum(s.comm.bytes(d) for s in self.parties_.values() for d in DIRECTIONS)
+        return {"mpc_bytes": total, "triples": sum(self.dealer_.issued.values())}
+
+
+@DEFENSES.register("vmask_as", summary="VMask with accumulative layer selection (masked layers stay masked)")
+class VMaskAS(VMask):
+    """VMask-AS: Algorithm 2 without replacement (Q <- Q - U, U <- U)."""
+
+    name = "vmask_as"
+    selection = "accumulative"
+
+    def _select(self, party: str, state: PartyState) -> set[int]:  # noqa: D102
+        eligible = self._eligible(len(state.grad_norm))
+        masked = set(state.masked)
+        queue = [i for i in sorted(eligible, key=lambda i: -float(state.grad_norm[i])) if i not in masked]
+        estimate = self._simulated_attack(party, state.shadow, masked)
+        while queue and estimate > self.budget:
+            masked.add(queue.pop(0))
+            estimate = self._simulated_attack(party, state.shadow, masked)
+        state.estimates.append(estimate)
+        return masked
+
+
+@DEFENSES.register("vmask_rs", summary="VMask masking as many layers as VMask would, chosen at random")
+class VMaskRS(VMask):
+    """VMask-RS: the same number of layers as VMask's selection, picked uniformly at random."""
+
+    name = "vmask_rs"
+    selection = "random"
+
+    def _next_mask(self, party: str, state: PartyState) -> set[int]:  # noqa: D102
+        count = len(self._select(party, state))
+        rng = random.Random(derive_seed(self.seed_, "random-selection", party, len(state.history)))
+        return set(rng.sample(self._eligible(len(state.grad_norm)), count))
+
+
+@DEFENSES.register("vmask_alls", summary="VMask masking every eligible layer in every epoch")
+class VMaskALLS(VMask):
+    """VMask-ALLS: all eligible layers masked throughout (no selection)."""
+
+    name = "vmask_alls"
+    selection = "all"
+
+    def _initial(self, n: int) -> set[int]:  # noqa: D102
+        return set(self._eligible(n))
+
+    def _next_mask(self, party: str, state: PartyState) -> set[int]:  # noqa: D102
+        return set(self._eligible(len(state.grad_norm)))
