@@ -69,7 +69,7 @@ class PlannedAttack:
     attack: Attack
     spec_params: dict[str, Any]
     records: list[BatchRecord] = field(default_factory=list)
-    snapshots: list[dict[str, dict[str, Tensor]]] = field(default_factory=list)
+    snapshots: list[dict[str, nn.Module]] = field(default_factory=list)
 
 
 def known_labels(attack: Attack, y_train: Tensor, seed: int) -> KnownLabels | None:
@@ -117,7 +117,7 @@ class AttackPlan:
         for planned in self.attacks:
             if planned.attack.every_epoch:
                 models = parties[planned.attack.party].models()
-                planned.snapshots.append({k: copy.deepcopy(m.state_dict()) for k, m in models.items()})
+                planned.snapshots.append({k: attacker_copy(m) for k, m in models.items()})
 
 
 def _recorder(planned: PlannedAttack, party: PassiveParty, *, with_params: bool) -> Callable[[StepState, Tensor], None]:
@@ -211,9 +211,19 @@ def _view(run: TrainedRun, planned: PlannedAttack, models: dict[str, nn.Module] 
     assert party.data is not None
     return PartyView(
         party=party.name, scenario=scenario_of(run.config, run.data), data=party.data,
-        models=models if models is not None else {k: copy.deepcopy(m) for k, m in party.models().items()},
+        models=models if models is not None else {k: attacker_copy(m) for k, m in party.models().items()},
         transcript=party.transcript, records=planned.records, known=known,
         generator=generator(run.config.seed, "attack", attack.name, "run"))
+
+
+def attacker_copy(model: nn.Module) -> nn.Module:
+    """The attacker's private copy of one of its models: what it can run on its own.
+
+    A model that involves another party (e.g. VMask's secret-shared layers, which need the active
+    party's share) provides ``attacker_copy()``, which keeps only what the attacker holds.
+    """
+    own = getattr(model, "attacker_copy", None)
+    return own() if callable(own) else copy.deepcopy(model)
 
 
 def scratch_models(run: TrainedRun, party: str) -> dict[str, nn.Module]:
@@ -252,10 +262,8 @@ def run_attacks(plan: AttackPlan, run: TrainedRun) -> tuple[list[AttackResult], 
         per_epoch = None
         if attack.every_epoch:
             per_epoch = []
-            for state in planned.snapshots:
-                models = {k: copy.deepcopy(m) for k, m in view.models.items()}
-                for k, m in models.items():
-                    m.load_state_dict(state[k])
+            for snapshot in planned.snapshots:
+                models = {k: copy.deepcopy(m) for k, m in snapshot.items()}
                 per_epoch.append(score_inference(attack.infer(view.with_models(models)), y_train, y_test,
                                                  metric, select)[0])
         seconds[attack.name] = time.perf_counter() - tic
