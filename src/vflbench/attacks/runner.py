@@ -219,11 +219,20 @@ def _view(run: TrainedRun, planned: PlannedAttack, models: dict[str, nn.Module] 
 def attacker_copy(model: nn.Module) -> nn.Module:
     """The attacker's private copy of one of its models: what it can run on its own.
 
-    A model that involves another party (e.g. VMask's secret-shared layers, which need the active
-    party's share) provides ``attacker_copy()``, which keeps only what the attacker holds.
+    A model that involves another party provides ``attacker_copy()`` (VMask's bottom), or holds
+    layers that provide ``attacker_module()`` (e.g. a Paillier-encrypted layer): the attacker cannot
+    run those on its own, so the copy holds what the attacker can use in their place.
     """
     own = getattr(model, "attacker_copy", None)
-    return own() if callable(own) else copy.deepcopy(model)
+    if callable(own):
+        return own()
+    clone = copy.deepcopy(model)
+    for name, module in list(clone.named_modules()):
+        replace = getattr(module, "attacker_module", None)
+        if name and callable(replace):
+            parent, _, child = name.rpartition(".")
+            setattr(clone.get_submodule(parent) if parent else clone, child, replace())
+    return clone
 
 
 def scratch_models(run: TrainedRun, party: str) -> dict[str, nn.Module]:

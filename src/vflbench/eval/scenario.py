@@ -154,6 +154,8 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
         part = own_slice(name, part)
         bottom = bottom_for(name, part)
         opt = make_optimizer(cfg, list(bottom.parameters()))
+        for d in plan.passive[name]:
+            d.attach_optimizer(opt, name)
         passives.append(PassiveParty(name, data=part, bottom=bottom, optimizer=opt,
                                      scheduler=make_scheduler(cfg, opt),
                                      generator=generator(seed, name, "party"), defenses=plan.passive[name],
@@ -171,6 +173,8 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
         top = d.wrap_top(top)
     params = list(top.parameters()) + (list(active_bottom.parameters()) if active_bottom is not None else [])
     opt = make_optimizer(cfg, params)
+    for d in plan.active:
+        d.attach_optimizer(opt, ACTIVE)
     active = ActiveParty(ACTIVE, data=active_slice, bottom=active_bottom, top=top, objective=objective,
                          aggregation=t.aggregation, optimizer=opt, scheduler=make_scheduler(cfg, opt),
                          generator=generator(seed, ACTIVE, "party"), defenses=plan.active,

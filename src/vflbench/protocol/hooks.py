@@ -10,6 +10,7 @@ randomness come from :meth:`Defense.bind`, called once before training.
 | ``augment_features`` | each party, its own slice | once, before models are built |
 | ``transform_labels`` | active | once, before training |
 | ``wrap_bottom`` / ``wrap_top`` | either | once, when models are built |
+| ``attach_optimizer`` | either | once, when the party's optimizer is built |
 | ``regularizer`` | either | every batch, extra loss |
 | ``transform_embedding`` | passive | every batch, before sending |
 | ``transform_cut_gradient`` | active | every batch, before sending |
@@ -104,6 +105,9 @@ class Defense:
     def wrap_top(self, model: nn.Module) -> nn.Module:
         """Wrap or replace the top model (active side)."""
         return model
+
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer, party: str) -> None:
+        """See the optimizer of a party this instance is bound to, once it is built (e.g. to hook its steps)."""
 
     def regularizer(self, state: StepState) -> Tensor | None:
         """An extra loss term for this batch, or ``None``."""

@@ -34,8 +34,13 @@ class _CutGradientAttack(Attack):
         require(self.party != "active", self.name, "it is run by a passive party")
 
     def messages(self, view: PartyView) -> list[tuple[Tensor, Tensor]]:
-        """(ids, gradient) of every cut gradient the attacker received in the chosen epochs."""
-        return [(m.ids, m.payload) for m in view.transcript.of_kind("cut_gradient") if _epochs_ok(m.epoch, self.epochs)]
+        """(ids, gradient) of every cut gradient the attacker received in the chosen epochs.
+
+        A payload that is not a float tensor (e.g. Paillier ciphertext bytes under ``paillier_he``)
+        is scored as the numbers the attacker received: it has nothing else.
+        """
+        return [(m.ids, m.payload if m.payload.is_floating_point() else m.payload.flatten(1).double())
+                for m in view.transcript.of_kind("cut_gradient") if _epochs_ok(m.epoch, self.epochs)]
 
 
 @ATTACKS.register("norm_scoring", summary="score each sample by the L2 norm of its cut-layer gradient (binary)")
