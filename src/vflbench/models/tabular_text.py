@@ -19,7 +19,7 @@ class EmbeddingMLP(nn.Module):
     """Embeddings for categorical columns + 2 fully connected layers (Criteo bottom model).
 
     Kang et al. ("A Framework for Evaluating Privacy-Utility Trade-off in Vertical Federated
-    Learning", Table 9: "emb. + 2 FC") and VMask (Li et al., NDSS 2025) embed each categorical
+    Learning", Table 9: "emb. + 2 FC") and VMask (Tan et al., NDSS 2025) embed each categorical
     Criteo feature and feed the numeric features with the embeddings to an MLP. Each column
     listed in ``meta["categorical"]`` (indices within the slice, integer codes stored as
     floats) gets an ``nn.Embedding(cardinality, embedding_dim)``; the numeric columns (in

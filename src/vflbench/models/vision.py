@@ -48,7 +48,7 @@ class VGG13(nn.Module):
 
     Ten 3x3 convolutions (padding 1), each followed by BatchNorm and ReLU, with 2x2 max-pools
     after every pair; then adaptive average pooling to 1x1 and one Linear(512, out_dim), the
-    light head used for CIFAR by VMask (Li et al., NDSS 2025). A party's strip is narrower than
+    light head used for CIFAR by VMask (Tan et al., NDSS 2025). A party's strip is narrower than
     the full image, so a max-pool halves only the sides that are at least 2 pixels long (a
     1-pixel side is pooled with kernel 1) and is left out when both sides are 1 pixel: any
     strip of at least 1x1 pixels fits. ``linear_layers`` lists the 10 convolutions, then the
