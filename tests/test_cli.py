@@ -13,8 +13,27 @@ from conftest import minimal
 
 
 def vflbench(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the console script in a fresh process (what a user runs)."""
     return subprocess.run([sys.executable, "-m", "vflbench.cli", *args], capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=300)
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """Run ``vflbench.cli.main`` in this process (fast), returning (exit code, stdout, stderr)."""
+    from vflbench import cli as cli_module
+
+    def call(*args: str) -> subprocess.CompletedProcess:
+        monkeypatch.setattr(sys, "argv", ["vflbench", *args])
+        code = 0
+        try:
+            cli_module.main()
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        captured = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, captured.out, captured.err)
+
+    return call
 
 
 def write(tmp_path: Path, raw: dict) -> Path:
@@ -54,31 +73,34 @@ def test_run_prints_a_table_and_writes_the_run_directory(tmp_path):
     (minimal(attacks=[{"name": "model_completion", "epoch": 3}]), [],
      "attack 'model_completion' has no parameter 'epoch'; valid parameters are: party, known_per_class, epochs"),
 ])
-def test_bad_input_gives_one_paragraph_and_exit_code_2(tmp_path, raw, overrides, expected):
+def test_bad_input_gives_one_paragraph_and_exit_code_2(tmp_path, cli, raw, overrides, expected):
     cfg = write(tmp_path, raw)
     args = ["run", str(cfg), "--out", str(tmp_path / "runs")]
     for o in overrides:
         args += ["--set", o]
-    proc = vflbench(*args)
+    proc = cli(*args)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert expected in " ".join(proc.stderr.split()), proc.stderr
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("result.json"))
 
 
-def test_missing_config_file(tmp_path):
-    proc = vflbench("run", str(tmp_path / "none.yaml"))
+def test_missing_config_file(tmp_path, cli):
+    proc = cli("run", str(tmp_path / "none.yaml"))
     assert proc.returncode == 2 and "does not exist" in proc.stderr
 
 
-def test_list_and_describe():
-    proc = vflbench("list", "datasets")
+def test_list_and_describe(cli):
+    proc = cli("list", "datasets")
     assert proc.returncode == 0 and "breast_cancer" in proc.stdout and "mnist" in proc.stdout
-    proc = vflbench("describe", "model_completion")
+    proc = cli("describe", "model_completion")
     assert proc.returncode == 0
     for word in ("paper", "threat", "reads", "known_per_class", "50"):
         assert word in proc.stdout
-    proc = vflbench("describe", "nope")
+    proc = cli("describe", "nope")
     assert proc.returncode == 2 and "valid names are" in proc.stderr
-    proc = vflbench("list", "gadgets")
-    assert proc.returncode == 2 and "valid kinds are: datasets, models, attacks, defenses" in proc.stderr
+    proc = cli("list", "gadgets")
+    assert proc.returncode == 2 and "valid kinds are: datasets, models, attacks, defenses" in " ".join(proc.stderr.split())
+
+    proc = vflbench("run", str(Path("/nonexistent.yaml")))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr

@@ -66,7 +66,7 @@ def test_run_directory_follows_the_results_contract(tmp_path):
 
 def test_mnist_lenet5_one_epoch(real_data_root):
     cfg = build_config(minimal(data={"name": "mnist"}, model={"bottom": "lenet5", "top": "mlp2"},
-                               train={"epochs": 1, "batch_size": 128, "threads": 2}))
+                               train={"epochs": 1, "batch_size": 128, "threads": 1}))
     result = run_experiment(cfg, data_root=real_data_root)
     assert result.utility.value >= 0.9
     assert result.data["slice_shapes"] == [[1, 28, 14], [1, 28, 14]]
