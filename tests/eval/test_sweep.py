@@ -109,3 +109,27 @@ def test_tune_finds_a_strength_that_meets_the_budget(tmp_path):
     assert json.loads((tmp_path / "tune.json").read_text())["chosen"]["strength"] == result.chosen["strength"]
     build_report(tmp_path)
     assert (tmp_path / "plots" / "tune.png").is_file()
+
+
+def test_ray_executor_when_installed(tmp_path):
+    pytest.importorskip("ray", reason="the Ray executor needs the `cluster` extra")
+    cfg = _sweep_config(seeds=[0], grid={"defenses.0.strength": [5.0]}, executor="ray")
+    table = run_sweep(cfg, tmp_path)
+    assert table["config_hash"].nunique() == 2 and (tmp_path / "summary.csv").is_file()
+
+
+def test_ray_executor_without_ray_says_how_to_install(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray":
+            raise ImportError("no ray")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    from vflbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"vflbench\[cluster\]"):
+        run_sweep(_sweep_config(seeds=[0], executor="ray"), tmp_path)
