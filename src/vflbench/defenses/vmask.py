@@ -49,6 +49,7 @@ from vflbench.models import init_parameters
 from vflbench.mpc.comm import DIRECTIONS, Comm
 from vflbench.mpc.dealer import Dealer
 from vflbench.mpc.layers import SharedLayer, _SecureLayerFn, mask_layer, unmask
+from vflbench.mpc.ring import RingOverflowError
 from vflbench.protocol.hooks import BindContext, Defense
 from vflbench.protocol.messages import ACTIVE
 from vflbench.protocol.party import aggregate
@@ -106,8 +107,13 @@ class MaskableLayer(nn.Module):
             if self.conv:
                 return F.conv2d(x, self.weight, self.bias, **self.config)
             return F.linear(x, self.weight, self.bias)
-        self._absorb()
-        return _SecureLayerFn.apply(x, self.weight, self.bias, self.shared)
+        try:
+            self._absorb()
+            return _SecureLayerFn.apply(x, self.weight, self.bias, self.shared)
+        except RingOverflowError as exc:
+            raise RingOverflowError(
+                f"vmask: a secret-shared layer left the fixed-point range ({exc}); training diverged or the "
+                "inputs are far outside [-2^31, 2^31]: lower train.lr, or set the defense's frac_bits lower") from None
 
     def mask(self, **kwargs: Any) -> None:
         """P_k shares the layer (Algorithm 1, lines 2-6) and drops its plaintext weight."""

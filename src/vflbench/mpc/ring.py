@@ -22,6 +22,8 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
+from vflbench.errors import VFLBenchError
+
 RING_BITS = 64
 """Bit width of the ring: shares and encodings are elements of Z_2^64 (``torch.int64``)."""
 
@@ -33,8 +35,13 @@ _LIMB_MASK = (1 << _LIMB_BITS) - 1
 _FLOAT64_EXACT_K = 1 << (53 - 2 * _LIMB_BITS)  # inner dimension up to which limb products are exact
 
 
-class RingOverflowError(OverflowError):
-    """A value does not fit the fixed-point range of the ring."""
+class RingOverflowError(VFLBenchError, OverflowError):
+    """A value does not fit the fixed-point range of the ring.
+
+    In training this means the secret-shared computation diverged (the plaintext run would show
+    inf/NaN) or its inputs are far outside the fixed-point range: lower the learning rate, scale
+    the features, or give the masked layers more integer bits (fewer ``frac_bits``).
+    """
 
 
 def max_abs(frac_bits: int = DEFAULT_FRAC_BITS) -> float:
