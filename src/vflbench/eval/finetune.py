@@ -34,7 +34,7 @@ def supervised_loss(outputs: Tensor, y: Tensor) -> Tensor:
 def complete(bottom: nn.Module, x: Tensor, y: Tensor, x_eval: Tensor, *, num_classes: int, embed_dim: int,
              head: bool = True, epochs: int = 50, optimizer: str = "adam", lr: float = 1e-3,
              batch_size: int | None = 16, head_hidden: int = 64, finetune_bottom: bool = True,
-             generator: torch.Generator) -> list[Tensor]:
+             momentum: float = 0.9, generator: torch.Generator) -> list[Tensor]:
     """Model completion's fine-tuning (VMask Algorithm 3): attach an inference head to ``bottom``
     (or none: the bottom outputs the logits), train on ``(x, y)`` for ``epochs`` passes, and return
     the model's outputs on ``x_eval`` after every pass. Used by the attack and by VMask's simulation.
@@ -45,7 +45,7 @@ def complete(bottom: nn.Module, x: Tensor, y: Tensor, x_eval: Tensor, *, num_cla
     model = nn.Sequential(*modules)
     params = model.parameters() if finetune_bottom or not head else modules[-1].parameters()
     opt = (torch.optim.Adam(params, lr=lr) if optimizer == "adam"
-           else torch.optim.SGD(params, lr=lr, momentum=0.9))
+           else torch.optim.SGD(params, lr=lr, momentum=momentum))
     size = batch_size or len(y)
     outputs = []
     for _ in range(epochs):

@@ -144,6 +144,10 @@ class Federation:
                 record["refused_updates"] = refused
             if (epoch + 1) % eval_every == 0 or epoch == epochs - 1:
                 record.update({f"test_{k}": v for k, v in self.evaluate(y_test).items()})
+            diverged = not np.isfinite(self.active.last_loss)
+            if diverged:
+                record["diverged"] = True
+                log.warning("training diverged (loss %s) in epoch %d; stopping", self.active.last_loss, epoch + 1)
             if on_epoch_end is not None:
                 on_epoch_end(epoch, record)
             history.epochs.append(record)
@@ -152,4 +156,6 @@ class Federation:
             else:
                 log.info("epoch %d/%d %s", epoch + 1, epochs,
                          " ".join(f"{k}={v:.4g}" for k, v in record.items() if isinstance(v, float)))
+            if diverged:
+                break
         return history

@@ -153,10 +153,11 @@ class ActiveModelCompletion(ModelCompletion):
                  optimizer: Literal["adam", "sgd"] = "adam", lr: float = 1e-3, batch_size: int | None = 16,
                  head_hidden: int = 64, finetune_bottom: bool = True, select: Literal["best", "last"] = "best",
                  prior: Prior = "local", every_epoch: bool = False, gamma_lr_scale_up: float = 1.0,
-                 min_ratio: float = 1.0, max_ratio: float = 5.0, legacy_zero_grad: bool = True) -> None:
+                 min_ratio: float = 1.0, max_ratio: float = 5.0, legacy_zero_grad: bool = True,
+                 momentum: float = 0.9) -> None:
         super().__init__(party=party, known_per_class=known_per_class, epochs=epochs, optimizer=optimizer, lr=lr,
                          batch_size=batch_size, head_hidden=head_hidden, finetune_bottom=finetune_bottom,
-                         select=select, prior=prior, every_epoch=every_epoch)
+                         select=select, prior=prior, every_epoch=every_epoch, momentum=momentum)
         self.gamma_lr_scale_up = gamma_lr_scale_up
         self.min_ratio = min_ratio
         self.max_ratio = max_ratio

@@ -29,7 +29,7 @@ class ModelCompletion(Attack):
     def __init__(self, *, party: str = "passive_1", known_per_class: int = 4, epochs: int = 50,
                  optimizer: Literal["adam", "sgd"] = "adam", lr: float = 1e-3, batch_size: int | None = 16,
                  head_hidden: int = 64, finetune_bottom: bool = True, select: Literal["best", "last"] = "best",
-                 prior: Prior = "local", every_epoch: bool = False) -> None:
+                 prior: Prior = "local", every_epoch: bool = False, momentum: float = 0.9) -> None:
         self.party = party
         self.known_per_class = known_per_class
         self.epochs = epochs
@@ -41,6 +41,7 @@ class ModelCompletion(Attack):
         self.select = select
         self.prior = prior
         self.every_epoch = every_epoch
+        self.momentum = momentum
         if known_per_class < 1 or epochs < 1:
             raise ValueError("known_per_class and epochs must be at least 1")
 
@@ -74,6 +75,6 @@ class ModelCompletion(Attack):
         outputs = complete(bottom, x, y, view.data.x_test, num_classes=view.scenario.num_classes,
                            embed_dim=view.scenario.embed_dim, head=head, epochs=self.epochs, optimizer=self.optimizer,
                            lr=self.lr, batch_size=self.batch_size, head_hidden=self.head_hidden,
-                           finetune_bottom=self.finetune_bottom, generator=view.generator)
+                           finetune_bottom=self.finetune_bottom, momentum=self.momentum, generator=view.generator)
         per_epoch = [LabelInference(test=Scores(test_ids, class_scores(out), "test")) for out in outputs]
         return LabelInference(per_epoch=per_epoch, details={"known_labels": len(y), "trained": True})
