@@ -32,6 +32,12 @@ def test_expand_adds_a_no_defense_baseline_per_seed_and_dedupes():
     assert sorted(p.config.seed for p in baselines) == [0, 1]
 
 
+def test_strength_grid_skips_parameter_free_defenses():
+    cfg = _sweep_config(defenses=[[{"name": "isotropic_noise"}], [{"name": "max_norm"}]], seeds=[0])
+    names = sorted((p.config.defenses[0].name if p.config.defenses else "none") for p in expand(cfg))
+    assert names == ["isotropic_noise", "isotropic_noise", "max_norm", "none"]
+
+
 def test_sweep_tables_report_and_resume(tmp_path, monkeypatch):
     cfg = _sweep_config()
     table = run_sweep(cfg, tmp_path)

@@ -79,13 +79,24 @@ def expand(cfg: ExperimentConfig) -> list[SweepPoint]:
                 raw = {**json.loads(json.dumps(base)), "defenses": json.loads(json.dumps(defenses)), "seed": seed}
                 coords: dict[str, Any] = {"seed": seed}
                 for key, value in zip(keys, values, strict=True):
-                    if key.startswith("defenses.") and not _path_exists(raw, key):
+                    if key.startswith("defenses.") and (not _path_exists(raw, key) or _knobless(raw, key)):
                         continue
                     apply_override(raw, key.split("."), value)
                     coords[key] = value
                 point = SweepPoint(build_config(raw), coords)
                 points.setdefault(point.hash, point)
     return list(points.values())
+
+
+def _knobless(raw: dict[str, Any], key: str) -> bool:
+    """Whether ``key`` is ``defenses.N.strength`` of a defense without a strength knob (e.g. max_norm)."""
+    from vflbench.defenses import DEFENSES
+
+    parts = key.split(".")
+    if len(parts) != 3 or parts[2] != "strength" or not parts[1].isdigit():
+        return False
+    name = raw["defenses"][int(parts[1])]["name"]
+    return name in DEFENSES and getattr(DEFENSES.get(name).factory, "strength_param", None) is None
 
 
 def _path_exists(raw: dict[str, Any], key: str) -> bool:
