@@ -154,7 +154,7 @@ class Federation:
             if progress is not None:
                 progress.epoch_done(record)
             else:
-                log.info("epoch %d/%d %s", epoch + 1, epochs,
+                log.debug("epoch %d/%d %s", epoch + 1, epochs,
                          " ".join(f"{k}={v:.4g}" for k, v in record.items() if isinstance(v, float)))
             if diverged:
                 break
