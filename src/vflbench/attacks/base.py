@@ -2,8 +2,10 @@
 
 An attack receives the view of ONE party, the attacker: its own features, its own trained
 models, its own transcript and per-batch observations, and the auxiliary knowledge its threat
-model grants (e.g. ``n`` known labels per class). Ground truth stays with the runner, which
-scores what the attack returns. An attack never sees another party's data, labels or models.
+model grants (e.g. ``n`` known labels per class, or an auxiliary set of labelled rows with the
+victim's features, :class:`AuxData`). Ground truth stays with the runner, which scores what the
+attack returns (:class:`LabelInference` or :class:`FeatureInference`). An attack never sees
+another party's data, labels or models.
 """
 
 from __future__ import annotations
@@ -48,6 +50,39 @@ class KnownLabels:
     labels: Tensor
 
 
+@dataclass(frozen=True)
+class AuxData:
+    """Auxiliary labelled rows the threat model grants a feature attacker (DMAVFL §3.2, D_aux).
+
+    Rows ``ids`` of the training set for which the attacker knows its own slice (``own``;
+    ``None`` when it holds no features), the victim party's slice (``victim``, in the slice's
+    shape) and the labels. Drawn by the runner (``aux_size``/``aux_fraction``, restricted to
+    ``classes`` for an out-of-distribution set, DMAVFL Table 5) and disjoint from the rows the
+    attack is scored on.
+    """
+
+    ids: Tensor
+    own: Tensor | None
+    victim: Tensor
+    labels: Tensor
+    victim_party: str
+    classes: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ReceivedEmbeddings:
+    """Embeddings the attacker received from ``sender`` through the inference protocol.
+
+    When the active party asks for predictions on rows ``ids`` of ``split``, every passive party
+    sends its embedding of those rows (after its own defenses); this is that message.
+    """
+
+    sender: str
+    split: Literal["train", "test"]
+    ids: Tensor
+    embeddings: Tensor
+
+
 @dataclass
 class BatchRecord:
     """What the attacker observed on its own side for one training batch."""
@@ -72,6 +107,8 @@ class PartyView:
     records: list[BatchRecord]
     known: KnownLabels | None
     generator: torch.Generator
+    aux: AuxData | None = None
+    received: list[ReceivedEmbeddings] = field(default_factory=list)
 
     def with_models(self, models: dict[str, nn.Module]) -> PartyView:
         """The same view with other models (e.g. randomly initialised for the scratch prior)."""
@@ -108,6 +145,24 @@ class LabelInference:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class FeatureInference:
+    """What a feature attack reconstructs. The runner scores it against the victim's features.
+
+    ``features``: the reconstruction of the victim party's slice for rows ``ids`` of ``split``,
+    in the slice's shape. ``shadow``: optionally the attacker's model of the victim's bottom
+    model (DMAVFL's encoder f_e); the runner applies it to the victim's true features of the
+    target rows and reports the embedding MSE and cosine distance to the victim's real
+    embeddings (DMAVFL Table 1, "Emb MSE"/"Emb Cos"). ``details``: diagnostics.
+    """
+
+    ids: Tensor
+    features: Tensor
+    split: Literal["train", "test"] = "test"
+    shadow: nn.Module | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
 class Attack(ABC):
     """Base class of attacks: declare the threat model, implement :meth:`infer`.
 
@@ -115,6 +170,10 @@ class Attack(ABC):
     declare the target, what the attack reads, its phase, its requirements, its paper and the
     prior its leakage is measured against; :meth:`check` enforces requirements before any
     training; malicious attacks also override :meth:`corrupt`.
+
+    Feature attacks (``target = "features"``) name their ``victim`` passive party, may ask for
+    an auxiliary set (``aux_size`` or ``aux_fraction``, optionally ``aux_classes``), and are
+    scored on ``n_targets`` rows (all when ``None``) of ``target_split``.
     """
 
     name: ClassVar[str] = ""
@@ -128,6 +187,12 @@ class Attack(ABC):
     party: str = "passive_1"
     prior: Prior = "random"
     every_epoch: bool = False
+    victim: str = "passive_1"
+    aux_size: int | None = None
+    aux_fraction: float | None = None
+    aux_classes: Sequence[int] | None = None
+    target_split: Literal["train", "test"] = "test"
+    n_targets: int | None = None
 
     def check(self, scenario: Scenario) -> None:
         """Raise :class:`CompatibilityError` if the scenario does not meet the requirements."""
@@ -136,14 +201,18 @@ class Attack(ABC):
         """Dimensions a malicious passive attacker appends to its uploaded embedding (0: none)."""
         return 0
 
-    def corrupt(self, party: Any, known: KnownLabels | None) -> None:
+    def corrupt(self, party: Any, known: KnownLabels | None, aux: AuxData | None = None,
+                generator: torch.Generator | None = None) -> None:
         """Change the attacker's own party before training (malicious attacks only).
 
         ``known`` are the labels the threat model grants (the same rows the view will hold).
+        Attacks granted an auxiliary set also get ``aux`` (the same rows as ``view.aux``) and
+        ``generator``, their own random stream for everything they do during training; the
+        runner passes both only to such attacks, so ``corrupt(party, known)`` still works.
         """
 
     @abstractmethod
-    def infer(self, view: PartyView) -> LabelInference:
+    def infer(self, view: PartyView) -> LabelInference | FeatureInference:
         """Run the attack on the attacker's view."""
 
     def local(self, view: PartyView) -> LabelInference:

@@ -4,6 +4,13 @@ The runner is the only place that holds ground truth. It checks every attack aga
 scenario before training, tells the attacker's transcript what to retain, installs the
 attacker's own observers (and, for malicious attacks, lets it corrupt its own party), then
 builds the attacker's :class:`PartyView`, runs the attack, and scores what it returns.
+
+Feature attacks (:class:`FeatureInference`) are scored by the reconstruction MSE against the
+victim's true features of the target rows (metric ``"mse"``, lower is more leakage; SSIM too
+for images, and the embedding MSE/cosine distance of the attacker's shadow model, DMAVFL
+Table 1). Their prior is the MSE of guessing the mean of the victim's slice over the attacker's
+auxiliary rows (the training mean when it has none), and ``leakage = prior - value`` in MSE
+units: positive when the attack beats that guess.
 """
 
 from __future__ import annotations
@@ -18,14 +25,27 @@ import torch
 from sklearn.metrics import roc_auc_score
 from torch import Tensor, nn
 
-from vflbench.attacks.base import Attack, BatchRecord, KnownLabels, LabelInference, PartyView, Scenario, Scores
+from vflbench.attacks.base import (
+    Attack,
+    AuxData,
+    BatchRecord,
+    FeatureInference,
+    KnownLabels,
+    LabelInference,
+    PartyView,
+    ReceivedEmbeddings,
+    Scenario,
+    Scores,
+)
 from vflbench.config import ExperimentConfig
 from vflbench.data import VerticalData, known_label_indices
+from vflbench.data.sampling import aux_indices
 from vflbench.errors import CompatibilityError, ConfigError
 from vflbench.eval.results import AttackResult
 from vflbench.eval.scenario import DEFAULT_EMBED_DIM
 from vflbench.models import build_bottom
-from vflbench.protocol import Federation, PassiveParty, StepState
+from vflbench.protocol import ACTIVE, Federation, Message, PassiveParty, StepState
+from vflbench.protocol.federation import EVAL_BATCH
 from vflbench.registry import Registry
 from vflbench.rng import generator
 
@@ -70,6 +90,7 @@ class PlannedAttack:
     spec_params: dict[str, Any]
     records: list[BatchRecord] = field(default_factory=list)
     snapshots: list[dict[str, nn.Module]] = field(default_factory=list)
+    aux: AuxData | None = None
 
 
 def known_labels(attack: Attack, y_train: Tensor, seed: int) -> KnownLabels | None:
@@ -81,6 +102,35 @@ def known_labels(attack: Attack, y_train: Tensor, seed: int) -> KnownLabels | No
     return KnownLabels(ids, y_train[ids])
 
 
+def wants_aux(attack: Attack) -> bool:
+    """Whether the attack's threat model grants an auxiliary set."""
+    return attack.aux_size is not None or attack.aux_fraction is not None
+
+
+def aux_data(attack: Attack, vd: VerticalData, own: Tensor | None, seed: int) -> AuxData | None:
+    """The auxiliary rows the attack's threat model grants (seeded per attack), or ``None``.
+
+    ``aux_size`` (a count) takes precedence over ``aux_fraction``; ``aux_classes`` restricts the
+    draw to those classes (an out-of-distribution aux set).
+    ``own`` is the attacker's own training slice (``None`` when it holds no features); the
+    victim's slice and the labels come from ``vd`` (the runner's ground truth).
+    """
+    if not wants_aux(attack):
+        return None
+    fraction = attack.aux_fraction if attack.aux_size is None else None  # a count takes precedence
+    ids = aux_indices(vd.y_train, generator=generator(seed, "attack", attack.name, "aux"), size=attack.aux_size,
+                      fraction=fraction, classes=attack.aux_classes)
+    victim = vd.passive[passive_index(attack.victim)].x_train[ids]
+    classes = tuple(int(c) for c in attack.aux_classes) if attack.aux_classes is not None else None
+    return AuxData(ids, None if own is None else own[ids].clone(), victim.clone(), vd.y_train[ids].clone(),
+                   attack.victim, classes)
+
+
+def passive_index(name: str) -> int:
+    """0-based index of passive party ``passive_<k>``."""
+    return int(name.removeprefix("passive_")) - 1
+
+
 @dataclass
 class AttackPlan:
     """Validated attacks of a config and what each party's transcript must retain."""
@@ -90,6 +140,7 @@ class AttackPlan:
     keep: dict[str, set[str]] = field(default_factory=dict)
     seed: int = 0
     y_train: Tensor | None = None
+    data: VerticalData | None = None
 
     def extra_dims(self) -> dict[str, int]:
         """Embedding dimensions malicious passive attackers append, by party."""
@@ -109,7 +160,15 @@ class AttackPlan:
             if {"model_gradient", "cut_gradient"} & set(attack.reads) and isinstance(party, PassiveParty):
                 party.observers.append(_recorder(planned, party, with_params="model_gradient" in attack.reads))
             assert self.y_train is not None
-            attack.corrupt(party, known_labels(attack, self.y_train, self.seed))
+            known = known_labels(attack, self.y_train, self.seed)
+            if wants_aux(attack):
+                assert self.data is not None
+                own = party.data.x_train if party.data is not None else None
+                planned.aux = aux_data(attack, self.data, own, self.seed)
+                attack.corrupt(party, known, aux=planned.aux,
+                               generator=generator(self.seed, "attack", attack.name, "corrupt"))
+            else:
+                attack.corrupt(party, known)
 
     def on_epoch_end(self, fed: Federation) -> None:
         """Snapshot the attacker's models for attacks evaluated at every epoch."""
@@ -137,13 +196,21 @@ def _recorder(planned: PlannedAttack, party: PassiveParty, *, with_params: bool)
 def validate_attacks(cfg: ExperimentConfig, vd: VerticalData) -> AttackPlan:
     """Check every configured attack against the scenario before any training."""
     scenario = scenario_of(cfg, vd)
-    plan = AttackPlan(scenario, seed=cfg.seed, y_train=vd.y_train)
+    plan = AttackPlan(scenario, seed=cfg.seed, y_train=vd.y_train, data=vd)
     valid_parties = [f"passive_{i + 1}" for i in range(len(vd.passive))] + ["active"]
     for spec in cfg.attacks:
         attack = create_attack(spec.name, **spec.params())
         if attack.party not in valid_parties:
             raise ConfigError(f"attack {spec.name!r}: party {attack.party!r} does not exist; "
                               f"valid parties are: {', '.join(valid_parties)}")
+        if attack.target == "features":
+            passives = valid_parties[:-1]
+            if attack.victim not in passives or attack.victim == attack.party:
+                raise ConfigError(f"attack {spec.name!r}: victim {attack.victim!r} must be a passive party other than "
+                                  f"the attacker; valid victims are: {', '.join(passives)}")
+            if attack.prior != "random":
+                raise CompatibilityError(f"attack {spec.name!r} is a feature attack: its prior is the aux-mean guess; "
+                                         "use prior: random")
         attack.check(scenario)
         if attack.prior == "local" and type(attack).local is Attack.local:
             raise CompatibilityError(f"attack {spec.name!r} has no 'local' prior; use prior: random or scratch")
@@ -208,12 +275,50 @@ def _view(run: TrainedRun, planned: PlannedAttack, models: dict[str, nn.Module] 
     attack = planned.attack
     party = {p.name: p for p in run.federation.parties()}[attack.party]
     known = known_labels(attack, run.data.y_train, run.config.seed)
-    assert party.data is not None
+    aux = planned.aux
+    if aux is None and wants_aux(attack):
+        aux = aux_data(attack, run.data, party.data.x_train if party.data is not None else None, run.config.seed)
+    received = []
+    if attack.target == "features" and "embedding" in attack.reads and party.name == ACTIVE:
+        ids, split = feature_targets(attack, run.data, aux, run.config.seed)
+        received.append(query_embeddings(run.federation, attack.victim, ids, split))
+    assert party.data is not None or attack.target == "features"
     return PartyView(
         party=party.name, scenario=scenario_of(run.config, run.data), data=party.data,
         models=models if models is not None else {k: attacker_copy(m) for k, m in party.models().items()},
         transcript=party.transcript, records=planned.records, known=known,
-        generator=generator(run.config.seed, "attack", attack.name, "run"))
+        generator=generator(run.config.seed, "attack", attack.name, "run"), aux=aux, received=received)
+
+
+def feature_targets(attack: Attack, vd: VerticalData, aux: AuxData | None, seed: int) -> tuple[Tensor, str]:
+    """The rows a feature attack is scored on: ``n_targets`` rows of ``target_split`` (all when
+    ``None``), drawn with a seeded generator; training rows never include the auxiliary rows."""
+    split = attack.target_split
+    n = len(vd.y_test) if split == "test" else len(vd.y_train)
+    allowed = torch.ones(n, dtype=torch.bool)
+    if split == "train" and aux is not None:
+        allowed[aux.ids] = False
+    rows = torch.nonzero(allowed).flatten()
+    if attack.n_targets is not None and attack.n_targets < len(rows):
+        pick = torch.randperm(len(rows), generator=generator(seed, "attack", attack.name, "targets"))
+        rows = rows[pick[: attack.n_targets]].sort().values
+    return rows, split
+
+
+def query_embeddings(fed: Federation, sender: str, ids: Tensor, split: str) -> ReceivedEmbeddings:
+    """The embeddings ``sender`` sends the active party for rows ``ids`` at inference time.
+
+    The same messages as :meth:`Federation.outputs` (through the channel, phase ``"eval"``,
+    after the sender's own defenses), for the rows the active party asks about.
+    """
+    party = {p.name: p for p in fed.passives}[sender]
+    chunks = []
+    for start in range(0, len(ids), EVAL_BATCH):
+        batch = ids[start : start + EVAL_BATCH]
+        h = party.forward(batch, epoch=-1, step=-1, split=split, train=False)  # type: ignore[arg-type]
+        chunks.append(fed.channel.send(Message("embedding", sender, ACTIVE, h, batch, -1, -1, "eval")).payload)
+    embeddings = torch.cat(chunks) if chunks else torch.empty(0)
+    return ReceivedEmbeddings(sender, split, ids, embeddings)  # type: ignore[arg-type]
 
 
 def attacker_copy(model: nn.Module) -> nn.Module:
@@ -247,6 +352,56 @@ def scratch_models(run: TrainedRun, party: str) -> dict[str, nn.Module]:
     return {"bottom": bottom}
 
 
+def feature_prior(truth: Tensor, aux: AuxData | None, train_slice: Tensor) -> float:
+    """MSE of guessing the per-feature mean of the victim's slice (aux rows, else all training rows)."""
+    reference = aux.victim if aux is not None else train_slice
+    mean = reference.float().mean(0, keepdim=True)
+    return float(((truth.float() - mean) ** 2).mean())
+
+
+@torch.no_grad()
+def score_features(inf: FeatureInference, run: TrainedRun, victim: str, aux: AuxData | None) -> tuple[float, float,
+                                                                                                      dict[str, Any]]:
+    """Reconstruction MSE (the value), the aux-mean prior, and diagnostics of a feature attack.
+
+    ``details``: ``mse`` per split, ``ssim`` for image slices (Wang et al. 2004, 11x11 Gaussian
+    window, sigma 1.5, data range 1), ``emb_mse``/``emb_cos`` between the attacker's shadow
+    model and the victim's real bottom model on the true features of the target rows (cosine
+    distance ``1 - cos`` of the embeddings, DMAVFL Table 1), and ``n_targets``.
+    """
+    from vflbench.eval.metrics import cosine_distance, ssim
+
+    part = run.data.passive[passive_index(victim)]
+    source = part.x_test if inf.split == "test" else part.x_train
+    truth = source[inf.ids].float()
+    recon = inf.features.detach().float().reshape(truth.shape)
+    recon = torch.nan_to_num(recon, nan=0.0, posinf=0.0, neginf=0.0)
+    value = float(((recon - truth) ** 2).mean())
+    prior = feature_prior(truth, aux, part.x_train)
+    details: dict[str, Any] = {**inf.details, "split": inf.split, "n_targets": len(inf.ids), "mse": value,
+                               "prior_mse": prior}
+    if part.kind == "image" and truth.dim() == 4:
+        details["ssim"] = float(ssim(recon, truth, data_range=1.0).mean())
+    if inf.shadow is not None:
+        victim_party = {p.name: p for p in run.federation.passives}[victim]
+        assert victim_party.bottom is not None
+        was = victim_party.bottom.training
+        victim_party.bottom.eval()
+        inf.shadow.eval()
+        real = torch.cat([victim_party.bottom(truth[i : i + EVAL_BATCH]) for i in range(0, len(truth), EVAL_BATCH)])
+        est = torch.cat([inf.shadow(truth[i : i + EVAL_BATCH]) for i in range(0, len(truth), EVAL_BATCH)])
+        victim_party.bottom.train(was)
+        details["emb_mse"] = float(((est - real) ** 2).mean())
+        details["emb_cos"] = float(cosine_distance(est, real).mean())
+    return value, prior, details
+
+
+def _label_inference(inference: LabelInference | FeatureInference) -> LabelInference:
+    if not isinstance(inference, LabelInference):
+        raise CompatibilityError(f"a label attack returned {type(inference).__name__}")
+    return inference
+
+
 def run_attacks(plan: AttackPlan, run: TrainedRun) -> tuple[list[AttackResult], dict[str, float]]:
     """Run every planned attack on ``run``; return scored results and seconds per attack."""
     results, seconds = [], {}
@@ -254,15 +409,26 @@ def run_attacks(plan: AttackPlan, run: TrainedRun) -> tuple[list[AttackResult], 
     for planned in plan.attacks:
         attack = planned.attack
         tic = time.perf_counter()
+        if attack.target == "features":
+            view = _view(run, planned)
+            inference = attack.infer(view)
+            if not isinstance(inference, FeatureInference):
+                raise CompatibilityError(f"feature attack {attack.name!r} returned {type(inference).__name__}")
+            value, prior, details = score_features(inference, run, attack.victim, view.aux)
+            seconds[attack.name] = time.perf_counter() - tic
+            results.append(AttackResult(name=attack.name, target=attack.target, metric="mse", value=value,
+                                        prior=prior, prior_name="aux_mean", leakage=prior - value,
+                                        details={"params": planned.spec_params, **details}))
+            continue
         metric = metric_name(run.data.num_classes)
         select = getattr(attack, "select", "best")
         view = _view(run, planned)
-        value, details = score_inference(attack.infer(view), y_train, y_test, metric, select)
+        value, details = score_inference(_label_inference(attack.infer(view)), y_train, y_test, metric, select)
         if attack.prior == "random":
             prior = random_prior(metric, run.data.num_classes)
         elif attack.prior == "scratch":
-            prior, prior_details = score_inference(attack.infer(view.with_models(scratch_models(run, attack.party))),
-                                                   y_train, y_test, metric, select)
+            scratch = _label_inference(attack.infer(view.with_models(scratch_models(run, attack.party))))
+            prior, prior_details = score_inference(scratch, y_train, y_test, metric, select)
             details["scratch"] = prior_details
         else:
             local_view = view.with_models(scratch_models(run, attack.party))
@@ -273,8 +439,8 @@ def run_attacks(plan: AttackPlan, run: TrainedRun) -> tuple[list[AttackResult], 
             per_epoch = []
             for snapshot in planned.snapshots:
                 models = {k: copy.deepcopy(m) for k, m in snapshot.items()}
-                per_epoch.append(score_inference(attack.infer(view.with_models(models)), y_train, y_test,
-                                                 metric, select)[0])
+                per_epoch.append(score_inference(_label_inference(attack.infer(view.with_models(models))), y_train,
+                                                 y_test, metric, select)[0])
         seconds[attack.name] = time.perf_counter() - tic
         results.append(AttackResult(name=attack.name, target=attack.target, metric=metric, value=value,
                                     prior=prior, prior_name=attack.prior, leakage=100.0 * (value - prior),

@@ -42,8 +42,10 @@ def create_defense(name: str, **params: Any) -> Defense:
         raise ConfigError(f"defense {name!r}: {exc}") from None
 
 
-from vflbench.defenses import gradient  # noqa: E402,F401  (register)
-from vflbench.defenses import labels  # noqa: E402,F401  (register)
+from vflbench.defenses import gradient  # noqa: E402,F401,I001  (register)
 from vflbench.defenses import regularizers  # noqa: E402,F401  (register)
-from vflbench.defenses import vmask  # noqa: E402,F401  (register)
+from vflbench.defenses import labels  # noqa: E402,F401  (register)
+from vflbench.defenses import labobf  # noqa: E402,F401  (register)
+from vflbench.defenses import detectors  # noqa: E402,F401  (register)
 from vflbench.defenses import paillier  # noqa: E402,F401  (register)
+from vflbench.defenses import vmask  # noqa: E402,F401  (register)

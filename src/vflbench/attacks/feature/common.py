@@ -1,0 +1,337 @@
+"""Shared machinery of the malicious active-party feature attacks (DMAVFL, AGN, FSHA).
+
+A malicious active party (DMAVFL §3.2) replaces the honest training task: :meth:`corrupt`
+swaps the party's ``step`` (and, where the attack has a classifier, ``predict``) for the
+attack's own, by setting instance attributes on the party, so the training loop itself is
+unchanged and the victim applies whatever cut gradient the attack sends. The attack's models
+(shadow model, decoder, discriminator) are added to what the party's ``models()`` returns, so
+that they are checkpointed and reach the attacker's :class:`PartyView` (deep copies) after
+training. The adversary's own bottom model f_a is the active party's bottom model.
+
+Models (DMAVFL Appendix B, Table 10, adapted to our flat embeddings):
+
+* shadow model / encoder f_e: the scenario's bottom architecture (``shadow_model``, default
+  the config's ``model.bottom``, which every party knows) built for the victim's slice shape
+  with the attacker's own random initialisation (DMAVFL §6.1: "configured identically to the
+  passive clients' bottom model"); ``shadow_options`` are its model options;
+* decoder f_d: for image strips a small CNN ("CNN layer * 3"): Linear to a 64-channel map of
+  a quarter of the strip's height and width, two (2x nearest upsampling, 3x3 conv, BatchNorm,
+  ReLU) stages with 32 and 16 channels, a 3x3 conv to the strip's channels and a sigmoid
+  (images are in [0, 1]), cropped to the strip; for tabular slices an MLP with two hidden
+  layers of ``hidden`` units and a linear output ("MLP layer * 3");
+* discriminators: MLPs on the (flat) embeddings with two hidden layers of ``hidden`` units and
+  LeakyReLU(0.2) (URVFL's CNN discriminators act on spatial feature maps, which our bottoms do
+  not output).
+
+All attack models are initialised from the generator the runner passes to ``corrupt`` (the
+attack's own stream); auxiliary batches are drawn from the same generator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vflbench.attacks.base import (
+    Attack,
+    AuxData,
+    FeatureInference,
+    KnownLabels,
+    PartyView,
+    Phase,
+    ReceivedEmbeddings,
+    Scenario,
+    Target,
+    require,
+)
+from vflbench.data.base import PartySlice
+from vflbench.errors import ConfigError
+from vflbench.models import build_bottom, init_parameters
+from vflbench.protocol import ActiveParty
+
+THREAT = "malicious active party with auxiliary labelled samples of the victim's feature space"
+DMAVFL_PAPER = ("Yao et al., Leveraging Label Information for Stealthy Data Stealing in Vertical Federated Learning "
+                "(DMAVFL, arXiv 2404.19582; URVFL, NDSS 2025); duanyiyao/URVFL")
+EVAL_CHUNK = 1024
+
+
+def mlp(in_dim: int, hidden: Sequence[int], out_dim: int, *, leaky: bool = False) -> nn.Sequential:
+    """Linear layers with ReLU (or LeakyReLU(0.2)) between them; a linear output."""
+    layers: list[nn.Module] = []
+    width = in_dim
+    for h in hidden:
+        layers += [nn.Linear(width, h), nn.LeakyReLU(0.2) if leaky else nn.ReLU()]
+        width = h
+    layers.append(nn.Linear(width, out_dim))
+    return nn.Sequential(*layers)
+
+
+class ImageDecoder(nn.Module):
+    """Flat vector -> image strip (C, H, W): Linear, two upsampling conv stages, conv, sigmoid."""
+
+    def __init__(self, in_dim: int, shape: Sequence[int], width: int = 64) -> None:
+        super().__init__()
+        c, h, w = (int(s) for s in shape)
+        self.shape = (c, h, w)
+        self.h0, self.w0 = math.ceil(h / 4), math.ceil(w / 4)
+        self.width = width
+        half, quarter = max(1, width // 2), max(1, width // 4)
+        self.fc = nn.Linear(in_dim, width * self.h0 * self.w0)
+        self.net = nn.Sequential(
+            nn.ReLU(),
+            nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2d(width, half, 3, padding=1),
+            nn.BatchNorm2d(half), nn.ReLU(),
+            nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2d(half, quarter, 3, padding=1),
+            nn.BatchNorm2d(quarter), nn.ReLU(),
+            nn.Conv2d(quarter, c, 3, padding=1), nn.Sigmoid(),
+        )
+
+    def forward(self, z: Tensor) -> Tensor:  # noqa: D102
+        c, h, w = self.shape
+        out = self.net(self.fc(z).view(-1, self.width, self.h0, self.w0))
+        return out[:, :, :h, :w]
+
+
+def decoder_for(in_dim: int, sample: Tensor, *, hidden: int, width: int) -> nn.Module:
+    """The decoder f_d from ``in_dim`` values to one sample shaped like ``sample`` (one row)."""
+    if sample.dim() == 3:
+        return ImageDecoder(in_dim, tuple(sample.shape), width)
+    out = int(math.prod(sample.shape))
+    return nn.Sequential(mlp(in_dim, (hidden, hidden), out), nn.Unflatten(1, tuple(sample.shape)))
+
+
+def class_indices(targets: Tensor) -> Tensor:
+    """Class indices of a batch of targets (soft rows decoded by argmax, one logit by rounding)."""
+    if targets.dtype == torch.long:
+        return targets
+    if targets.dim() == 2:
+        return targets.argmax(1)
+    return targets.round().long()
+
+
+class AuxBatches:
+    """Batches of auxiliary row positions: a fresh permutation from ``generator`` each pass."""
+
+    def __init__(self, n: int, generator: torch.Generator) -> None:
+        self.n = n
+        self.generator = generator
+        self._order = torch.empty(0, dtype=torch.long)
+
+    def next(self, size: int) -> Tensor:
+        """The next ``size`` positions (``min(size, n)``), wrapping into a new permutation."""
+        size = min(size, self.n)
+        if len(self._order) < size:
+            self._order = torch.cat([self._order, torch.randperm(self.n, generator=self.generator)])
+        out, self._order = self._order[:size], self._order[size:]
+        return out
+
+    def epoch(self, size: int) -> list[Tensor]:
+        """One pass over all rows in batches of ``size`` (a fresh permutation)."""
+        order = torch.randperm(self.n, generator=self.generator)
+        return [order[i : i + size] for i in range(0, self.n, size)]
+
+
+def hijack(party: ActiveParty, name: str, *, step: Callable[..., list[Tensor]],
+           predict: Callable[..., Tensor] | None = None, models: dict[str, nn.Module] | None = None) -> None:
+    """Replace the active party's protocol behaviour by instance attributes (the loop is unchanged).
+
+    ``name`` (the attack's) is kept as ``party.hijacked_by``.
+    """
+    party.step = step  # type: ignore[method-assign]
+    party.hijacked_by = name  # type: ignore[attr-defined]
+    if predict is not None:
+        party.predict = predict  # type: ignore[method-assign]
+    if models:
+        own = party.models
+
+        def all_models() -> dict[str, nn.Module]:
+            return {**own(), **models}
+
+        party.models = all_models  # type: ignore[method-assign]
+
+
+def received_from(view: PartyView, sender: str) -> ReceivedEmbeddings:
+    """The inference-time embeddings the view holds from ``sender``."""
+    for r in view.received:
+        if r.sender == sender:
+            return r
+    raise ConfigError(f"the attacker's view holds no embeddings from {sender!r}")
+
+
+@dataclass
+class Adversary:
+    """The live state of one malicious active party during training."""
+
+    party: ActiveParty
+    aux: AuxData
+    batches: AuxBatches
+    generator: torch.Generator
+    own: nn.Module | None
+    shadow: nn.Module | None
+    decoder: nn.Module
+    discriminator: nn.Module
+    optimizers: dict[str, torch.optim.Optimizer]
+
+
+class MaliciousActiveAttack(Attack):
+    """Base of the malicious active-party feature attacks (target ``features``, phase ``malicious``).
+
+    Subclasses build their models in :meth:`build` and implement :meth:`attack_step`; the
+    default reconstruction is ``f_d(cat(f_a(x_a), h_victim))`` with the embeddings the victim
+    sends at inference time. ``aux_size`` (a count) takes precedence over ``aux_fraction``.
+    """
+
+    target: ClassVar[Target] = "features"
+    phase: ClassVar[Phase] = "malicious"
+    reads = ("embedding",)
+    threat = THREAT
+    party = "active"
+    has_shadow: ClassVar[bool] = True
+
+    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,
+                 aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
+                 n_targets: int | None = None, aux_batch_size: int = 128, lr: float = 1e-4,
+                 shadow_model: str | None = None, shadow_options: dict[str, Any] | None = None,
+                 hidden: int = 256, decoder_width: int = 64) -> None:
+        if aux_size is None and aux_fraction is None:
+            raise ValueError("a malicious feature attack needs an auxiliary set: give aux_size or aux_fraction")
+        if target_split not in ("train", "test"):
+            raise ValueError(f"target_split must be 'train' or 'test', got {target_split!r}")
+        if aux_batch_size < 1 or hidden < 1 or decoder_width < 4 or lr <= 0:
+            raise ValueError("aux_batch_size and hidden must be >= 1, decoder_width >= 4 and lr > 0")
+        self.victim = victim
+        self.aux_size = aux_size
+        self.aux_fraction = aux_fraction
+        self.aux_classes = aux_classes
+        self.target_split = target_split
+        self.n_targets = n_targets
+        self.aux_batch_size = aux_batch_size
+        self.lr = lr
+        self.shadow_model = shadow_model
+        self.shadow_options = shadow_options
+        self.hidden = hidden
+        self.decoder_width = decoder_width
+
+    # -- threat model --------------------------------------------------------------------
+
+    def check(self, scenario: Scenario) -> None:
+        """Remember the public scenario (bottom architecture, embedding width, classes)."""
+        require(scenario.num_parties >= 2, self.name, "it needs at least one passive party")
+        self.scenario_ = scenario
+
+    def corrupt(self, party: Any, known: KnownLabels | None, aux: AuxData | None = None,
+                generator: torch.Generator | None = None) -> None:
+        """Build the adversary's models on ``aux``, run its pretraining, and take over ``step``."""
+        require(isinstance(party, ActiveParty), self.name, "the attacker must be the active party")
+        require(aux is not None and generator is not None, self.name, "it needs its auxiliary set (aux_size or "
+                "aux_fraction)")
+        assert aux is not None and generator is not None
+        require(len(aux.ids) >= 2, self.name, "its auxiliary set needs at least 2 rows")
+        require(not getattr(party, "hijacked_by", None), self.name,
+                f"the active party is already run by malicious attack {getattr(party, 'hijacked_by', None)!r}; "
+                "configure one malicious active-party attack per run")
+        self.state_ = self.build(party, aux, generator)
+        self.pretrain(self.state_)
+        s = self.state_
+        models: dict[str, nn.Module] = {"decoder": s.decoder, "discriminator": s.discriminator}
+        if s.shadow is not None:
+            models["shadow"] = s.shadow
+        hijack(party, self.name, step=self._step, predict=self.predictor(s), models=models)
+
+    # -- building blocks ----------------------------------------------------------------
+
+    def make_shadow(self, aux: AuxData, generator: torch.Generator) -> nn.Module:
+        """f_e: the scenario's bottom architecture for the victim's slice, our own initialisation."""
+        name = self.shadow_model or self.scenario_.bottom
+        part = PartySlice(aux.victim, aux.victim[:0], "image" if aux.victim.dim() == 4 else "tabular")
+        return build_bottom(name, part, self.scenario_.embed_dim, generator, **(self.shadow_options or {}))
+
+    def own_width(self, party: ActiveParty, aux: AuxData) -> int:
+        """Width of the adversary's own embedding f_a(x_a) (0 when it holds no features)."""
+        if party.bottom is None or aux.own is None:
+            return 0
+        with torch.no_grad():
+            return int(party.bottom.eval()(aux.own[:2]).shape[1])
+
+    def adam(self, modules: Sequence[nn.Module | None], lr: float, **kwargs: Any) -> torch.optim.Optimizer:
+        """Adam over the parameters of ``modules``."""
+        params = [p for m in modules if m is not None for p in m.parameters()]
+        return torch.optim.Adam(params, lr=lr, **kwargs)
+
+    def build(self, party: ActiveParty, aux: AuxData, generator: torch.Generator) -> Adversary:
+        """Create the adversary's models and optimizers."""
+        raise NotImplementedError
+
+    def pretrain(self, state: Adversary) -> None:
+        """Training before the VFL run starts (none by default)."""
+
+    def predictor(self, state: Adversary) -> Callable[..., Tensor] | None:
+        """A replacement for the party's ``predict`` (``None``: keep the honest one)."""
+        return None
+
+    def attack_step(self, state: Adversary, ids: Tensor, h: Tensor, y: Tensor) -> tuple[Tensor, float]:
+        """The malicious gradient for the victim's embedding ``h`` (a leaf) and the attack loss."""
+        raise NotImplementedError
+
+    def _step(self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int,
+              senders: Sequence[str]) -> list[Tensor]:
+        s = self.state_
+        k = list(senders).index(self.victim)
+        h = received[k].detach().requires_grad_()
+        y = class_indices(s.party.objective.targets[ids])
+        g, loss = self.attack_step(s, ids, h, y)
+        s.party.last_loss = loss
+        # Only the victim is attacked; other passive parties receive zero gradients.
+        grads = [torch.zeros_like(r) for r in received]
+        grads[k] = g.detach()
+        return grads
+
+    def reconstruction_loss(self, state: Adversary, rows: Tensor) -> Tensor:
+        """Eq. (1): MSE(f_d(f_a(x_a) || f_e(x_p)), x_p) on auxiliary rows ``rows``."""
+        aux = state.aux
+        assert state.shadow is not None
+        parts = []
+        if state.own is not None and aux.own is not None:
+            parts.append(state.own(aux.own[rows]))
+        parts.append(state.shadow(aux.victim[rows]))
+        return F.mse_loss(state.decoder(torch.cat(parts, 1)), aux.victim[rows])
+
+    # -- reconstruction -----------------------------------------------------------------
+
+    def decode(self, models: dict[str, nn.Module], own_x: Tensor | None, h: Tensor) -> Tensor:
+        """x_t = f_d(f_a(x_a) || h) (DMAVFL §5.4)."""
+        parts = []
+        if own_x is not None and "bottom" in models:
+            parts.append(models["bottom"](own_x))
+        parts.append(h)
+        return models["decoder"](torch.cat(parts, 1))
+
+    @torch.no_grad()
+    def infer(self, view: PartyView) -> FeatureInference:
+        """Reconstruct the victim's slice of the target rows from what the victim sent."""
+        r = received_from(view, self.victim)
+        for m in view.models.values():
+            m.eval()
+        own_all = None
+        if view.data is not None:
+            own_all = view.data.x_test if r.split == "test" else view.data.x_train
+        chunks = []
+        for i in range(0, len(r.ids), EVAL_CHUNK):
+            ids = r.ids[i : i + EVAL_CHUNK]
+            own_x = own_all[ids] if own_all is not None else None
+            chunks.append(self.decode(view.models, own_x, r.embeddings[i : i + EVAL_CHUNK]))
+        features = torch.cat(chunks) if chunks else torch.empty(0)
+        shadow = view.models.get("shadow") if self.has_shadow else None
+        return FeatureInference(r.ids, features, r.split, shadow=shadow, details={"aux_rows": len(view.aux.ids)
+                                                                                 if view.aux is not None else 0})
+
+
+def seeded(module: nn.Module, generator: torch.Generator) -> nn.Module:
+    """Initialise ``module`` from ``generator`` (the attack's own stream)."""
+    return init_parameters(module, generator)

@@ -1,0 +1,184 @@
+"""DMAVFL and DMAVFL_sync (Yao et al., arXiv 2404.19582, Algorithms 1-3; URVFL code).
+
+The malicious active party steals the victim's features with a discriminator with auxiliary
+classifier (DAC) over 2C classes:
+
+1. **Pretraining** (Algorithm 1, in :meth:`corrupt`, ``pretrain_epochs`` passes over the aux
+   set, Adam ``lr``): the adversary's bottom f_a (its own slice), the encoder/shadow f_e (the
+   victim's slice) and the decoder f_d minimise Eq. (1), ``MSE(f_d(f_a(x_a) || f_e(x_p)), x_p)``.
+   f_a, f_e and f_d are then frozen.
+2. **Malicious gradient generation** (Algorithm 2, every training batch, in place of the honest
+   step): with y the batch labels, the victim receives ``dL_M/dh`` of
+   ``L_M = CE(D(h), y+)`` (Eq. 4) INSTEAD of the honest cut gradient; then the DAC takes one
+   Adam step (``disc_lr``) on ``L_D = CE(D(h), y-) + CE(D(f_e(x_aux)), y_aux+)`` (Eq. 5) with a
+   batch of ``aux_batch_size`` aux rows. Class indices follow URVFL's ``cls_pretrain``: the
+   "fake" label y- of a real victim embedding of class y is ``2y``, the "real" label y+ of a
+   shadow embedding of class y is ``2y + 1``, so the victim is pushed towards "shadow embedding
+   of the same class".
+3. **Reconstruction** (§5.4): ``f_d(f_a(x_a) || h)`` with the embeddings h the victim sends at
+   inference time.
+
+``dmavfl_sync`` (Algorithm 3) has no pretraining (``pretrain_epochs=0``); each batch first takes
+one Eq. (1) step of f_a, f_e, f_d on an aux batch, then computes L_M, sends its gradient and
+updates the DAC with the updated encoder's aux embeddings.
+
+Utility: the malicious party has no honest top model any more; its predictions are the DAC's
+(class scores ``logsumexp`` over the real/fake pair of each class), which is what a deployed
+DMAVFL would answer with.
+
+Defaults follow URVFL's ``config_cifar.json`` (Adam 1e-4 for every model, pretraining 20
+epochs, batch 128) and DMAVFL §6.1 (aux = 10% of the training rows); the VFL epochs, batch size
+and the victim's optimizer are the config's ``train`` section.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vflbench.attacks.base import AuxData
+from vflbench.attacks.feature.common import (
+    DMAVFL_PAPER,
+    Adversary,
+    AuxBatches,
+    MaliciousActiveAttack,
+    decoder_for,
+    mlp,
+    seeded,
+)
+from vflbench.attacks.runner import ATTACKS
+from vflbench.protocol import ActiveParty
+
+
+@ATTACKS.register("dmavfl", summary="DMAVFL: malicious active party, pretrained encoder/decoder + 2C-class DAC")
+class DMAVFL(MaliciousActiveAttack):
+    """DMAVFL (Algorithms 1-2): pretrain f_a/f_e/f_d on aux, then DAC malicious gradients.
+
+    Parameters: ``victim`` (the passive party attacked), ``aux_size``/``aux_fraction`` (default
+    10% of the training rows, DMAVFL §6.1) and ``aux_classes`` (out-of-distribution aux),
+    ``target_split``/``n_targets`` (rows scored), ``pretrain_epochs`` (20), ``lr`` (1e-4, f_a,
+    f_e, f_d), ``disc_lr`` (1e-4, the DAC), ``aux_batch_size`` (128), ``shadow_model`` /
+    ``shadow_options`` (f_e's architecture, default the config's bottom), ``hidden`` (256,
+    width of the DAC and tabular decoder), ``decoder_width`` (64, channels of the image decoder).
+    """
+
+    name = "dmavfl"
+    paper = DMAVFL_PAPER
+    sync: ClassVar[bool] = False
+
+    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,
+                 aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
+                 n_targets: int | None = None, pretrain_epochs: int = 20, aux_batch_size: int = 128,
+                 lr: float = 1e-4, disc_lr: float = 1e-4, shadow_model: str | None = None,
+                 shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64) -> None:
+        super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
+                         target_split=target_split, n_targets=n_targets, aux_batch_size=aux_batch_size, lr=lr,
+                         shadow_model=shadow_model, shadow_options=shadow_options, hidden=hidden,
+                         decoder_width=decoder_width)
+        if pretrain_epochs < 0 or disc_lr <= 0:
+            raise ValueError("pretrain_epochs must be >= 0 and disc_lr > 0")
+        self.pretrain_epochs = pretrain_epochs
+        self.disc_lr = disc_lr
+
+    def build(self, party: ActiveParty, aux: AuxData, generator: torch.Generator) -> Adversary:  # noqa: D102
+        own = party.bottom if aux.own is not None else None
+        shadow = self.make_shadow(aux, generator)
+        embed = self.scenario_.embed_dim
+        decoder = seeded(decoder_for(self.own_width(party, aux) + embed, aux.victim[0], hidden=self.hidden,
+                                      width=self.decoder_width), generator)
+        dac = seeded(mlp(embed, (self.hidden, self.hidden), 2 * self.scenario_.num_classes, leaky=True), generator)
+        optimizers = {"autoencoder": self.adam([own, shadow, decoder], self.lr),
+                      "discriminator": self.adam([dac], self.disc_lr)}
+        return Adversary(party, aux, AuxBatches(len(aux.ids), generator), generator, own, shadow, decoder, dac,
+                         optimizers)
+
+    def _train_mode(self, state: Adversary, training: bool) -> None:
+        for m in (state.own, state.shadow, state.decoder):
+            if m is not None:
+                m.train(training)
+
+    def autoencoder_step(self, state: Adversary, rows: Tensor) -> float:
+        """One Adam step of f_a, f_e, f_d on Eq. (1) for aux rows ``rows``."""
+        self._train_mode(state, True)
+        opt = state.optimizers["autoencoder"]
+        opt.zero_grad(set_to_none=True)
+        loss = self.reconstruction_loss(state, rows)
+        loss.backward()
+        opt.step()
+        return float(loss.detach())
+
+    def pretrain(self, state: Adversary) -> None:
+        """Algorithm 1 for ``pretrain_epochs`` passes over the aux set; then freeze f_a, f_e, f_d."""
+        losses = []
+        for _ in range(self.pretrain_epochs):
+            total = [self.autoencoder_step(state, rows) for rows in state.batches.epoch(self.aux_batch_size)]
+            losses.append(sum(total) / len(total))
+        self.pretrain_losses_ = losses
+        self._train_mode(state, False)
+
+    def attack_step(self, state: Adversary, ids: Tensor, h: Tensor, y: Tensor) -> tuple[Tensor, float]:  # noqa: D102
+        rows = state.batches.next(self.aux_batch_size)
+        if self.sync:
+            self.autoencoder_step(state, rows)  # Algorithm 3: f_a, f_e, f_d keep training on aux
+            self._train_mode(state, False)
+        dac = state.discriminator
+        dac.train()
+        loss_m = F.cross_entropy(dac(h), 2 * y + 1)  # Eq. (4): push h towards "shadow of class y"
+        (g,) = torch.autograd.grad(loss_m, h)
+        assert state.shadow is not None
+        with torch.no_grad():
+            h_aux = state.shadow(state.aux.victim[rows])
+        y_aux = state.aux.labels[rows]
+        loss_d = F.cross_entropy(dac(h.detach()), 2 * y) + F.cross_entropy(dac(h_aux), 2 * y_aux + 1)  # Eq. (5)
+        opt = state.optimizers["discriminator"]
+        opt.zero_grad(set_to_none=True)
+        loss_d.backward()
+        opt.step()
+        return g, float(loss_m.detach())
+
+    def predictor(self, state: Adversary) -> Callable[..., Tensor] | None:
+        """Class scores from the DAC: ``logsumexp`` of each class's two logits (victim embedding only)."""
+        party, num_classes = state.party, self.scenario_.num_classes
+        if party.objective.out_dim != num_classes:
+            return None
+        victim = self.victim
+
+        @torch.no_grad()
+        def predict(ids: Tensor, received: Sequence[Tensor], split: str) -> Tensor:
+            h = received[_senders(len(received)).index(victim)]
+            state.discriminator.eval()
+            return state.discriminator(h).view(-1, num_classes, 2).logsumexp(2)
+
+        return predict
+
+
+def _senders(n: int) -> list[str]:
+    """Names of the senders of ``n`` received embeddings (passive parties in order)."""
+    return [f"passive_{i + 1}" for i in range(n)]
+
+
+@ATTACKS.register("dmavfl_sync", summary="DMAVFL_sync: DMAVFL with encoder/decoder trained alongside (Algorithm 3)")
+class DMAVFLSync(DMAVFL):
+    """DMAVFL_sync (Algorithm 3): no pretraining; f_a, f_e, f_d take an Eq. (1) step every batch.
+
+    Same parameters as :class:`DMAVFL`; ``pretrain_epochs`` defaults to 0 (the paper's sync
+    replaces the pretraining).
+    """
+
+    name = "dmavfl_sync"
+    sync = True
+
+    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,
+                 aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
+                 n_targets: int | None = None, pretrain_epochs: int = 0, aux_batch_size: int = 128,
+                 lr: float = 1e-4, disc_lr: float = 1e-4, shadow_model: str | None = None,
+                 shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64) -> None:
+        super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
+                         target_split=target_split, n_targets=n_targets, pretrain_epochs=pretrain_epochs,
+                         aux_batch_size=aux_batch_size, lr=lr, disc_lr=disc_lr, shadow_model=shadow_model,
+                         shadow_options=shadow_options, hidden=hidden, decoder_width=decoder_width)
+

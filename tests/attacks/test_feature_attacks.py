@@ -1,0 +1,215 @@
+"""Feature attacks by a malicious active party (DMAVFL, DMAVFL_sync, AGN, FSHA), their scoring and SSIM.
+
+Runs on scikit-learn's digits (8x8 images, left/right 8x4 strips) with small settings: 300 aux
+rows, a few epochs, Adam 3e-3 for the victim and 1e-3 for the attacker (the papers' 1e-4 needs far
+more steps).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import minimal
+from test_label_attacks import _tensors
+
+from vflbench.attacks import ATTACKS
+from vflbench.attacks.base import FeatureInference
+from vflbench.attacks.runner import _view, aux_data, feature_targets, run_attacks, validate_attacks
+from vflbench.config import build_config
+from vflbench.errors import CompatibilityError, ConfigError
+from vflbench.eval.metrics import cosine_distance, gaussian_window, ssim
+from vflbench.eval.run import run_experiment, train_run
+from vflbench.eval.scenario import build_federation, load_vertical_data
+
+TRAIN = {"epochs": 6, "batch_size": 32, "optimizer": "adam", "lr": 3e-3}
+SMALL = {"aux_size": 300, "aux_batch_size": 32, "lr": 1e-3, "disc_lr": 3e-4}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _cfg(attack: dict, train: dict | None = None, defenses: list | None = None):
+    return build_config(minimal(train={**TRAIN, **(train or {})}, attacks=[attack], defenses=defenses or []))
+
+
+@pytest.fixture(scope="module")
+def dmavfl_and_agn():
+    """One DMAVFL run and one AGN run with the same VFL settings."""
+    out = {}
+    for name, extra in (("dmavfl", {"pretrain_epochs": 20}), ("agn", {})):
+        cfg = _cfg({"name": name, **SMALL, **extra})
+        vd = load_vertical_data(cfg)
+        plan = validate_attacks(cfg, vd)
+        run = train_run(cfg, vd, attacks=plan)
+        [result], _ = run_attacks(plan, run)
+        out[name] = (result, run)
+    return out
+
+
+def test_dmavfl_reconstructs_better_than_agn(dmavfl_and_agn):
+    dm, _ = dmavfl_and_agn["dmavfl"]
+    agn, _ = dmavfl_and_agn["agn"]
+    assert dm.metric == agn.metric == "mse" and dm.target == "features"
+    assert dm.value < agn.value
+    assert dm.value < 0.9 * dm.prior  # beats guessing the aux mean
+    assert dm.leakage == pytest.approx(dm.prior - dm.value)
+    assert dm.prior_name == "aux_mean"
+    assert 0.0 < dm.details["ssim"] <= 1.0 and dm.details["ssim"] > agn.details["ssim"]
+    assert {"emb_mse", "emb_cos"} <= set(dm.details) and "emb_mse" not in agn.details  # AGN has no shadow
+    assert dm.details["n_targets"] == 360 and dm.details["split"] == "test"
+
+
+def test_malicious_active_party_never_trains_its_top_model(dmavfl_and_agn):
+    for name in ("dmavfl", "agn"):
+        _, run = dmavfl_and_agn[name]
+        active = run.federation.active
+        assert active.hijacked_by == name
+        assert "decoder" in active.models() and "discriminator" in active.models()
+        fresh = build_config(minimal(train=TRAIN))
+        vd = load_vertical_data(fresh)
+        honest_top = build_federation(fresh, vd).active.top
+        for p, q in zip(active.top.parameters(), honest_top.parameters(), strict=True):
+            assert torch.equal(p, q)  # the top model is never stepped
+
+
+def test_dmavfl_utility_comes_from_its_discriminator(dmavfl_and_agn):
+    _, run = dmavfl_and_agn["dmavfl"]
+    acc = run.history.epochs[-1]["test_accuracy"]
+    assert acc > 0.2  # the DAC classifies (10 classes; chance 0.1)
+
+
+@pytest.mark.parametrize("name", ["dmavfl_sync", "fsha"])
+def test_other_malicious_attacks_run_and_report(name):
+    params = {**SMALL, **({"lr": 1e-3} if name == "fsha" else {})}
+    [a] = run_experiment(_cfg({"name": name, **params}, {"epochs": 2})).attacks
+    assert a.metric == "mse" and math.isfinite(a.value) and a.value >= 0
+    assert a.prior > 0 and "emb_cos" in a.details and "ssim" in a.details
+
+
+def test_feature_attacker_view_carries_no_victim_state():
+    cfg = _cfg({"name": "dmavfl", **SMALL, "pretrain_epochs": 1}, {"epochs": 1})
+    vd = load_vertical_data(cfg)
+    plan = validate_attacks(cfg, vd)
+    run = train_run(cfg, vd, attacks=plan)
+    victim = run.federation.passives[0]
+    forbidden = [vd.y_train, vd.y_test, vd.passive[0].x_train, vd.passive[0].x_test, *victim.bottom.parameters()]
+    [planned] = plan.attacks
+    view = _view(run, planned)
+    assert view.party == "active"
+    assert {"bottom", "top", "shadow", "decoder", "discriminator"} == set(view.models)
+    assert all("active" in (m.sender, m.receiver) for m in view.transcript.messages)
+    assert [r.sender for r in view.received] == ["passive_1"] and len(view.received[0].ids) == len(vd.y_test)
+    assert view.aux is not None and len(view.aux.ids) == 300 and view.aux.victim_party == "passive_1"
+    reachable = list(_tensors(view))
+    assert reachable
+    for t in reachable:
+        for f in forbidden:
+            same_storage = t.untyped_storage().data_ptr() == f.untyped_storage().data_ptr()
+            assert not same_storage and not (t.shape == f.shape and torch.equal(t, f))
+    # what it may hold: its own slice, aux rows of the victim's slice, the victim's messages
+    assert torch.equal(view.aux.victim, vd.passive[0].x_train[view.aux.ids])
+    inference = planned.attack.infer(view)
+    assert isinstance(inference, FeatureInference) and inference.features.shape == vd.passive[0].x_test.shape
+
+
+def test_aux_rows_are_disjoint_from_train_targets_and_can_leave_classes_out():
+    cfg = _cfg({"name": "dmavfl", **SMALL, "aux_classes": [0, 1, 2], "target_split": "train", "n_targets": 200})
+    vd = load_vertical_data(cfg)
+    plan = validate_attacks(cfg, vd)
+    attack = plan.attacks[0].attack
+    aux = aux_data(attack, vd, vd.active.x_train, cfg.seed)
+    assert set(aux.labels.tolist()) <= {0, 1, 2} and aux.classes == (0, 1, 2)
+    ids, split = feature_targets(attack, vd, aux, cfg.seed)
+    assert split == "train" and len(ids) == 200
+    assert not set(ids.tolist()) & set(aux.ids.tolist())
+    again = aux_data(attack, vd, vd.active.x_train, cfg.seed)
+    assert torch.equal(aux.ids, again.ids)  # seeded
+
+
+def test_aux_size_takes_precedence_over_fraction():
+    cfg = _cfg({"name": "agn", "aux_size": 50, "aux_fraction": 0.5})
+    vd = load_vertical_data(cfg)
+    attack = validate_attacks(cfg, vd).attacks[0].attack
+    assert len(aux_data(attack, vd, None, 0).ids) == 50
+
+
+@pytest.mark.parametrize(("attack", "error", "message"), [
+    ({"name": "dmavfl", "victim": "passive_2"}, ConfigError, "victim 'passive_2' must be a passive party"),
+    ({"name": "dmavfl", "prior": "scratch"}, ConfigError, "no parameter 'prior'"),
+])
+def test_bad_feature_attack_configs_fail_before_training(attack, error, message):
+    cfg = _cfg(attack)
+    with pytest.raises(error, match=message):
+        validate_attacks(cfg, load_vertical_data(cfg))
+
+
+def test_two_malicious_active_attacks_are_refused_before_training():
+    cfg = build_config(minimal(train=TRAIN, attacks=[{"name": "agn", **SMALL}, {"name": "fsha", **SMALL}]))
+    vd = load_vertical_data(cfg)
+    with pytest.raises(CompatibilityError, match="already run by malicious attack 'agn'"):
+        train_run(cfg, vd, attacks=validate_attacks(cfg, vd))
+
+
+def test_feature_attacks_declare_their_threat_model():
+    for name in ("dmavfl", "dmavfl_sync", "agn", "fsha"):
+        cls = ATTACKS.get(name).factory
+        assert cls.target == "features" and cls.phase == "malicious" and cls.reads == ("embedding",)
+        assert cls.party == "active" and "auxiliary labelled samples" in cls.threat
+
+
+# -- SSIM and distances -------------------------------------------------------------------
+
+
+def test_ssim_of_identical_images_is_one_and_noise_lowers_it():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(4, 1, 28, 14, generator=g)
+    assert torch.allclose(ssim(x, x), torch.ones(4, dtype=x.dtype))
+    noisy = (x + 0.1 * torch.randn(x.shape, generator=g)).clamp(0, 1)
+    noisier = (x + 0.4 * torch.randn(x.shape, generator=g)).clamp(0, 1)
+    s1, s2 = ssim(x, noisy), ssim(x, noisier)
+    assert (s1 < 1).all() and (s2 < s1).all()
+    assert torch.allclose(ssim(noisy, x), s1)  # symmetric
+
+
+def test_ssim_of_constant_images_is_the_luminance_term():
+    # constant images have zero variance: SSIM = (2ab + C1)/(a^2 + b^2 + C1), C1 = (0.01 L)^2
+    a, b = 0.3, 0.6
+    expected = (2 * a * b + 1e-4) / (a * a + b * b + 1e-4)
+    got = ssim(torch.full((16, 16), a, dtype=torch.float64), torch.full((16, 16), b, dtype=torch.float64))
+    assert float(got) == pytest.approx(expected, abs=1e-12)
+
+
+def test_ssim_on_one_window_matches_the_weighted_formula():
+    # an 11x11 image has one window position, so SSIM is Wang et al.'s formula with Gaussian weights
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(11, 11, generator=g, dtype=torch.float64)
+    y = (0.7 * x + 0.2 + 0.05 * torch.rand(11, 11, generator=g, dtype=torch.float64)).clamp(0, 1)
+    w = gaussian_window(11, 1.5)
+    assert float(w.sum()) == pytest.approx(1.0) and w[5, 5] == w.max()
+    mx, my = (w * x).sum(), (w * y).sum()
+    vx, vy = (w * (x - mx) ** 2).sum(), (w * (y - my) ** 2).sum()
+    cxy = (w * (x - mx) * (y - my)).sum()
+    c1, c2 = (0.01) ** 2, (0.03) ** 2
+    expected = ((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx**2 + my**2 + c1) * (vx + vy + c2))
+    assert float(ssim(x, y)) == pytest.approx(float(expected), abs=1e-10)
+    # data range scales the constants: images in [0, 255] with L = 255 give the same value
+    assert float(ssim(255 * x, 255 * y, data_range=255.0)) == pytest.approx(float(expected), abs=1e-9)
+
+
+def test_ssim_is_defined_on_strips_smaller_than_the_window():
+    x = torch.rand(3, 1, 8, 4, generator=torch.Generator().manual_seed(2))
+    assert torch.allclose(ssim(x, x), torch.ones(3))
+    assert (ssim(x, 1 - x) < 0.5).all()
+
+
+def test_cosine_distance():
+    a = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    b = torch.tensor([[0.0, 2.0], [2.0, 2.0]])
+    assert torch.allclose(cosine_distance(a, b), torch.tensor([1.0, 0.0]), atol=1e-6)

@@ -1,0 +1,202 @@
+"""SplitGuard, Gradients Scrutinizer and received-gradient DP on digits.
+
+Settings are small (digits, batch 32, a few epochs, 300 aux rows). SplitGuard starts scoring
+after 100 batches (its N; the original's 20 batches fall inside DMAVFL's first epoch of attack,
+when its discriminator still separates real from shadow embeddings without the labels) and
+sends fake batches with p = 0.2 so that its 10-score window fills within the run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import minimal
+
+from vflbench.attacks.runner import run_attacks, validate_attacks
+from vflbench.config import build_config
+from vflbench.defenses import create_defense
+from vflbench.defenses.detectors import (
+    GradientScrutinizer,
+    SplitGuard,
+    _Running,
+    scrutinizer_score,
+    splitguard_score,
+)
+from vflbench.errors import ConfigError
+from vflbench.eval.run import train_run
+from vflbench.eval.scenario import load_vertical_data
+from vflbench.protocol import BindContext, StepState, default_objective
+
+SG = {"name": "splitguard", "p_fake": 0.2, "start": 100, "window": 10}
+GS = {"name": "gradient_scrutinizer"}
+AUX = {"aux_size": 300, "aux_batch_size": 32, "lr": 1e-3, "disc_lr": 3e-4}
+ATTACKS = {"honest": None, "dmavfl": {"name": "dmavfl", **AUX, "pretrain_epochs": 20},
+           "fsha": {"name": "fsha", **AUX}}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _run(attack: str, defense: dict, *, epochs: int, lr: float):
+    spec = ATTACKS[attack]
+    cfg = build_config(minimal(train={"epochs": epochs, "batch_size": 32, "optimizer": "adam", "lr": lr},
+                               defenses=[defense], attacks=[spec] if spec else []))
+    vd = load_vertical_data(cfg)
+    plan = validate_attacks(cfg, vd)
+    run = train_run(cfg, vd, attacks=plan)
+    [detector] = run.federation.passives[0].defenses
+    return run, plan, detector
+
+
+@pytest.mark.parametrize(("attack", "flagged"), [("honest", False), ("dmavfl", False), ("fsha", True)])
+def test_splitguard_flags_fsha_but_not_honest_training_or_dmavfl(attack, flagged):
+    run, plan, sg = _run(attack, SG, epochs=8 if attack != "fsha" else 5, lr=1e-3)
+    scores = [s for _, _, s in sg.scores_]
+    assert len(scores) >= 10
+    assert (sg.detected_step_ is not None) == flagged
+    if flagged:
+        assert sum(scores[:10]) / 10 < 0.5  # FSHA ignores the labels: fake and regular gradients look alike
+        # after detection every update is refused
+        halted = [r for r in run.history.epochs if r["epoch"] > sg.detected_epoch_]
+        assert halted and all(r["refused_updates"] == 45 for r in halted)
+    else:
+        assert sum(scores[-10:]) / 10 > 0.9
+    if attack == "dmavfl":
+        [result], _ = run_attacks(plan, run)
+        assert result.value < result.prior  # the stealthy attack still reconstructs
+    record = run.history.epochs[-1]
+    assert "splitguard.passive_1.detected" in record and isinstance(record["splitguard.passive_1.scores"], list)
+
+
+def test_gradient_scrutinizer_flags_fsha_but_not_honest_training():
+    _, _, honest = _run("honest", GS, epochs=7, lr=3e-4)
+    _, _, fsha = _run("fsha", GS, epochs=3, lr=3e-4)
+    h = [s for _, _, s in honest.scores_]
+    assert len(h) >= 5 and honest.detected_step_ is None and min(h) > 0.5
+    assert fsha.detected_step_ == 51 and fsha.scores_[0][2] < 0.1  # no same/different-label gap at all
+
+
+def test_gradient_scrutinizer_scores_dmavfl_far_above_fsha():
+    """DMAVFL's label-dependent gradients keep a same/different-label gap that FSHA lacks.
+
+    On digits the original GS still ends up flagging DMAVFL (its scores fall as the
+    discriminator is fooled; see docs/reproduction_dmavfl.md), so the threshold is 0 here and only
+    the scores are compared.
+    """
+    _, _, dm = _run("dmavfl", {**GS, "threshold": 0.0}, epochs=4, lr=3e-4)
+    _, _, fsha = _run("fsha", {**GS, "threshold": 0.0}, epochs=4, lr=3e-4)
+    d = [s for _, _, s in dm.scores_]
+    f = [s for _, _, s in fsha.scores_]
+    assert len(d) == len(f) >= 3
+    assert d[0] > 0.2 and sum(d) / len(d) > 3 * sum(f) / len(f)
+
+
+# -- coordination and score functions -------------------------------------------------------
+
+
+def _bind(defense, party: str, num_classes: int = 10, seed: int = 0):
+    defense.bind(BindContext(party, "vhnn", num_classes, 2, torch.Generator().manual_seed(seed + hash(party) % 97),
+                             torch.Generator().manual_seed(seed)))
+    return defense
+
+
+def test_splitguard_sides_agree_on_fake_batches_and_randomise_their_labels():
+    active, passive = _bind(SplitGuard(p_fake=0.3), "active"), _bind(SplitGuard(p_fake=0.3), "passive_1")
+    y = torch.randint(0, 10, (500,), generator=torch.Generator().manual_seed(3))
+    objective = active.transform_labels(default_objective(y, 10, single_logit=False))
+    assert len(objective.targets) == 500
+    fakes = 0
+    for b in range(100):
+        ids = torch.randperm(500, generator=torch.Generator().manual_seed(b))[:32]
+        fake = passive.is_fake(ids)
+        assert fake == active.is_fake(ids)
+        got = objective.targets[ids]
+        if fake:
+            fakes += 1
+            assert (got != y[ids]).all() and ((got >= 0) & (got < 10)).all()
+            assert torch.equal(got, objective.targets[ids])  # deterministic per batch
+        else:
+            assert torch.equal(got, y[ids])
+    assert 15 <= fakes <= 45
+
+
+def test_gradient_scrutinizer_passive_side_gets_the_labels_from_the_active_side():
+    y = torch.arange(20) % 3
+    active = _bind(GradientScrutinizer(), "active")
+    active.transform_labels(default_objective(y, 3, single_logit=False))
+    passive = _bind(GradientScrutinizer(start=3, every=1), "passive_1")
+    assert torch.equal(passive.labels_, y)
+    g = torch.randn(20, 4, generator=torch.Generator().manual_seed(0))
+    state = StepState(0, 0, torch.arange(20), "passive_1")
+    assert passive.on_received_gradient(g, state) is g
+    assert len(passive.same_mean_) == 1 and 0.0 <= passive.diff_mean_[0] <= 1.0
+
+
+def test_splitguard_score_is_high_when_fakes_differ_and_low_when_alike():
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(50, dtype=torch.float64, generator=g)
+
+    def running(vectors):
+        r = _Running()
+        for v in vectors:
+            r.add(v)
+        return r
+
+    def noisy(v, n, scale=0.1):
+        return [v + scale * torch.randn(v.shape, dtype=torch.float64, generator=g) for _ in range(n)]
+
+    r1, r2 = running(noisy(base, 20)), running(noisy(base, 20))
+    honest = splitguard_score(running(noisy(-3 * base, 5)), r1, r2, mult=5, exp=2, shift=0)
+    hijacked = splitguard_score(running(noisy(base, 5)), r1, r2, mult=5, exp=2, shift=0)
+    assert honest > 0.99 and hijacked < 0.5
+
+
+def test_scrutinizer_score_separates_a_label_gap_from_none():
+    n = 60
+    steady = [0.5] * n
+    gap = scrutinizer_score(steady, [0.9] * n, [0.05] * n, [0.05] * n, 50)
+    none = scrutinizer_score(steady, [0.5] * n, [0.05] * n, [0.05] * n, 50)
+    # gap 0.286 -> m_gap 0.606, err 0 -> m_err 2, disjoint -> m_iou 1: sigmoid(5 (1.21 - 0.7))
+    assert gap == pytest.approx(1 / (1 + math.exp(-5 * (0.2857 ** 0.4 * 2 - 0.7))), rel=1e-3)
+    assert gap > 0.9 and none < 0.05
+
+
+# -- received-gradient DP -------------------------------------------------------------------
+
+
+def _state():
+    return StepState(0, 0, torch.arange(64), "passive_1")
+
+
+def test_received_gradient_dp_is_the_identity_at_infinite_epsilon():
+    dp = _bind(create_defense("received_gradient_dp", epsilon=math.inf), "passive_1")
+    g = torch.randn(64, 16)
+    assert dp.on_received_gradient(g, _state()) is g
+    assert create_defense("received_gradient_dp", strength=0.5).epsilon == 0.5
+
+
+def test_received_gradient_dp_noise_has_the_laplace_scale_and_clipping_bounds_rows():
+    dp = _bind(create_defense("received_gradient_dp", epsilon=2.0, clip=1.0), "passive_1")
+    b = 64
+    small = torch.full((b, 16), 1e-4 / b)  # per-sample L1 norm 1.6e-3 < clip: not clipped
+    noise = torch.cat([(dp.on_received_gradient(small, _state()) - small) * b for _ in range(40)]).double()
+    scale = 2 * 1.0 / 2.0  # 2 clip / epsilon
+    assert noise.mean().abs() < 0.02
+    assert noise.abs().mean() == pytest.approx(scale, rel=0.03)  # E|Lap(b)| = b
+    assert noise.std() == pytest.approx(math.sqrt(2) * scale, rel=0.05)
+    big = torch.full((b, 16), 10.0 / b)  # per-sample L1 norm 160: clipped to 1
+    weak = _bind(create_defense("received_gradient_dp", epsilon=1e9, clip=1.0), "passive_1")
+    out = weak.on_received_gradient(big, _state()) * b
+    assert torch.allclose(out.abs().sum(1), torch.ones(b, dtype=out.dtype), atol=1e-5)
+
+
+def test_received_gradient_dp_rejects_bad_parameters():
+    with pytest.raises(ConfigError, match="epsilon and clip must be > 0"):
+        create_defense("received_gradient_dp", epsilon=0.0)
