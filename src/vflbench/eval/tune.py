@@ -71,17 +71,14 @@ def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: floa
         return bool(entry["meets"])
 
     strong, weak = (high, low) if larger_is_stronger else (low, high)
-    if trial(strong):
-        if trial(weak):
-            pass
-        else:
-            lo_s, hi_s = weak, strong
-            for _ in range(max(steps - 2, 0)):
-                mid = math.sqrt(lo_s * hi_s)
-                if trial(mid):
-                    hi_s = mid
-                else:
-                    lo_s = mid
+    if trial(strong) and not trial(weak):
+        failing, meeting = weak, strong
+        for _ in range(max(steps - 2, 0)):
+            mid = math.sqrt(failing * meeting)
+            if trial(mid):
+                meeting = mid
+            else:
+                failing = mid
     meeting = [t for t in result.trace if t["meets"]]
     result.chosen = min(meeting, key=lambda t: t["utility_loss"]) if meeting else None
     collect(out, points)
