@@ -139,3 +139,19 @@ def test_ray_executor_without_ray_says_how_to_install(tmp_path, monkeypatch):
 
     with pytest.raises(ConfigError, match=r"vflbench\[cluster\]"):
         run_sweep(_sweep_config(seeds=[0], executor="ray"), tmp_path)
+
+
+def test_budget_sweep_reports_the_mask_ratio_and_plots_it(tmp_path):
+    """VMask Fig. 8 in a report: a smaller budget masks more layers (budget 0 masks every layer
+    after the first epoch, budget 1 nothing after the first epoch's initial mask of layer 1)."""
+    raw = minimal(model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 3, "momentum": 0.0},
+                  defenses=[{"name": "vmask", "aux_size": 300, "mc_epochs": 5}],
+                  attacks=[{"name": "model_completion", "epochs": 2}])
+    raw["sweep"] = {"grid": {"defenses.0.strength": [0.0, 1.0]}}
+    run_sweep(build_config(raw), tmp_path)
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    ratio = summary.dropna(subset=["strength"]).groupby("strength")["mask_ratio"].first()
+    assert ratio[0.0] == pytest.approx((1 / 3 + 1 + 1) / 3) and ratio[1.0] == pytest.approx(1 / 9)
+    assert summary[summary["defense"] == "none"]["mask_ratio"].isna().all()
+    report = build_report(tmp_path).read_text()
+    assert "budget_vmask.png" in report and (tmp_path / "plots" / "budget_vmask.png").stat().st_size > 10_000

@@ -184,6 +184,16 @@ def _strength(defenses: list[dict[str, Any]]) -> float | None:
     return None
 
 
+def _final_mask_ratio(metrics: Path) -> float | None:
+    """VMask's mask ratio over the whole training (its Fig. 8 definition), from the last epoch's
+    record of ``metrics.jsonl``; ``None`` for runs without a masking defense."""
+    if not metrics.is_file():
+        return None
+    lines = metrics.read_text().splitlines()
+    last = json.loads(lines[-1]) if lines else {}
+    return next((float(v) for k, v in last.items() if k.endswith(".mask_ratio")), None)
+
+
 def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
     """Build the tidy table from the finished runs and write summary.csv and scores.csv."""
     rows = []
@@ -197,6 +207,9 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
                 "strength": _strength(result["defense"]), "seed": cfg.seed, "config_hash": point.hash,
                 "utility_metric": result["utility"]["metric"], "utility": result["utility"]["value"],
                 "train_seconds": result["timing"]["train_seconds"]}
+        ratio = _final_mask_ratio(out_dir / RUNS / point.hash / "metrics.jsonl")
+        if ratio is not None:
+            base["mask_ratio"] = ratio
         if not result["attacks"]:
             rows.append({**base, "attack": None})
         for a in result["attacks"]:

@@ -64,6 +64,28 @@ def _tsne(directory: Path, summary: pd.DataFrame, limit: int = 6) -> list[tuple[
     return panels
 
 
+def _mask_ratio_figures(summary: pd.DataFrame, d: Path) -> list[tuple[str, Path]]:
+    """VMask Fig. 8: main accuracy, attack value and mask ratio against the privacy budget, one
+    plot per masking defense swept over more than one budget (means over seeds)."""
+    if "mask_ratio" not in summary:
+        return []
+    figures = []
+    masked = summary.dropna(subset=["mask_ratio", "strength"])
+    for defense, group in masked.groupby("defense"):
+        if group["strength"].nunique() < 2:
+            continue
+        per_run = group.groupby(["strength", "seed"]).agg(utility=("utility", "first"),
+                                                          mask_ratio=("mask_ratio", "first")).groupby("strength").mean()
+        ys = {"main utility": per_run["utility"].tolist(), "mask ratio": per_run["mask_ratio"].tolist()}
+        for attack, rows in group.dropna(subset=["attack"]).groupby("attack"):
+            ys[f"{attack} value"] = rows.groupby("strength")["attack_value"].mean().reindex(per_run.index).tolist()
+        budgets = per_run.index.tolist()
+        figures.append((f"{defense}: utility, attack value and mask ratio against the budget",
+                        plots.line(budgets, ys, "privacy budget (strength)", f"{defense}: effect of the budget",
+                                   d / "plots" / f"budget_{defense}.png", diagonal=True)))
+    return figures
+
+
 def build_report(directory: str | Path) -> Path:
     """Write report.md, report.html and plots/*.png for a sweep directory; return report.md."""
     d = Path(directory)
@@ -83,6 +105,7 @@ def build_report(directory: str | Path) -> Path:
     if panels:
         figures.append(("t-SNE of the attacker's embeddings per defense",
                         plots.tsne_panels(panels, d / "plots" / "tsne.png")))
+    figures += _mask_ratio_figures(summary, d)
     tune = json.loads((d / "tune.json").read_text()) if (d / "tune.json").is_file() else None
     if tune:
         trace = pd.DataFrame(tune["trace"])

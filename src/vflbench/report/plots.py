@@ -89,11 +89,15 @@ def tsne_panels(panels: list[tuple[str, np.ndarray, np.ndarray]], path: Path) ->
     return _save(fig, path)
 
 
-def line(x: list[float], ys: dict[str, list[float]], xlabel: str, title: str, path: Path) -> Path:
-    """A simple multi-line plot (e.g. mask ratio and attack value against the privacy budget)."""
+def line(x: list[float], ys: dict[str, list[float]], xlabel: str, title: str, path: Path, *,
+         diagonal: bool = False) -> Path:
+    """A simple multi-line plot (e.g. mask ratio and attack value against the privacy budget);
+    ``diagonal`` adds the line y = x (an attack value on it equals the budget)."""
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
     for label, y in ys.items():
         ax.plot(x, y, marker="o", label=label)
+    if diagonal:
+        ax.plot(x, x, color="grey", linestyle=":", linewidth=1.2, label="y = budget")
     ax.set_xlabel(xlabel)
     ax.set_title(title)
     ax.legend(fontsize=8)
