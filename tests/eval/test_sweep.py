@@ -10,6 +10,7 @@ import yaml
 from conftest import minimal
 
 from vflbench.config import build_config
+from vflbench.errors import ConfigError
 from vflbench.eval import sweep as sweep_mod
 from vflbench.eval.sweep import expand, run_sweep
 from vflbench.eval.tune import tune
@@ -155,3 +156,11 @@ def test_budget_sweep_reports_the_mask_ratio_and_plots_it(tmp_path):
     assert summary[summary["defense"] == "none"]["mask_ratio"].isna().all()
     report = build_report(tmp_path).read_text()
     assert "budget_vmask.png" in report and (tmp_path / "plots" / "budget_vmask.png").stat().st_size > 10_000
+
+
+def test_invalid_grid_fails_before_any_run(tmp_path):
+    raw = minimal(defenses=[{"name": "isotropic_noise", "alpha": 1.0}], attacks=[{"name": "norm_scoring"}])
+    raw["sweep"] = {"grid": {"defenses.0.strength": [1.0, 5.0]}}
+    with pytest.raises(ConfigError, match="give 'strength' or 'alpha', not both"):
+        run_sweep(build_config(raw), tmp_path)
+    assert not (tmp_path / "runs").exists()

@@ -126,6 +126,22 @@ def is_done(out_dir: Path, point: SweepPoint) -> bool:
     return (out_dir / RUNS / point.hash / "result.json").is_file()
 
 
+def _check_points(points: Sequence[SweepPoint]) -> None:
+    """Build every point's defenses and attacks before anything runs, so that a bad grid value
+    (an unknown parameter, a strength given twice) fails the sweep at once, not after hours."""
+    from vflbench.attacks.runner import create_attack
+    from vflbench.defenses import create_defense
+
+    for point in points:
+        try:
+            for spec in point.config.defenses:
+                create_defense(spec.name, **spec.params())
+            for spec in point.config.attacks:
+                create_attack(spec.name, **spec.params())
+        except (ConfigError, ValueError, TypeError) as exc:
+            raise ConfigError(f"sweep point {point.hash} (seed {point.config.seed}) is invalid: {exc}") from None
+
+
 def run_sweep(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = False, data_root: str | None = None,
               workers: int | None = None, runner: Callable[[dict[str, Any], str, str | None], str] = _run_point,
               on_done: Callable[[SweepPoint], None] | None = None) -> pd.DataFrame:
@@ -133,6 +149,7 @@ def run_sweep(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = Fals
     out = Path(out_dir)
     settings = sweep_settings(cfg)
     points = expand(cfg)
+    _check_points(points)
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "sweep.yaml", cfg.to_yaml())
     todo = [p for p in points if not (resume and is_done(out, p))]
