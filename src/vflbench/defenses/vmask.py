@@ -216,6 +216,8 @@ class VMask(Defense):
     0.9) are the fine-tuning recipe under which model completion leaked most in our Table II
     runs, and the estimate is only useful if it simulates the attack the defender fears, so
     set them to the attack's recipe (docs/reproduction.md, docs/decisions.md).
+    ``shadow_epochs`` (default 1, as Algorithm 6) passes over the auxiliary set per VFL epoch let
+    a run shortened to fewer VFL epochs give the shadow model the paper's number of steps.
     """
 
     name = "vmask"
@@ -228,7 +230,7 @@ class VMask(Defense):
 
     def __init__(self, *, budget: float = 0.25, sigma: float = 0.01, aux_size: int = 640, known_per_class: int = 4,
                  mc_epochs: int = 20, mc_optimizer: str = "sgd", mc_lr: float = 0.01,
-                 mc_batch_size: int | None = 16, mc_momentum: float = 0.9, frac_bits: int = 16,
+                 mc_batch_size: int | None = 16, mc_momentum: float = 0.9, shadow_epochs: int = 1, frac_bits: int = 16,
                  truncation: str = "reveal", layers: list[int] | None = None, attacker_view: str = "reinit") -> None:
         self.budget = budget
         self.sigma = sigma
@@ -239,14 +241,15 @@ class VMask(Defense):
         self.mc_lr = mc_lr
         self.mc_batch_size = mc_batch_size
         self.mc_momentum = mc_momentum
+        self.shadow_epochs = shadow_epochs
         self.frac_bits = frac_bits
         self.truncation = truncation
         self.layers = layers
         self.attacker_view = attacker_view
         if attacker_view not in ("reinit", "share"):
             raise ValueError(f"attacker_view must be 'reinit' or 'share', got {attacker_view!r}")
-        if sigma < 0 or aux_size < 1 or known_per_class < 1 or mc_epochs < 1:
-            raise ValueError("sigma must be >= 0 and aux_size, known_per_class, mc_epochs >= 1")
+        if sigma < 0 or aux_size < 1 or known_per_class < 1 or mc_epochs < 1 or shadow_epochs < 1:
+            raise ValueError("sigma must be >= 0 and aux_size, known_per_class, mc_epochs, shadow_epochs >= 1")
         if mc_optimizer not in ("sgd", "adam"):
             raise ValueError(f"mc_optimizer must be 'sgd' or 'adam', got {mc_optimizer!r}")
 
@@ -316,7 +319,8 @@ class VMask(Defense):
     # -- Algorithm 6: shadow model update -------------------------------------------------------------
 
     def _shadow_update(self) -> dict[str, Tensor]:
-        """One epoch of every shadow model on the auxiliary set through the frozen top model."""
+        """``shadow_epochs`` passes (Algorithm 6: one) of every shadow model over the auxiliary set
+        through the frozen top model; the gradient norms are summed over all steps."""
         extra = self.context_.extra
         if "aux_x" not in extra:
             raise CompatibilityError("vmask needs an auxiliary set (aux_size) granted by the scenario")
@@ -331,9 +335,10 @@ class VMask(Defense):
         for p in frozen:
             p.requires_grad_(False)
         norms = {n: torch.zeros(len(self.parties_[n].grad_norm), dtype=torch.float64) for n in names}
-        order = torch.randperm(len(y_aux), generator=self._gen("shadow", len(self.ratios_)))
+        generator = self._gen("shadow", len(self.ratios_))
+        orders = [torch.randperm(len(y_aux), generator=generator) for _ in range(self.shadow_epochs)]
         try:
-            for start in range(0, len(y_aux), batch):
+            for order, start in ((o, s) for o in orders for s in range(0, len(y_aux), batch)):
                 ids = order[start : start + batch]
                 embeddings = []
                 for n in names:
