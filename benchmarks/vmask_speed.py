@@ -66,7 +66,7 @@ def measure(dataset: str, bottom: str, data_root: str, blocks: int, steps: int, 
     feds = {name: build(dataset, bottom, d, data_root, rows) for name, d in VARIANTS.items()}
     ids = torch.randperm(rows, generator=torch.Generator().manual_seed(0))
     times = {name: [] for name in feds}
-    dealer = {name: 0.0 for name in feds}
+    dealer = dict.fromkeys(feds, 0.0)
     for f in feds.values():  # warm-up
         for s in range(3):
             f.train_step(ids[s * 128:(s + 1) * 128], epoch=0, step=s)
@@ -113,7 +113,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for r in results:
         for n in VARIANTS:
-            print(f"| {r['bottom']}, {r['dataset']} | {n} | {r['per_step_ms'][n]:.1f} | {r['dealer_ms_per_step'][n]:.1f} "
+            print(f"| {r['bottom']}, {r['dataset']} | {n} | {r['per_step_ms'][n]:.1f} "
+                  f"| {r['dealer_ms_per_step'][n]:.1f} "
                   f"| {r['per_epoch_ratio'][n]:.2f} | {r['online_per_epoch_ratio'][n]:.2f} |")
         print(f"| {r['bottom']}, {r['dataset']} | VMask end-of-epoch work | {r['epoch_end_seconds']:.1f} s | | | |")
 

@@ -100,7 +100,8 @@ def test_list_and_describe(cli):
     proc = cli("describe", "nope")
     assert proc.returncode == 2 and "valid names are" in proc.stderr
     proc = cli("list", "gadgets")
-    assert proc.returncode == 2 and "valid kinds are: datasets, models, attacks, defenses" in " ".join(proc.stderr.split())
+    assert proc.returncode == 2
+    assert "valid kinds are: datasets, models, attacks, defenses" in " ".join(proc.stderr.split())
 
     proc = vflbench("run", str(Path("/nonexistent.yaml")))
     assert proc.returncode == 2 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr

@@ -44,7 +44,8 @@ def test_bad_override_syntax_and_index():
 
 @pytest.mark.parametrize(("algorithm", "aggregation"), [("vlr", "concat"), ("vlr", "mean")])
 def test_aggregation_not_allowed_by_algorithm(algorithm, aggregation):
-    with pytest.raises(ConfigError, match=f"aggregation '{aggregation}' is not allowed with {algorithm}; {algorithm} allows: sum"):
+    message = f"aggregation '{aggregation}' is not allowed with {algorithm}; {algorithm} allows: sum"
+    with pytest.raises(ConfigError, match=message):
         build_config(minimal(train={"algorithm": algorithm, "aggregation": aggregation},
                              model={"bottom": "logreg", "top": "identity"}))
 

@@ -106,7 +106,8 @@ class ExperimentConfig(_Strict):
                              f"{algo} allows: {', '.join(allowed)}")
         if algo == "vlr":
             if self.model.bottom not in (None, "logreg"):
-                raise ValueError(f"VLR uses logreg bottom models, got {self.model.bottom!r}; use vhnn for neural bottoms")
+                raise ValueError(f"VLR uses logreg bottom models, got {self.model.bottom!r}; "
+                                 "use vhnn for neural bottoms")
             if self.model.top not in (None, "identity"):
                 raise ValueError(f"VLR has no top model (top: identity), got {self.model.top!r}")
         return self

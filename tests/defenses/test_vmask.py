@@ -68,11 +68,13 @@ def test_passive_party_never_holds_the_plaintext_weight_of_a_masked_layer():
         ids = torch.randperm(len(vd.y_train), generator=g)[:64]
         fed.train_step(ids, epoch=0, step=step)
         secrets = [oracle_effective_weight(layer.shared)[0].float() for layer in party.bottom.layers()]
-        held = list(_tensors(party.bottom)) + list(_tensors(party.optimizer.state)) + list(_tensors(party.transcript))
+        held = (list(_tensors(party.bottom)) + list(_tensors(party.optimizer.state))
+                + list(_tensors(party.transcript)))
         for secret in secrets:
             for t in held:
                 if t.shape == secret.shape and t.is_floating_point():
-                    assert not torch.allclose(t.float(), secret, atol=1e-3), "plaintext weight found at the passive party"
+                    assert not torch.allclose(t.float(), secret, atol=1e-3), (
+                        "plaintext weight found at the passive party")
 
 
 def test_attacker_copy_reinitialises_masked_layers():

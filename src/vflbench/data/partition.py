@@ -63,11 +63,13 @@ def _column_groups(ds: Dataset, parts: int, split: Split,
     n_features = ds.x_train.shape[1]
     if split == "columns" or columns is not None:
         if columns is None:
-            raise DataError("data.split 'columns' needs data.columns: one list of column indices per feature-holding party.")
+            raise DataError("data.split 'columns' needs data.columns: "
+                            "one list of column indices per feature-holding party.")
         if len(columns) != parts:
             raise DataError(
                 f"{ds.name}: data.columns has {len(columns)} lists but {parts} parties hold "
-                f"features; give one list per party (passive parties first, then the active party when it holds features)."
+                f"features; give one list per party "
+                f"(passive parties first, then the active party when it holds features)."
             )
         seen: set[int] = set()
         for group in columns:
@@ -109,13 +111,15 @@ def partition(
     slices: list[PartySlice] = []
     if ds.kind == "image":
         if split not in ("auto", "width", "height"):
-            raise DataError(f"{ds.name} is an image dataset: data.split must be 'width' or 'height' (or 'auto'), got {split!r}")
+            raise DataError(f"{ds.name} is an image dataset: "
+                            f"data.split must be 'width' or 'height' (or 'auto'), got {split!r}")
         dim = 2 if split == "height" else 3
         for a, b in _cuts(ds.x_train.shape[dim], holders, "pixel columns" if dim == 3 else "pixel rows", ds.name):
             index = [slice(None)] * 4
             index[dim] = slice(a, b)
             slices.append(PartySlice(ds.x_train[tuple(index)].contiguous(),
-                                     ds.x_test[tuple(index)].contiguous(), "image", meta={"range": (a, b), "axis": "height" if dim == 2 else "width"}))
+                                     ds.x_test[tuple(index)].contiguous(), "image",
+                                     meta={"range": (a, b), "axis": "height" if dim == 2 else "width"}))
     elif ds.kind == "text":
         if split not in ("auto", "even"):
             raise DataError(f"{ds.name} is a text dataset: data.split must be 'even' (or 'auto'), got {split!r}")
@@ -132,7 +136,8 @@ def partition(
             local_cat = [i for i, c in enumerate(group) if c in categorical]
             if standardise:
                 x_tr, x_te = _standardise(x_tr, x_te, local_cat)
-            meta = {"categorical": tuple(local_cat), "cardinalities": tuple(cards[group[i]] for i in local_cat)} if local_cat else {}
+            meta = ({"categorical": tuple(local_cat), "cardinalities": tuple(cards[group[i]] for i in local_cat)}
+                    if local_cat else {})
             slices.append(PartySlice(x_tr.contiguous(), x_te.contiguous(), "tabular", tuple(group), meta))
     passive = tuple(slices[: parties - 1])
     active = slices[parties - 1] if active_has_features else None

@@ -206,7 +206,8 @@ class PartyState:
     estimates: list[float] = field(default_factory=list)
 
 
-@DEFENSES.register("vmask", summary="secret-shared layer masking with shadow-model layer selection under a privacy budget")
+@DEFENSES.register("vmask",
+                   summary="secret-shared layer masking with shadow-model layer selection under a privacy budget")
 class VMask(Defense):
     """VMask (Tan et al., NDSS 2025), Algorithm 4 with layer selection with replacement.
 
@@ -272,7 +273,8 @@ class VMask(Defense):
         chosen = list(range(n)) if self.layers is None else list(self.layers)
         bad = [i for i in chosen if not 0 <= i < n]
         if bad:
-            raise CompatibilityError(f"vmask: layers {bad} do not exist; the bottom model has {n} linear layers (0..{n - 1})")
+            raise CompatibilityError(f"vmask: layers {bad} do not exist; "
+                                     f"the bottom model has {n} linear layers (0..{n - 1})")
         return chosen
 
     def wrap_bottom(self, model: nn.Module, party: str) -> nn.Module:  # noqa: D102
@@ -352,7 +354,8 @@ class VMask(Defense):
                 loss.backward()
                 for n in names:
                     state = self.parties_[n]
-                    for i, layer in enumerate(m for m in state.shadow.modules() if isinstance(m, (nn.Linear, nn.Conv2d))):
+                    layers = (m for m in state.shadow.modules() if isinstance(m, (nn.Linear, nn.Conv2d)))
+                    for i, layer in enumerate(layers):
                         norms[n][i] += sum(float(p.grad.abs().sum()) for p in layer.parameters() if p.grad is not None)
                     state.shadow_opt.step()
         finally:

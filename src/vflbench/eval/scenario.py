@@ -38,7 +38,8 @@ def load_vertical_data(cfg: ExperimentConfig, data_root: str | Path | None = Non
                    generator=generator(cfg.seed, "data", "subsample"))
     vd = partition(ds, parties=d.parties, active_has_features=cfg.train.algorithm != "vsnn",
                    split=d.split, columns=d.columns, standardise=d.standardise)
-    vd.info.update({"dataset": d.name, "parties": d.parties, "subsampled": d.train_size is not None or d.test_size is not None,
+    vd.info.update({"dataset": d.name, "parties": d.parties,
+                    "subsampled": d.train_size is not None or d.test_size is not None,
                     "slice_shapes": [list(p.sample_shape) for p in vd.passive]
                     + ([list(vd.active.sample_shape)] if vd.active is not None else [])})
     return vd

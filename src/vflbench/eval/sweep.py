@@ -220,7 +220,8 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
             continue
         result = json.loads(path.read_text())
         cfg = point.config
-        base = {"dataset": cfg.data.name, "algorithm": cfg.train.algorithm, "defense": _defense_label(result["defense"]),
+        base = {"dataset": cfg.data.name, "algorithm": cfg.train.algorithm,
+                "defense": _defense_label(result["defense"]),
                 "strength": _strength(result["defense"]), "seed": cfg.seed, "config_hash": point.hash,
                 "utility_metric": result["utility"]["metric"], "utility": result["utility"]["value"],
                 "train_seconds": result["timing"]["train_seconds"]}
@@ -241,8 +242,8 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
     table["utility_loss"] = [100.0 * (vanilla[k] - u) if k in vanilla.index else math.nan
                              for k, u in zip(keys, table["utility"], strict=True)]
     table["pu_score"] = [pu_score(p, u) if not (math.isnan(u) or pd.isna(p)) else None
-                         for p, u in zip(table.get("leakage", pd.Series([math.nan] * len(table))), table["utility_loss"],
-                                         strict=True)]
+                         for p, u in zip(table.get("leakage", pd.Series([math.nan] * len(table))),
+                                         table["utility_loss"], strict=True)]
     write_atomic(out_dir / "summary.csv", table.to_csv(index=False))
     write_atomic(out_dir / "scores.csv", scores_table(table).to_csv(index=False))
     return table

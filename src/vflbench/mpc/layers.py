@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import copy
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -406,7 +407,7 @@ class _SecureLayerFn(torch.autograd.Function):
         return gx, gw, (gb if ctx.has_bias else None), None
 
 
-class SharedLayer(nn.Module):
+class SharedLayer(nn.Module, ABC):
     """Common machinery of :class:`SharedLinear` and :class:`SharedConv2d` (P_k's side)."""
 
     passive: PassiveShareHolder
@@ -435,14 +436,17 @@ class SharedLayer(nn.Module):
 
     # -- specs, defined by subclasses -------------------------------------------------------------
 
+    @abstractmethod
     def _forward_spec(self, x_shape: torch.Size) -> _BilinearSpec:
-        raise NotImplementedError
+        """The bilinear product of the forward pass (weight times input) for inputs of ``x_shape``."""
 
+    @abstractmethod
     def _backward_spec(self, g_shape: torch.Size, x_shape: torch.Size) -> _BilinearSpec:
-        raise NotImplementedError
+        """The bilinear product of the input gradient for output gradients of ``g_shape``."""
 
+    @abstractmethod
     def _plain_weight_grads(self, x: Tensor, g: Tensor) -> tuple[Tensor, Tensor | None]:
-        raise NotImplementedError
+        """Plaintext weight and bias gradients from the input ``x`` and output gradient ``g``."""
 
     def _to_operand(self, x: Tensor) -> Tensor:
         return x
@@ -571,8 +575,9 @@ class SharedLayer(nn.Module):
         b = self.passive.bias_share
         return None if b is None else decode(b, self.frac_bits) * float(self.passive.scale)
 
+    @abstractmethod
     def _plain_layer(self, weight: Tensor, bias: Tensor | None) -> nn.Module:
-        raise NotImplementedError
+        """A plaintext layer of the same shape carrying ``weight`` and ``bias``."""
 
     def passive_view_module(self) -> nn.Module:
         """A plaintext layer carrying P_k's own-share view of the weights (see :meth:`passive_view_weight`)."""

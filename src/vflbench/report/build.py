@@ -92,15 +92,17 @@ def build_report(directory: str | Path) -> Path:
     if not (d / "summary.csv").is_file():
         raise VFLBenchError(f"{d} has no summary.csv; run `vflbench sweep CONFIG --out {d}` first")
     summary = pd.read_csv(d / "summary.csv")
-    scores = pd.read_csv(d / "scores.csv") if (d / "scores.csv").is_file() and (d / "scores.csv").stat().st_size else None
+    scores_csv = d / "scores.csv"
+    scores = pd.read_csv(scores_csv) if scores_csv.is_file() and scores_csv.stat().st_size else None
     figures: list[tuple[str, Path]] = []
-    attacks = [a for a in summary["attack"].dropna().unique()]
+    attacks = list(summary["attack"].dropna().unique())
     for attack in attacks:
         figures.append((f"Privacy-utility trade-off against {attack}",
                         plots.tradeoff(summary, attack, d / "plots" / f"tradeoff_{attack}.png")))
     curves = _curves(d, summary)
     for attack in (curves["attack"].unique() if not curves.empty else []):
-        figures.append((f"{attack} at every training epoch", plots.per_epoch(curves, attack, d / "plots" / f"epochs_{attack}.png")))
+        figures.append((f"{attack} at every training epoch",
+                        plots.per_epoch(curves, attack, d / "plots" / f"epochs_{attack}.png")))
     panels = _tsne(d, summary)
     if panels:
         figures.append(("t-SNE of the attacker's embeddings per defense",
@@ -116,8 +118,9 @@ def build_report(directory: str | Path) -> Path:
                                    d / "plots" / "tune.png")))
     mean_table = (summary.dropna(subset=["attack"]).groupby(["defense", "strength", "attack"], dropna=False)
                   .agg(utility=("utility", "mean"), attack_value=("attack_value", "mean"), prior=("prior", "mean"),
-                       leakage=("leakage", "mean"), leakage_std=("leakage", "std"), utility_loss=("utility_loss", "mean"),
-                       pu_score=("pu_score", "min"), seeds=("seed", "nunique")).reset_index())
+                       leakage=("leakage", "mean"), leakage_std=("leakage", "std"),
+                       utility_loss=("utility_loss", "mean"), pu_score=("pu_score", "min"),
+                       seeds=("seed", "nunique")).reset_index())
     md = [f"# vflbench report: {d.name}", "",
           f"{summary['config_hash'].nunique()} runs, datasets: {', '.join(map(str, summary['dataset'].unique()))}, "
           f"defenses: {', '.join(map(str, summary['defense'].unique()))}.", "",
@@ -136,7 +139,8 @@ def build_report(directory: str | Path) -> Path:
     for title, path in figures:
         md += [f"### {title}", "", f"![{title}]({path.relative_to(d).as_posix()})", ""]
     write_atomic(d / "report.md", "\n".join(md))
-    body = [f"<h1>vflbench report: {html.escape(d.name)}</h1>", f"<p>{html.escape(md[2])}</p>", f"<p>{html.escape(md[4])}</p>"]
+    body = [f"<h1>vflbench report: {html.escape(d.name)}</h1>",
+            f"<p>{html.escape(md[2])}</p>", f"<p>{html.escape(md[4])}</p>"]
     if scores is not None and not scores.empty:
         body += ["<h2>Optimal PU scores</h2>", scores.to_html(index=False, float_format=lambda v: f"{v:.4g}")]
     body += ["<h2>Mean over seeds</h2>", mean_table.to_html(index=False, float_format=lambda v: f"{v:.4g}")]
@@ -145,7 +149,8 @@ def build_report(directory: str | Path) -> Path:
     body += ["<h2>Plots</h2>"] + [f"<h3>{html.escape(t)}</h3><img src='{p.relative_to(d).as_posix()}' width='640'>"
                                   for t, p in figures]
     page = ("<!doctype html><html><head><meta charset='utf-8'><title>vflbench report</title><style>"
-            "body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:collapse;font-size:12px}"
+            "body{font-family:sans-serif;max-width:1000px;margin:2em auto}"
+            "table{border-collapse:collapse;font-size:12px}"
             "td,th{border:1px solid #ccc;padding:3px 6px}</style></head><body>" + "\n".join(body) + "</body></html>")
     write_atomic(d / "report.html", page)
     return d / "report.md"

@@ -36,7 +36,8 @@ def tradeoff(summary: pd.DataFrame, attack: str, path: Path) -> Path:
         if defense == NO_DEFENSE:
             continue
         group = group.sort_values("strength")
-        ax.errorbar(group["eps_u"], group["eps_p"], xerr=group["eps_u_std"].fillna(0), yerr=group["eps_p_std"].fillna(0),
+        ax.errorbar(group["eps_u"], group["eps_p"],
+                    xerr=group["eps_u_std"].fillna(0), yerr=group["eps_p_std"].fillna(0),
                     marker=next(markers, "o"), linestyle="-", capsize=3, label=defense)
         for _, r in group.iterrows():
             if not pd.isna(r["strength"]):

@@ -30,6 +30,7 @@ attack's own stream); auxiliary batches are drawn from the same generator.
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -264,9 +265,9 @@ class MaliciousActiveAttack(Attack):
         params = [p for m in modules if m is not None for p in m.parameters()]
         return torch.optim.Adam(params, lr=lr, **kwargs)
 
+    @abstractmethod
     def build(self, party: ActiveParty, aux: AuxData, generator: torch.Generator) -> Adversary:
         """Create the adversary's models and optimizers."""
-        raise NotImplementedError
 
     def pretrain(self, state: Adversary) -> None:
         """Training before the VFL run starts (none by default)."""
@@ -275,9 +276,9 @@ class MaliciousActiveAttack(Attack):
         """A replacement for the party's ``predict`` (``None``: keep the honest one)."""
         return None
 
+    @abstractmethod
     def attack_step(self, state: Adversary, ids: Tensor, h: Tensor, y: Tensor) -> tuple[Tensor, float]:
         """The malicious gradient for the victim's embedding ``h`` (a leaf) and the attack loss."""
-        raise NotImplementedError
 
     def _step(self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int,
               senders: Sequence[str]) -> list[Tensor]:

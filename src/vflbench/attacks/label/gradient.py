@@ -99,7 +99,8 @@ class DirectionScoring(_CutGradientAttack):
         return LabelInference(batches=batches)
 
 
-@ATTACKS.register("direct_label_inference", summary="read labels from the signs of the cut gradient (softmax over summed logits or VLR)")
+@ATTACKS.register("direct_label_inference",
+                  summary="read labels from the signs of the cut gradient (softmax over summed logits or VLR)")
 class DirectLabelInference(_CutGradientAttack):
     """Direct label inference (Fu et al., USENIX Security 2022; Kang et al. eq. 4).
 
@@ -164,7 +165,8 @@ class ResidueReconstruction(_ModelGradientAttack):
         return LabelInference(batches=batches)
 
 
-@ATTACKS.register("gradient_inversion", summary="optimise labels and the other party's logits to match VLR model gradients")
+@ATTACKS.register("gradient_inversion",
+                  summary="optimise labels and the other party's logits to match VLR model gradients")
 class GradientInversion(_ModelGradientAttack):
     """Gradient inversion (Kang et al. eq. 11, after Zhu et al. and CoAE's VFL variant): find
     soft labels y~ and the other party's logits u~A whose implied gradient of the attacker's
