@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,7 @@ class Experiment:
     paper: float | None = None
     paper_acc: float | None = None
     attack_params: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = None  # None: the base config's (0)
 
 
 def _mnist(attack: str | None, defenses: list[dict[str, Any]] | None = None, paper: float | None = None,
@@ -85,6 +87,8 @@ EXPERIMENTS: dict[str, Experiment] = {
     "credit_dmavfl_sg": _credit("dmavfl", [SG], paper=0.4389),
     "credit_fsha_sg": _credit("fsha", [SG], paper=0.6034, **FSHA_PARAMS),
     "credit_agn_sg": _credit("agn", [SG], paper=1.5348),
+    "credit_honest_sg_gs": _credit(None, [SG, GS]),
+    "credit_dmavfl_monitor": _credit("dmavfl", [{**SG, "threshold": 0.0}, {**GS, "threshold": 0.0}], paper=0.4389),
     # Table 7 (NoPeek, DMAVFL Eq. 6: alpha dCor + (1 - alpha) task), Table 8 (embedding noise), Table 9 (DP):
     # the settings where the paper's defenses start to bite (CPU budget: not the whole sweeps)
     "mnist_dmavfl_nopeek_0.95": _mnist("dmavfl", [{"name": "nopeek", "alpha": 0.95, "weighting": "convex"}],
@@ -97,13 +101,36 @@ EXPERIMENTS: dict[str, Experiment] = {
                                 paper_acc=94.97),
     "mnist_dmavfl_dp_10": _mnist("dmavfl", [{"name": "received_gradient_dp", "epsilon": 10.0}], paper=0.0122,
                                  paper_acc=97.36),
+    # the same defenses against DMAVFL_sync (the tables' "sync" rows)
+    "mnist_dmavfl_sync_nopeek_0.95": _mnist("dmavfl_sync", [{"name": "nopeek", "alpha": 0.95, "weighting": "convex"}],
+                                            paper=0.0403, paper_acc=94.72),
+    "mnist_dmavfl_sync_nopeek_1.0": _mnist("dmavfl_sync", [{"name": "nopeek", "alpha": 1.0, "weighting": "convex"}],
+                                           paper=0.4462, paper_acc=69.03),
+    "mnist_dmavfl_sync_noise_0.5": _mnist("dmavfl_sync", [{"name": "embedding_noise", "sigma": 0.5}], paper=0.0497,
+                                          paper_acc=94.84),
+    "mnist_dmavfl_sync_dp_1": _mnist("dmavfl_sync", [{"name": "received_gradient_dp", "epsilon": 1.0}], paper=0.0507,
+                                     paper_acc=94.97),
+    "mnist_dmavfl_sync_dp_10": _mnist("dmavfl_sync", [{"name": "received_gradient_dp", "epsilon": 10.0}],
+                                      paper=0.0110, paper_acc=97.36),
     # honest accuracy under the same defenses (the tables' "Honest Acc")
     "mnist_honest": _mnist(None, paper_acc=99.11),
     "mnist_honest_nopeek_0.95": _mnist(None, [{"name": "nopeek", "alpha": 0.95, "weighting": "convex"}],
                                        paper_acc=94.72),
     "mnist_honest_noise_0.5": _mnist(None, [{"name": "embedding_noise", "sigma": 0.5}], paper_acc=94.84),
     "mnist_honest_dp_1": _mnist(None, [{"name": "received_gradient_dp", "epsilon": 1.0}], paper_acc=94.97),
+    "mnist_honest_nopeek_1.0": _mnist(None, [{"name": "nopeek", "alpha": 1.0, "weighting": "convex"}],
+                                      paper_acc=69.03),
+    "mnist_honest_dp_10": _mnist(None, [{"name": "received_gradient_dp", "epsilon": 10.0}], paper_acc=97.36),
+    # seed spread (the rows above are seed 0): data subsample, aux draw, initialisation and batches all change
+    **{f"mnist_dmavfl_seed{s}": Experiment("dmavfl_mnist", "dmavfl", [], 0.0152, None, {}, s) for s in (1, 2)},
+    **{f"mnist_dmavfl_dp_10_seed{s}": Experiment("dmavfl_mnist", "dmavfl",
+                                                 [{"name": "received_gradient_dp", "epsilon": 10.0}], 0.0122, 97.36,
+                                                 {}, s) for s in (1, 2)},
+    **{f"mnist_honest_seed{s}": Experiment("dmavfl_mnist", None, [], None, 99.11, {}, s) for s in (1, 2)},
 }
+#: Seed groups for the spread table: label -> the seed-0 experiment and its other seeds.
+SEED_GROUPS = {"DMAVFL, no defense": "mnist_dmavfl", "DMAVFL, DP epsilon 10": "mnist_dmavfl_dp_10",
+               "honest, no defense": "mnist_honest"}
 
 
 def build(exp: Experiment):
@@ -119,6 +146,8 @@ def build(exp: Experiment):
             spec.pop("pretrain_epochs", None)
         raw["attacks"] = [spec]
     raw["defenses"] = exp.defenses
+    if exp.seed is not None:
+        raw["seed"] = exp.seed
     raw.pop("sweep", None)
     return build_config(raw)
 
@@ -144,7 +173,8 @@ def run_one(name: str, exp: Experiment, data_root: str, out: Path) -> dict[str, 
                       generator=generator(cfg.seed, "active", "batches"), y_test=vd.y_test,
                       eval_every=cfg.train.eval_every, on_epoch_end=epoch_end)
     run = TrainedRun(cfg, vd, fed, history, time.perf_counter() - started)
-    record: dict[str, Any] = {"name": name, "config": exp.config, "attack": exp.attack, "defenses": exp.defenses,
+    record: dict[str, Any] = {"name": name, "config": exp.config, "seed": cfg.seed, "attack": exp.attack,
+                              "defenses": exp.defenses,
                               "paper": exp.paper, "paper_acc": exp.paper_acc,
                               "accuracy": run.history.epochs[-1].get("test_accuracy"),
                               "accuracy_curve": [r.get("test_accuracy") for r in run.history.epochs],
@@ -174,6 +204,7 @@ def run_one(name: str, exp: Experiment, data_root: str, out: Path) -> dict[str, 
             np.savez(out / f"{name}.npz", ids=rows.numpy(), victim=part.x_test[rows].numpy(),
                      recon=inference.features[:GRID].detach().numpy(), own=vd.active.x_test[rows].numpy())
     record["seconds"] = time.perf_counter() - tic
+    record["loadavg"] = os.getloadavg()
     return record
 
 
@@ -226,6 +257,31 @@ def shadow_bound(attack: Any, vd: Any, ids: torch.Tensor) -> float | None:
 
 # -- report ----------------------------------------------------------------------------------
 
+#: MNIST pixels are in [0, 1] here; URVFL's published pipeline (CIFAR-10 only) normalises to
+#: [-1, 1], where the same reconstruction has 4x the MSE. The tables show both.
+PIXEL_SCALE = 4.0
+
+#: DMAVFL Tables 7-9 (MNIST): (table, defense, setting, attacked experiment, honest experiment).
+DEFENSE_ROWS: list[tuple[str, str, str, str, str]] = [
+    ("7-9", "none", "–", "mnist_dmavfl{}", "mnist_honest"),
+    ("7", "NoPeek", "alpha 0.95", "mnist_dmavfl{}_nopeek_0.95", "mnist_honest_nopeek_0.95"),
+    ("7", "NoPeek", "alpha 1.0", "mnist_dmavfl{}_nopeek_1.0", "mnist_honest_nopeek_1.0"),
+    ("8", "embedding noise", "sigma 0.5", "mnist_dmavfl{}_noise_0.5", "mnist_honest_noise_0.5"),
+    ("9", "DP on received gradients", "epsilon 1", "mnist_dmavfl{}_dp_1", "mnist_honest_dp_1"),
+    ("9", "DP on received gradients", "epsilon 10", "mnist_dmavfl{}_dp_10", "mnist_honest_dp_10"),
+]
+NOT_RUN = "not run (time)"
+#: DMAVFL Table 1: (Emb MSE, Emb Cos) of the attacks that train a shadow of the victim's bottom
+#: (the "DMAVFL (GS/SG)" rows hold for our DMAVFL rows with and without a detector).
+PAPER_EMB: dict[str, tuple[float, float]] = {
+    "mnist_dmavfl": (0.0041, 0.0289), "mnist_dmavfl_sg": (0.0041, 0.0289), "mnist_dmavfl_gs": (0.0041, 0.0289),
+    "mnist_dmavfl_monitor": (0.0041, 0.0289), "mnist_dmavfl_sync": (0.0045, 0.0388),
+    "mnist_fsha": (0.0030, 0.0378), "mnist_fsha_bce": (0.0030, 0.0378), "mnist_fsha_sg": (0.0578, 0.2016),
+    "mnist_fsha_gs": (0.2879, 0.1760),
+    "credit_dmavfl": (0.2918, 0.1492), "credit_dmavfl_sg": (0.2918, 0.1492), "credit_dmavfl_monitor": (0.2918, 0.1492),
+    "credit_dmavfl_sync": (0.3010, 0.1529), "credit_fsha": (0.3468, 0.1524), "credit_fsha_sg": (0.5528, 0.4043),
+}
+
 
 def _load(out: Path) -> dict[str, dict[str, Any]]:
     return {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))}
@@ -235,50 +291,122 @@ def _fmt(x: float | None, digits: int = 4) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
+def _pct(x: float | None) -> str:
+    return _fmt(None if x is None else 100 * x, 2)
+
+
 def _detected(r: dict[str, Any]) -> str:
     flags = [f"{n} @ step {d['detected_step']}" for n, d in r.get("detectors", {}).items()
              if d["detected_step"] is not None]
     return ", ".join(flags) if flags else ("none" if r.get("detectors") else "")
 
 
+def _best(r: dict[str, Any]) -> float | None:
+    finite = [v for v in r.get("mse_curve") or [] if v is not None]
+    return min(finite) if finite else None
+
+
+def _paper(name: str, r: dict[str, Any] | None, key: str) -> float | None:
+    """The paper's number from EXPERIMENTS (the source of truth), else what the run recorded."""
+    exp = EXPERIMENTS.get(name)
+    value = getattr(exp, key) if exp is not None else None
+    return value if value is not None or r is None else r.get(key)
+
+
 def table(results: dict[str, dict[str, Any]]) -> str:
-    """Markdown table: ours vs the paper."""
-    lines = ["| experiment | recon MSE (ours) | paper | prior (aux mean) | best epoch (oracle) | shadow bound | SSIM | "
-             "Emb MSE | Emb Cos | test acc | paper acc | detected | train s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    """Markdown table: ours vs the paper, one row per experiment (missing ones say so)."""
+    lines = ["| experiment | paper recon MSE | ours recon MSE | ours x4 ([-1,1] units) | prior (aux mean) | "
+             "best epoch (oracle) | shadow bound | SSIM | paper Emb MSE / Cos | ours Emb MSE / Cos | test acc | "
+             "paper acc | detected | train s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for name in EXPERIMENTS:
         r = results.get(name)
+        paper, paper_acc = _paper(name, r, "paper"), _paper(name, r, "paper_acc")
         if r is None:
+            lines.append(f"| {name} | {_fmt(paper)} | {NOT_RUN} | | | | | | | | | {_fmt(paper_acc, 2)} | | |")
             continue
         d = r.get("details", {})
-        acc = r.get("accuracy")
-        finite = [v for v in r.get("mse_curve") or [] if v is not None]
-        best = min(finite) if finite else None
-        lines.append(f"| {name} | {_fmt(r.get('value'))} | {_fmt(r.get('paper'))} | {_fmt(r.get('prior'))} | "
-                     f"{_fmt(best)} | {_fmt(r.get('shadow_bound'))} | {_fmt(d.get('ssim'), 3)} | "
-                     f"{_fmt(d.get('emb_mse'))} | {_fmt(d.get('emb_cos'))} | "
-                     f"{_fmt(100 * acc if acc is not None else None, 2)} | {_fmt(r.get('paper_acc'), 2)} | "
+        mnist = r["config"] == "dmavfl_mnist"
+        value = r.get("value")
+        scaled = "–" if value is None else (_fmt(PIXEL_SCALE * value) if mnist else "(same)")
+        lines.append(f"| {name} | {_fmt(paper)} | {_fmt(value)} | {scaled} | {_fmt(r.get('prior'))} | "
+                     f"{_fmt(_best(r))} | {_fmt(r.get('shadow_bound'))} | {_fmt(d.get('ssim'), 3)} | "
+                     f"{' / '.join(_fmt(v) for v in PAPER_EMB.get(name, (None, None)))} | "
+                     f"{_fmt(d.get('emb_mse'))} / {_fmt(d.get('emb_cos'))} | "
+                     f"{_pct(r.get('accuracy'))} | {_fmt(paper_acc, 2)} | "
                      f"{_detected(r)} | {r['train_seconds']:.0f} |")
     return "\n".join(lines) + "\n"
 
 
-def grid_png(out: Path, path: Path) -> None:
+def defense_table(results: dict[str, dict[str, Any]]) -> str:
+    """DMAVFL Tables 7-9 on MNIST: DMAVFL's and DMAVFL_sync's MSE and the honest accuracy per defense."""
+    lines = ["| table | defense | setting | attack | paper MSE | ours MSE | ours x4 ([-1,1] units) "
+             "| best epoch (oracle) | ours SSIM | paper honest acc | ours honest acc | ours acc under the attack |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for tab, defense, setting, pattern, honest in DEFENSE_ROWS:
+        for suffix, label in (("", "DMAVFL"), ("_sync", "DMAVFL_sync")):
+            attacked = pattern.format(suffix)
+            a, h = results.get(attacked), results.get(honest)
+            paper, paper_acc = _paper(attacked, a, "paper"), _paper(honest, h, "paper_acc")
+            if a is None:
+                mse = f"{NOT_RUN} | | | | "
+            else:
+                v = a.get("value")
+                mse = (f"{_fmt(v)} | {_fmt(PIXEL_SCALE * v)} | {_fmt(_best(a))} | "
+                       f"{_fmt(a.get('details', {}).get('ssim'), 3)} | ")
+            honest_acc = NOT_RUN if h is None else _pct(h.get("accuracy"))
+            attacked_acc = "" if a is None else _pct(a.get("accuracy"))
+            lines.append(f"| {tab} | {defense} | {setting} | {label} | {_fmt(paper)} | {mse}{_fmt(paper_acc, 2)} | "
+                         f"{honest_acc} | {attacked_acc} |")
+    return "\n".join(lines) + "\n"
+
+
+def seed_table(results: dict[str, dict[str, Any]]) -> str:
+    """Recon MSE and test accuracy per seed (seed 0 is the main row) with mean and spread."""
+    lines = ["| experiment | seeds run | recon MSE per seed | mean ± sd | test acc per seed | mean ± sd |",
+             "|---|---|---|---|---|---|"]
+    for label, base in SEED_GROUPS.items():
+        names = [base] + [n for n in EXPERIMENTS if n.startswith(f"{base}_seed")]
+        runs = [results[n] for n in names if n in results]
+        if not runs:
+            lines.append(f"| {label} | {NOT_RUN} | | | | |")
+            continue
+        seeds = ", ".join(str(r.get("seed", 0)) for r in runs)
+        missing = [n for n in names if n not in results]
+        seeds += f" ({len(missing)} {NOT_RUN})" if missing else ""
+        cells = []
+        for values, digits, scale in (([r.get("value") for r in runs], 4, 1.0),
+                                      ([r.get("accuracy") for r in runs], 2, 100.0)):
+            v = np.array([x * scale for x in values if x is not None])
+            cells.append(", ".join(_fmt(x, digits) for x in v) if len(v) else "–")
+            cells.append(f"{v.mean():.{digits}f} ± {v.std(ddof=1):.{digits}f}" if len(v) > 1 else "–")
+        lines.append(f"| {label} | {seeds} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
+
+
+GRID_ATTACKS = (("mnist_dmavfl", "DMAVFL"), ("mnist_dmavfl_sync", "DMAVFL_sync"), ("mnist_fsha", "FSHA"),
+                ("mnist_fsha_bce", "FSHA (BCE)"), ("mnist_agn", "AGN"), ("mnist_dmavfl_sg", "DMAVFL-SG"),
+                ("mnist_fsha_sg", "FSHA-SG"), ("mnist_agn_sg", "AGN-SG"), ("mnist_dmavfl_gs", "DMAVFL-GS"),
+                ("mnist_fsha_gs", "FSHA-GS"), ("mnist_agn_gs", "AGN-GS"))
+GRID_DEFENSES = (("mnist_dmavfl", "DMAVFL,\nno defense"), ("mnist_dmavfl_nopeek_0.95", "NoPeek\nalpha 0.95"),
+                 ("mnist_dmavfl_nopeek_1.0", "NoPeek\nalpha 1.0"), ("mnist_dmavfl_noise_0.5", "noise\nsigma 0.5"),
+                 ("mnist_dmavfl_dp_1", "DP eps 1"), ("mnist_dmavfl_dp_10", "DP eps 10"))
+
+
+def grid_png(out: Path, path: Path, which: tuple[tuple[str, str], ...] = GRID_ATTACKS,
+             title: str = "MNIST: left half reconstructed by the attacker, right half its own (true)") -> None:
     """Originals and reconstructions (victim half reconstructed, attacker half true), one row each."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [(n, lbl) for n, lbl in (("mnist_dmavfl", "DMAVFL"), ("mnist_dmavfl_sync", "DMAVFL_sync"),
-                                     ("mnist_fsha", "FSHA"), ("mnist_fsha_bce", "FSHA (BCE)"), ("mnist_agn", "AGN"),
-                                     ("mnist_dmavfl_sg", "DMAVFL-SG"),
-                                     ("mnist_fsha_sg", "FSHA-SG"), ("mnist_agn_sg", "AGN-SG"))
-            if (out / f"{n}.npz").exists()]
+    rows = [(n, lbl) for n, lbl in which if (out / f"{n}.npz").exists()]
     if not rows:
         return
     first = np.load(out / f"{rows[0][0]}.npz")
     results = _load(out)
-    fig, axes = plt.subplots(len(rows) + 1, 1, figsize=(GRID * 0.9 + 1.2, 1.05 * (len(rows) + 1)))
+    fig, axes = plt.subplots(len(rows) + 1, 1, figsize=(GRID * 0.9 + 1.6, 1.1 * (len(rows) + 1)))
 
     def strip(victim: np.ndarray, own: np.ndarray) -> np.ndarray:
         gap = np.ones((victim.shape[-2], 1))
@@ -291,20 +419,29 @@ def grid_png(out: Path, path: Path) -> None:
     axes[0].set_ylabel("original", rotation=0, ha="right", va="center", fontsize=9)
     for ax, (name, label) in zip(axes[1:], rows, strict=True):
         data = np.load(out / f"{name}.npz")
-        mse = results.get(name, {}).get("value")
+        assert (data["ids"] == first["ids"]).all(), "grids compare the same test rows"
+        r = results.get(name, {})
+        flag = "\n(halted)" if _detected(r) not in ("", "none") else ""
         ax.imshow(strip(np.clip(data["recon"], 0, 1), data["own"]), cmap="gray", vmin=0, vmax=1)
-        ax.set_ylabel(f"{label}\nMSE {_fmt(mse, 3)}", rotation=0, ha="right", va="center", fontsize=9)
+        ax.set_ylabel(f"{label}{flag}\nMSE {_fmt(r.get('value'), 3)}", rotation=0, ha="right", va="center",
+                      fontsize=9)
     for ax in axes:
         ax.set_xticks([])
         ax.set_yticks([])
-    fig.suptitle("MNIST: left half reconstructed by the attacker, right half its own (true)", fontsize=9)
+    fig.suptitle(title + "\nMSE: all 2,000 test rows, pixels in [0, 1]", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    fig.subplots_adjust(left=0.16)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+DETECTORS = (("sg", "splitguard", "SplitGuard"), ("gs", "gradient_scrutinizer", "Gradients Scrutinizer"))
+
+
 def detector_png(out: Path, path: Path, dataset: str = "mnist") -> None:
-    """Detection statistic (mean of the last ``window`` scores) per step, with the threshold."""
+    """Scores per step (thin) and the decision statistic (mean of the last ``window`` scores, thick,
+    drawn once ``window`` scores exist, as the detector decides), with the threshold; one panel per
+    detector that has runs."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -313,42 +450,47 @@ def detector_png(out: Path, path: Path, dataset: str = "mnist") -> None:
     results = _load(out)
     runs = {"honest": f"{dataset}_honest_sg_gs", "DMAVFL": f"{dataset}_dmavfl_{{}}",
             "DMAVFL_sync": f"{dataset}_dmavfl_sync_{{}}", "FSHA": f"{dataset}_fsha_{{}}", "AGN": f"{dataset}_agn_{{}}",
-            "DMAVFL, watched only": f"{dataset}_dmavfl_monitor"}
+            "DMAVFL, watched only (threshold 0)": f"{dataset}_dmavfl_monitor"}
     colors = {"honest": "black", "DMAVFL": "tab:blue", "DMAVFL_sync": "tab:cyan", "FSHA": "tab:red",
-              "AGN": "tab:orange", "DMAVFL, watched only": "tab:purple"}
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for ax, (short, det, title) in zip(axes, (("sg", "splitguard", "SplitGuard"),
-                                              ("gs", "gradient_scrutinizer", "Gradients Scrutinizer")), strict=True):
+              "AGN": "tab:orange", "DMAVFL, watched only (threshold 0)": "tab:purple"}
+    panels = [(short, det, title) for short, det, title in DETECTORS
+              if any(det in (results.get(p.format(short)) or {}).get("detectors", {}) for p in runs.values())]
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 4.8), squeeze=False)
+    for ax, (short, det, title) in zip(axes[0], panels, strict=True):
         threshold = None
         for label, pattern in runs.items():
             r = results.get(pattern.format(short))
             if r is None or det not in r.get("detectors", {}):
                 continue
             d = r["detectors"][det]
-            steps = [s for s, _, _ in d["scores"]]
+            steps = np.array([s for s, _, _ in d["scores"]])
             scores = np.array([v for _, _, v in d["scores"]])
             if not len(scores):
                 continue
             w = d["window"]
-            stat = np.array([scores[max(0, i - w + 1): i + 1].mean() for i in range(len(scores))])
-            ax.plot(steps, scores, color=colors[label], alpha=0.25, lw=0.8)
-            ax.plot(steps, stat, color=colors[label], lw=1.8, ls="--" if d["threshold"] == 0 else "-",
-                    label=label + (" (halted)" if d["detected_step"] else ""))
-            if d["detected_step"]:
-                ax.axvline(d["detected_step"], color=colors[label], ls=":", lw=1)
+            full = np.arange(w - 1, len(scores))
+            stat = np.array([scores[i - w + 1: i + 1].mean() for i in full])
+            halted = d["detected_step"] is not None
+            if w > 1:
+                ax.plot(steps, scores, color=colors[label], alpha=0.25, lw=0.8)
+            ax.plot(steps[full], stat, color=colors[label], lw=1.8, marker="o", ms=2.5 if len(full) > 1 else 6,
+                    ls="--" if d["threshold"] == 0 else "-",
+                    label=label + (f" (halted @ {d['detected_step']})" if halted else ""))
             if d["threshold"]:
                 threshold = d["threshold"]
         if threshold is not None:
             ax.axhline(threshold, color="gray", ls="--", lw=1, label=f"threshold {threshold}")
         ax.set_title(f"{title} ({dataset.upper()})", fontsize=10)
         ax.set_xscale("log")
-        ax.set_xlabel("training step of the victim (log scale)")
-        ax.set_ylabel("score (thin) / decision mean (thick)")
+        ax.set_xlabel("victim's training step (log scale)")
+        ax.set_ylabel("score (thin) / decision mean (thick)" if short == "sg" else "score (window 1)")
         ax.set_ylim(-0.02, 1.02)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="lower left")
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
@@ -358,7 +500,7 @@ def main() -> None:  # noqa: D103
     parser.add_argument("--out", default="runs/dmavfl")
     parser.add_argument("--only", nargs="*", help="experiment names (default: all)")
     parser.add_argument("--report", action="store_true", help="only write the table and figures")
-    parser.add_argument("--table", help="write the markdown table here")
+    parser.add_argument("--table", help="write the markdown tables here")
     parser.add_argument("--img", help="write the PNGs into this folder")
     args = parser.parse_args()
     out = Path(args.out)
@@ -372,13 +514,17 @@ def main() -> None:  # noqa: D103
             tmp.write_text(json.dumps(record, indent=1))
             tmp.replace(out / f"{name}.json")
     results = _load(out)
-    text = table(results)
+    text = ("DMAVFL Table 1 (MNIST, Credit) and the detector rows\n\n" + table(results)
+            + "\nDMAVFL Tables 7-9 (MNIST): DMAVFL against NoPeek, embedding noise and DP\n\n" + defense_table(results)
+            + "\nSeed spread (MNIST; every other row is seed 0)\n\n" + seed_table(results))
     if args.table:
         Path(args.table).write_text(text)
     if args.img:
         img = Path(args.img)
         img.mkdir(parents=True, exist_ok=True)
         grid_png(out, img / "dmavfl_mnist_reconstructions.png")
+        grid_png(out, img / "dmavfl_mnist_defenses.png", GRID_DEFENSES,
+                 "MNIST, DMAVFL under the passive party's defenses (Tables 7-9): left half reconstructed")
         detector_png(out, img / "dmavfl_mnist_detectors.png")
         detector_png(out, img / "dmavfl_credit_detectors.png", "credit")
     import sys

@@ -68,6 +68,7 @@ KANG_DEFENSES: dict[str, list[str]] = {
     "precode": ["defenses=[{name: precode}]"],
 }
 KANG_CONFIGS = {"vhnn": "feature_kang_mi_mnist_vhnn", "vsnn": "feature_kang_mi_mnist_vsnn"}
+NOT_RUN = "not run (time)"
 
 
 def run_one(name: str, overrides: list[str], out: Path, data_root: str | None, *,
@@ -110,11 +111,14 @@ def dmavfl_table(out: Path, data_root: str | None, no_run: bool, extra: bool) ->
     for name, label, overrides in jobs:
         attacks = DMAVFL[name]
         loaded = run_one(name, overrides, out, data_root, no_run=no_run)
+        dataset = "MNIST" if "mnist" in name else "Credit"
         if loaded is None:
+            for attack, paper in attacks.items():
+                rows.append(f"| {dataset} | {attack} ({label}) | {paper[0]:.4f} | {NOT_RUN} | | | | "
+                            f"{fmt(paper[1])} / {fmt(paper[2])} | | | |")
             continue
         result, wall = loaded
         scale = 4.0 if name in PIXEL_SCALE else 1.0
-        dataset = "MNIST" if "mnist" in name else "Credit"
         for a in result["attacks"]:
             paper = attacks.get(a["name"])
             if paper is None:
@@ -139,7 +143,11 @@ def kang_table(out: Path, data_root: str | None, no_run: bool) -> str:
         base_acc: float | None = None
         for setting, overrides in KANG_DEFENSES.items():
             loaded = run_one(name, overrides, out, data_root, no_run=no_run)
+            paper_u, paper_p = KANG[setting][algorithm]
             if loaded is None:
+                paper_eps_u = f"({paper_u:.2f}) 0" if setting == "none" else f"{paper_u:.2f}"
+                rows.append(f"| {algorithm.upper()} | {setting} | {paper_eps_u} | {NOT_RUN} | {paper_p:.2f} "
+                            "| | | | | |")
                 continue
             result, wall = loaded
             acc = 100 * result["utility"]["value"]
@@ -147,7 +155,6 @@ def kang_table(out: Path, data_root: str | None, no_run: bool) -> str:
                 base_acc = acc
             by_mode = {a["details"].get("mode"): a for a in result["attacks"]}
             qf, bb = by_mode.get("query_free"), by_mode.get("black_box")
-            paper_u, paper_p = KANG[setting][algorithm]
             eps_u = "0 (baseline)" if setting == "none" else fmt(None if base_acc is None else base_acc - acc, 2)
             paper_eps_u = f"({paper_u:.2f}) 0" if setting == "none" else f"{paper_u:.2f}"
             mse = " / ".join(fmt(a["value"]) if a else "–" for a in (qf, bb))
