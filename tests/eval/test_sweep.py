@@ -164,3 +164,11 @@ def test_invalid_grid_fails_before_any_run(tmp_path):
     with pytest.raises(ConfigError, match="give 'strength' or 'alpha', not both"):
         run_sweep(build_config(raw), tmp_path)
     assert not (tmp_path / "runs").exists()
+
+
+def test_tradeoff_labels_strengths_that_land_on_one_point_together():
+    from vflbench.report.plots import _point_labels
+
+    group = pd.DataFrame({"strength": [0.05, 0.1, 0.5, None], "eps_u": [-0.15, -0.15, -0.06, 0.0],
+                          "eps_p": [-2.36, -2.36, -4.9, 20.0]})
+    assert _point_labels(group) == {(-0.15, -2.36): "0.05, 0.1", (-0.06, -4.9): "0.5"}

@@ -23,6 +23,16 @@ def _save(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
+def _point_labels(group: pd.DataFrame) -> dict[tuple[float, float], str]:
+    """One label per plotted point: strengths that land on the same point share it ("0.05, 0.1")."""
+    labels: dict[tuple[float, float], list[str]] = {}
+    for _, r in group.iterrows():
+        if not pd.isna(r["strength"]) and not (pd.isna(r["eps_u"]) or pd.isna(r["eps_p"])):
+            key = (round(float(r["eps_u"]), 6), round(float(r["eps_p"]), 6))
+            labels.setdefault(key, []).append(f"{r['strength']:g}")
+    return {key: ", ".join(texts) for key, texts in labels.items()}
+
+
 def tradeoff(summary: pd.DataFrame, attack: str, path: Path) -> Path:
     """Privacy leakage vs utility loss per defense, labelled by strength, with the no-defense
     point and the Pareto front (Kang Fig. 4; VMask Fig. 6). Means over seeds, std as bars."""
@@ -39,10 +49,9 @@ def tradeoff(summary: pd.DataFrame, attack: str, path: Path) -> Path:
         ax.errorbar(group["eps_u"], group["eps_p"],
                     xerr=group["eps_u_std"].fillna(0), yerr=group["eps_p_std"].fillna(0),
                     marker=next(markers, "o"), linestyle="-", capsize=3, label=defense)
-        for _, r in group.iterrows():
-            if not pd.isna(r["strength"]):
-                ax.annotate(f"{r['strength']:g}", (r["eps_u"], r["eps_p"]), textcoords="offset points",
-                            xytext=(4, 4), fontsize=7)
+        for i, ((x, y), text) in enumerate(sorted(_point_labels(group).items())):
+            # alternate above / below so that the labels of neighbouring points do not overlap
+            ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 5 if i % 2 == 0 else -11), fontsize=7)
     base = agg[agg["defense"] == NO_DEFENSE]
     if not base.empty:
         ax.scatter(base["eps_u"], base["eps_p"], marker="*", s=160, color="black", zorder=5, label="no defense")
