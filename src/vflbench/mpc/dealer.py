@@ -103,7 +103,10 @@ class Dealer(ServiceHandle):
         tid = self._next_id
         self._next_id += 1
         dev = self.device
-        halves = ((a0, b0, c0), (a - a0, b - b0, c - c0))
+        # a, b, c are fresh and not used again: party 1's halves are computed in place (c may be a
+        # strided view, e.g. the cropped col2im output; it is then copied into a compact tensor)
+        c1 = c.sub_(c0) if c.is_contiguous() else c - c0
+        halves = ((a0, b0, c0), (a.sub_(a0), b.sub_(b0), c1))
         for party, (sa, sb, sc) in enumerate(halves):
             if dev is not None:
                 sa, sb, sc = sa.to(dev), sb.to(dev), sc.to(dev)

@@ -161,12 +161,16 @@ def _on(t: TripleShare, device: torch.device) -> TripleShare:
 def _add_bias_share(
     z: Tensor, bias: Tensor | None, spec: _BilinearSpec, party: int, truncation: Truncation, f: int
 ) -> Tensor:
-    """Truncate (secureml) and add this party's bias share at the right scale."""
+    """Truncate (secureml) and add this party's bias share at the right scale (in place into ``z``)."""
     if truncation == "secureml":
         z = truncate_share(z, party, f)
-        return z if bias is None or spec.bias_view is None else z + spec.bias_view(bias)
+        if bias is not None and spec.bias_view is not None:
+            z += spec.bias_view(bias)
+        return z
     # reveal: the product carries 2f fractional bits, so the bias share is shifted by f (exact in the ring)
-    return z if bias is None or spec.bias_view is None else z + (spec.bias_view(bias) << f)
+    if bias is not None and spec.bias_view is not None:
+        z += spec.bias_view(bias) << f
+    return z
 
 
 # ------------------------------------------------------------------------------------------------
@@ -390,10 +394,13 @@ class PassiveShareHolder(nn.Module):
         """Add ``delta`` (float, in effective-weight units) to the shared weight via P_k's share only."""
         share_t: Tensor = getattr(self, f"{which}_share")
         resid: Tensor = getattr(self, f"residual_{which}")
-        r = resid + delta.to(torch.float64) / float(self.scale)
+        scale = float(self.scale)
+        # float32 + float64 promotes exactly, so ``resid + delta`` needs no separate cast
+        r = resid + (delta if scale == 1.0 else delta.to(torch.float64) / scale)
         q = encode(r, self.frac_bits)
         share_t.add_(q)
-        resid.copy_(r - decode(q, self.frac_bits))
+        # the residual r - q 2^-f is exactly representable, so computing it in one op changes nothing
+        torch.sub(r, q.to(torch.float64), alpha=2.0**-self.frac_bits, out=resid)
 
     @torch.no_grad()
     def absorb(self) -> None:
@@ -474,12 +481,16 @@ class SharedLayer(nn.Module, ABC):
 
     # -- protocol -----------------------------------------------------------------------------------
 
-    def _secure_product(self, v: Tensor, spec: _BilinearSpec, *, with_bias: bool, stage: str) -> Tensor:
-        """P_k's side: share the plaintext ``v``, Beaver against the shared weight, reconstruct to P_k."""
+    def _secure_product(
+        self, v_ring: Tensor, spec: _BilinearSpec, *, with_bias: bool, stage: str, out_factor: float = 1.0
+    ) -> Tensor:
+        """P_k's side: share the encoded ``v_ring``, Beaver against the shared weight, reconstruct to P_k.
+
+        Returns the decoded product times the public scale and ``out_factor`` (float64).
+        """
         f = self.frac_bits
         p = self.passive
-        dev = v.device
-        v_ring = encode(v, f)
+        dev = v_ring.device
         v0, v1 = share(v_ring, self.randomness.generator)
         tid = spec.issue(self.dealer)
         t0 = _on(self.dealer.take(tid, 0), dev)
@@ -491,23 +502,29 @@ class SharedLayer(nn.Module, ABC):
         eps, delta = e0 + e1, d0 + d1
         z0 = party_combine(0, eps, delta, t0, spec.op)
         b0 = p.bias_share.to(dev) if (with_bias and p.bias_share is not None) else None
-        z0 = _add_bias_share(z0, b0, spec, 0, self.truncation, f)
-        z = z0 + z1  # Reconstruct, at P_k only
+        z = _add_bias_share(z0, b0, spec, 0, self.truncation, f)
+        z += z1  # Reconstruct, at P_k only
         if self.truncation == "reveal":
             z = truncate_public(z, f)
-        return decode(z, f) * float(p.scale)
+        # decode(z) * scale * out_factor in one multiply: 2^-f * scale * out_factor is exact for a
+        # power-of-two out_factor, so the result is the same as multiplying one factor at a time
+        return z.to(torch.float64).mul_(float(p.scale) * out_factor / 2.0**f)
 
     def _secure_forward(self, x: Tensor) -> Tensor:
         xo = self._to_operand(x)
-        y = self._secure_product(xo, self._forward_spec(xo.shape), with_bias=True, stage="forward")
+        x_ring = encode(xo, self.frac_bits)
+        y = self._secure_product(x_ring, self._forward_spec(xo.shape), with_bias=True, stage="forward")
         return self._from_output(y, x).to(x.dtype)
 
     def _secure_input_grad(self, g: Tensor, x: Tensor) -> Tensor:
         bits = gradient_scale_bits(g)
-        go = self._to_operand(g.to(torch.float64) * 2.0**bits)
+        go = self._to_operand(g)
+        g_ring = encode(go, self.frac_bits + bits)  # = encode(g * 2^bits): the scaling is exact
         xo_shape = self._to_operand(x).shape
-        gx = self._secure_product(go, self._backward_spec(go.shape, xo_shape), with_bias=False, stage="backward")
-        return (gx / 2.0**bits).reshape(x.shape).to(g.dtype)
+        gx = self._secure_product(
+            g_ring, self._backward_spec(go.shape, xo_shape), with_bias=False, stage="backward", out_factor=2.0**-bits
+        )
+        return gx.reshape(x.shape).to(g.dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         self.passive.absorb()

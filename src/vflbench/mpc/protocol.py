@@ -56,10 +56,14 @@ def party_combine(party: int, eps: Tensor, delta: Tensor, triple: TripleShare, o
     """One party's share of ``op(x, y)`` from the opened ``eps``, ``delta`` (Beaver).
 
     Party 0 folds its public term in by bilinearity: ``op(eps, b_0) + op(eps, delta) = op(eps, b_0 + delta)``
-    (two products per party instead of three).
+    (two products per party instead of three). ``op`` must return a new tensor (the sums are
+    accumulated into it in place); the triple, ``eps`` and ``delta`` are not modified.
     """
     b = triple.b + delta if party == 0 else triple.b
-    return triple.c + op(eps, b) + op(triple.a, delta)
+    z = op(eps, b)
+    z += op(triple.a, delta)
+    z += triple.c
+    return z
 
 
 def truncate_share(z_i: Tensor, party: int, frac_bits: int = DEFAULT_FRAC_BITS) -> Tensor:
