@@ -63,6 +63,16 @@ def _credit(attack: str | None, defenses: list[dict[str, Any]] | None = None, pa
 
 
 FSHA_PARAMS = {"lr": 1.0e-3}  # FSHA's lr_tilde 1e-5 is too slow for our step budget (see the docs)
+# Table 7 (NoPeek, DMAVFL Eq. 6: alpha dCor + (1 - alpha) task), Table 8 (embedding noise), Table 9 (DP):
+# the settings where the paper's defenses start to bite (CPU budget: not the whole sweeps).
+# tag: (defense, paper honest accuracy, paper recon MSE of DMAVFL, of DMAVFL_sync)
+TABLES_7_9: dict[str, tuple[dict[str, Any], float, float, float]] = {
+    "nopeek_0.95": ({"name": "nopeek", "alpha": 0.95, "weighting": "convex"}, 94.72, 0.0280, 0.0403),
+    "nopeek_1.0": ({"name": "nopeek", "alpha": 1.0, "weighting": "convex"}, 69.03, 0.4759, 0.4462),
+    "noise_0.5": ({"name": "embedding_noise", "sigma": 0.5}, 94.84, 0.0351, 0.0497),
+    "dp_1": ({"name": "received_gradient_dp", "epsilon": 1.0}, 94.97, 0.0443, 0.0507),
+    "dp_10": ({"name": "received_gradient_dp", "epsilon": 10.0}, 97.36, 0.0122, 0.0110),
+}
 EXPERIMENTS: dict[str, Experiment] = {
     # Table 1, MNIST
     "mnist_dmavfl": _mnist("dmavfl", paper=0.0152),
@@ -89,38 +99,11 @@ EXPERIMENTS: dict[str, Experiment] = {
     "credit_agn_sg": _credit("agn", [SG], paper=1.5348),
     "credit_honest_sg_gs": _credit(None, [SG, GS]),
     "credit_dmavfl_monitor": _credit("dmavfl", [{**SG, "threshold": 0.0}, {**GS, "threshold": 0.0}], paper=0.4389),
-    # Table 7 (NoPeek, DMAVFL Eq. 6: alpha dCor + (1 - alpha) task), Table 8 (embedding noise), Table 9 (DP):
-    # the settings where the paper's defenses start to bite (CPU budget: not the whole sweeps)
-    "mnist_dmavfl_nopeek_0.95": _mnist("dmavfl", [{"name": "nopeek", "alpha": 0.95, "weighting": "convex"}],
-                                       paper=0.0280, paper_acc=94.72),
-    "mnist_dmavfl_nopeek_1.0": _mnist("dmavfl", [{"name": "nopeek", "alpha": 1.0, "weighting": "convex"}],
-                                      paper=0.4759, paper_acc=69.03),
-    "mnist_dmavfl_noise_0.5": _mnist("dmavfl", [{"name": "embedding_noise", "sigma": 0.5}], paper=0.0351,
-                                     paper_acc=94.84),
-    "mnist_dmavfl_dp_1": _mnist("dmavfl", [{"name": "received_gradient_dp", "epsilon": 1.0}], paper=0.0443,
-                                paper_acc=94.97),
-    "mnist_dmavfl_dp_10": _mnist("dmavfl", [{"name": "received_gradient_dp", "epsilon": 10.0}], paper=0.0122,
-                                 paper_acc=97.36),
-    # the same defenses against DMAVFL_sync (the tables' "sync" rows)
-    "mnist_dmavfl_sync_nopeek_0.95": _mnist("dmavfl_sync", [{"name": "nopeek", "alpha": 0.95, "weighting": "convex"}],
-                                            paper=0.0403, paper_acc=94.72),
-    "mnist_dmavfl_sync_nopeek_1.0": _mnist("dmavfl_sync", [{"name": "nopeek", "alpha": 1.0, "weighting": "convex"}],
-                                           paper=0.4462, paper_acc=69.03),
-    "mnist_dmavfl_sync_noise_0.5": _mnist("dmavfl_sync", [{"name": "embedding_noise", "sigma": 0.5}], paper=0.0497,
-                                          paper_acc=94.84),
-    "mnist_dmavfl_sync_dp_1": _mnist("dmavfl_sync", [{"name": "received_gradient_dp", "epsilon": 1.0}], paper=0.0507,
-                                     paper_acc=94.97),
-    "mnist_dmavfl_sync_dp_10": _mnist("dmavfl_sync", [{"name": "received_gradient_dp", "epsilon": 10.0}],
-                                      paper=0.0110, paper_acc=97.36),
-    # honest accuracy under the same defenses (the tables' "Honest Acc")
+    # Tables 7-9 against DMAVFL and DMAVFL_sync, and honest accuracy under the same defenses
+    **{f"mnist_{attack}_{tag}": _mnist(attack, [defense], paper=papers[i], paper_acc=acc)
+       for tag, (defense, acc, *papers) in TABLES_7_9.items() for i, attack in enumerate(("dmavfl", "dmavfl_sync"))},
     "mnist_honest": _mnist(None, paper_acc=99.11),
-    "mnist_honest_nopeek_0.95": _mnist(None, [{"name": "nopeek", "alpha": 0.95, "weighting": "convex"}],
-                                       paper_acc=94.72),
-    "mnist_honest_noise_0.5": _mnist(None, [{"name": "embedding_noise", "sigma": 0.5}], paper_acc=94.84),
-    "mnist_honest_dp_1": _mnist(None, [{"name": "received_gradient_dp", "epsilon": 1.0}], paper_acc=94.97),
-    "mnist_honest_nopeek_1.0": _mnist(None, [{"name": "nopeek", "alpha": 1.0, "weighting": "convex"}],
-                                      paper_acc=69.03),
-    "mnist_honest_dp_10": _mnist(None, [{"name": "received_gradient_dp", "epsilon": 10.0}], paper_acc=97.36),
+    **{f"mnist_honest_{tag}": _mnist(None, [defense], paper_acc=acc) for tag, (defense, acc, *_) in TABLES_7_9.items()},
     # seed spread (the rows above are seed 0): data subsample, aux draw, initialisation and batches all change
     **{f"mnist_dmavfl_seed{s}": Experiment("dmavfl_mnist", "dmavfl", [], 0.0152, None, {}, s) for s in (1, 2)},
     **{f"mnist_dmavfl_dp_10_seed{s}": Experiment("dmavfl_mnist", "dmavfl",
