@@ -59,7 +59,9 @@ def tradeoff(summary: pd.DataFrame, attack: str, path: Path) -> Path:
     if len(defended) > 1:
         pts = list(zip(defended["eps_u"], defended["eps_p"], strict=True))
         front = [pts[i] for i in pareto_front(pts)]
-        ax.plot(*zip(*front, strict=True), color="grey", linestyle=":", linewidth=1.5, label="Pareto front")
+        # hollow rings mark the front's points, so that a front of one point is visible too
+        ax.plot(*zip(*front, strict=True), color="grey", linestyle=":", linewidth=1.5, marker="o",
+                markersize=13, markerfacecolor="none", label="Pareto front")
     ax.set_xlabel("utility loss ε_u (points)")
     ax.set_ylabel("privacy leakage ε_p (points)")
     ax.set_title(f"privacy-utility trade-off: {attack}")
