@@ -89,6 +89,11 @@ EXPERIMENTS: dict[str, Experiment] = {
     "mnist_agn_gs": _mnist("agn", [GS], paper=0.5064),
     # both detectors only watching (threshold 0: never halt), to see DMAVFL's scores after the point of detection
     "mnist_dmavfl_monitor": _mnist("dmavfl", [{**SG, "threshold": 0.0}, {**GS, "threshold": 0.0}], paper=0.0152),
+    # URVFL's port of Gradients Scrutinizer (the DMAVFL authors' detector code), watching only: its score
+    # and detection rule (mean of the last 5 scores below 0.7; DMAVFL 6.2 says 0.8) are applied afterwards
+    **{f"mnist_{who}_gs_urvfl_monitor": _mnist(attack, [{**GS, "variant": "urvfl", "threshold": 0.0, "window": 5}],
+                                               **(FSHA_PARAMS if attack == "fsha" else {}))
+       for who, attack in (("dmavfl", "dmavfl"), ("fsha", "fsha"), ("honest", None))},
     # Table 1, Credit
     "credit_dmavfl": _credit("dmavfl", paper=0.4389),
     "credit_dmavfl_sync": _credit("dmavfl_sync", paper=0.4602),
