@@ -176,6 +176,8 @@ def run_one(name: str, exp: Experiment, data_root: str, out: Path) -> dict[str, 
             detectors[d.name] = {"scores": d.scores_, "detected_step": d.detected_step_,
                                  "detected_epoch": d.detected_epoch_, "threshold": d.threshold, "window": d.window,
                                  "steps": d.count_}
+            if hasattr(d, "same_mean_"):  # Gradients Scrutinizer: the per-step similarity means behind its score
+                detectors[d.name].update(same_mean=d.same_mean_, diff_mean=d.diff_mean_)
     record["detectors"] = detectors
     if plan.attacks:
         [planned] = plan.attacks
