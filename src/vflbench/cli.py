@@ -69,6 +69,9 @@ class RichProgress:
             logging.getLogger("vflbench").info(line)
 
 
+BASELINE_LABELS = {"vanilla": "VFL without defenses", "alone": "active party alone"}
+
+
 def _result_table(result: Any) -> Table:
     table = Table(title=f"run {result.config_hash} (seed {result.seed})")
     for col in ("what", "metric", "value", "prior", "leakage"):
@@ -77,10 +80,13 @@ def _result_table(result: Any) -> Table:
     label = "VFL" + (f" + {', '.join(d['name'] for d in result.defense)}" if result.defense else " (vanilla)")
     table.add_row(label, u.metric, f"{u.value:.4f}", "", "")
     for name, base in result.baselines.items():
+        if name == "vanilla" and not result.defense:
+            continue  # without defenses the run itself is the vanilla baseline (the row above)
+        label = BASELINE_LABELS.get(name, name)
         if "skipped" in base:
-            table.add_row(name, "-", "skipped", "", "")
+            table.add_row(label, "-", "skipped", "", "")
         else:
-            table.add_row(name, base["metric"], f"{base['value']:.4f}", "", "")
+            table.add_row(label, base["metric"], f"{base['value']:.4f}", "", "")
     for a in result.attacks:
         table.add_row(f"attack {a.name}", a.metric, f"{a.value:.4f}", f"{a.prior:.4f} ({a.prior_name})",
                       f"{a.leakage:.2f}")
