@@ -148,7 +148,7 @@ def tune(
     set_: Annotated[list[str] | None, typer.Option("--set", help="override")] = None,
     data_root: Annotated[Path | None, typer.Option("--data-root", help="datasets root")] = None,
 ) -> None:
-    """Find the weakest strength of a defense whose worst-case leakage meets a budget."""
+    """Find the strength of a defense with the best utility whose worst-case leakage meets a budget."""
     from vflbench.config import load_config
     from vflbench.eval.tune import tune as run_tune
 

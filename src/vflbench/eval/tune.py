@@ -1,5 +1,7 @@
-"""``vflbench tune``: the weakest strength of a defense whose worst-case leakage meets a privacy
-budget (VMask's tunable budget, generalised to every defense), by bisection in log space."""
+"""``vflbench tune``: the strength of a defense with the best utility whose worst-case leakage
+meets a privacy budget (VMask's tunable budget, generalised to every defense). The search
+bisects in log space towards the weakest strength that meets the budget; of the strengths it
+tried that meet it, the one with the lowest utility loss is chosen."""
 
 from __future__ import annotations
 
