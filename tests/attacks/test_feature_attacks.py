@@ -213,3 +213,58 @@ def test_cosine_distance():
     a = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
     b = torch.tensor([[0.0, 2.0], [2.0, 2.0]])
     assert torch.allclose(cosine_distance(a, b), torch.tensor([1.0, 0.0]), atol=1e-6)
+
+
+# -- several target parties (DMAVFL §7.4, Table 6) ----------------------------------------------
+
+
+def _three_parties(attack: dict, name: str = "digits"):
+    return build_config(minimal(data={"name": name, "parties": 3}, train=TRAIN, attacks=[attack]))
+
+
+@pytest.mark.parametrize("dataset", ["digits", "breast_cancer"])
+def test_dmavfl_attacks_two_target_parties_at_once(dataset):
+    cfg = _three_parties({"name": "dmavfl", **SMALL, "pretrain_epochs": 10,
+                          "victim": ["passive_1", "passive_2"]}, dataset)
+    vd = load_vertical_data(cfg)
+    plan = validate_attacks(cfg, vd)
+    run = train_run(cfg, vd, attacks=plan)
+    view = _view(run, plan.attacks[0])
+    assert [r.sender for r in view.received] == ["passive_1", "passive_2"]
+    widths = tuple(int(p.x_train.shape[-1]) for p in vd.passive)
+    assert view.aux.victim_widths == widths and view.aux.victim_party == "passive_1+passive_2"
+    assert view.aux.victim.shape[1:-1] == vd.passive[0].x_train.shape[1:-1]
+    assert view.aux.victim.shape[-1] == sum(widths)
+    inference = plan.attacks[0].attack.infer(view)
+    assert inference.features.shape[1:] == view.aux.victim.shape[1:]  # both slices reconstructed
+    [result], _ = run_attacks(plan, run)
+    assert result.value < 0.9 * result.prior  # beats the aux-mean guess over both slices
+    assert {"emb_mse", "emb_cos"} <= set(result.details)
+    # every victim received malicious gradients: its bottom model moved away from its initialisation
+    assert all(_moved(run, cfg, vd))
+
+
+def _moved(run, cfg, vd) -> list[bool]:
+    """Whether each passive party's bottom model differs from its initialisation after ``run``."""
+    fresh = build_federation(cfg, vd)
+    return [any(bool((a.detach() != b.detach()).any()) for a, b in zip(party.bottom.parameters(),
+                                                                        untouched.bottom.parameters(), strict=True))
+            for party, untouched in zip(run.federation.passives, fresh.passives, strict=True)]
+
+
+def test_a_party_that_is_not_a_target_gets_zero_gradients():
+    cfg = _three_parties({"name": "dmavfl", **SMALL, "pretrain_epochs": 1, "victim": ["passive_2"]})
+    vd = load_vertical_data(cfg)
+    run = train_run(cfg, vd, attacks=validate_attacks(cfg, vd))
+    assert _moved(run, cfg, vd) == [False, True]
+
+
+@pytest.mark.parametrize(("attack", "message"), [
+    ({"name": "agn", **SMALL, "victim": ["passive_1", "passive_2"]}, "targets one passive party"),
+    ({"name": "dmavfl", **SMALL, "victim": ["passive_1", "passive_1"]}, "name a party twice"),
+    ({"name": "dmavfl", **SMALL, "victim": ["passive_1", "passive_3"]}, "victim 'passive_3' must be a passive"),
+])
+def test_bad_victim_lists_fail_before_training(attack, message):
+    cfg = _three_parties(attack)
+    with pytest.raises(ConfigError, match=message):
+        validate_attacks(cfg, load_vertical_data(cfg))

@@ -58,7 +58,9 @@ class AuxData:
     ``None`` when it holds no features), the victim party's slice (``victim``, in the slice's
     shape) and the labels. Drawn by the runner (``aux_size``/``aux_fraction``, restricted to
     ``classes`` for an out-of-distribution set, DMAVFL Table 5) and disjoint from the rows the
-    attack is scored on.
+    attack is scored on. With several target parties (DMAVFL Table 6) ``victim`` is their
+    slices concatenated along the last axis, ``victim_party`` their names joined by ``+`` and
+    ``victim_widths`` each slice's size along that axis.
     """
 
     ids: Tensor
@@ -67,6 +69,7 @@ class AuxData:
     labels: Tensor
     victim_party: str
     classes: tuple[int, ...] | None = None
+    victim_widths: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -171,8 +174,9 @@ class Attack(ABC):
     prior its leakage is measured against; :meth:`check` enforces requirements before any
     training; malicious attacks also override :meth:`corrupt`.
 
-    Feature attacks (``target = "features"``) name their ``victim`` passive party, may ask for
-    an auxiliary set (``aux_size`` or ``aux_fraction``, optionally ``aux_classes``), and are
+    Feature attacks (``target = "features"``) name their ``victim`` passive party (a list of
+    parties where ``multi_victim`` is set: DMAVFL's several target clients), may ask for an
+    auxiliary set (``aux_size`` or ``aux_fraction``, optionally ``aux_classes``), and are
     scored on ``n_targets`` rows (all when ``None``) of ``target_split``.
     """
 
@@ -187,7 +191,8 @@ class Attack(ABC):
     party: str = "passive_1"
     prior: Prior = "random"
     every_epoch: bool = False
-    victim: str = "passive_1"
+    victim: str | Sequence[str] = "passive_1"
+    multi_victim: ClassVar[bool] = False
     aux_size: int | None = None
     aux_fraction: float | None = None
     aux_classes: Sequence[int] | None = None
@@ -242,3 +247,8 @@ def binary_only(attack: str, scenario: Scenario) -> None:
 def stack_ids(parts: Sequence[Scores]) -> Tensor:
     """All ids of several score sets, concatenated."""
     return torch.cat([p.ids for p in parts])
+
+
+def victims_of(attack: Attack) -> tuple[str, ...]:
+    """The passive parties a feature attack targets (its ``victim``: one name or a list)."""
+    return (attack.victim,) if isinstance(attack.victim, str) else tuple(attack.victim)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,7 @@ from vflbench.attacks.base import (
     ReceivedEmbeddings,
     Scenario,
     Scores,
+    victims_of,
 )
 from vflbench.config import ExperimentConfig
 from vflbench.data import VerticalData, known_label_indices
@@ -120,10 +121,30 @@ def aux_data(attack: Attack, vd: VerticalData, own: Tensor | None, seed: int) ->
     fraction = attack.aux_fraction if attack.aux_size is None else None  # a count takes precedence
     ids = aux_indices(vd.y_train, generator=generator(seed, "attack", attack.name, "aux"), size=attack.aux_size,
                       fraction=fraction, classes=attack.aux_classes)
-    victim = vd.passive[passive_index(attack.victim)].x_train[ids]
+    names = victims_of(attack)
+    victim, widths = victim_features(vd, names, "train")
     classes = tuple(int(c) for c in attack.aux_classes) if attack.aux_classes is not None else None
-    return AuxData(ids, None if own is None else own[ids].clone(), victim.clone(), vd.y_train[ids].clone(),
-                   attack.victim, classes)
+    return AuxData(ids, None if own is None else own[ids].clone(), victim[ids].clone(), vd.y_train[ids].clone(),
+                   "+".join(names), classes, widths if len(names) > 1 else ())
+
+
+def victim_features(vd: VerticalData, victims: Sequence[str], split: str) -> tuple[Tensor, tuple[int, ...]]:
+    """The victims' slices of ``split`` concatenated along the last axis, and each one's width there."""
+    parts = [getattr(vd.passive[passive_index(v)], "x_test" if split == "test" else "x_train") for v in victims]
+    return (parts[0] if len(parts) == 1 else torch.cat(parts, -1)), tuple(int(x.shape[-1]) for x in parts)
+
+
+def _check_victims(name: str, attack: Attack, victims: tuple[str, ...], vd: VerticalData) -> None:
+    """Several target parties: an attack built for them, distinct parties, slices that concatenate."""
+    if not attack.multi_victim:
+        raise ConfigError(f"attack {name!r} targets one passive party; give victim as one name (several target "
+                          "parties are supported by dmavfl and dmavfl_sync, DMAVFL Table 6)")
+    if len(set(victims)) != len(victims):
+        raise ConfigError(f"attack {name!r}: the victims {list(victims)} name a party twice")
+    shapes = [tuple(vd.passive[passive_index(v)].x_train.shape[1:]) for v in victims]
+    if len({shape[:-1] for shape in shapes}) != 1:
+        raise ConfigError(f"attack {name!r}: the victims' slices must agree in every axis but the last to be "
+                          f"reconstructed together; their shapes are {shapes}")
 
 
 def passive_index(name: str) -> int:
@@ -205,9 +226,13 @@ def validate_attacks(cfg: ExperimentConfig, vd: VerticalData) -> AttackPlan:
                               f"valid parties are: {', '.join(valid_parties)}")
         if attack.target == "features":
             passives = valid_parties[:-1]
-            if attack.victim not in passives or attack.victim == attack.party:
-                raise ConfigError(f"attack {spec.name!r}: victim {attack.victim!r} must be a passive party other than "
-                                  f"the attacker; valid victims are: {', '.join(passives)}")
+            victims = victims_of(attack)
+            for victim in victims:
+                if victim not in passives or victim == attack.party:
+                    raise ConfigError(f"attack {spec.name!r}: victim {victim!r} must be a passive party other than "
+                                      f"the attacker; valid victims are: {', '.join(passives)}")
+            if len(victims) > 1:
+                _check_victims(spec.name, attack, victims, vd)
             if attack.prior != "random":
                 raise CompatibilityError(f"attack {spec.name!r} is a feature attack: its prior is the aux-mean guess; "
                                          "use prior: random")
@@ -281,7 +306,7 @@ def _view(run: TrainedRun, planned: PlannedAttack, models: dict[str, nn.Module] 
     received = []
     if attack.target == "features" and "embedding" in attack.reads and party.name == ACTIVE:
         ids, split = feature_targets(attack, run.data, aux, run.config.seed)
-        received.append(query_embeddings(run.federation, attack.victim, ids, split))
+        received += [query_embeddings(run.federation, victim, ids, split) for victim in victims_of(attack)]
     assert party.data is not None or attack.target == "features"
     return PartyView(
         party=party.name, scenario=scenario_of(run.config, run.data), data=party.data,
@@ -360,40 +385,50 @@ def feature_prior(truth: Tensor, aux: AuxData | None, train_slice: Tensor) -> fl
 
 
 @torch.no_grad()
-def score_features(inf: FeatureInference, run: TrainedRun, victim: str, aux: AuxData | None) -> tuple[float, float,
-                                                                                                      dict[str, Any]]:
+def score_features(inf: FeatureInference, run: TrainedRun, victim: str | Sequence[str],
+                   aux: AuxData | None) -> tuple[float, float, dict[str, Any]]:
     """Reconstruction MSE (the value), the aux-mean prior, and diagnostics of a feature attack.
 
     ``details``: ``mse`` per split, ``ssim`` for image slices (Wang et al. 2004, 11x11 Gaussian
     window, sigma 1.5, data range 1), ``emb_mse``/``emb_cos`` between the attacker's shadow
     model and the victim's real bottom model on the true features of the target rows (cosine
-    distance ``1 - cos`` of the embeddings, DMAVFL Table 1), and ``n_targets``.
+    distance ``1 - cos`` of the embeddings, DMAVFL Table 1), and ``n_targets``. With several
+    victims the truth is their slices concatenated along the last axis, and the real
+    embeddings are each victim's bottom model on its own slice, concatenated.
     """
     from vflbench.eval.metrics import cosine_distance, ssim
 
-    part = run.data.passive[passive_index(victim)]
-    source = part.x_test if inf.split == "test" else part.x_train
+    victims = (victim,) if isinstance(victim, str) else tuple(victim)
+    part = run.data.passive[passive_index(victims[0])]
+    source, widths = victim_features(run.data, victims, inf.split)
+    train_slice, _ = victim_features(run.data, victims, "train")
     truth = source[inf.ids].float()
     recon = inf.features.detach().float().reshape(truth.shape)
     recon = torch.nan_to_num(recon, nan=0.0, posinf=0.0, neginf=0.0)
     value = float(((recon - truth) ** 2).mean())
-    prior = feature_prior(truth, aux, part.x_train)
+    prior = feature_prior(truth, aux, train_slice)
     details: dict[str, Any] = {**inf.details, "split": inf.split, "n_targets": len(inf.ids), "mse": value,
                                "prior_mse": prior}
     if part.kind == "image" and truth.dim() == 4:
         details["ssim"] = float(ssim(recon, truth, data_range=1.0).mean())
     if inf.shadow is not None:
-        victim_party = {p.name: p for p in run.federation.passives}[victim]
-        assert victim_party.bottom is not None
-        was = victim_party.bottom.training
-        victim_party.bottom.eval()
+        parties = {p.name: p for p in run.federation.passives}
         inf.shadow.eval()
-        real = torch.cat([victim_party.bottom(truth[i : i + EVAL_BATCH]) for i in range(0, len(truth), EVAL_BATCH)])
+        real = torch.cat([_embed(parties[v], x) for v, x in zip(victims, truth.split(widths, -1), strict=True)], 1)
         est = torch.cat([inf.shadow(truth[i : i + EVAL_BATCH]) for i in range(0, len(truth), EVAL_BATCH)])
-        victim_party.bottom.train(was)
         details["emb_mse"] = float(((est - real) ** 2).mean())
         details["emb_cos"] = float(cosine_distance(est, real).mean())
     return value, prior, details
+
+
+def _embed(party: PassiveParty, x: Tensor) -> Tensor:
+    """``party``'s real bottom model on ``x`` in eval mode (its training mode restored)."""
+    assert party.bottom is not None
+    was = party.bottom.training
+    party.bottom.eval()
+    out = torch.cat([party.bottom(x[i : i + EVAL_BATCH]) for i in range(0, len(x), EVAL_BATCH)])
+    party.bottom.train(was)
+    return out
 
 
 def _label_inference(inference: LabelInference | FeatureInference) -> LabelInference:
@@ -414,7 +449,7 @@ def run_attacks(plan: AttackPlan, run: TrainedRun) -> tuple[list[AttackResult], 
             inference = attack.infer(view)
             if not isinstance(inference, FeatureInference):
                 raise CompatibilityError(f"feature attack {attack.name!r} returned {type(inference).__name__}")
-            value, prior, details = score_features(inference, run, attack.victim, view.aux)
+            value, prior, details = score_features(inference, run, victims_of(attack), view.aux)
             seconds[attack.name] = time.perf_counter() - tic
             results.append(AttackResult(name=attack.name, target=attack.target, metric="mse", value=value,
                                         prior=prior, prior_name="aux_mean", leakage=prior - value,

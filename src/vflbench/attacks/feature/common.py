@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -50,6 +50,7 @@ from vflbench.attacks.base import (
     Scenario,
     Target,
     require,
+    victims_of,
 )
 from vflbench.data.base import PartySlice
 from vflbench.errors import ConfigError
@@ -165,6 +166,19 @@ def received_from(view: PartyView, sender: str) -> ReceivedEmbeddings:
     raise ConfigError(f"the attacker's view holds no embeddings from {sender!r}")
 
 
+class SplitShadow(nn.Module):
+    """One shadow model per target party (DMAVFL Table 6): splits the concatenated slices along
+    the last axis by ``widths``, applies each party's shadow, concatenates the embeddings."""
+
+    def __init__(self, shadows: Sequence[nn.Module], widths: Sequence[int]) -> None:
+        super().__init__()
+        self.shadows = nn.ModuleList(shadows)
+        self.widths = tuple(int(w) for w in widths)
+
+    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
+        return torch.cat([f(part) for f, part in zip(self.shadows, x.split(self.widths, -1), strict=True)], 1)
+
+
 @dataclass
 class Adversary:
     """The live state of one malicious active party during training."""
@@ -195,11 +209,11 @@ class MaliciousActiveAttack(Attack):
     party = "active"
     has_shadow: ClassVar[bool] = True
 
-    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,
-                 aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
-                 n_targets: int | None = None, aux_batch_size: int = 128, lr: float = 1e-4,
-                 shadow_model: str | None = None, shadow_options: dict[str, Any] | None = None,
-                 hidden: int = 256, decoder_width: int = 64) -> None:
+    def __init__(self, *, victim: str | Sequence[str] = "passive_1", aux_size: int | None = None,
+                 aux_fraction: float | None = 0.1, aux_classes: Sequence[int] | None = None,
+                 target_split: Literal["train", "test"] = "test", n_targets: int | None = None,
+                 aux_batch_size: int = 128, lr: float = 1e-4, shadow_model: str | None = None,
+                 shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64) -> None:
         if aux_size is None and aux_fraction is None:
             raise ValueError("a malicious feature attack needs an auxiliary set: give aux_size or aux_fraction")
         if target_split not in ("train", "test"):
@@ -248,10 +262,22 @@ class MaliciousActiveAttack(Attack):
     # -- building blocks ----------------------------------------------------------------
 
     def make_shadow(self, aux: AuxData, generator: torch.Generator) -> nn.Module:
-        """f_e: the scenario's bottom architecture for the victim's slice, our own initialisation."""
+        """f_e: the scenario's bottom architecture for the victim's slice, our own initialisation
+        (with several target parties one per party, in a :class:`SplitShadow`)."""
         name = self.shadow_model or self.scenario_.bottom
-        part = PartySlice(aux.victim, aux.victim[:0], "image" if aux.victim.dim() == 4 else "tabular")
-        return build_bottom(name, part, self.scenario_.embed_dim, generator, **(self.shadow_options or {}))
+        kind = "image" if aux.victim.dim() == 4 else "tabular"
+
+        def one(x: Tensor) -> nn.Module:
+            part = PartySlice(x, x[:0], kind)
+            return build_bottom(name, part, self.scenario_.embed_dim, generator, **(self.shadow_options or {}))
+
+        if not aux.victim_widths:
+            return one(aux.victim)
+        return SplitShadow([one(x) for x in aux.victim.split(aux.victim_widths, -1)], aux.victim_widths)
+
+    def victim_width(self) -> int:
+        """Width of the (concatenated) embedding the victims send."""
+        return self.scenario_.embed_dim * len(victims_of(self))
 
     def own_width(self, party: ActiveParty, aux: AuxData) -> int:
         """Width of the adversary's own embedding f_a(x_a) (0 when it holds no features)."""
@@ -283,14 +309,15 @@ class MaliciousActiveAttack(Attack):
     def _step(self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int,
               senders: Sequence[str]) -> list[Tensor]:
         s = self.state_
-        k = list(senders).index(self.victim)
-        h = received[k].detach().requires_grad_()
+        ks = [list(senders).index(v) for v in victims_of(self)]
+        h = torch.cat([received[k] for k in ks], 1).detach().requires_grad_()
         y = class_indices(s.party.objective.targets[ids])
         g, loss = self.attack_step(s, ids, h, y)
         s.party.last_loss = loss
-        # Only the victim is attacked; other passive parties receive zero gradients.
+        # Only the victims are attacked (each gets its part of g); other passive parties receive zero gradients.
         grads = [torch.zeros_like(r) for r in received]
-        grads[k] = g.detach()
+        for k, part in zip(ks, g.detach().split([received[k].shape[1] for k in ks], 1), strict=True):
+            grads[k] = part
         return grads
 
     def reconstruction_loss(self, state: Adversary, rows: Tensor) -> Tensor:
@@ -315,8 +342,10 @@ class MaliciousActiveAttack(Attack):
 
     @torch.no_grad()
     def infer(self, view: PartyView) -> FeatureInference:
-        """Reconstruct the victim's slice of the target rows from what the victim sent."""
-        r = received_from(view, self.victim)
+        """Reconstruct the victim's slice of the target rows from what the victim sent (several
+        victims: their slices, concatenated, from their embeddings, concatenated)."""
+        parts = [received_from(view, v) for v in victims_of(self)]
+        r = parts[0] if len(parts) == 1 else replace(parts[0], embeddings=torch.cat([p.embeddings for p in parts], 1))
         for m in view.models.values():
             m.eval()
         own_all = None

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vflbench.attacks.base import AuxData
+from vflbench.attacks.base import AuxData, victims_of
 from vflbench.attacks.feature.common import (
     DMAVFL_PAPER,
     Adversary,
@@ -58,7 +58,9 @@ from vflbench.protocol import ActiveParty
 class DMAVFL(MaliciousActiveAttack):
     """DMAVFL (Algorithms 1-2): pretrain f_a/f_e/f_d on aux, then DAC malicious gradients.
 
-    Parameters: ``victim`` (the passive party attacked), ``aux_size``/``aux_fraction`` (default
+    Parameters: ``victim`` (the passive party attacked, or a list of them: DMAVFL §7.4's several
+    target clients, each with its own shadow f_e, one DAC on their concatenated embeddings and
+    one decoder of their concatenated slices), ``aux_size``/``aux_fraction`` (default
     10% of the training rows, DMAVFL §6.1) and ``aux_classes`` (out-of-distribution aux),
     ``target_split``/``n_targets`` (rows scored), ``pretrain_epochs`` (20), ``lr`` (1e-4, f_a,
     f_e, f_d), ``disc_lr`` (1e-4, the DAC), ``aux_batch_size`` (128), ``shadow_model`` /
@@ -69,9 +71,11 @@ class DMAVFL(MaliciousActiveAttack):
     name = "dmavfl"
     paper = DMAVFL_PAPER
     sync: ClassVar[bool] = False
+    multi_victim = True
 
-    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,
-                 aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
+    def __init__(self, *, victim: str | Sequence[str] = "passive_1", aux_size: int | None = None,
+                 aux_fraction: float | None = 0.1, aux_classes: Sequence[int] | None = None,
+                 target_split: Literal["train", "test"] = "test",
                  n_targets: int | None = None, pretrain_epochs: int = 20, aux_batch_size: int = 128,
                  lr: float = 1e-4, disc_lr: float = 1e-4, shadow_model: str | None = None,
                  shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64) -> None:
@@ -87,7 +91,7 @@ class DMAVFL(MaliciousActiveAttack):
     def build(self, party: ActiveParty, aux: AuxData, generator: torch.Generator) -> Adversary:  # noqa: D102
         own = party.bottom if aux.own is not None else None
         shadow = self.make_shadow(aux, generator)
-        embed = self.scenario_.embed_dim
+        embed = self.victim_width()
         decoder = seeded(decoder_for(self.own_width(party, aux) + embed, aux.victim[0], hidden=self.hidden,
                                       width=self.decoder_width), generator)
         dac = seeded(mlp(embed, (self.hidden, self.hidden), 2 * self.scenario_.num_classes, leaky=True), generator)
@@ -141,15 +145,16 @@ class DMAVFL(MaliciousActiveAttack):
         return g, float(loss_m.detach())
 
     def predictor(self, state: Adversary) -> Callable[..., Tensor] | None:
-        """Class scores from the DAC: ``logsumexp`` of each class's two logits (victim embedding only)."""
+        """Class scores from the DAC: ``logsumexp`` of each class's two logits (victims' embeddings only)."""
         party, num_classes = state.party, self.scenario_.num_classes
         if party.objective.out_dim != num_classes:
             return None
-        victim = self.victim
+        victims = victims_of(self)
 
         @torch.no_grad()
         def predict(ids: Tensor, received: Sequence[Tensor], split: str) -> Tensor:
-            h = received[_senders(len(received)).index(victim)]
+            senders = _senders(len(received))
+            h = torch.cat([received[senders.index(v)] for v in victims], 1)
             state.discriminator.eval()
             return state.discriminator(h).view(-1, num_classes, 2).logsumexp(2)
 
@@ -172,8 +177,9 @@ class DMAVFLSync(DMAVFL):
     name = "dmavfl_sync"
     sync = True
 
-    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,
-                 aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
+    def __init__(self, *, victim: str | Sequence[str] = "passive_1", aux_size: int | None = None,
+                 aux_fraction: float | None = 0.1, aux_classes: Sequence[int] | None = None,
+                 target_split: Literal["train", "test"] = "test",
                  n_targets: int | None = None, pretrain_epochs: int = 0, aux_batch_size: int = 128,
                  lr: float = 1e-4, disc_lr: float = 1e-4, shadow_model: str | None = None,
                  shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64) -> None:
