@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from vflbench.attacks.runner import _view, score_features, validate_attacks
+from vflbench.attacks.base import victims_of
+from vflbench.attacks.runner import _view, score_features, validate_attacks, victim_features
 from vflbench.config import build_config, load_config
 from vflbench.eval.run import TrainedRun
 from vflbench.eval.scenario import build_federation, load_vertical_data, plan_defenses
@@ -50,6 +51,7 @@ class Experiment:
     paper_acc: float | None = None
     attack_params: dict[str, Any] = field(default_factory=dict)
     seed: int | None = None  # None: the base config's (0)
+    data: dict[str, Any] = field(default_factory=dict)  # keys of the base config's data section replaced
 
 
 def _mnist(attack: str | None, defenses: list[dict[str, Any]] | None = None, paper: float | None = None,
@@ -116,6 +118,20 @@ EXPERIMENTS: dict[str, Experiment] = {
                                                  {}, s) for s in (1, 2)},
     **{f"mnist_honest_seed{s}": Experiment("dmavfl_mnist", None, [], None, 99.11, {}, s) for s in (1, 2)},
 }
+def _targets(n: int) -> dict[str, Any]:
+    """Table 6 on Credit: the passive half of the features (file columns 0-11, the victim's slice of
+    the 2-party setup) split evenly among ``n`` target parties; the active attacker keeps 12-22."""
+    columns = [part.tolist() for part in np.array_split(np.arange(12), n)] + [list(range(12, 23))]
+    return {"parties": n + 1, "split": "columns", "columns": columns}
+
+
+# DMAVFL Table 6 (number of target clients; the paper's rows are on IOT, not available here, so
+# no paper value is attached to these Credit runs: docs/reproduction_dmavfl.md compares trends)
+EXPERIMENTS.update({
+    f"credit_{attack}_targets{n}": Experiment("dmavfl_credit", attack,
+                                              attack_params={"victim": [f"passive_{i + 1}" for i in range(n)]},
+                                              data=_targets(n))
+    for attack in ("dmavfl", "dmavfl_sync") for n in range(1, 6)})
 #: Seed groups for the spread table: label -> the seed-0 experiment and its other seeds.
 SEED_GROUPS = {"DMAVFL, no defense": "mnist_dmavfl", "DMAVFL, DP epsilon 10": "mnist_dmavfl_dp_10",
                "honest, no defense": "mnist_honest"}
@@ -134,6 +150,7 @@ def build(exp: Experiment):
             spec.pop("pretrain_epochs", None)
         raw["attacks"] = [spec]
     raw["defenses"] = exp.defenses
+    raw["data"] = {**raw["data"], **exp.data}
     if exp.seed is not None:
         raw["seed"] = exp.seed
     raw.pop("sweep", None)
@@ -212,19 +229,20 @@ def epoch_mse(plan: Any, fed: Any, vd: Any, rows: int = 1000) -> float | None:
     state = getattr(attack, "state_", None)
     if state is None:
         return None
-    victim = fed.passives[0]
+    parties = {p.name: p for p in fed.passives}
+    victims = [parties[v] for v in victims_of(attack)]
     ids = torch.arange(min(rows, len(vd.y_test)))
-    models = [m for m in (state.own, state.shadow, state.decoder, victim.bottom) if m is not None]
+    models = [m for m in (state.own, state.shadow, state.decoder, *(v.bottom for v in victims)) if m is not None]
     modes = [m.training for m in models]
     for m in models:
         m.eval()
-    h = victim.forward(ids, epoch=-1, step=-1, split="test", train=False)
+    h = torch.cat([v.forward(ids, epoch=-1, step=-1, split="test", train=False) for v in victims], 1)
     own = vd.active.x_test[ids] if state.own is not None else None
     recon = attack.decode({"bottom": state.own, "decoder": state.decoder} if own is not None
                           else {"decoder": state.decoder}, own, h)
     for m, mode in zip(models, modes, strict=True):
         m.train(mode)
-    return float(((recon - vd.passive[0].x_test[ids]) ** 2).mean())
+    return float(((recon - victim_features(vd, victims_of(attack), "test")[0][ids]) ** 2).mean())
 
 
 @torch.no_grad()
@@ -240,7 +258,7 @@ def shadow_bound(attack: Any, vd: Any, ids: torch.Tensor) -> float | None:
     models = [m for m in (state.own, state.shadow, state.decoder) if m is not None]
     for m in models:
         m.eval()
-    victim = vd.passive[0].x_test[ids]
+    victim = victim_features(vd, victims_of(attack), "test")[0][ids]
     parts = ([state.own(vd.active.x_test[ids])] if state.own is not None else []) + [state.shadow(victim)]
     return float(((state.decoder(torch.cat(parts, 1)) - victim) ** 2).mean())
 
