@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+import re
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +64,10 @@ def test_canonical_names_are_registered():
     models = {"logreg", "mlp2", "mlp3", "lenet5", "vgg13", "resnet18", "conv2", "emb_mlp", "text_cnn"}
     assert datasets <= set(DATASETS.names())
     assert models <= set(MODELS.names())
+
+
+def test_every_attack_and_defense_has_a_line_in_the_methods_doc():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "methods.md").read_text()
+    documented = set(re.findall(r"^\| `([a-z0-9_]+)` \|", doc, re.MULTILINE))
+    missing = [n for n in [*ATTACKS.names(), *DEFENSES.names()] if n not in documented]
+    assert not missing, f"docs/methods.md has no line for {missing}"
