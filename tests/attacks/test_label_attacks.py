@@ -44,6 +44,13 @@ def test_norm_and_direction_scoring_on_breast_cancer():
     assert ns.leakage == pytest.approx(100 * (ns.value - 0.5))
 
 
+def test_the_same_attack_twice_keeps_both_timings():
+    cfg = build_config(minimal(data={"name": "breast_cancer"}, train={"epochs": 1, "batch_size": 32},
+                               attacks=[{"name": "norm_scoring", "epochs": [0]}, {"name": "norm_scoring"}]))
+    result = run_experiment(cfg)
+    assert len(result.attacks) == 2 and set(result.timing.attack_seconds) == {"norm_scoring", "norm_scoring#2"}
+
+
 @pytest.mark.parametrize("name", ["direct_label_inference", "residue_reconstruction", "gradient_inversion"])
 def test_vlr_gradient_attacks_beat_chance(name):
     [attack] = run_experiment(_vlr([{"name": name}])).attacks

@@ -437,6 +437,15 @@ def _label_inference(inference: LabelInference | FeatureInference) -> LabelInfer
     return inference
 
 
+def _timing_key(seconds: dict[str, float], name: str) -> str:
+    """``name``, or ``name#2``, ``name#3``, ... when the same attack is configured more than once."""
+    key, n = name, 1
+    while key in seconds:
+        n += 1
+        key = f"{name}#{n}"
+    return key
+
+
 def run_attacks(plan: AttackPlan, run: TrainedRun) -> tuple[list[AttackResult], dict[str, float]]:
     """Run every planned attack on ``run``; return scored results and seconds per attack."""
     results, seconds = [], {}
@@ -450,7 +459,7 @@ def run_attacks(plan: AttackPlan, run: TrainedRun) -> tuple[list[AttackResult], 
             if not isinstance(inference, FeatureInference):
                 raise CompatibilityError(f"feature attack {attack.name!r} returned {type(inference).__name__}")
             value, prior, details = score_features(inference, run, victims_of(attack), view.aux)
-            seconds[attack.name] = time.perf_counter() - tic
+            seconds[_timing_key(seconds, attack.name)] = time.perf_counter() - tic
             results.append(AttackResult(name=attack.name, target=attack.target, metric="mse", value=value,
                                         prior=prior, prior_name="aux_mean", leakage=prior - value,
                                         details={"params": planned.spec_params, **details}))
@@ -476,7 +485,7 @@ def run_attacks(plan: AttackPlan, run: TrainedRun) -> tuple[list[AttackResult], 
                 models = {k: copy.deepcopy(m) for k, m in snapshot.items()}
                 per_epoch.append(score_inference(_label_inference(attack.infer(view.with_models(models))), y_train,
                                                  y_test, metric, select)[0])
-        seconds[attack.name] = time.perf_counter() - tic
+        seconds[_timing_key(seconds, attack.name)] = time.perf_counter() - tic
         results.append(AttackResult(name=attack.name, target=attack.target, metric=metric, value=value,
                                     prior=prior, prior_name=attack.prior, leakage=100.0 * (value - prior),
                                     per_epoch=per_epoch, details={"params": planned.spec_params, **details}))
