@@ -132,6 +132,11 @@ EXPERIMENTS.update({
                                               attack_params={"victim": [f"passive_{i + 1}" for i in range(n)]},
                                               data=_targets(n))
     for attack in ("dmavfl", "dmavfl_sync") for n in range(1, 6)})
+EXPERIMENTS.update({
+    f"credit_{attack}_targets{n}_seed{seed}": Experiment(
+        "dmavfl_credit", attack, attack_params={"victim": [f"passive_{i + 1}" for i in range(n)]}, seed=seed,
+        data=_targets(n))
+    for attack in ("dmavfl", "dmavfl_sync") for n in range(1, 6) for seed in (1, 2)})
 #: Seed groups for the spread table: label -> the seed-0 experiment and its other seeds.
 SEED_GROUPS = {"DMAVFL, no defense": "mnist_dmavfl", "DMAVFL, DP epsilon 10": "mnist_dmavfl_dp_10",
                "honest, no defense": "mnist_honest"}
