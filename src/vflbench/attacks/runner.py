@@ -122,20 +122,24 @@ def aux_data(attack: Attack, vd: VerticalData, own: Tensor | None, seed: int) ->
     ids = aux_indices(vd.y_train, generator=generator(seed, "attack", attack.name, "aux"), size=attack.aux_size,
                       fraction=fraction, classes=attack.aux_classes)
     names = victims_of(attack)
-    victim, widths = victim_features(vd, names, "train")
+    victim, widths = victim_features(vd, names, "train", ids)
     classes = tuple(int(c) for c in attack.aux_classes) if attack.aux_classes is not None else None
-    return AuxData(ids, None if own is None else own[ids].clone(), victim[ids].clone(), vd.y_train[ids].clone(),
+    return AuxData(ids, None if own is None else own[ids].clone(), victim.clone(), vd.y_train[ids].clone(),
                    "+".join(names), classes, widths if len(names) > 1 else ())
 
 
-def victim_features(vd: VerticalData, victims: Sequence[str], split: str) -> tuple[Tensor, tuple[int, ...]]:
-    """The victims' slices of ``split`` concatenated along the last axis, and each one's width there."""
+def victim_features(vd: VerticalData, victims: Sequence[str], split: str,
+                    ids: Tensor | None = None) -> tuple[Tensor, tuple[int, ...]]:
+    """The victims' slices of ``split`` (rows ``ids``, all when ``None``) concatenated along the last
+    axis, and each one's width there."""
     parts = [getattr(vd.passive[passive_index(v)], "x_test" if split == "test" else "x_train") for v in victims]
+    if ids is not None:
+        parts = [x[ids] for x in parts]
     return (parts[0] if len(parts) == 1 else torch.cat(parts, -1)), tuple(int(x.shape[-1]) for x in parts)
 
 
 def _check_victims(name: str, attack: Attack, victims: tuple[str, ...], vd: VerticalData) -> None:
-    """Several target parties: an attack built for them, distinct parties, slices that concatenate."""
+    """A list of target parties: an attack built for them, distinct parties, slices that concatenate."""
     if not attack.multi_victim:
         raise ConfigError(f"attack {name!r} targets one passive party; give victim as one name (several target "
                           "parties are supported by dmavfl and dmavfl_sync, DMAVFL Table 6)")
@@ -231,7 +235,7 @@ def validate_attacks(cfg: ExperimentConfig, vd: VerticalData) -> AttackPlan:
                 if victim not in passives or victim == attack.party:
                     raise ConfigError(f"attack {spec.name!r}: victim {victim!r} must be a passive party other than "
                                       f"the attacker; valid victims are: {', '.join(passives)}")
-            if len(victims) > 1:
+            if not isinstance(attack.victim, str):
                 _check_victims(spec.name, attack, victims, vd)
             if attack.prior != "random":
                 raise CompatibilityError(f"attack {spec.name!r} is a feature attack: its prior is the aux-mean guess; "
@@ -377,9 +381,10 @@ def scratch_models(run: TrainedRun, party: str) -> dict[str, nn.Module]:
     return {"bottom": bottom}
 
 
-def feature_prior(truth: Tensor, aux: AuxData | None, train_slice: Tensor) -> float:
+def feature_prior(truth: Tensor, aux: AuxData | None, train_slice: Tensor | None) -> float:
     """MSE of guessing the per-feature mean of the victim's slice (aux rows, else all training rows)."""
     reference = aux.victim if aux is not None else train_slice
+    assert reference is not None, "feature_prior needs the aux rows or the training slice"
     mean = reference.float().mean(0, keepdim=True)
     return float(((truth.float() - mean) ** 2).mean())
 
@@ -400,9 +405,9 @@ def score_features(inf: FeatureInference, run: TrainedRun, victim: str | Sequenc
 
     victims = (victim,) if isinstance(victim, str) else tuple(victim)
     part = run.data.passive[passive_index(victims[0])]
-    source, widths = victim_features(run.data, victims, inf.split)
-    train_slice, _ = victim_features(run.data, victims, "train")
-    truth = source[inf.ids].float()
+    truth, widths = victim_features(run.data, victims, inf.split, inf.ids)
+    truth = truth.float()
+    train_slice = victim_features(run.data, victims, "train")[0] if aux is None else None
     recon = inf.features.detach().float().reshape(truth.shape)
     recon = torch.nan_to_num(recon, nan=0.0, posinf=0.0, neginf=0.0)
     value = float(((recon - truth) ** 2).mean())
