@@ -97,7 +97,7 @@ def uniform(
     ``random_(-2^63, None)`` on an int64 tensor is torch's full-64-bit-range draw: each element is
     one 64-bit output of the generator reinterpreted as int64, so all 2^64 values are exactly
     equally likely (``torch.randint`` over ``[-2^63, 2^63 - 1)`` reduces modulo ``2^64 - 1`` instead,
-    and is ~15% slower). Draws on the generator's device, then moves to ``device``.
+    and is ~13% slower). Draws on the generator's device, then moves to ``device``.
     """
     out = torch.empty(tuple(shape), dtype=torch.int64, device=generator.device)
     out.random_(-(2**63), None, generator=generator)
@@ -213,7 +213,8 @@ def ring_conv2d(
 
     ``x``: ``(N, C, H, W)``, ``w``: ``(O, C, kh, kw)`` -> ``(N, O, oh, ow)``. The patches are laid
     out as ``(C*kh*kw, N*L)`` columns and multiplied as ``W (O, C*kh*kw) @ cols``: with few output
-    channels this orientation is ~3.5x faster than ``(N*L, C*kh*kw) @ W^T`` for torch's int64 matmul.
+    channels this orientation is ~2.5x faster for torch's int64 matmul than ``(N*L, C*kh*kw) @ W^T``
+    (2.3 vs 5.8 ms for LeNet5's first layer at batch 128, one thread).
     """
     stride, padding = _pair(stride), _pair(padding)
     kernel = (int(w.shape[2]), int(w.shape[3]))
