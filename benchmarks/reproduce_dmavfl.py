@@ -206,7 +206,7 @@ def run_one(name: str, exp: Experiment, data_root: str, out: Path) -> dict[str, 
         attack = planned.attack
         view = _view(run, planned)
         inference = attack.infer(view)
-        value, prior, details = score_features(inference, run, attack.victim, view.aux)
+        value, prior, details = score_features(inference, run, victims_of(attack), view.aux)
         record.update(value=value, prior=prior, leakage=prior - value, details=details,
                       pretrain_losses=getattr(attack, "pretrain_losses_", None),
                       shadow_bound=shadow_bound(attack, vd, inference.ids))

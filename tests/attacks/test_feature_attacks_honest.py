@@ -188,7 +188,7 @@ def test_grna_white_box_needs_a_granted_victim_model(suite):
     view = _view(run, planned)
     view.models[VICTIM_BOTTOM] = copy.deepcopy(run.federation.passives[0].bottom)
     inference = planned.attack.infer(view)
-    value, _, details = score_features(inference, run, "passive_1", view.aux)
+    value, _, details = score_features(inference, run, ("passive_1",), view.aux)
     assert inference.shadow is None and torch.isfinite(inference.features).all()
     assert inference.features.shape == (100, 1, 8, 4) and 0.0 < value < 1.0 and "emb_cos" not in details
 

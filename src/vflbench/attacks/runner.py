@@ -390,7 +390,7 @@ def feature_prior(truth: Tensor, aux: AuxData | None, train_slice: Tensor | None
 
 
 @torch.no_grad()
-def score_features(inf: FeatureInference, run: TrainedRun, victim: str | Sequence[str],
+def score_features(inf: FeatureInference, run: TrainedRun, victims: Sequence[str],
                    aux: AuxData | None) -> tuple[float, float, dict[str, Any]]:
     """Reconstruction MSE (the value), the aux-mean prior, and diagnostics of a feature attack.
 
@@ -403,7 +403,6 @@ def score_features(inf: FeatureInference, run: TrainedRun, victim: str | Sequenc
     """
     from vflbench.eval.metrics import cosine_distance, ssim
 
-    victims = (victim,) if isinstance(victim, str) else tuple(victim)
     part = run.data.passive[passive_index(victims[0])]
     truth, widths = victim_features(run.data, victims, inf.split, inf.ids)
     truth = truth.float()
