@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-from sklearn.metrics import roc_auc_score
 from torch import Tensor, nn
 
 from vflbench.attacks.base import (
@@ -42,6 +41,7 @@ from vflbench.config import ExperimentConfig
 from vflbench.data import VerticalData, known_label_indices
 from vflbench.data.sampling import aux_indices
 from vflbench.errors import CompatibilityError, ConfigError
+from vflbench.eval.auc import batched_binary_auc
 from vflbench.eval.results import AttackResult
 from vflbench.eval.scenario import DEFAULT_EMBED_DIM
 from vflbench.models import build_bottom
@@ -255,17 +255,35 @@ def metric_name(num_classes: int) -> str:
     return "auc" if num_classes == 2 else "accuracy"
 
 
+def _finite(s: Scores) -> Tensor:
+    """A score set's scores with non-finite entries (a diverged model) as ties at zero."""
+    return torch.nan_to_num(s.scores.detach().float(), nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def _positive(scores: Tensor) -> Tensor:
+    """The positive class's score of each row (the last column of a two-column score set)."""
+    return scores if scores.dim() == 1 else scores[:, -1]
+
+
+def _per_batch(sets: Sequence[Scores], y: Tensor, metric: str) -> list[float | None]:
+    """The metric of every score set (``None`` for an AUC of a set with a single class).
+
+    AUCs of all sets are computed in one vectorised pass (:func:`batched_binary_auc`).
+    """
+    if metric == "auc":
+        aucs = batched_binary_auc([_positive(_finite(s)) for s in sets], [y[s.ids] for s in sets])
+        return [None if v != v else v for v in aucs.tolist()]
+    out: list[float | None] = []
+    for s in sets:
+        scores = _finite(s)
+        predicted = scores.argmax(1) if scores.dim() == 2 else (scores > 0.5).long()
+        out.append(float((predicted == y[s.ids]).float().mean()))
+    return out
+
+
 def _score(s: Scores, y: Tensor, metric: str) -> float | None:
     """The metric of one score set; non-finite scores (a diverged model) count as ties."""
-    truth = y[s.ids]
-    scores = torch.nan_to_num(s.scores.detach().float(), nan=0.0, posinf=0.0, neginf=0.0)
-    if metric == "auc":
-        if len(torch.unique(truth)) < 2:
-            return None
-        positive = scores if scores.dim() == 1 else scores[:, -1]
-        return float(roc_auc_score(truth.numpy(), positive.double().numpy()))
-    predicted = scores.argmax(1) if scores.dim() == 2 else (scores > 0.5).long()
-    return float((predicted == truth).float().mean())
+    return _per_batch([s], y, metric)[0]
 
 
 def score_inference(inf: LabelInference, y_train: Tensor, y_test: Tensor, metric: str,
@@ -280,7 +298,7 @@ def score_inference(inf: LabelInference, y_train: Tensor, y_test: Tensor, metric
         details.update(inner, selected_epoch=best, select=select)
         return value, details
     if inf.batches:
-        per_batch = [v for b in inf.batches if (v := _score(b, y_train, metric)) is not None]
+        per_batch = [v for v in _per_batch(inf.batches, y_train, metric) if v is not None]
         if not per_batch:
             raise CompatibilityError("no batch had both classes, so no AUC could be computed")
         details.update(batches_scored=len(per_batch), batches_seen=len(inf.batches))
