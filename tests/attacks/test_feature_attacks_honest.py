@@ -37,7 +37,8 @@ ATTACKS = {
              "n_targets": 100},
     "mi_black_box": {"name": "model_inversion", **AUX, "mode": "black_box", "inverse_epochs": 20, "hidden": 64,
                      "decoder_width": 16},
-    "mi_query_free": {"name": "model_inversion", **AUX, "shadow_epochs": 20, "steps": 100, "n_targets": 100},
+    "mi_query_free": {"name": "model_inversion", **AUX, "mode": "query_free", "shadow_epochs": 20, "steps": 100,
+                      "n_targets": 100},
 }
 
 
