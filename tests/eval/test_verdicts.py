@@ -107,3 +107,40 @@ def test_adaptive_coverage_marks_defenses_evaluated_without_their_adaptive_attac
     assert "vmask_rs was not evaluated against its adaptive attack vmask_weight_recovery" in rows["vmask_rs"]["note"]
     with_false = [([{"name": "labobf", "params": {"false_attribute": True}}], set())]
     assert adaptive_coverage(with_false).iloc[0]["evaluated"]
+
+
+def test_describe_names_the_attacks_on_what_a_defense_protects_and_its_adaptive_attacks():
+    from typer.testing import CliRunner
+
+    from vflbench.cli import app
+
+    def describe(name):
+        proc = CliRunner().invoke(app, ["describe", name], env={"COLUMNS": "400"})
+        assert proc.exit_code == 0, proc.output
+        return {line.split(":")[0].strip(): line.split(":", 1)[1] for line in proc.output.splitlines() if ":" in line}
+
+    vmask = describe("vmask_rs")
+    assert "model_completion" in vmask["attacks on what it protects"] and "dmavfl" not in vmask[
+        "attacks on what it protects"]
+    assert "vmask_weight_recovery" in vmask["adaptive attacks"]
+    assert "embedding_extension" in describe("dcor")["adaptive attacks"]
+    assert "false_attribute: true" in describe("labobf")["adaptive attacks"]
+    nopeek = describe("nopeek")
+    assert "dmavfl" in nopeek["attacks on what it protects"] and "norm_scoring" not in nopeek[
+        "attacks on what it protects"]
+
+
+def test_run_table_says_when_an_attack_does_not_leak_without_defense():
+    from rich.console import Console
+
+    from vflbench.cli import _result_table
+    from vflbench.eval.run import run_experiment
+
+    raw = minimal(data={"name": "breast_cancer"}, train={"epochs": 2, "batch_size": 32},
+                  defenses=[{"name": "dcor", "weight": 0.1}], attacks=[IDLE_ATTACK])
+    result = run_experiment(build_config(raw))
+    attack = result.attacks[0]
+    assert attack.leaks_without_defense is False and attack.undefended_leakage < 0
+    console = Console(record=True, width=300)
+    console.print(_result_table(result))
+    assert "does not leak: nothing to defend" in console.export_text()
