@@ -294,7 +294,8 @@ def scores_table(table: pd.DataFrame, score_table: ScoreTable = ScoreTable()) ->
     over seeds) against the worst label attack that leaks without a defense, the leakage of each
     attack and the utility loss at that strength, C-DCS over the same attacks, and a ``note`` on
     every attack left out of the scores and why (feature attacks; attacks that do not beat their
-    prior without a defense). With no attack left, ``s_pu`` and ``c_dcs`` are empty."""
+    prior without a defense). With no attack left, ``s_pu`` and ``c_dcs`` are empty. A table of an
+    older sweep without ``undefended_leakage`` scores every label attack (its verdict is unknown)."""
     attacked = table.dropna(subset=["attack"]) if "attack" in table else table.iloc[0:0]
     rows = []
     for (dataset, algorithm, defense), group in attacked.groupby(["dataset", "algorithm", "defense"], dropna=False):
@@ -305,7 +306,7 @@ def scores_table(table: pd.DataFrame, score_table: ScoreTable = ScoreTable()) ->
         for attack, per in group.groupby("attack"):
             first = per.iloc[0]
             reason = pu_scorable(first["attack_target"], first["attack_metric"])
-            undefended = per["undefended_leakage"].mean()
+            undefended = per["undefended_leakage"].mean() if "undefended_leakage" in per else math.nan
             if reason is not None:
                 notes.append(f"{attack}: left out of s_pu and c_dcs, {reason}")
             elif leaks(undefended) is False:
