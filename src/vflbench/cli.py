@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import sys
 from pathlib import Path
@@ -74,22 +75,28 @@ BASELINE_LABELS = {"vanilla": "VFL without defenses", "alone": "active party alo
 
 def _result_table(result: Any) -> Table:
     table = Table(title=f"run {result.config_hash} (seed {result.seed})")
-    for col in ("what", "metric", "value", "prior", "leakage"):
-        table.add_column(col, justify="right" if col in ("value", "prior", "leakage") else "left")
+    for col in ("what", "metric", "value", "prior", "leakage (points)", "without defense"):
+        table.add_column(col, justify="left" if col in ("what", "metric") else "right")
     u = result.utility
     label = "VFL" + (f" + {', '.join(d['name'] for d in result.defense)}" if result.defense else " (vanilla)")
-    table.add_row(label, u.metric, f"{u.value:.4f}", "", "")
+    table.add_row(label, u.metric, f"{u.value:.4f}", "", "", "")
     for name, base in result.baselines.items():
         if name == "vanilla" and not result.defense:
             continue  # without defenses the run itself is the vanilla baseline (the row above)
         label = BASELINE_LABELS.get(name, name)
         if "skipped" in base:
-            table.add_row(label, "-", "skipped", "", "")
+            table.add_row(label, "-", "skipped", "", "", "")
         else:
-            table.add_row(label, base["metric"], f"{base['value']:.4f}", "", "")
+            table.add_row(label, base["metric"], f"{base['value']:.4f}", "", "", "")
     for a in result.attacks:
-        table.add_row(f"attack {a.name}", a.metric, f"{a.value:.4f}", f"{a.prior:.4f} ({a.prior_name})",
-                      f"{a.leakage:.2f}")
+        metric = f"{a.metric} ({a.direction} leaks more)"
+        if a.leaks_without_defense is None:
+            undefended = "unknown"
+        else:
+            verdict = "leaks" if a.leaks_without_defense else "does not leak: nothing to defend"
+            undefended = f"{a.undefended_leakage:.2f} ({verdict})"
+        table.add_row(f"attack {a.name}", metric, f"{a.value:.4f}", f"{a.prior:.4f} ({a.prior_name})",
+                      f"{a.leakage:.2f}", undefended)
     return table
 
 
@@ -189,6 +196,19 @@ def _parameters(factory: Any) -> list[tuple[str, str]]:
     return params
 
 
+def _describe_attacks_against(defense: Any, attacks: Any) -> None:
+    """The registered attacks on what ``defense`` protects, and the adaptive attacks and settings
+    that exist for it (named by the defense; a name not registered in this build is still shown)."""
+    protects = getattr(defense, "protects", ())
+    against = [e.name for e in attacks if getattr(e.factory, "target", None) in protects]
+    out.print(f"  attacks on what it protects: {', '.join(against) or '(none registered)'}")
+    adaptive = [a if a in attacks else f"{a} (not registered in this build)"
+                for a in getattr(defense, "adaptive_attacks", ())]
+    adaptive += [f"the defense with {param}: {json.dumps(value)}"
+                 for param, value in getattr(defense, "adaptive_settings", ())]
+    out.print(f"  adaptive attacks: {', '.join(adaptive) or '(none known)'}")
+
+
 @app.command()
 def describe(name: Annotated[str, typer.Argument(help="a dataset, model, attack or defense name")]) -> None:
     """Show what a component is: paper, threat model, what it reads, parameters and defaults."""
@@ -202,7 +222,7 @@ def describe(name: Annotated[str, typer.Argument(help="a dataset, model, attack 
         out.print(f"[bold]{name}[/bold] ({kind.rstrip('s')}): {entry.summary}")
         facts = dict(entry.info)
         for attr in ("paper", "threat", "target", "reads", "phase", "requirements", "side",
-                     "strength_param", "strength_direction"):
+                     "strength_param", "strength_direction", "protects"):
             value = getattr(factory, attr, None)
             if value:
                 facts[attr] = value
@@ -214,6 +234,8 @@ def describe(name: Annotated[str, typer.Argument(help="a dataset, model, attack 
             elif isinstance(value, (list, tuple)):
                 value = ", ".join(map(str, value))
             out.print(f"  {key}: {value}")
+        if kind == "defenses":
+            _describe_attacks_against(factory, _registries()["attacks"])
         params = _parameters(factory)
         if params:
             table = Table("parameter", "default", title="parameters")

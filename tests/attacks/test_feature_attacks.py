@@ -59,9 +59,10 @@ def test_dmavfl_reconstructs_better_than_agn(dmavfl_and_agn):
     assert dm.metric == agn.metric == "mse" and dm.target == "features"
     assert dm.value < agn.value
     assert dm.value < 0.9 * dm.prior  # beats guessing the aux mean
-    assert dm.leakage == pytest.approx(dm.prior - dm.value)
+    assert dm.direction == "lower" and dm.leakage == pytest.approx(100 * (1 - dm.value / dm.prior))
     assert dm.prior_name == "aux_mean"
     assert 0.0 < dm.details["ssim"] <= 1.0 and dm.details["ssim"] > agn.details["ssim"]
+    assert dm.details["ssim_leakage"] == pytest.approx(100 * (dm.details["ssim"] - dm.details["prior_ssim"]))
     assert {"emb_mse", "emb_cos"} <= set(dm.details) and "emb_mse" not in agn.details  # AGN has no shadow
     assert dm.details["n_targets"] == 360 and dm.details["split"] == "test"
 

@@ -9,13 +9,16 @@ Feature attacks (:class:`FeatureInference`) are scored by the reconstruction MSE
 victim's true features of the target rows (metric ``"mse"``, lower is more leakage; SSIM too
 for images, and the embedding MSE/cosine distance of the attacker's shadow model, DMAVFL
 Table 1). Their prior is the MSE of guessing the mean of the victim's slice over the attacker's
-auxiliary rows (the training mean when it has none), and ``leakage = prior - value`` in MSE
-units: positive when the attack beats that guess.
+auxiliary rows (the training mean when it has none), and ``leakage = 100·(1 - MSE / prior)``
+in points (higher = more leakage, as for label attacks): the share of the guess's error the
+attack removes, positive when it beats the guess. For images ``details`` also hold
+``prior_ssim`` (the SSIM of the same mean guess) and ``ssim_leakage = 100·(SSIM - prior_ssim)``.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +47,7 @@ from vflbench.errors import CompatibilityError, ConfigError
 from vflbench.eval.auc import batched_binary_auc
 from vflbench.eval.results import AttackResult
 from vflbench.eval.scenario import DEFAULT_EMBED_DIM
+from vflbench.eval.scores import direction_of, leakage_points
 from vflbench.models import build_bottom
 from vflbench.protocol import ACTIVE, Federation, Message, PassiveParty, StepState
 from vflbench.protocol.federation import EVAL_BATCH
@@ -54,6 +58,7 @@ if TYPE_CHECKING:
     from vflbench.eval.run import TrainedRun
 
 ATTACKS: Registry[Attack] = Registry("attack")
+log = logging.getLogger(__name__)
 
 
 def create_attack(name: str, **params: Any) -> Attack:
@@ -310,7 +315,15 @@ def score_inference(inf: LabelInference, y_train: Tensor, y_test: Tensor, metric
     if not values:
         raise CompatibilityError("the attack returned no inference to score")
     details.update({f"{k}_{metric}": v for k, v in values.items()})
-    return float(values["test"] if values.get("test") is not None else values["train"]), details
+    split = "test" if values.get("test") is not None else "train"
+    if values.get(split) is None:
+        raise CompatibilityError(f"the attack's {metric} is undefined on every split it returned (one class only)")
+    details["scored_split"] = split
+    if split == "train" and "test" in values:
+        details["split_fallback"] = (f"the test {metric} is undefined (the test rows hold one class), "
+                                     "so the attack is scored on the training split")
+        log.warning("attack scored on the training split: %s", details["split_fallback"])
+    return float(values[split]), details
 
 
 def random_prior(metric: str, num_classes: int) -> float:
@@ -433,6 +446,10 @@ def score_features(inf: FeatureInference, run: TrainedRun, victims: Sequence[str
                                "prior_mse": prior}
     if part.kind == "image" and truth.dim() == 4:
         details["ssim"] = float(ssim(recon, truth, data_range=1.0).mean())
+        reference = aux.victim if aux is not None else train_slice
+        assert reference is not None
+        guess = reference.float().mean(0, keepdim=True).expand_as(truth).contiguous()
+        details["prior_ssim"] = float(ssim(guess, truth, data_range=1.0).mean())
     if inf.shadow is not None:
         parties = {p.name: p for p in run.federation.passives}
         inf.shadow.eval()
@@ -482,8 +499,11 @@ def run_attacks(plan: AttackPlan, run: TrainedRun) -> tuple[list[AttackResult], 
                 raise CompatibilityError(f"feature attack {attack.name!r} returned {type(inference).__name__}")
             value, prior, details = score_features(inference, run, victims_of(attack), view.aux)
             seconds[_timing_key(seconds, attack.name)] = time.perf_counter() - tic
-            results.append(AttackResult(name=attack.name, target=attack.target, metric="mse", value=value,
-                                        prior=prior, prior_name="aux_mean", leakage=prior - value,
+            if "ssim" in details:
+                details["ssim_leakage"] = leakage_points("ssim", details["ssim"], details["prior_ssim"])
+            results.append(AttackResult(name=attack.name, target=attack.target, metric="mse",
+                                        direction=direction_of("mse"), value=value, prior=prior,
+                                        prior_name="aux_mean", leakage=leakage_points("mse", value, prior),
                                         details={"params": planned.spec_params, **details}))
             continue
         metric = metric_name(run.data.num_classes)
@@ -508,7 +528,8 @@ def run_attacks(plan: AttackPlan, run: TrainedRun) -> tuple[list[AttackResult], 
                 per_epoch.append(score_inference(_label_inference(attack.infer(view.with_models(models))), y_train,
                                                  y_test, metric, select)[0])
         seconds[_timing_key(seconds, attack.name)] = time.perf_counter() - tic
-        results.append(AttackResult(name=attack.name, target=attack.target, metric=metric, value=value,
-                                    prior=prior, prior_name=attack.prior, leakage=100.0 * (value - prior),
+        results.append(AttackResult(name=attack.name, target=attack.target, metric=metric,
+                                    direction=direction_of(metric), value=value, prior=prior,
+                                    prior_name=attack.prior, leakage=leakage_points(metric, value, prior),
                                     per_epoch=per_epoch, details={"params": planned.spec_params, **details}))
     return results, seconds

@@ -147,6 +147,7 @@ class _Detector(Defense):
     """Shared bookkeeping of the two detectors (side ``both``: the active instance only coordinates)."""
 
     side = "both"
+    protects = ("features",)
     threat = HIJACK_THREAT
     strength_param = "threshold"
     strength_direction = "larger is stronger"
@@ -499,6 +500,7 @@ class ReceivedGradientDP(Defense):
     name = "received_gradient_dp"
     side = "passive"
     paper = DP_PAPER
+    protects = ("features",)
     threat = HIJACK_THREAT
     strength_param = "epsilon"
     strength_direction = "smaller is stronger"

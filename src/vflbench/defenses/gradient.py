@@ -46,6 +46,7 @@ def _randn(shape: tuple[int, ...], generator: torch.Generator, like: Tensor) -> 
 
 class _CutGradientDefense(Defense):
     side = "active"
+    protects = ("labels",)
     threat = LABEL_THREAT
 
     @property

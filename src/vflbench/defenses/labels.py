@@ -122,6 +122,7 @@ class LabelDP(Defense):
     name = "label_dp"
     side = "active"
     paper = "Ghazi et al., Deep Learning with Label Differential Privacy (NeurIPS 2021); VMask App. B(4)"
+    protects = ("labels",)
     threat = LABEL_THREAT
     strength_param = "epsilon"
     strength_direction = "smaller is stronger"
@@ -206,6 +207,7 @@ class KDk(Defense):
     side = "active"
     paper = ("Arazzi, Nicolazzo, Nocera, KDk: A Defense Mechanism Against Label Inference Attacks in VFL "
              "(arXiv 2404.12369, 2024); VMask App. B(4)")
+    protects = ("labels",)
     threat = LABEL_THREAT
     strength_param = "epsilon"
     strength_direction = "larger is stronger"
@@ -393,6 +395,7 @@ class CoAE(Defense):
     side = "active"
     paper = ("Zou, Liu et al., Defending Batch-Level Label Inference and Replacement Attacks in VFL "
              "(IEEE Trans. Big Data 2022; arXiv 2112.05409, CoAE); VFLAIR CAE")
+    protects = ("labels",)
     threat = LABEL_THREAT
     strength_param = "entropy_weight"
     strength_direction = "larger is stronger"
@@ -506,6 +509,7 @@ class MixUp(Defense):
     name = "mixup"
     side = "both"
     paper = "Zhang et al., mixup: Beyond Empirical Risk Minimization (ICLR 2018); Kang et al. §7.2 eq. 20, §8.5.3"
+    protects = ("features",)
     threat = ("feature reconstruction of a passive party's inputs by the active party (model inversion; "
               "Kang et al. §8.5.3); the mixed labels also blur label inference")
     strength_param = "n_mix"

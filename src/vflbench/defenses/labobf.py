@@ -167,6 +167,8 @@ class LabObf(Defense):
     name = "labobf"
     side = "both"
     paper = PAPER
+    protects = ("labels",)
+    adaptive_settings = (("false_attribute", True),)
     threat = THREAT
     strength_param = "per_class"
     strength_direction = "smaller is stronger (2 strongest per Fig. 12; 1 is no obfuscation)"

@@ -770,6 +770,7 @@ class PaillierHE(Defense):
     paper = ("Zhang & Zhu, Additively Homomorphical Encryption based Deep Neural Network for Asymmetrically "
              "Collaborative Machine Learning (ACML, 2020); Fu et al., BlindFL (SIGMOD 2022); the HE baselines "
              "of Table III in VMask (Tan et al., NDSS 2025)")
+    protects = ("labels",)
     threat = ("label inference by the passive party from cut gradients, its bottom model's updates or weights "
               "(cryptographic protection; the price is runtime)")
     strength_param = None

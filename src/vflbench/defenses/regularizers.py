@@ -155,6 +155,8 @@ class DistanceCorrelationDefense(Defense):
     name = "dcor"
     side = "active"
     paper = "Sun et al., Label Leakage and Protection from Forward Embedding in Vertical Federated Learning (2022)"
+    protects = ("labels",)
+    adaptive_attacks = ("embedding_extension",)
     threat = "label inference from passive embeddings or bottom models (model completion, clustering)"
     strength_param = "weight"
     strength_direction = "larger is stronger"
@@ -244,6 +246,7 @@ class MutualInformationDefense(Defense):
     name = "mid"
     side = "active"
     paper = "Zou et al., Mutual Information Regularization for Vertical Federated Learning (2023)"
+    protects = ("labels",)
     threat = "label inference from passive embeddings, cut gradients or bottom models"
     strength_param = "weight"
     strength_direction = "larger is stronger"
@@ -325,6 +328,7 @@ class NoPeek(Defense):
     side = "passive"
     paper = ("Vepakomma et al., NoPeek: Information leakage reduction to share activations in distributed "
              "deep learning (2020)")
+    protects = ("features",)
     threat = "feature reconstruction from a passive party's embeddings (model inversion, FSHA/DMAVFL-style)"
     strength_param = "alpha"
     strength_direction = "larger is stronger"
@@ -370,6 +374,7 @@ class EmbeddingNoise(Defense):
     name = "embedding_noise"
     side = "passive"
     paper = "He, Zhang, Lee, Attacking and Protecting Data Privacy in Edge-Cloud Collaborative Inference Systems (2020)"
+    protects = ("features", "labels")
     threat = "feature reconstruction or label inference from a passive party's embeddings"
     strength_param = "sigma"
     strength_direction = "larger is stronger"
@@ -438,6 +443,7 @@ class FedPass(Defense):
     side = "both"
     paper = ("Gu et al., FedPass: Privacy-Preserving Vertical Federated Deep Learning with Adaptive Obfuscation "
              "(IJCAI 2023)")
+    protects = ("features", "labels")
     threat = "feature reconstruction and label inference from embeddings, gradients or bottom models"
     strength_param = "key_scale"
     strength_direction = "larger is stronger"
@@ -522,6 +528,7 @@ class Precode(Defense):
     side = "passive"
     paper = ("Scheliga, Maeder, Seeland, PRECODE - A Generic Model Extension to Prevent Deep Gradient Leakage "
              "(WACV 2022)")
+    protects = ("features",)
     threat = "feature reconstruction (model inversion) from a passive party's embeddings"
     strength_param = None
 

@@ -224,6 +224,8 @@ class VMask(Defense):
     name = "vmask"
     side = "active"
     paper = "Tan et al., VMask: Tunable Label Privacy Protection for VFL via Layer Masking (NDSS 2025)"
+    protects = ("labels",)
+    adaptive_attacks = ("vmask_weight_recovery",)
     threat = "honest-but-curious passive parties running model completion on their bottom models"
     strength_param = "budget"
     strength_direction = "smaller is stronger"

@@ -22,17 +22,28 @@ class UtilityResult:
 
 @dataclass
 class AttackResult:
-    """One attack's outcome: its metric, value, the prior it is compared to, and eps_p."""
+    """One attack's outcome: its metric, value, the prior it is compared to, and eps_p.
+
+    ``direction``: ``"higher"`` when a higher ``value`` means more leakage (AUC, accuracy),
+    ``"lower"`` when a lower one does (MSE). ``leakage``: eps_p in points on one scale where
+    higher always means more leakage (:func:`vflbench.eval.scores.leakage_points`).
+    ``undefended_leakage``: the same attack's leakage on the same config without defenses (its
+    own leakage when the run has none; ``None`` when unknown); ``leaks_without_defense``: whether
+    that beats the prior (> 0 points), i.e. whether a defense can be credited for stopping it.
+    """
 
     name: str
     target: str
     metric: str
+    direction: str
     value: float
     prior: float
     prior_name: str
     leakage: float
     per_epoch: list[float] | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    undefended_leakage: float | None = None
+    leaks_without_defense: bool | None = None
 
 
 @dataclass

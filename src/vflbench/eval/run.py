@@ -8,7 +8,7 @@ import platform
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +18,12 @@ import torch
 
 from vflbench import __version__
 from vflbench.attacks import AttackPlan, run_attacks, validate_attacks
-from vflbench.config import ExperimentConfig
+from vflbench.config import ExperimentConfig, build_config
 from vflbench.data import VerticalData
 from vflbench.errors import ConfigError
-from vflbench.eval.results import RunResult, Timing, UtilityResult, write_atomic, write_json
+from vflbench.eval.results import AttackResult, RunResult, Timing, UtilityResult, write_atomic, write_json
 from vflbench.eval.scenario import build_federation, load_vertical_data, plan_defenses
+from vflbench.eval.scores import attack_leakage, leaks
 from vflbench.protocol import Federation, History, Progress
 from vflbench.rng import generator
 
@@ -124,10 +125,45 @@ def run_experiment(cfg: ExperimentConfig, *, out_dir: str | Path | None = None,
         torch.set_num_threads(previous_threads)
 
 
+def undefended_config(cfg: ExperimentConfig) -> ExperimentConfig:
+    """``cfg`` without its defenses: the run whose attacks tell whether a defense has anything to stop."""
+    return build_config({**cfg.model_dump(mode="json", exclude={"sweep"}), "defenses": []}).resolved()
+
+
+def _undefended_attacks(cfg: ExperimentConfig, *, out_dir: Path | None,
+                        data_root: str | Path | None) -> list[dict[str, Any]]:
+    """The attacks of ``cfg`` run on the same config without defenses (a run of its own, read from
+    ``out_dir/<hash>/result.json`` when that exists, so that a sweep's points and tune's trials
+    share one undefended run per config)."""
+    plain = undefended_config(cfg)
+    path = out_dir / plain.hash() / "result.json" if out_dir is not None else None
+    if path is not None and path.is_file():
+        log.info("undefended attacks: reusing run %s", plain.hash())
+        return list(json.loads(path.read_text())["attacks"])
+    log.info("undefended attacks: running %s without defenses (run %s) to check that the attacks leak "
+             "without protection", cfg.hash(), plain.hash())
+    return [asdict(a) for a in _run(plain, out_dir=out_dir, data_root=data_root, progress=None).attacks]
+
+
+def mark_undefended(attacks: list[AttackResult], undefended: list[dict[str, Any]] | None) -> None:
+    """Set each attack's ``undefended_leakage`` and ``leaks_without_defense`` (attacks match by
+    position: the undefended run has the same attack list); ``undefended=None``: the run itself
+    has no defenses, so its own leakage is the undefended one."""
+    for i, attack in enumerate(attacks):
+        base = attack.leakage if undefended is None else attack_leakage(undefended[i])
+        attack.undefended_leakage = base
+        attack.leaks_without_defense = leaks(base)
+        if attack.leaks_without_defense is False:
+            log.warning("attack %s does not beat its prior without a defense (leakage %.2f points <= 0): "
+                        "no defense can be credited for stopping it", attack.name, base)
+
+
 def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path | None,
          progress: Progress | None) -> RunResult:
     vd = load_vertical_data(cfg, data_root)
     attack_plan = validate_attacks(cfg, vd)
+    undefended = (_undefended_attacks(cfg, out_dir=out_dir, data_root=data_root)
+                  if cfg.defenses and cfg.attacks else None)
     run_dir = out_dir / cfg.hash() if out_dir else None
     metrics_lines: list[str] = []
     if run_dir is not None:
@@ -158,6 +194,7 @@ def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path |
         else:
             baselines["alone"] = utility_of(cfg, train_run(cfg, vd, with_defenses=False, alone=True).history).__dict__
     attack_results, attack_seconds = run_attacks(attack_plan, run)
+    mark_undefended(attack_results, undefended)
     comm = run.federation.channel.train
     result = RunResult(
         config_hash=cfg.hash(), seed=cfg.seed,

@@ -1,8 +1,15 @@
-"""Privacy-utility scores: Kang et al.'s score table, PU score and optimal PU score, and
-VFLAIR's DCS family with the attack's prior (not 0) as the ideal attack performance.
+"""Privacy-utility scores: one leakage scale for every attack, Kang et al.'s score table, PU
+score and optimal PU score, and VFLAIR's DCS family with the attack's prior (not 0) as the ideal
+attack performance.
 
-All leakages and utility losses are in points (percentage points of AUC or accuracy), as in
-Kang et al.'s tables: ε_p = attack value − prior, ε_u = utility without defense − with it.
+Every attack's leakage ε_p is in points on one scale where higher always means more leakage
+(:func:`leakage_points`): label attacks (AUC, accuracy; higher value = more leakage) leak
+``100·(value − prior)`` as in Kang et al.'s Table 7; feature attacks (MSE; lower value = more
+leakage) leak ``100·(1 − MSE / MSE_prior)``, the share of the prior guess's error the attack
+removes. Utility losses ε_u are in points too: utility without defense − with it.
+
+Kang's score table (Table 8) and PU scores (eq. 21-22) are defined for label leakage only
+(§8.3 leaves the feature setting out), so :func:`pu_scorable` says which attack kinds they apply to.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 #: Kang et al. Table 8: (score, upper bound of ε_p, upper bound of ε_u); above the last bounds: 0.
 KANG_SCORE_TABLE: tuple[tuple[int, float, float], ...] = (
@@ -19,6 +27,59 @@ KANG_SCORE_TABLE: tuple[tuple[int, float, float], ...] = (
     (2, 20.0, 4.0),
     (1, 25.0, 6.0),
 )
+
+
+#: Which direction of each attack metric means more leakage.
+DIRECTIONS: Mapping[str, str] = MappingProxyType({"auc": "higher", "accuracy": "higher", "mse": "lower",
+                                                  "ssim": "higher"})
+
+#: An attack "leaks" when its leakage is above this many points; at or below it, it did not beat its prior.
+LEAK_THRESHOLD = 0.0
+
+
+def direction_of(metric: str) -> str:
+    """``"higher"`` when a higher value of ``metric`` means more leakage, ``"lower"`` otherwise."""
+    if metric not in DIRECTIONS:
+        raise ValueError(f"unknown attack metric {metric!r}; known metrics are: {', '.join(DIRECTIONS)}")
+    return DIRECTIONS[metric]
+
+
+def leakage_points(metric: str, value: float, prior: float) -> float:
+    """ε_p in points, higher = more leakage, for every attack metric (see the module docstring).
+
+    Higher-is-leakier metrics (AUC, accuracy, SSIM): ``100·(value − prior)``. MSE:
+    ``100·(1 − value / prior)``, which is NaN when the prior's error is 0 (a constant slice:
+    nothing to reconstruct).
+    """
+    if direction_of(metric) == "higher":
+        return 100.0 * (value - prior)
+    return 100.0 * (1.0 - value / prior) if prior > 0 else math.nan
+
+
+def attack_leakage(attack: Mapping[str, object]) -> float:
+    """The leakage in points of one attack of a ``result.json``.
+
+    Results written before leakage had one scale carry no ``direction`` and, for feature attacks,
+    a leakage in MSE units: for those it is recomputed from the metric, value and prior.
+    """
+    if "direction" in attack:
+        return float(attack["leakage"])  # type: ignore[arg-type]
+    return leakage_points(str(attack["metric"]), float(attack["value"]), float(attack["prior"]))  # type: ignore[arg-type]
+
+
+def leaks(leakage: float | None) -> bool | None:
+    """Whether an undefended leakage beats the prior (> :data:`LEAK_THRESHOLD` points); ``None`` if unknown."""
+    if leakage is None or math.isnan(leakage):
+        return None
+    return bool(leakage > LEAK_THRESHOLD)
+
+
+def pu_scorable(target: str, metric: str) -> str | None:
+    """``None`` when Kang's score table applies to an attack, otherwise the reason it does not."""
+    if target != "labels" or direction_of(metric) != "higher":
+        return ("not defined for feature attacks: Kang's score table (Table 8) and PU scores (eq. 21-22) "
+                "apply to label leakage only (§8.3)")
+    return None
 
 
 @dataclass(frozen=True)
@@ -58,20 +119,35 @@ class OptimalPU:
     leakages: dict[str, float]
 
 
+#: S*_PU of the run without protection. Kang et al. report 0 for every "No Protect" row of Tables
+#: 10-14, also where eq. 21 gives more (Table 11 Credit: max ε_p 18.1 -> 2; Table 12 Credit: 21.8 -> 1):
+#: a model without protection earns no protection score. (Table 15 applies eq. 21 to its "No Protect"
+#: rows instead; we follow the convention of the five other tables, see docs/decisions.md.)
+NO_PROTECTION_SCORE = 0
+
+
 def optimal_pu_score(points: Iterable[tuple[float | None, float, Mapping[str, float]]],
-                     table: ScoreTable = ScoreTable()) -> OptimalPU:
+                     table: ScoreTable = ScoreTable(), *, no_protection: bool = False) -> OptimalPU:
     """Kang eq. 22: max over strengths v of PU(max over attacks of ε_p(K, v), ε_u(v)).
 
-    ``points`` are ``(strength, utility_loss, {attack: leakage})``; ties keep the first point.
+    ``points`` are ``(strength, utility_loss, {attack: leakage})``; ties keep the first point. A
+    strength without any attack result has no privacy score (it is not a leakage of 0).
+    ``no_protection``: the points are the run without any defense, scored
+    :data:`NO_PROTECTION_SCORE` by Kang's convention (the leakages and utility loss are kept).
     """
     best: OptimalPU | None = None
     for strength, loss, leakages in points:
-        worst = max(leakages.values()) if leakages else 0.0
+        if not leakages:
+            raise ValueError(f"optimal_pu_score: strength {strength} has no attack results; "
+                             "eq. 22 needs at least one attack's leakage per strength")
+        worst = max(leakages.values())
         score = pu_score(worst, loss, table)
         if best is None or score > best.score:
             best = OptimalPU(score, strength, loss, dict(leakages))
     if best is None:
         raise ValueError("optimal_pu_score needs at least one point")
+    if no_protection:
+        return OptimalPU(NO_PROTECTION_SCORE, best.strength, best.utility_loss, best.leakages)
     return best
 
 

@@ -20,7 +20,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vflbench.config import ComponentSpec, ConfigError, ExperimentConfig, apply_override, build_config
 from vflbench.eval.results import write_atomic
-from vflbench.eval.scores import ScoreTable, comprehensive_dcs, dcs, optimal_pu_score, pu_score, type_dcs
+from vflbench.eval.scores import (
+    NO_PROTECTION_SCORE,
+    ScoreTable,
+    attack_leakage,
+    comprehensive_dcs,
+    dcs,
+    leaks,
+    optimal_pu_score,
+    pu_scorable,
+    pu_score,
+    type_dcs,
+)
 
 log = logging.getLogger(__name__)
 RUNS = "runs"
@@ -212,8 +223,9 @@ def _final_mask_ratio(metrics: Path) -> float | None:
 
 
 def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
-    """Build the tidy table from the finished runs and write summary.csv and scores.csv."""
+    """Build the tidy table from the finished runs and write summary.csv, scores.csv and coverage.csv."""
     rows = []
+    stacks: list[tuple[list[dict[str, Any]], set[str]]] = []
     for point in points:
         path = out_dir / RUNS / point.hash / "result.json"
         if not path.is_file():
@@ -228,12 +240,17 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
         ratio = _final_mask_ratio(out_dir / RUNS / point.hash / "metrics.jsonl")
         if ratio is not None:
             base["mask_ratio"] = ratio
+        stacks.append((result["defense"], {a["name"] for a in result["attacks"]}))
         if not result["attacks"]:
             rows.append({**base, "attack": None})
         for a in result["attacks"]:
+            leakage = attack_leakage(a)
+            undefended = a.get("undefended_leakage", leakage if not result["defense"] else None)
             rows.append({**base, "attack": a["name"], "attack_target": a["target"], "attack_metric": a["metric"],
-                         "attack_value": a["value"], "prior": a["prior"], "prior_name": a["prior_name"],
-                         "leakage": a["leakage"]})
+                         "attack_direction": a.get("direction"), "attack_value": a["value"], "prior": a["prior"],
+                         "prior_name": a["prior_name"], "leakage": leakage,
+                         "undefended_leakage": math.nan if undefended is None else undefended,
+                         "leaks_without_defense": leaks(undefended)})
     table = pd.DataFrame(rows)
     if table.empty:
         return table
@@ -241,38 +258,120 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
     keys = list(zip(table["dataset"], table["algorithm"], table["seed"], strict=True))
     table["utility_loss"] = [100.0 * (vanilla[k] - u) if k in vanilla.index else math.nan
                              for k, u in zip(keys, table["utility"], strict=True)]
-    table["pu_score"] = [pu_score(p, u) if not (math.isnan(u) or pd.isna(p)) else None
-                         for p, u in zip(table.get("leakage", pd.Series([math.nan] * len(table))),
-                                         table["utility_loss"], strict=True)]
+    scored = [_row_pu(r) for r in table.to_dict("records")]
+    table["pu_score"] = [score for score, _ in scored]
+    table["pu_note"] = [note for _, note in scored]
+    coverage = adaptive_coverage(stacks)
     write_atomic(out_dir / "summary.csv", table.to_csv(index=False))
     write_atomic(out_dir / "scores.csv", scores_table(table).to_csv(index=False))
+    write_atomic(out_dir / "coverage.csv", coverage.to_csv(index=False))
     return table
+
+
+def _undefended_note(attack: str, undefended: float) -> str:
+    return (f"{attack} does not beat its prior without a defense (undefended leakage {undefended:.2f} points "
+            "<= 0), so no defense can be credited for stopping it")
+
+
+def _row_pu(row: dict[str, Any]) -> tuple[int | None, str]:
+    """Kang eq. 21 for one summary row, or ``None`` and why it is not defined there."""
+    if pd.isna(row.get("attack")):
+        return None, ""
+    reason = pu_scorable(row["attack_target"], row["attack_metric"])
+    if reason is not None:
+        return None, f"PU score {reason}"
+    if leaks(row["undefended_leakage"]) is False:
+        return None, "not scored: " + _undefended_note(row["attack"], row["undefended_leakage"])
+    if row["defense"] == NO_DEFENSE:
+        return NO_PROTECTION_SCORE, "no defense: scored 0 by Kang's convention for 'No Protect' (Tables 10-14)"
+    if math.isnan(row["utility_loss"]):
+        return None, "not scored: no run without defense for this seed (sweep.baseline: false), so no utility loss"
+    return pu_score(row["leakage"], row["utility_loss"]), ""
 
 
 def scores_table(table: pd.DataFrame, score_table: ScoreTable = ScoreTable()) -> pd.DataFrame:
     """One row per (dataset, algorithm, defense): Kang's optimal PU score over strengths (means
-    over seeds), the leakage of each attack and the utility loss at that strength, and C-DCS."""
+    over seeds) against the worst label attack that leaks without a defense, the leakage of each
+    attack and the utility loss at that strength, C-DCS over the same attacks, and a ``note`` on
+    every attack left out of the scores and why (feature attacks; attacks that do not beat their
+    prior without a defense). With no attack left, ``s_pu`` and ``c_dcs`` are empty. A table of an
+    older sweep without ``undefended_leakage`` scores every label attack (its verdict is unknown)."""
     attacked = table.dropna(subset=["attack"]) if "attack" in table else table.iloc[0:0]
     rows = []
     for (dataset, algorithm, defense), group in attacked.groupby(["dataset", "algorithm", "defense"], dropna=False):
         means = group.groupby(["strength", "attack"], dropna=False).agg(
-            leakage=("leakage", "mean"), leakage_std=("leakage", "std"), utility_loss=("utility_loss", "mean"),
-            value=("attack_value", "mean"), prior=("prior", "mean"), utility=("utility", "mean"),
-            target=("attack_target", "first")).reset_index()
-        points = []
-        for strength, per in means.groupby("strength", dropna=False):
-            points.append((None if pd.isna(strength) else float(strength), float(per["utility_loss"].iloc[0]),
-                           dict(zip(per["attack"], per["leakage"], strict=True))))
-        best = optimal_pu_score(points, score_table)
-        at_best = means[(means["strength"] == best.strength) | (means["strength"].isna() & (best.strength is None))]
-        vanilla_utility = at_best["utility"].iloc[0] + at_best["utility_loss"].iloc[0] / 100.0
-        by_type: dict[str, list[float]] = {}
-        for _, r in at_best.iterrows():
-            by_type.setdefault(ATTACK_TYPES.get(r["target"], str(r["target"])), []).append(
-                dcs(r["utility"], r["value"], main_ideal=vanilla_utility, attack_ideal=r["prior"]))
-        row = {"dataset": dataset, "algorithm": algorithm, "defense": defense, "best_strength": best.strength,
-               "utility_loss": round(best.utility_loss, 2), "s_pu": best.score,
-               "c_dcs": round(comprehensive_dcs({k: type_dcs(v) for k, v in by_type.items()}), 4)}
-        row.update({f"eps_p.{k}": round(v, 2) for k, v in best.leakages.items()})
+            leakage=("leakage", "mean"), utility_loss=("utility_loss", "mean"), utility=("utility", "mean"),
+            target=("attack_target", "first"), metric=("attack_metric", "first")).reset_index()
+        notes, scored = [], []
+        for attack, per in group.groupby("attack"):
+            first = per.iloc[0]
+            reason = pu_scorable(first["attack_target"], first["attack_metric"])
+            undefended = per["undefended_leakage"].mean() if "undefended_leakage" in per else math.nan
+            if reason is not None:
+                notes.append(f"{attack}: left out of s_pu and c_dcs, {reason}")
+            elif leaks(undefended) is False:
+                notes.append(f"{attack}: left out of s_pu and c_dcs, " + _undefended_note(str(attack), undefended))
+            else:
+                scored.append(attack)
+        row: dict[str, Any] = {"dataset": dataset, "algorithm": algorithm, "defense": defense,
+                               "best_strength": None, "utility_loss": None, "s_pu": None, "c_dcs": None}
+        usable = means[means["attack"].isin(scored)]
+        if usable.empty:
+            notes.append("s_pu and c_dcs not defined: no label attack that leaks without a defense")
+            if means["strength"].nunique(dropna=False) == 1:
+                row.update({f"eps_p.{k}": round(v, 2) for k, v in zip(means["attack"], means["leakage"], strict=True)})
+        elif usable["utility_loss"].isna().any():
+            notes.append("s_pu and c_dcs not defined: no run without defense (sweep.baseline: false)")
+        else:
+            points = [(None if pd.isna(strength) else float(strength), float(per["utility_loss"].iloc[0]),
+                       dict(zip(per["attack"], per["leakage"], strict=True)))
+                      for strength, per in usable.groupby("strength", dropna=False)]
+            best = optimal_pu_score(points, score_table, no_protection=defense == NO_DEFENSE)
+            if defense == NO_DEFENSE:
+                notes.append("s_pu 0 by Kang's convention for 'No Protect' (Tables 10-14)")
+            at = usable[(usable["strength"] == best.strength) | (usable["strength"].isna() & (best.strength is None))]
+            vanilla_utility = at["utility"].iloc[0] + at["utility_loss"].iloc[0] / 100.0
+            by_type: dict[str, list[float]] = {}
+            for _, r in at.iterrows():
+                by_type.setdefault(ATTACK_TYPES.get(r["target"], str(r["target"])), []).append(
+                    dcs(r["utility"], r["leakage"] / 100.0, main_ideal=vanilla_utility, attack_ideal=0.0))
+            row.update(best_strength=best.strength, utility_loss=round(best.utility_loss, 2), s_pu=best.score,
+                       c_dcs=round(comprehensive_dcs({k: type_dcs(v) for k, v in by_type.items()}), 4))
+            at_all = means[(means["strength"] == best.strength)
+                           | (means["strength"].isna() & (best.strength is None))]
+            row.update({f"eps_p.{k}": round(v, 2) for k, v in zip(at_all["attack"], at_all["leakage"], strict=True)})
+        row["note"] = "; ".join(notes)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _coverage_row(defense: str, adaptive: str, kind: str, evaluated: bool) -> dict[str, Any]:
+    note = "" if evaluated else (f"{defense} was not evaluated against its adaptive {kind} {adaptive}; "
+                                 "its scores hold only against the attacks that were run")
+    if note:
+        log.warning("note: %s", note)
+    return {"defense": defense, "adaptive": adaptive, "kind": kind, "evaluated": evaluated, "note": note}
+
+
+def adaptive_coverage(stacks: Sequence[tuple[list[dict[str, Any]], set[str]]]) -> pd.DataFrame:
+    """For each defense of the sweep, the adaptive attacks (and adaptive settings) that exist for it
+    (``Defense.adaptive_attacks``, ``Defense.adaptive_settings``) and whether some run evaluated the
+    defense against them; each one not evaluated is logged as a note. ``stacks``: each run's defense
+    entries and the names of the attacks it ran."""
+    from vflbench.attacks import ATTACKS
+    from vflbench.defenses import DEFENSES
+
+    rows = []
+    names = sorted({d["name"] for defenses, _ in stacks for d in defenses})
+    for name in names:
+        cls = DEFENSES.get(name).factory
+        runs = [(defenses, attacks) for defenses, attacks in stacks if any(d["name"] == name for d in defenses)]
+        for attack in getattr(cls, "adaptive_attacks", ()):
+            evaluated = any(attack in attacks for _, attacks in runs)
+            registered = "" if attack in ATTACKS else " (not registered in this build)"
+            rows.append(_coverage_row(name, attack + registered, "attack", evaluated))
+        for param, value in getattr(cls, "adaptive_settings", ()):
+            evaluated = any(d.get("params", {}).get(param) == value
+                            for defenses, _ in runs for d in defenses if d["name"] == name)
+            rows.append(_coverage_row(name, f"{param}: {json.dumps(value)}", "setting", evaluated))
+    return pd.DataFrame(rows, columns=["defense", "adaptive", "kind", "evaluated", "note"])

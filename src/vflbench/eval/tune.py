@@ -1,7 +1,13 @@
 """``vflbench tune``: the strength of a defense with the best utility whose worst-case leakage
 meets a privacy budget (VMask's tunable budget, generalised to every defense). The search
 bisects in log space towards the weakest strength that meets the budget; of the strengths it
-tried that meet it, the one with the lowest utility loss is chosen."""
+tried that meet it, the one with the lowest utility loss is chosen.
+
+The budget bounds Kang's label leakage ε_p (points of AUC or accuracy above the prior), so tune
+takes label attacks only: a feature attack's leakage is on another scale (points of
+``100·(1 − MSE/MSE_prior)``) and is refused rather than compared with the same budget. Every
+attack must leak without the defense (leakage > 0 points in the undefended run): otherwise any
+strength "meets" the budget and the defense would be credited for stopping nothing."""
 
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ from typing import Any
 from vflbench.config import ConfigError, ExperimentConfig, apply_override, build_config
 from vflbench.defenses import DEFENSES
 from vflbench.eval.results import write_json
+from vflbench.eval.scores import attack_leakage, leaks, pu_scorable
 from vflbench.eval.sweep import RUNS, SweepPoint, collect, is_done
 
 log = logging.getLogger(__name__)
@@ -53,9 +60,27 @@ def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: floa
     if getattr(cls, "strength_param", None) is None:
         raise ConfigError(f"defense {name!r} has no strength knob to tune")
     larger_is_stronger = getattr(cls, "strength_direction", "larger is stronger").startswith("larger")
+    from vflbench.attacks import ATTACKS
+
+    features = [s.name for s in cfg.attacks if ATTACKS.get(s.name).factory.target != "labels"]
+    if features:
+        raise ConfigError(f"tune bounds label leakage (points of AUC or accuracy above the prior) and cannot take "
+                          f"the feature attack(s) {', '.join(features)}: their leakage is in points of "
+                          "100*(1 - MSE/MSE_prior), another scale. Tune against label attacks only, or sweep the "
+                          "strength with `vflbench sweep` and read the feature leakage there")
     out = Path(out_dir)
     base = cfg.model_dump(mode="json", exclude={"sweep"})
-    vanilla = _evaluate(build_config({**base, "defenses": []}), out, data_root)["utility"]["value"]
+    undefended = _evaluate(build_config({**base, "defenses": []}), out, data_root)
+    vanilla = undefended["utility"]["value"]
+    for attack in undefended["attacks"]:
+        reason = pu_scorable(attack["target"], attack["metric"])
+        if reason is not None:
+            raise ConfigError(f"tune cannot bound attack {attack['name']!r}: its leakage is {reason}")
+        if leaks(attack_leakage(attack)) is False:
+            raise ConfigError(f"attack {attack['name']!r} does not beat its prior without a defense (undefended "
+                              f"leakage {attack_leakage(attack):.2f} points <= 0), so every strength would meet "
+                              "the budget and tune would credit the defense for stopping nothing; strengthen the "
+                              "attack (more epochs, other parameters) or leave it out")
     result = TuneResult(name, budget)
     points = [SweepPoint(build_config({**base, "defenses": []}), {})]
 
@@ -65,7 +90,7 @@ def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: floa
         point = SweepPoint(build_config(raw), {"strength": strength})
         points.append(point)
         res = _evaluate(point.config, out, data_root)
-        worst = max(a["leakage"] for a in res["attacks"])
+        worst = max(attack_leakage(a) for a in res["attacks"])
         entry = {"strength": strength, "worst_leakage": worst, "utility": res["utility"]["value"],
                  "utility_loss": 100.0 * (vanilla - res["utility"]["value"]), "meets": worst <= budget}
         result.trace.append(entry)

@@ -77,6 +77,10 @@ class Defense:
     party, or ``"both"``: one instance at every party), take their parameters as keyword-only arguments,
     and override the hooks they need. ``strength`` aliases the main knob so that sweeps
     treat all defenses alike; ``strength_direction`` says whether larger is stronger.
+    ``protects``: the attack targets it defends (``"labels"``, ``"features"``);
+    ``adaptive_attacks``: names of attacks built against this defense (they need not be
+    registered); ``adaptive_settings``: ``(parameter, value)`` pairs of this defense that model an
+    adaptive or misbehaving party (e.g. LabObf's false-attribute client).
     """
 
     name: ClassVar[str] = ""
@@ -85,6 +89,9 @@ class Defense:
     threat: ClassVar[str] = ""
     strength_param: ClassVar[str | None] = None
     strength_direction: ClassVar[str] = "larger is stronger"
+    protects: ClassVar[tuple[str, ...]] = ()
+    adaptive_attacks: ClassVar[tuple[str, ...]] = ()
+    adaptive_settings: ClassVar[tuple[tuple[str, Any], ...]] = ()
 
     def bind(self, context: BindContext) -> None:
         """Receive the run context before training (store the generator here)."""

@@ -14,8 +14,8 @@ from vflbench.eval.results import write_atomic
 from vflbench.eval.sweep import NO_DEFENSE, RUNS
 from vflbench.report import plots
 
-SUMMARY_COLUMNS = ["defense", "strength", "seed", "attack", "utility", "attack_value", "prior", "leakage",
-                   "utility_loss", "pu_score"]
+SUMMARY_COLUMNS = ["defense", "strength", "seed", "attack", "attack_direction", "utility", "attack_value", "prior",
+                   "leakage", "undefended_leakage", "leaks_without_defense", "utility_loss", "pu_score", "pu_note"]
 
 
 def markdown_table(df: pd.DataFrame, floatfmt: str = "{:.4g}") -> str:
@@ -86,6 +86,36 @@ def _mask_ratio_figures(summary: pd.DataFrame, d: Path) -> list[tuple[str, Path]
     return figures
 
 
+def _mean_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """Means over seeds per defense × strength × attack (columns of older sweeps without
+    directions or undefended leakages are left out)."""
+    aggs = {"attack_metric": ("attack_metric", "first"), "attack_direction": ("attack_direction", "first"),
+            "utility": ("utility", "mean"), "attack_value": ("attack_value", "mean"), "prior": ("prior", "mean"),
+            "leakage": ("leakage", "mean"), "leakage_std": ("leakage", "std"),
+            "undefended_leakage": ("undefended_leakage", "mean"), "utility_loss": ("utility_loss", "mean"),
+            "pu_score": ("pu_score", "min"), "seeds": ("seed", "nunique")}
+    aggs = {k: v for k, v in aggs.items() if v[0] in summary}
+    return (summary.dropna(subset=["attack"]).groupby(["defense", "strength", "attack"], dropna=False)
+            .agg(**aggs).reset_index())
+
+
+def _verdicts(summary: pd.DataFrame) -> list[str]:
+    """A section naming the attacks that do not beat their prior without a defense (mean
+    undefended leakage over seeds <= 0 points): no defense is credited for stopping them."""
+    if "undefended_leakage" not in summary:
+        return []
+    per = summary.dropna(subset=["attack"]).groupby(["dataset", "algorithm", "attack"])["undefended_leakage"].mean()
+    idle = per[per <= 0]
+    if idle.empty:
+        return []
+    lines = ["## Attacks that do not leak without a defense", "",
+             "These attacks did not beat their prior on the runs without defenses (mean leakage over seeds "
+             "<= 0 points), so the defenses get no PU score or C-DCS for them:", ""]
+    lines += [f"- {attack} on {dataset} ({algorithm}): undefended leakage {value:.2f} points"
+              for (dataset, algorithm, attack), value in idle.items()]
+    return [*lines, ""]
+
+
 def build_report(directory: str | Path) -> Path:
     """Write report.md, report.html and plots/*.png for a sweep directory; return report.md."""
     d = Path(directory)
@@ -116,19 +146,26 @@ def build_report(directory: str | Path) -> Path:
                                                                 "ε_u": trace["utility_loss"].tolist()},
                                    "strength", f"tune {tune['defense']} (budget ε_p ≤ {tune['budget']})",
                                    d / "plots" / "tune.png")))
-    mean_table = (summary.dropna(subset=["attack"]).groupby(["defense", "strength", "attack"], dropna=False)
-                  .agg(utility=("utility", "mean"), attack_value=("attack_value", "mean"), prior=("prior", "mean"),
-                       leakage=("leakage", "mean"), leakage_std=("leakage", "std"),
-                       utility_loss=("utility_loss", "mean"), pu_score=("pu_score", "min"),
-                       seeds=("seed", "nunique")).reset_index())
+    mean_table = _mean_table(summary)
+    coverage_csv = d / "coverage.csv"
+    coverage = pd.read_csv(coverage_csv) if coverage_csv.is_file() and coverage_csv.stat().st_size > 1 else None
     md = [f"# vflbench report: {d.name}", "",
           f"{summary['config_hash'].nunique()} runs, datasets: {', '.join(map(str, summary['dataset'].unique()))}, "
           f"defenses: {', '.join(map(str, summary['defense'].unique()))}.", "",
-          "Leakage ε_p = attack value − prior and utility loss ε_u = utility without defense − with it, "
-          "both in points; PU score = min of the two scores of Kang et al.'s Table 8; S*_PU = the best PU score "
-          "over strengths against the worst attack (Kang eq. 22); C-DCS uses the prior as the ideal attack value.", ""]
+          "Leakage ε_p is in points on one scale where higher always means more leakage: label attacks "
+          "100·(value − prior) (AUC or accuracy above the prior), feature attacks 100·(1 − MSE / MSE_prior) (the "
+          "share of the prior guess's error the attack removes). Utility loss ε_u = utility without defense − with "
+          "it, in points. PU score = min of the two scores of Kang et al.'s Table 8; S*_PU = the best PU score over "
+          "strengths against the worst attack (Kang eq. 22); C-DCS uses the prior as the ideal attack value. "
+          "PU scores and C-DCS are computed for label attacks that leak without a defense only; the `note` "
+          "column says what was left out and why.", ""]
     if scores is not None and not scores.empty:
         md += ["## Optimal PU scores", "", markdown_table(scores), ""]
+    md += _verdicts(summary)
+    if coverage is not None and not coverage.empty:
+        md += ["## Adaptive attacks", "", "Whether each defense was evaluated against the adaptive attacks (and "
+               "adaptive settings) that exist for it.", "", markdown_table(coverage), ""]
+        md += [f"- note: {n}" for n in coverage["note"].dropna() if str(n)] + [""]
     md += ["## Mean over seeds", "", markdown_table(mean_table), ""]
     if tune:
         md += ["## Tune trace", "", f"Defense `{tune['defense']}`, budget ε_p ≤ {tune['budget']}: "
@@ -143,6 +180,12 @@ def build_report(directory: str | Path) -> Path:
             f"<p>{html.escape(md[2])}</p>", f"<p>{html.escape(md[4])}</p>"]
     if scores is not None and not scores.empty:
         body += ["<h2>Optimal PU scores</h2>", scores.to_html(index=False, float_format=lambda v: f"{v:.4g}")]
+    verdicts = _verdicts(summary)
+    if verdicts:
+        body += ["<h2>Attacks that do not leak without a defense</h2>", f"<p>{html.escape(verdicts[2])}</p>",
+                 "<ul>" + "".join(f"<li>{html.escape(v[2:])}</li>" for v in verdicts[4:] if v) + "</ul>"]
+    if coverage is not None and not coverage.empty:
+        body += ["<h2>Adaptive attacks</h2>", coverage.to_html(index=False)]
     body += ["<h2>Mean over seeds</h2>", mean_table.to_html(index=False, float_format=lambda v: f"{v:.4g}")]
     if tune:
         body += ["<h2>Tune trace</h2>", pd.DataFrame(tune["trace"]).to_html(index=False)]
