@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from conftest import minimal
@@ -105,3 +109,135 @@ def test_list_and_describe(cli):
 
     proc = vflbench("run", str(Path("/nonexistent.yaml")))
     assert proc.returncode == 2 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- interruption: a real `vflbench sweep` process stopped by a signal -------------------------------------------
+
+def _slow_sweep(tmp_path: Path, points: int = 6) -> Path:
+    """A sweep of ``points`` runs of about a second each on the embedded digits."""
+    raw = minimal(train={"epochs": 3, "batch_size": 16},
+                  sweep={"grid": {"train.lr": [0.01 * (i + 1) for i in range(points)]}, "baseline": False})
+    return write(tmp_path, raw)
+
+
+class Sweeps:
+    """`vflbench sweep` processes started by a test, and the workers it watches."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen] = []
+        self.workers: set[int] = set()
+
+    def start(self, cfg: Path, out: Path, *extra: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-m", "vflbench.cli", "sweep", str(cfg), "--out", str(out), *extra],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.started.append(proc)
+        return proc
+
+    def watch(self, pids: set[int]) -> set[int]:
+        self.workers |= pids
+        return pids
+
+
+@pytest.fixture
+def sweeps():
+    """Whatever a failed test leaves running is killed at teardown."""
+    tracked = Sweeps()
+    yield tracked
+    for proc in tracked.started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    for pid in tracked.workers:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _finished(out: Path) -> set[str]:
+    return {p.parent.name for p in (out / "runs").glob("*/result.json")}
+
+
+def _wait_for_first_point(proc: subprocess.Popen, out: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not _finished(out):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no sweep point finished in time"
+        time.sleep(0.05)
+
+
+def _alive_children(pid: int) -> set[int]:
+    """Live (not zombie) processes whose parent is ``pid`` (Linux /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+        if int(ppid) == pid and state != "Z":
+            found.add(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+linux_only = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+
+
+def test_sigint_stops_the_sweep_writes_the_summary_and_resume_finishes(tmp_path, cli, sweeps):
+    """Old behaviour: the sweep ran every remaining point, wrote no summary of the finished ones and exited 0."""
+    cfg, out = _slow_sweep(tmp_path), tmp_path / "s"
+    proc = sweeps.start(cfg, out)
+    _wait_for_first_point(proc, out)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "--resume" in stderr
+    done = _finished(out)
+    assert 1 <= len(done) < 6
+    assert set(pd.read_csv(out / "summary.csv")["config_hash"]) == done
+    before = {h: (out / "runs" / h / "result.json").stat().st_mtime_ns for h in done}
+    resumed = cli("sweep", str(cfg), "--out", str(out), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert {h: (out / "runs" / h / "result.json").stat().st_mtime_ns for h in done} == before  # not re-run
+    assert len(_finished(out)) == 6 and len(set(pd.read_csv(out / "summary.csv")["config_hash"])) == 6
+
+
+@linux_only
+def test_sigterm_ends_the_workers_and_exits_143(tmp_path, sweeps):
+    """Old behaviour: the pool went on with every queued point and the sweep exited 0."""
+    cfg, out = _slow_sweep(tmp_path, points=8), tmp_path / "s"
+    proc = sweeps.start(cfg, out, "--workers", "2")
+    _wait_for_first_point(proc, out)
+    workers = sweeps.watch(_alive_children(proc.pid))
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 143, stderr
+    assert len(_finished(out)) < 8 and (out / "summary.csv").is_file()
+    deadline = time.monotonic() + 10
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(w) for w in workers)
+
+
+@linux_only
+def test_workers_exit_when_the_sweep_is_killed(tmp_path, sweeps):
+    """Old behaviour: after `kill -9` of the sweep its workers (~500 MB each) lived on forever."""
+    cfg, out = _slow_sweep(tmp_path, points=8), tmp_path / "s"
+    proc = sweeps.start(cfg, out, "--workers", "2")
+    _wait_for_first_point(proc, out)
+    workers = sweeps.watch(_alive_children(proc.pid))
+    assert workers
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(w) for w in workers)

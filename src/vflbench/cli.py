@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import inspect
 import logging
+import shlex
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from vflbench.errors import VFLBenchError
@@ -110,6 +120,42 @@ def run(
     out.print(f"results in {out_dir / result.config_hash}")
 
 
+class SweepProgress:
+    """Points done of the total with an ETA: a progress bar on a terminal, a log line per point otherwise."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.bar: Progress | None = None
+        self.total = 0
+        self.done = 0
+        self.started = 0.0
+
+    def start(self, to_run: int, total: int) -> None:  # noqa: D102
+        self.total, self.done, self.started = to_run, 0, time.monotonic()
+        if self.console.is_terminal and to_run:
+            self.bar = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("", total=to_run)
+
+    def point_done(self, point: Any) -> None:  # noqa: D102
+        self.done += 1
+        if self.bar is not None:
+            self.bar.advance(self.task)
+            if self.done == self.total:
+                self.stop()
+            return
+        elapsed = time.monotonic() - self.started
+        eta = elapsed / self.done * (self.total - self.done)
+        logging.getLogger("vflbench").info("sweep: point %d/%d done (%s), %.0f s elapsed, ETA %.0f s",
+                                           self.done, self.total, point.hash, elapsed, eta)
+
+    def stop(self) -> None:  # noqa: D102
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
 @app.command()
 def sweep(
     config: Annotated[Path, typer.Argument(help="experiment YAML with a `sweep` section")],
@@ -124,7 +170,21 @@ def sweep(
     from vflbench.eval.sweep import run_sweep
 
     cfg = load_config(config, set_ or [])
-    table = run_sweep(cfg, out_dir, resume=resume, workers=workers, data_root=str(data_root) if data_root else None)
+    progress = SweepProgress(err)
+    try:
+        table = run_sweep(cfg, out_dir, resume=resume, workers=workers,
+                          data_root=str(data_root) if data_root else None,
+                          on_start=progress.start, on_done=progress.point_done)
+    except (Interrupted, KeyboardInterrupt):
+        progress.stop()
+        again = shlex.join(["vflbench", "sweep", str(config), "--out", str(out_dir), "--resume",
+                            *(a for s in set_ or [] for a in ("--set", s)),
+                            *(["--workers", str(workers)] if workers else [])])
+        err.print(f"sweep interrupted; finished points are summarised in {out_dir / 'summary.csv'}. "
+                  f"Resume with: {again}", highlight=False, soft_wrap=True)
+        raise
+    finally:
+        progress.stop()
     out.print(f"{table['config_hash'].nunique() if not table.empty else 0} runs; "
               f"summary in {out_dir / 'summary.csv'}, scores in {out_dir / 'scores.csv'}")
 
@@ -244,16 +304,35 @@ def datasets_verify(
         raise typer.Exit(1)
 
 
+class Interrupted(BaseException):
+    """A termination signal (SIGINT, SIGTERM) received by the command line; exit status 128 + signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    # A second signal of the same kind ends the process at once (the default action).
+    signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+    raise Interrupted(signum)
+
+
 def main() -> None:
-    """Console-script entry point: user errors print one paragraph and exit with status 2."""
+    """Console-script entry point: user errors print one paragraph and exit with status 2;
+    SIGINT and SIGTERM exit with 130 and 143 after the command has stopped cleanly."""
     logging.basicConfig(level=logging.INFO, format="%(message)s",
                         handlers=[RichHandler(console=err, show_path=False, show_time=False)]
                         if err.is_terminal else [logging.StreamHandler(sys.stderr)])
+    previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
     except VFLBenchError as exc:
         err.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
+    except Interrupted as exc:
+        err.print(f"interrupted ({exc})", highlight=False)
+        sys.exit(128 + exc.signum)
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
@@ -267,6 +346,12 @@ def main() -> None:
             exc.show()
             sys.exit(exc.exit_code)
         raise
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    # Without standalone mode typer returns a command's exit status (typer.Exit, or 130 for a
+    # KeyboardInterrupt it caught) instead of exiting with it.
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
