@@ -25,7 +25,15 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from vflbench.config import ComponentSpec, ConfigError, ExperimentConfig, apply_override, build_config
+from vflbench.config import (
+    ComponentSpec,
+    ConfigError,
+    ExperimentConfig,
+    apply_override,
+    build_config,
+    check_components,
+)
+from vflbench.errors import VFLBenchError
 from vflbench.eval.results import write_atomic
 from vflbench.eval.scores import ScoreTable, comprehensive_dcs, dcs, optimal_pu_score, pu_score, type_dcs
 
@@ -137,18 +145,13 @@ def is_done(out_dir: Path, point: SweepPoint) -> bool:
 
 
 def _check_points(points: Sequence[SweepPoint]) -> None:
-    """Build every point's defenses and attacks before anything runs, so that a bad grid value
-    (an unknown parameter, a strength given twice) fails the sweep at once, not after hours."""
-    from vflbench.attacks.runner import create_attack
-    from vflbench.defenses import create_defense
-
+    """Check every point's components (:func:`~vflbench.config.check_components`) before anything
+    runs, so that a bad grid value (an unknown parameter, a strength given twice) fails the sweep at
+    once, not after hours."""
     for point in points:
         try:
-            for spec in point.config.defenses:
-                create_defense(spec.name, **spec.params())
-            for spec in point.config.attacks:
-                create_attack(spec.name, **spec.params())
-        except (ConfigError, ValueError, TypeError) as exc:
+            check_components(point.config)
+        except (VFLBenchError, ValueError, TypeError) as exc:
             raise ConfigError(f"sweep point {point.hash} (seed {point.config.seed}) is invalid: {exc}") from None
 
 
@@ -166,7 +169,7 @@ def run_sweep(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = Fals
     out = Path(out_dir)
     settings = sweep_settings(cfg)
     if workers is not None and workers < 1:
-        raise ConfigError(f"--workers must be at least 1, got {workers}")
+        raise ConfigError(f"workers must be at least 1, got {workers}")
     points = expand(cfg)
     _check_points(points)
     out.mkdir(parents=True, exist_ok=True)
