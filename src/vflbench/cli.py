@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import shlex
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -82,13 +84,35 @@ class RichProgress:
 BASELINE_LABELS = {"vanilla": "VFL without defenses", "alone": "active party alone"}
 
 
+def check_out_dir(path: Path, option: str = "--out", *, exists: bool = False) -> None:
+    """Fail with one line before any work if this command cannot write into the directory ``path``
+    (a file in its place, an unwritable or read-only parent); ``exists``: it must already exist."""
+    if path.exists() and not path.is_dir():
+        raise VFLBenchError(f"{option} {path} is a file; give a directory")
+    if exists and not path.is_dir():
+        raise VFLBenchError(f"{option} {path} does not exist")
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise VFLBenchError(f"{option} {path}: {existing} is a file, not a directory")
+    try:  # os.access is not enough: it ignores read-only mounts for some users and ACLs for others
+        os.rmdir(tempfile.mkdtemp(prefix=".vflbench-", dir=existing))
+    except OSError as exc:
+        raise VFLBenchError(f"{option} {path}: cannot write in {existing} ({exc.strerror})") from None
+
+
+def _value(value: float, diverged: bool = False) -> str:
+    return f"{value:.4f}" + (" (diverged)" if diverged else "")
+
+
 def _result_table(result: Any) -> Table:
     table = Table(title=f"run {result.config_hash} (seed {result.seed})")
     for col in ("what", "metric", "value", "prior", "leakage"):
         table.add_column(col, justify="right" if col in ("value", "prior", "leakage") else "left")
     u = result.utility
     label = "VFL" + (f" + {', '.join(d['name'] for d in result.defense)}" if result.defense else " (vanilla)")
-    table.add_row(label, u.metric, f"{u.value:.4f}", "", "")
+    table.add_row(label, u.metric, _value(u.value, u.diverged), "", "")
     for name, base in result.baselines.items():
         if name == "vanilla" and not result.defense:
             continue  # without defenses the run itself is the vanilla baseline (the row above)
@@ -96,7 +120,7 @@ def _result_table(result: Any) -> Table:
         if "skipped" in base:
             table.add_row(label, "-", "skipped", "", "")
         else:
-            table.add_row(label, base["metric"], f"{base['value']:.4f}", "", "")
+            table.add_row(label, base["metric"], _value(base["value"], base.get("diverged", False)), "", "")
     for a in result.attacks:
         table.add_row(f"attack {a.name}", a.metric, f"{a.value:.4f}", f"{a.prior:.4f} ({a.prior_name})",
                       f"{a.leakage:.2f}")
@@ -115,6 +139,7 @@ def run(
     from vflbench.eval.run import run_experiment
 
     cfg = load_config(config, set_ or [])
+    check_out_dir(out_dir)
     result = run_experiment(cfg, out_dir=out_dir, data_root=data_root, progress=RichProgress(err))
     out.print(_result_table(result))
     out.print(f"results in {out_dir / result.config_hash}")
@@ -170,6 +195,9 @@ def sweep(
     from vflbench.eval.sweep import run_sweep
 
     cfg = load_config(config, set_ or [])
+    if workers is not None and workers < 1:
+        raise VFLBenchError(f"--workers must be at least 1, got {workers}")
+    check_out_dir(out_dir)
     progress = SweepProgress(err)
     try:
         table = run_sweep(cfg, out_dir, resume=resume, workers=workers,
@@ -194,6 +222,7 @@ def report(directory: Annotated[Path, typer.Argument(help="a sweep or tune direc
     """Write report.md and report.html with tables and plots for a sweep directory."""
     from vflbench.report import build_report
 
+    check_out_dir(directory, "the directory", exists=True)
     out.print(f"wrote {build_report(directory)} and {directory / 'report.html'}")
 
 
@@ -212,7 +241,9 @@ def tune(
     from vflbench.config import load_config
     from vflbench.eval.tune import tune as run_tune
 
-    result = run_tune(load_config(config, set_ or []), out_dir, budget=budget, low=low, high=high, steps=steps,
+    cfg = load_config(config, set_ or [])
+    check_out_dir(out_dir)
+    result = run_tune(cfg, out_dir, budget=budget, low=low, high=high, steps=steps,
                       data_root=str(data_root) if data_root else None)
     table = Table("strength", "worst ε_p", "ε_u", "meets", title=f"tune {result.defense} (ε_p ≤ {budget})")
     for t in result.trace:
@@ -329,6 +360,10 @@ def main() -> None:
         code = app(standalone_mode=False)
     except VFLBenchError as exc:
         err.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except OSError as exc:  # the environment refused (a full disk, a file removed under us): not a bug
+        where = f" ({exc.filename})" if exc.filename else ""
+        err.print(f"[bold red]error:[/bold red] {exc.strerror or exc}{where}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except Interrupted as exc:
         err.print(f"interrupted ({exc})", highlight=False)
