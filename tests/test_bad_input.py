@@ -177,3 +177,10 @@ def test_truncated_gz_without_verification(tmp_path, cli):
                                                       "options": {"verify": False}}, train={"epochs": 1}))
     _assert_one_line_error(cli("run", str(cfg), "--out", str(tmp_path / "runs")), "is truncated or corrupt")
     assert not (tmp_path / "runs").exists()
+
+
+def test_datasets_verify_exits_non_zero_on_a_corrupt_file(tmp_path, cli):
+    """main() ignored the status typer returned, so a corrupt file exited 0."""
+    _truncated_mnist(tmp_path)
+    proc = cli("datasets", "verify", "--data-root", str(tmp_path), "mnist")
+    assert proc.returncode == 1 and "corrupt" in proc.stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -241,3 +242,31 @@ def test_workers_exit_when_the_sweep_is_killed(tmp_path, sweeps):
     while any(_alive(w) for w in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(w) for w in workers)
+
+
+def test_a_diverged_training_is_flagged(tmp_path, cli):
+    """A NaN loss was reported as a normal result (AUC 0.5, accuracy of one class)."""
+    cfg = write(tmp_path, minimal(data={"name": "breast_cancer"}, train={"epochs": 2, "lr": 1e6}))
+    proc = cli("run", str(cfg), "--out", str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stderr
+    assert "(diverged)" in proc.stdout
+    [result] = (tmp_path / "runs").glob("*/result.json")
+    assert json.loads(result.read_text())["utility"]["diverged"] is True
+    cfg = write(tmp_path, minimal(data={"name": "breast_cancer"}, train={"epochs": 1}))
+    proc = cli("run", str(cfg), "--out", str(tmp_path / "ok"))
+    assert "(diverged)" not in proc.stdout
+    [result] = (tmp_path / "ok").glob("*/result.json")
+    assert json.loads(result.read_text())["utility"]["diverged"] is False
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_output_files_follow_the_umask(tmp_path, umask, mode):
+    """write_atomic wrote every result 0600 (tempfile.mkstemp's mode) whatever the umask."""
+    from vflbench.eval.results import write_atomic
+
+    previous = os.umask(umask)
+    try:
+        write_atomic(tmp_path / "result.json", "{}")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "result.json").stat().st_mode) == mode
