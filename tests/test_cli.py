@@ -270,3 +270,19 @@ def test_output_files_follow_the_umask(tmp_path, umask, mode):
     finally:
         os.umask(previous)
     assert stat.S_IMODE((tmp_path / "result.json").stat().st_mode) == mode
+
+
+def test_sigint_during_run_exits_130(tmp_path, sweeps):
+    """Old behaviour: Ctrl-C on `vflbench run` exited 0."""
+    cfg = write(tmp_path, minimal(train={"epochs": 200, "batch_size": 16}))
+    proc = subprocess.Popen([sys.executable, "-m", "vflbench.cli", "run", str(cfg), "--out", str(tmp_path / "runs")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sweeps.started.append(proc)
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "runs").glob("*/metrics.jsonl")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and not list((tmp_path / "runs").glob("*/result.json"))
