@@ -184,3 +184,12 @@ def test_datasets_verify_exits_non_zero_on_a_corrupt_file(tmp_path, cli):
     _truncated_mnist(tmp_path)
     proc = cli("datasets", "verify", "--data-root", str(tmp_path), "mnist")
     assert proc.returncode == 1 and "corrupt" in proc.stdout
+
+
+def test_a_sweep_point_the_data_refuses_fails_before_any_point_runs(tmp_path, cli):
+    """A known_per_class above the smallest class in one grid value failed only when that point ran."""
+    cfg = _write(tmp_path / "sweep.yaml", minimal(train={"epochs": 1}, attacks=[MC],
+                                                  sweep={"grid": {"attacks.0.known_per_class": [2, 1000]}}))
+    _assert_one_line_error(cli("sweep", str(cfg), "--out", str(tmp_path / "s")),
+                           "known_per_class 1000 is more than the smallest class")
+    assert not (tmp_path / "s").exists()

@@ -155,6 +155,28 @@ def _check_points(points: Sequence[SweepPoint]) -> None:
             raise ConfigError(f"sweep point {point.hash} (seed {point.config.seed}) is invalid: {exc}") from None
 
 
+def _check_data(points: Sequence[SweepPoint], data_root: str | None) -> None:
+    """Check what needs the data for every point before any runs (the attacks against the scenario,
+    the metric, the labelled and auxiliary rows): each distinct data section is loaded once, with the
+    seed of its first point, and only one dataset is held at a time."""
+    from vflbench.attacks import validate_attacks
+    from vflbench.eval.run import check_before_training
+    from vflbench.eval.scenario import load_vertical_data
+
+    def key(point: SweepPoint) -> str:
+        return json.dumps([point.config.data.model_dump(mode="json"), point.config.train.algorithm], sort_keys=True)
+
+    current, vd = None, None
+    for point in sorted(points, key=key):
+        try:
+            if key(point) != current:
+                current, vd = key(point), load_vertical_data(point.config, data_root)
+            assert vd is not None
+            check_before_training(point.config, vd, validate_attacks(point.config, vd))
+        except VFLBenchError as exc:
+            raise ConfigError(f"sweep point {point.hash} (seed {point.config.seed}) is invalid: {exc}") from None
+
+
 def run_sweep(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = False, data_root: str | None = None,
               workers: int | None = None, runner: Callable[[dict[str, Any], str, str | None], str] = _run_point,
               on_done: Callable[[SweepPoint], None] | None = None,
@@ -172,9 +194,11 @@ def run_sweep(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = Fals
         raise ConfigError(f"workers must be at least 1, got {workers}")
     points = expand(cfg)
     _check_points(points)
+    todo = [p for p in points if not (resume and is_done(out, p))]
+    if settings.executor == "local":  # a cluster's workers may see datasets this machine does not
+        _check_data(todo, data_root)
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "sweep.yaml", cfg.to_yaml())
-    todo = [p for p in points if not (resume and is_done(out, p))]
     log.info("sweep: %d points, %d to run, %d already done", len(points), len(todo), len(points) - len(todo))
     if on_start is not None:
         on_start(len(todo), len(points))
