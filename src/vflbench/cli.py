@@ -20,6 +20,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -151,6 +152,7 @@ class SweepProgress:
     def __init__(self, console: Console) -> None:
         self.console = console
         self.bar: Progress | None = None
+        self.task = TaskID(0)
         self.total = 0
         self.done = 0
         self.started = 0.0
