@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from vflbench.errors import ConfigError, DataError
+from vflbench.registry import closest_name
 
 Algorithm = Literal["vlr", "vhnn", "vsnn"]
 AGGREGATIONS: dict[str, tuple[str, ...]] = {
@@ -158,7 +159,9 @@ def _explain(exc: ValidationError) -> ConfigError:
         where = ".".join(str(p) for p in loc) or "config"
         if err["type"] == "extra_forbidden":
             valid = _fields_at(ExperimentConfig, loc[:-1]) or []
-            lines.append(f"unknown key {where!r}; valid keys here are: {', '.join(valid)}")
+            near = closest_name(str(loc[-1]), valid)
+            hint = f" (did you mean {near!r}?)" if near else ""
+            lines.append(f"unknown key {where!r}; valid keys here are: {', '.join(valid)}{hint}")
         elif err["type"] == "missing":
             lines.append(f"missing required key {where!r}")
         else:

@@ -102,10 +102,16 @@ RANGES: dict[str, tuple[float, bool]] = {
 UNBOUNDED = frozenset({"epsilon"})
 
 
+def closest_name(name: str, valid: Collection[Any]) -> str | None:
+    """The valid name closest to ``name`` (difflib), or ``None`` when none is close."""
+    match = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
 def closest(name: str, valid: Collection[Any]) -> str:
     """``" Did you mean 'x'?"`` for the valid name closest to ``name``, or ``""``."""
-    match = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1, cutoff=0.6)
-    return f" Did you mean {match[0]!r}?" if match else ""
+    match = closest_name(name, valid)
+    return f" Did you mean {match!r}?" if match else ""
 
 
 def show(value: Any) -> str:
