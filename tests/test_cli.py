@@ -286,3 +286,29 @@ def test_sigint_during_run_exits_130(tmp_path, sweeps):
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and not list((tmp_path / "runs").glob("*/result.json"))
+
+
+@linux_only
+def test_the_parent_watchdog_alone_ends_an_orphaned_worker(tmp_path):
+    """The portable path (no PR_SET_PDEATHSIG): a worker whose parent is killed exits by itself."""
+    child = ("import os, threading, time; from vflbench.eval.sweep import _watch_parent; "
+             "threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start(); "
+             "print('ready', flush=True); time.sleep(60)")
+    middle = ("import subprocess, sys; "
+              f"p = subprocess.Popen([sys.executable, '-c', {child!r}]); print(p.pid, flush=True); p.wait()")
+    proc = subprocess.Popen([sys.executable, "-c", middle], stdout=subprocess.PIPE, text=True)
+    worker = None
+    try:
+        worker = int(proc.stdout.readline())
+        assert proc.stdout.readline().strip() == "ready"
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(worker)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if worker is not None and _alive(worker):
+            os.kill(worker, signal.SIGKILL)
