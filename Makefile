@@ -7,6 +7,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The CPU wheel of torch is pinned so that pip never pulls the multi-GB CUDA build.
 TORCH ?= torch==2.13.0
+# Where pip finds that CPU wheel. Empty: the default index (it serves the CPU build on this kind of
+# machine). On a machine where PyPI would give the CUDA build (Linux x86_64), use PyTorch's CPU index:
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
+TORCH_INDEX_ARGS := $(if $(strip $(TORCH_INDEX)),--index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple,)
 
 .PHONY: demo test lint venv clean
 
@@ -15,7 +20,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet $(TORCH_INDEX_ARGS) "$(TORCH)"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 

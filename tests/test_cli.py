@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from conftest import minimal
@@ -105,3 +110,205 @@ def test_list_and_describe(cli):
 
     proc = vflbench("run", str(Path("/nonexistent.yaml")))
     assert proc.returncode == 2 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- interruption: a real `vflbench sweep` process stopped by a signal -------------------------------------------
+
+def _slow_sweep(tmp_path: Path, points: int) -> Path:
+    """A sweep of ``points`` runs of about half a second each (unloaded) on the embedded digits."""
+    raw = minimal(train={"epochs": 2, "batch_size": 16},
+                  sweep={"grid": {"train.lr": [0.01 * (i + 1) for i in range(points)]}, "baseline": False})
+    return write(tmp_path, raw)
+
+
+class Sweeps:
+    """`vflbench sweep` processes started by a test, and the workers it watches."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen] = []
+        self.workers: set[int] = set()
+
+    def start(self, cfg: Path, out: Path, *extra: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-m", "vflbench.cli", "sweep", str(cfg), "--out", str(out), *extra],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.started.append(proc)
+        return proc
+
+    def watch(self, pids: set[int]) -> set[int]:
+        self.workers |= pids
+        return pids
+
+
+@pytest.fixture
+def sweeps():
+    """Whatever a failed test leaves running is killed at teardown."""
+    tracked = Sweeps()
+    yield tracked
+    for proc in tracked.started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    for pid in tracked.workers:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _finished(out: Path) -> set[str]:
+    return {p.parent.name for p in (out / "runs").glob("*/result.json")}
+
+
+def _wait_for_first_point(proc: subprocess.Popen, out: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not _finished(out):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no sweep point finished in time"
+        time.sleep(0.05)
+
+
+def _alive_children(pid: int) -> set[int]:
+    """Live (not zombie) processes whose parent is ``pid`` (Linux /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+        if int(ppid) == pid and state != "Z":
+            found.add(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+linux_only = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+
+
+def test_sigint_stops_the_sweep_writes_the_summary_and_resume_finishes(tmp_path, cli, sweeps):
+    """Old behaviour: the sweep ran every remaining point, wrote no summary of the finished ones and exited 0."""
+    cfg, out = _slow_sweep(tmp_path, points=4), tmp_path / "s"
+    proc = sweeps.start(cfg, out)
+    _wait_for_first_point(proc, out)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "--resume" in stderr
+    done = _finished(out)
+    assert 1 <= len(done) < 4
+    assert set(pd.read_csv(out / "summary.csv")["config_hash"]) == done
+    before = {h: (out / "runs" / h / "result.json").stat().st_mtime_ns for h in done}
+    resumed = cli("sweep", str(cfg), "--out", str(out), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert {h: (out / "runs" / h / "result.json").stat().st_mtime_ns for h in done} == before  # not re-run
+    assert len(_finished(out)) == 4 and len(set(pd.read_csv(out / "summary.csv")["config_hash"])) == 4
+
+
+@linux_only
+def test_sigterm_ends_the_workers_and_exits_143(tmp_path, sweeps):
+    """Old behaviour: the pool went on with every queued point and the sweep exited 0."""
+    cfg, out = _slow_sweep(tmp_path, points=8), tmp_path / "s"
+    proc = sweeps.start(cfg, out, "--workers", "2")
+    _wait_for_first_point(proc, out)
+    workers = sweeps.watch(_alive_children(proc.pid))
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 143, stderr
+    assert len(_finished(out)) < 8 and (out / "summary.csv").is_file()
+    deadline = time.monotonic() + 10
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(w) for w in workers)
+
+
+@linux_only
+def test_workers_exit_when_the_sweep_is_killed(tmp_path, sweeps):
+    """Old behaviour: after `kill -9` of the sweep its workers (~500 MB each) lived on forever."""
+    cfg, out = _slow_sweep(tmp_path, points=8), tmp_path / "s"
+    proc = sweeps.start(cfg, out, "--workers", "2")
+    _wait_for_first_point(proc, out)
+    workers = sweeps.watch(_alive_children(proc.pid))
+    assert workers
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(w) for w in workers)
+
+
+def test_a_diverged_training_is_flagged(tmp_path, cli):
+    """A NaN loss was reported as a normal result (AUC 0.5, accuracy of one class)."""
+    cfg = write(tmp_path, minimal(data={"name": "breast_cancer"}, train={"epochs": 2, "lr": 1e6}))
+    proc = cli("run", str(cfg), "--out", str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stderr
+    assert "(diverged)" in proc.stdout
+    [result] = (tmp_path / "runs").glob("*/result.json")
+    assert json.loads(result.read_text())["utility"]["diverged"] is True
+    cfg = write(tmp_path, minimal(data={"name": "breast_cancer"}, train={"epochs": 1}))
+    proc = cli("run", str(cfg), "--out", str(tmp_path / "ok"))
+    assert "(diverged)" not in proc.stdout
+    [result] = (tmp_path / "ok").glob("*/result.json")
+    assert json.loads(result.read_text())["utility"]["diverged"] is False
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_output_files_follow_the_umask(tmp_path, umask, mode):
+    """write_atomic wrote every result 0600 (tempfile.mkstemp's mode) whatever the umask."""
+    from vflbench.eval.results import write_atomic
+
+    previous = os.umask(umask)
+    try:
+        write_atomic(tmp_path / "result.json", "{}")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "result.json").stat().st_mode) == mode
+
+
+def test_sigint_during_run_exits_130(tmp_path, sweeps):
+    """Old behaviour: Ctrl-C on `vflbench run` exited 0."""
+    cfg = write(tmp_path, minimal(train={"epochs": 200, "batch_size": 16}))
+    proc = subprocess.Popen([sys.executable, "-m", "vflbench.cli", "run", str(cfg), "--out", str(tmp_path / "runs")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sweeps.started.append(proc)
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "runs").glob("*/metrics.jsonl")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and not list((tmp_path / "runs").glob("*/result.json"))
+
+
+@linux_only
+def test_the_parent_watchdog_alone_ends_an_orphaned_worker(tmp_path):
+    """The portable path (no PR_SET_PDEATHSIG): a worker whose parent is killed exits by itself."""
+    child = ("import os, threading, time; from vflbench.eval.sweep import _watch_parent; "
+             "threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start(); "
+             "print('ready', flush=True); time.sleep(60)")
+    middle = ("import subprocess, sys; "
+              f"p = subprocess.Popen([sys.executable, '-c', {child!r}]); print(p.pid, flush=True); p.wait()")
+    proc = subprocess.Popen([sys.executable, "-c", middle], stdout=subprocess.PIPE, text=True)
+    worker = None
+    try:
+        worker = int(proc.stdout.readline())
+        assert proc.stdout.readline().strip() == "ready"
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(worker)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if worker is not None and _alive(worker):
+            os.kill(worker, signal.SIGKILL)

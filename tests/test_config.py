@@ -20,6 +20,19 @@ def test_unknown_key_lists_valid_keys():
         build_config(minimal(train={"epoch": 3}))
     msg = str(exc.value)
     assert "train.epoch" in msg and "epochs" in msg and "batch_size" in msg
+    assert "(did you mean 'epochs'?)" in msg  # the closest valid key
+
+
+def test_set_value_that_is_not_yaml_is_named():
+    """A YAML syntax error in --set used to surface as 'Input should be a valid list'."""
+    with pytest.raises(ConfigError, match=r"--set 'attacks=\[\{name: x\}': the value .* is not valid YAML"):
+        build_config(minimal(), ["attacks=[{name: x}"])
+
+
+def test_infinite_and_nan_numbers_are_refused():
+    for value in (".inf", ".nan"):
+        with pytest.raises(ConfigError, match="train.lr: Input should be a finite number"):
+            build_config(minimal(), [f"train.lr={value}"])
 
 
 def test_unknown_top_level_section_lists_sections():

@@ -5,14 +5,27 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
+import shlex
+import signal
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from vflbench.errors import VFLBenchError
@@ -73,13 +86,35 @@ class RichProgress:
 BASELINE_LABELS = {"vanilla": "VFL without defenses", "alone": "active party alone"}
 
 
+def check_out_dir(path: Path, option: str = "--out", *, exists: bool = False) -> None:
+    """Fail with one line before any work if this command cannot write into the directory ``path``
+    (a file in its place, an unwritable or read-only parent); ``exists``: it must already exist."""
+    if path.exists() and not path.is_dir():
+        raise VFLBenchError(f"{option} {path} is a file; give a directory")
+    if exists and not path.is_dir():
+        raise VFLBenchError(f"{option} {path} does not exist")
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise VFLBenchError(f"{option} {path}: {existing} is a file, not a directory")
+    try:  # os.access is not enough: it ignores read-only mounts for some users and ACLs for others
+        os.rmdir(tempfile.mkdtemp(prefix=".vflbench-", dir=existing))
+    except OSError as exc:
+        raise VFLBenchError(f"{option} {path}: cannot write in {existing} ({exc.strerror})") from None
+
+
+def _value(value: float, diverged: bool = False) -> str:
+    return f"{value:.4f}" + (" (diverged)" if diverged else "")
+
+
 def _result_table(result: Any) -> Table:
     table = Table(title=f"run {result.config_hash} (seed {result.seed})")
     for col in ("what", "metric", "value", "prior", "leakage (points)", "without defense"):
         table.add_column(col, justify="left" if col in ("what", "metric") else "right")
     u = result.utility
     label = "VFL" + (f" + {', '.join(d['name'] for d in result.defense)}" if result.defense else " (vanilla)")
-    table.add_row(label, u.metric, f"{u.value:.4f}", "", "", "")
+    table.add_row(label, u.metric, _value(u.value, u.diverged), "", "", "")
     for name, base in result.baselines.items():
         if name == "vanilla" and not result.defense:
             continue  # without defenses the run itself is the vanilla baseline (the row above)
@@ -87,7 +122,7 @@ def _result_table(result: Any) -> Table:
         if "skipped" in base:
             table.add_row(label, "-", "skipped", "", "", "")
         else:
-            table.add_row(label, base["metric"], f"{base['value']:.4f}", "", "", "")
+            table.add_row(label, base["metric"], _value(base["value"], base.get("diverged", False)), "", "", "")
     for a in result.attacks:
         metric = f"{a.metric} ({a.direction} leaks more)"
         if a.leaks_without_defense is None:
@@ -112,9 +147,47 @@ def run(
     from vflbench.eval.run import run_experiment
 
     cfg = load_config(config, set_ or [])
+    check_out_dir(out_dir)
     result = run_experiment(cfg, out_dir=out_dir, data_root=data_root, progress=RichProgress(err))
     out.print(_result_table(result))
     out.print(f"results in {out_dir / result.config_hash}")
+
+
+class SweepProgress:
+    """Points done of the total with an ETA: a progress bar on a terminal, a log line per point otherwise."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.bar: Progress | None = None
+        self.task = TaskID(0)
+        self.total = 0
+        self.done = 0
+        self.started = 0.0
+
+    def start(self, to_run: int, total: int) -> None:  # noqa: D102
+        self.total, self.done, self.started = to_run, 0, time.monotonic()
+        if self.console.is_terminal and to_run:
+            self.bar = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("", total=to_run)
+
+    def point_done(self, point: Any) -> None:  # noqa: D102
+        self.done += 1
+        if self.bar is not None:
+            self.bar.advance(self.task)
+            if self.done == self.total:
+                self.stop()
+            return
+        elapsed = time.monotonic() - self.started
+        eta = elapsed / self.done * (self.total - self.done)
+        logging.getLogger("vflbench").info("sweep: point %d/%d done (%s), %.0f s elapsed, ETA %.0f s",
+                                           self.done, self.total, point.hash, elapsed, eta)
+
+    def stop(self) -> None:  # noqa: D102
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
 
 
 @app.command()
@@ -131,7 +204,24 @@ def sweep(
     from vflbench.eval.sweep import run_sweep
 
     cfg = load_config(config, set_ or [])
-    table = run_sweep(cfg, out_dir, resume=resume, workers=workers, data_root=str(data_root) if data_root else None)
+    if workers is not None and workers < 1:
+        raise VFLBenchError(f"--workers must be at least 1, got {workers}")
+    check_out_dir(out_dir)
+    progress = SweepProgress(err)
+    try:
+        table = run_sweep(cfg, out_dir, resume=resume, workers=workers,
+                          data_root=str(data_root) if data_root else None,
+                          on_start=progress.start, on_done=progress.point_done)
+    except (Interrupted, KeyboardInterrupt):
+        progress.stop()
+        again = shlex.join(["vflbench", "sweep", str(config), "--out", str(out_dir), "--resume",
+                            *(a for s in set_ or [] for a in ("--set", s)),
+                            *(["--workers", str(workers)] if workers else [])])
+        err.print(f"sweep interrupted; finished points are summarised in {out_dir / 'summary.csv'}. "
+                  f"Resume with: {again}", highlight=False, soft_wrap=True)
+        raise
+    finally:
+        progress.stop()
     out.print(f"{table['config_hash'].nunique() if not table.empty else 0} runs; "
               f"summary in {out_dir / 'summary.csv'}, scores in {out_dir / 'scores.csv'}")
 
@@ -141,6 +231,7 @@ def report(directory: Annotated[Path, typer.Argument(help="a sweep or tune direc
     """Write report.md and report.html with tables and plots for a sweep directory."""
     from vflbench.report import build_report
 
+    check_out_dir(directory, "the directory", exists=True)
     out.print(f"wrote {build_report(directory)} and {directory / 'report.html'}")
 
 
@@ -159,7 +250,9 @@ def tune(
     from vflbench.config import load_config
     from vflbench.eval.tune import tune as run_tune
 
-    result = run_tune(load_config(config, set_ or []), out_dir, budget=budget, low=low, high=high, steps=steps,
+    cfg = load_config(config, set_ or [])
+    check_out_dir(out_dir)
+    result = run_tune(cfg, out_dir, budget=budget, low=low, high=high, steps=steps,
                       data_root=str(data_root) if data_root else None)
     table = Table("strength", "worst ε_p", "ε_u", "meets", title=f"tune {result.defense} (ε_p ≤ {budget})")
     for t in result.trace:
@@ -266,16 +359,39 @@ def datasets_verify(
         raise typer.Exit(1)
 
 
+class Interrupted(BaseException):
+    """A termination signal (SIGINT, SIGTERM) received by the command line; exit status 128 + signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    # A second signal of the same kind ends the process at once (the default action).
+    signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+    raise Interrupted(signum)
+
+
 def main() -> None:
-    """Console-script entry point: user errors print one paragraph and exit with status 2."""
+    """Console-script entry point: user errors print one paragraph and exit with status 2;
+    SIGINT and SIGTERM exit with 130 and 143 after the command has stopped cleanly."""
     logging.basicConfig(level=logging.INFO, format="%(message)s",
                         handlers=[RichHandler(console=err, show_path=False, show_time=False)]
                         if err.is_terminal else [logging.StreamHandler(sys.stderr)])
+    previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
     except VFLBenchError as exc:
         err.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
+    except OSError as exc:  # the environment refused (a full disk, a file removed under us): not a bug
+        where = f" ({exc.filename})" if exc.filename else ""
+        err.print(f"[bold red]error:[/bold red] {exc.strerror or exc}{where}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except Interrupted as exc:
+        err.print(f"interrupted ({exc})", highlight=False)
+        sys.exit(128 + exc.signum)
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
@@ -289,6 +405,12 @@ def main() -> None:
             exc.show()
             sys.exit(exc.exit_code)
         raise
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    # Without standalone mode typer returns a command's exit status (typer.Exit, or 130 for a
+    # KeyboardInterrupt it caught) instead of exiting with it.
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from vflbench.errors import ConfigError
+from vflbench.errors import ConfigError, DataError
+from vflbench.registry import closest_name
 
 Algorithm = Literal["vlr", "vhnn", "vsnn"]
 AGGREGATIONS: dict[str, tuple[str, ...]] = {
@@ -24,7 +25,7 @@ DEFAULT_MODELS = {"vlr": ("logreg", "identity"), "vhnn": ("mlp2", "mlp2"), "vsnn
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class DataConfig(_Strict):
@@ -158,7 +159,9 @@ def _explain(exc: ValidationError) -> ConfigError:
         where = ".".join(str(p) for p in loc) or "config"
         if err["type"] == "extra_forbidden":
             valid = _fields_at(ExperimentConfig, loc[:-1]) or []
-            lines.append(f"unknown key {where!r}; valid keys here are: {', '.join(valid)}")
+            near = closest_name(str(loc[-1]), valid)
+            hint = f" (did you mean {near!r}?)" if near else ""
+            lines.append(f"unknown key {where!r}; valid keys here are: {', '.join(valid)}{hint}")
         elif err["type"] == "missing":
             lines.append(f"missing required key {where!r}")
         else:
@@ -176,8 +179,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         raise ConfigError(f"--set {item!r} has an empty key")
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        value = raw
+    except yaml.YAMLError as exc:
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise ConfigError(f"--set {item!r}: the value {raw!r} is not valid YAML ({problem}); quote a string "
+                          f"that holds YAML syntax, e.g. {key.strip()}='\"{raw}\"'") from None
     return key.strip().split("."), value
 
 
@@ -219,12 +224,41 @@ def build_config(raw: dict[str, Any], overrides: list[str] = ()) -> ExperimentCo
 def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:  # type: ignore[assignment]
     """Read a YAML config file and validate it."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{p} is a directory; give the path of an experiment YAML file (e.g. configs/demo.yaml)")
     if not p.is_file():
         raise ConfigError(f"config file {p} does not exist")
     try:
         raw = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p} is not valid YAML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {p}: {exc.strerror if isinstance(exc, OSError) else exc}") \
+            from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{p} must hold a mapping with sections data, model, train, defenses, attacks, seed")
-    return build_config(raw, list(overrides))
+    cfg = build_config(raw, list(overrides))
+    check_components(cfg)
+    return cfg
+
+
+def check_components(cfg: ExperimentConfig) -> None:
+    """Check every named component of ``cfg`` and its parameters against the registries before any
+    data is loaded: the dataset and its options, the bottom and top models and their options, each
+    defense and attack (their parameters' names, types, choices and ranges, then their own checks).
+    What needs the data's shape (classes, slice shapes) is checked by the run before training."""
+    from vflbench.attacks.runner import create_attack
+    from vflbench.data import DATASETS
+    from vflbench.defenses import create_defense
+    from vflbench.models import BOTTOM_RESERVED, MODELS, TOP_MODELS, TOP_RESERVED
+
+    resolved = cfg.resolved()
+    DATASETS.check(cfg.data.name, cfg.data.options, reserved=("root",), noun="option", error=DataError)
+    if resolved.model.bottom is not None:
+        MODELS.check(resolved.model.bottom, cfg.model.bottom_options, reserved=BOTTOM_RESERVED, noun="option")
+    if resolved.model.top is not None:
+        TOP_MODELS.check(resolved.model.top, cfg.model.top_options, reserved=TOP_RESERVED, noun="option")
+    for spec in cfg.defenses:
+        create_defense(spec.name, **spec.params())
+    for spec in cfg.attacks:
+        create_attack(spec.name, **spec.params())

@@ -261,8 +261,8 @@ def test_a_party_that_is_not_a_target_gets_zero_gradients():
 
 
 @pytest.mark.parametrize(("attack", "message"), [
-    ({"name": "agn", **SMALL, "victim": ["passive_1", "passive_2"]}, "targets one passive party"),
-    ({"name": "agn", **SMALL, "victim": ["passive_1"]}, "targets one passive party"),
+    ({"name": "agn", **SMALL, "victim": ["passive_1", "passive_2"]}, "'victim' = .* is not valid; expected a string"),
+    ({"name": "agn", **SMALL, "victim": ["passive_1"]}, "'victim' = .* is not valid; expected a string"),
     ({"name": "dmavfl", **SMALL, "victim": ["passive_1", "passive_1"]}, "name a party twice"),
     ({"name": "dmavfl", **SMALL, "victim": ["passive_1", "passive_3"]}, "victim 'passive_3' must be a passive"),
 ])

@@ -473,7 +473,7 @@ def test_trec_options(tmp_path: Path) -> None:
     assert fine.x_train.shape == (7, 4) and fine.x_test.shape == (1, 4)
     assert set(fine.meta["vocab"][2:]) == {"what", "who", "was", "the", "popeye", "russia", "did",
                                            "in"}
-    with pytest.raises(DataError, match="'coarse' or 'fine'"):
+    with pytest.raises(DataError, match="'labels' = 'medium' is not valid; expected one of 'coarse', 'fine'"):
         load_dataset("trec", root=tmp_path, verify=False, labels="medium")
     with pytest.raises(DataError, match="max_len"):
         load_dataset("trec", root=tmp_path, verify=False, max_len=0)

@@ -86,7 +86,7 @@ def test_two_party_binning_is_the_papers_threshold_rule():
     ([[0.0, 0.5], [0.5, 1.0]], "appears in classes 0 and 1"),
     ([[0.0, 0.0], [0.5, 1.0]], "twice in the same class"),
     ([[0.0, 0.6], []], r"soft_labels\[1\] must be a non-empty list"),
-    ([0.0, 1.0], r"soft_labels\[0\] must be a non-empty list"),
+    ([0.0, 1.0], r"'soft_labels' = \[0.0, 1.0\] is not valid; expected a list of lists of finite numbers, or null"),
     ([[0.0, float("nan")], [1.0]], "finite numbers"),
     ([[0.0, "a"], [1.0]], "finite numbers"),
     ([], "one list of soft labels per class"),

@@ -62,15 +62,9 @@ log = logging.getLogger(__name__)
 
 
 def create_attack(name: str, **params: Any) -> Attack:
-    """Build attack ``name`` from keyword parameters; unknown keys are errors."""
-    import inspect
-
+    """Build attack ``name`` from keyword parameters, checked by :func:`vflbench.registry.check_params`."""
+    ATTACKS.check(name, params)
     cls = ATTACKS.get(name).factory
-    valid = [p for p in inspect.signature(cls).parameters if p != "self"]
-    unknown = sorted(set(params) - set(valid))
-    if unknown:
-        raise ConfigError(f"attack {name!r} has no parameter {', '.join(map(repr, unknown))}; "
-                          f"valid parameters are: {', '.join(valid) or '(none)'}.")
     try:
         return cls(**params)
     except (TypeError, ValueError) as exc:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +20,5 @@ __all__ = ["DATASETS", "Dataset", "DatasetStatus", "PartySlice", "VerticalData",
 
 def load_dataset(name: str, *, root: str | Path | None = None, **options: Any) -> Dataset:
     """Load the registered dataset ``name``; ``options`` are its own keyword arguments."""
-    entry = DATASETS.get(name)
-    params = inspect.signature(entry.factory).parameters
-    valid = sorted(p for p in params if p != "root")
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        raise DataError(
-            f"dataset {name!r} has no option {', '.join(map(repr, unknown))}; "
-            f"valid options are: {', '.join(valid) or '(none)'}."
-        )
-    return entry.factory(root=resolve_root(root), **options)
+    DATASETS.check(name, options, reserved=("root",), noun="option", error=DataError)
+    return DATASETS.get(name).factory(root=resolve_root(root), **options)

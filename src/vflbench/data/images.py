@@ -6,6 +6,7 @@ import gzip
 import importlib
 import pickle
 import struct
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,12 @@ FASHION_MD5 = {"train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
 
 def read_idx(path: Path) -> np.ndarray:
     """Read a gzipped idx file (the MNIST format): magic, dims, then big-endian data."""
-    with gzip.open(path, "rb") as fh:
-        data = fh.read()
+    try:
+        with gzip.open(path, "rb") as fh:
+            data = fh.read()
+    except (EOFError, OSError, zlib.error) as exc:  # a truncated or damaged download (gzip.BadGzipFile is an OSError)
+        raise DataError(f"{path} is truncated or corrupt ({exc}); delete it and fetch it again "
+                        "(`vflbench datasets verify` checks every file)") from None
     if len(data) < 4:
         raise DataError(f"{path} is not an idx file (too short)")
     zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])

@@ -109,6 +109,9 @@ def partition(
         raise DataError(f"data.parties must be between {MIN_PARTIES} and {MAX_PARTIES}, got {parties}")
     holders = parties if active_has_features else parties - 1
     slices: list[PartySlice] = []
+    if columns is not None and ds.kind != "tabular":
+        raise DataError(f"{ds.name} is a {ds.kind} dataset: data.columns applies to tabular datasets only; "
+                        "remove it (data.split chooses how an image or text is cut)")
     if ds.kind == "image":
         if split not in ("auto", "width", "height"):
             raise DataError(f"{ds.name} is an image dataset: "

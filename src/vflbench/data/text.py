@@ -13,6 +13,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -120,7 +121,7 @@ def read_trec(path: Path, *, fine: bool) -> tuple[list[str], list[str]]:
                                    "6 coarse or 50 fine classes",
                    kind="text", folder=TREC_FOLDER, files=TREC_FILES, sha256=TREC_SHA256,
                    source=_TREC_SRC)
-def load_trec(*, root: Path | None = None, labels: str = "coarse", max_len: int = 32,
+def load_trec(*, root: Path | None = None, labels: Literal["coarse", "fine"] = "coarse", max_len: int = 32,
               min_freq: int = 1, verify: bool = True) -> Dataset:
     """TREC questions from ``train_5500.label`` (train) and ``TREC_10.label`` (test).
 

@@ -7,31 +7,29 @@ defense's main knob (``strength_param``), so that sweeps treat all defenses alik
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from vflbench.errors import ConfigError
 from vflbench.protocol.hooks import Defense
-from vflbench.registry import Registry
+from vflbench.registry import Registry, check_params
 
 DEFENSES: Registry[Defense] = Registry("defense")
 
 
-def defense_params(cls: type[Defense]) -> list[str]:
-    """The keyword parameters a defense accepts (``strength`` included where aliased)."""
-    names = [p for p in inspect.signature(cls).parameters if p != "self"]
-    return names + (["strength"] if cls.strength_param else [])
+def check_defense(name: str, params: dict[str, Any]) -> None:
+    """Check a defense's parameters (``strength`` standing for its main knob) before it is built."""
+    cls = DEFENSES.get(name).factory
+    assert isinstance(cls, type) and issubclass(cls, Defense)
+    aliases = {"strength": cls.strength_param} if cls.strength_param else {}
+    check_params(DEFENSES.kind, name, cls, params, aliases=aliases)
 
 
 def create_defense(name: str, **params: Any) -> Defense:
-    """Build defense ``name``; ``strength`` maps to its main knob; unknown keys are errors."""
+    """Build defense ``name``; ``strength`` maps to its main knob; parameters are checked by
+    :func:`check_defense`."""
+    check_defense(name, params)
     cls = DEFENSES.get(name).factory
     assert isinstance(cls, type) and issubclass(cls, Defense)
-    valid = defense_params(cls)
-    unknown = sorted(set(params) - set(valid))
-    if unknown:
-        raise ConfigError(f"defense {name!r} has no parameter {', '.join(map(repr, unknown))}; "
-                          f"valid parameters are: {', '.join(valid) or '(none)'}.")
     if "strength" in params:
         if cls.strength_param in params:
             raise ConfigError(f"defense {name!r}: give 'strength' or {cls.strength_param!r}, not both")

@@ -19,7 +19,7 @@ B flattened rows of width m. Randomness comes only from the generator given at `
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -393,7 +393,7 @@ class DiscreteSGD(_CutGradientDefense):
     strength_param = "bins"
     strength_direction = "smaller is stronger"
 
-    def __init__(self, *, bins: int = 6, mode: str = "kang", bound: float = 3e-2) -> None:
+    def __init__(self, *, bins: int = 6, mode: Literal["kang", "fu"] = "kang", bound: float = 3e-2) -> None:
         _check(isinstance(bins, (int, float)) and not isinstance(bins, bool) and float(bins).is_integer()
                and bins >= 1, f"bins must be an integer >= 1, got {bins!r}")
         _check(mode in ("kang", "fu"), f"mode must be 'kang' or 'fu', got {mode!r}")

@@ -20,7 +20,7 @@ import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -127,7 +127,7 @@ class LabelDP(Defense):
     strength_param = "epsilon"
     strength_direction = "smaller is stronger"
 
-    def __init__(self, *, epsilon: float = 3.0, prior: str = "empirical") -> None:
+    def __init__(self, *, epsilon: float = 3.0, prior: Literal["empirical", "uniform"] = "empirical") -> None:
         _check(epsilon >= 0, f"epsilon must be >= 0 (inf: no protection), got {epsilon}")
         _check(prior in ("empirical", "uniform"), f"prior must be 'empirical' or 'uniform', got {prior!r}")
         self.epsilon = epsilon

@@ -36,7 +36,7 @@ from __future__ import annotations
 import copy
 import random
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +48,7 @@ from vflbench.eval.finetune import complete
 from vflbench.models import init_parameters
 from vflbench.mpc.comm import DIRECTIONS, Comm
 from vflbench.mpc.dealer import Dealer
-from vflbench.mpc.layers import SharedLayer, _SecureLayerFn, mask_layer, unmask
+from vflbench.mpc.layers import SharedLayer, Truncation, _SecureLayerFn, mask_layer, unmask
 from vflbench.mpc.ring import RingOverflowError
 from vflbench.protocol.hooks import BindContext, Defense
 from vflbench.protocol.messages import ACTIVE
@@ -232,9 +232,10 @@ class VMask(Defense):
     selection: ClassVar[str] = "greedy"
 
     def __init__(self, *, budget: float = 0.25, sigma: float = 0.01, aux_size: int = 640, known_per_class: int = 4,
-                 mc_epochs: int = 20, mc_optimizer: str = "sgd", mc_lr: float = 0.01,
+                 mc_epochs: int = 20, mc_optimizer: Literal["sgd", "adam"] = "sgd", mc_lr: float = 0.01,
                  mc_batch_size: int | None = 16, mc_momentum: float = 0.9, shadow_epochs: int = 1, frac_bits: int = 16,
-                 truncation: str = "reveal", layers: list[int] | None = None, attacker_view: str = "reinit") -> None:
+                 truncation: Truncation = "reveal", layers: list[int] | None = None,
+                 attacker_view: Literal["reinit", "share"] = "reinit") -> None:
         self.budget = budget
         self.sigma = sigma
         self.aux_size = aux_size

@@ -18,6 +18,7 @@ class UtilityResult:
     value: float
     per_epoch: list[float] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    diverged: bool = False  # the training loss became non-finite and training stopped early
 
 
 @dataclass
@@ -75,10 +76,16 @@ class RunResult:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the whole new one."""
+    """Write ``text`` to ``path`` so that readers see the old file or the whole new one.
+
+    The file gets the mode a plain ``open`` would give it (0666 less the user's umask), not the
+    0600 of the temporary file it is written through.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
             fh.flush()
@@ -87,6 +94,13 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it: set it straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_json(path: Path, payload: Any) -> None:

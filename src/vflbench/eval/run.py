@@ -18,9 +18,10 @@ import torch
 
 from vflbench import __version__
 from vflbench.attacks import AttackPlan, run_attacks, validate_attacks
-from vflbench.config import ExperimentConfig, build_config
-from vflbench.data import VerticalData
-from vflbench.errors import ConfigError
+from vflbench.attacks.runner import wants_aux
+from vflbench.config import ExperimentConfig, build_config, check_components
+from vflbench.data import VerticalData, aux_indices
+from vflbench.errors import ConfigError, DataError
 from vflbench.eval.results import AttackResult, RunResult, Timing, UtilityResult, write_atomic, write_json
 from vflbench.eval.scenario import build_federation, load_vertical_data, plan_defenses
 from vflbench.eval.scores import attack_leakage, leaks
@@ -49,7 +50,31 @@ def utility_of(cfg: ExperimentConfig, history: History) -> UtilityResult:
         raise ConfigError(f"train.metric {cfg.train.metric!r} is not available for this task "
                           f"(AUC needs a binary task); use accuracy")
     final = {k.removeprefix("test_"): v for k, v in history.epochs[-1].items() if k.startswith("test_")}
-    return UtilityResult(cfg.train.metric, per_epoch[-1], per_epoch, final)
+    diverged = any(r.get("diverged") for r in history.epochs)
+    return UtilityResult(cfg.train.metric, per_epoch[-1], per_epoch, final, diverged=diverged)
+
+
+def check_before_training(cfg: ExperimentConfig, vd: VerticalData, plan: AttackPlan) -> None:
+    """What the config asks of the data, checked before the run directory is made or training starts:
+    the utility metric, and the labelled and auxiliary rows each attack's threat model grants."""
+    if cfg.train.metric == "auc" and vd.num_classes != 2:
+        raise ConfigError(f"train.metric 'auc' needs a binary task, but {cfg.data.name} has {vd.num_classes} "
+                          "classes; use train.metric: accuracy")
+    counts = torch.bincount(vd.y_train.long(), minlength=vd.num_classes)
+    smallest = int(counts.min())
+    for planned in plan.attacks:
+        attack = planned.attack
+        if attack.known_per_class > smallest:
+            raise ConfigError(f"attack {attack.name!r}: known_per_class {attack.known_per_class} is more than the "
+                              f"smallest class of the {len(vd.y_train)} training rows has ({smallest} rows, class "
+                              f"{int(counts.argmin())}); use known_per_class <= {smallest}")
+        if wants_aux(attack):
+            try:
+                aux_indices(vd.y_train, generator=generator(cfg.seed, "attack", attack.name, "aux"),
+                            size=attack.aux_size, fraction=attack.aux_fraction if attack.aux_size is None else None,
+                            classes=attack.aux_classes)
+            except DataError as exc:
+                raise ConfigError(f"attack {attack.name!r}: {exc}") from None
 
 
 def train_run(cfg: ExperimentConfig, vd: VerticalData, *, with_defenses: bool = True, alone: bool = False,
@@ -160,24 +185,31 @@ def mark_undefended(attacks: list[AttackResult], undefended: list[dict[str, Any]
 
 def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path | None,
          progress: Progress | None) -> RunResult:
+    check_components(cfg)
     vd = load_vertical_data(cfg, data_root)
     attack_plan = validate_attacks(cfg, vd)
+    check_before_training(cfg, vd, attack_plan)
     undefended = (_undefended_attacks(cfg, out_dir=out_dir, data_root=data_root)
                   if cfg.defenses and cfg.attacks else None)
     run_dir = out_dir / cfg.hash() if out_dir else None
     metrics_lines: list[str] = []
-    if run_dir is not None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(run_dir / "config.yaml", cfg.to_yaml())
-        write_json(run_dir / "env.json", environment(cfg.train.threads))
+
+    def open_run_dir() -> None:
+        """Make the run directory once the federation is built (its errors leave nothing behind)."""
+        if run_dir is not None and not (run_dir / "config.yaml").is_file():
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(run_dir / "config.yaml", cfg.to_yaml())
+            write_json(run_dir / "env.json", environment(cfg.train.threads))
 
     def on_epoch_end(epoch: int, record: dict[str, Any]) -> None:
         if run_dir is None:
             return
+        open_run_dir()
         metrics_lines.append(json.dumps(record))
         write_atomic(run_dir / "metrics.jsonl", "\n".join(metrics_lines) + "\n")
 
     run = train_run(cfg, vd, progress=progress, attacks=attack_plan, on_epoch_end=on_epoch_end)
+    open_run_dir()
     utility = utility_of(cfg, run.history)
     if run_dir is not None and cfg.train.checkpoint != "none":
         save_checkpoints(run, run_dir)

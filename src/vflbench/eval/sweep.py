@@ -4,10 +4,17 @@ config hash, resumable); collect the tidy results table and the privacy-utility 
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import json
 import logging
 import math
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -18,7 +25,15 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from vflbench.config import ComponentSpec, ConfigError, ExperimentConfig, apply_override, build_config
+from vflbench.config import (
+    ComponentSpec,
+    ConfigError,
+    ExperimentConfig,
+    apply_override,
+    build_config,
+    check_components,
+)
+from vflbench.errors import VFLBenchError
 from vflbench.eval.results import write_atomic
 from vflbench.eval.scores import (
     NO_PROTECTION_SCORE,
@@ -37,6 +52,9 @@ log = logging.getLogger(__name__)
 RUNS = "runs"
 NO_DEFENSE = "none"
 ATTACK_TYPES = {"labels": "label_inference", "features": "feature_reconstruction"}
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+PARENT_POLL_SECONDS = 0.5
+WORKER_EXIT_SECONDS = 5.0
 
 
 class SweepConfig(BaseModel):
@@ -138,50 +156,144 @@ def is_done(out_dir: Path, point: SweepPoint) -> bool:
 
 
 def _check_points(points: Sequence[SweepPoint]) -> None:
-    """Build every point's defenses and attacks before anything runs, so that a bad grid value
-    (an unknown parameter, a strength given twice) fails the sweep at once, not after hours."""
-    from vflbench.attacks.runner import create_attack
-    from vflbench.defenses import create_defense
-
+    """Check every point's components (:func:`~vflbench.config.check_components`) before anything
+    runs, so that a bad grid value (an unknown parameter, a strength given twice) fails the sweep at
+    once, not after hours."""
     for point in points:
         try:
-            for spec in point.config.defenses:
-                create_defense(spec.name, **spec.params())
-            for spec in point.config.attacks:
-                create_attack(spec.name, **spec.params())
-        except (ConfigError, ValueError, TypeError) as exc:
+            check_components(point.config)
+        except (VFLBenchError, ValueError, TypeError) as exc:
+            raise ConfigError(f"sweep point {point.hash} (seed {point.config.seed}) is invalid: {exc}") from None
+
+
+def _check_data(points: Sequence[SweepPoint], data_root: str | None) -> None:
+    """Check what needs the data for every point before any runs (the attacks against the scenario,
+    the metric, the labelled and auxiliary rows): each distinct data section is loaded once, with the
+    seed of its first point, and only one dataset is held at a time."""
+    from vflbench.attacks import validate_attacks
+    from vflbench.eval.run import check_before_training
+    from vflbench.eval.scenario import load_vertical_data
+
+    def key(point: SweepPoint) -> str:
+        return json.dumps([point.config.data.model_dump(mode="json"), point.config.train.algorithm], sort_keys=True)
+
+    current, vd = None, None
+    for point in sorted(points, key=key):
+        try:
+            if key(point) != current:
+                current, vd = key(point), load_vertical_data(point.config, data_root)
+            assert vd is not None
+            check_before_training(point.config, vd, validate_attacks(point.config, vd))
+        except VFLBenchError as exc:
             raise ConfigError(f"sweep point {point.hash} (seed {point.config.seed}) is invalid: {exc}") from None
 
 
 def run_sweep(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = False, data_root: str | None = None,
               workers: int | None = None, runner: Callable[[dict[str, Any], str, str | None], str] = _run_point,
-              on_done: Callable[[SweepPoint], None] | None = None) -> pd.DataFrame:
-    """Run every point (skipping finished ones with ``resume``); write summary.csv and scores.csv."""
+              on_done: Callable[[SweepPoint], None] | None = None,
+              on_start: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+    """Run every point (skipping finished ones with ``resume``); write summary.csv and scores.csv.
+
+    ``on_start(to_run, total)`` is called once before the first point runs and ``on_done(point)``
+    after each point finishes. If the sweep is interrupted (Ctrl-C, a signal turned into an
+    exception) or a point fails, the queued points are cancelled, the workers are ended, the
+    summary of the points finished so far is written, and the exception propagates.
+    """
     out = Path(out_dir)
     settings = sweep_settings(cfg)
+    if workers is not None and workers < 1:
+        raise ConfigError(f"workers must be at least 1, got {workers}")
     points = expand(cfg)
     _check_points(points)
+    todo = [p for p in points if not (resume and is_done(out, p))]
+    if settings.executor == "local":  # a cluster's workers may see datasets this machine does not
+        _check_data(todo, data_root)
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "sweep.yaml", cfg.to_yaml())
-    todo = [p for p in points if not (resume and is_done(out, p))]
     log.info("sweep: %d points, %d to run, %d already done", len(points), len(todo), len(points) - len(todo))
+    if on_start is not None:
+        on_start(len(todo), len(points))
     n_workers = workers or settings.workers
     runs_dir = str(out / RUNS)
-    if settings.executor == "ray":
-        _run_ray(todo, runs_dir, data_root)
-    elif n_workers == 1:
-        for point in todo:
-            runner(point.config.model_dump(mode="json"), runs_dir, data_root)
-            if on_done is not None:
-                on_done(point)
-    else:
-        with ProcessPoolExecutor(max_workers=n_workers, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(runner, p.config.model_dump(mode="json"), runs_dir, data_root): p for p in todo}
-            for future in as_completed(futures):
-                future.result()
+    try:
+        if settings.executor == "ray":
+            _run_ray(todo, runs_dir, data_root)
+        elif n_workers == 1:
+            for point in todo:
+                runner(point.config.model_dump(mode="json"), runs_dir, data_root)
                 if on_done is not None:
-                    on_done(futures[future])
+                    on_done(point)
+        else:
+            _run_pool(todo, runs_dir, data_root, n_workers, runner, on_done)
+    except BaseException:
+        _collect_finished(out, points)
+        raise
     return collect(out, points)
+
+
+def _collect_finished(out: Path, points: Sequence[SweepPoint]) -> None:
+    """Write the summary of the finished points after an interruption, without hiding its cause."""
+    try:
+        table = collect(out, points)
+    except Exception:  # the interruption (or the failed point) is what the caller must see
+        log.exception("could not write the summary of the finished points")
+        return
+    done = table["config_hash"].nunique() if not table.empty else 0
+    log.warning("sweep stopped: %d of %d points finished; their summary is in %s", done, len(points),
+                out / "summary.csv")
+
+
+def _worker_init(parent: int) -> None:
+    """Set up a sweep worker: the parent handles Ctrl-C, and the worker exits when the parent dies.
+
+    A worker blocked on its task queue never sees the parent die (it holds both ends of the queue's
+    pipe), so without this a ``kill -9`` of the sweep leaves every worker alive. On Linux the kernel
+    kills the worker with the parent (``PR_SET_PDEATHSIG``); everywhere a daemon thread also polls
+    the parent's pid (a worker is re-parented when its parent dies).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            log.debug("prctl(PR_SET_PDEATHSIG) is not available; polling the parent's pid only")
+    if os.getppid() != parent:  # the parent died before this worker started
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), name="vflbench-parent-watchdog", daemon=True).start()
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_SECONDS)
+    os._exit(1)
+
+
+def _run_pool(todo: Sequence[SweepPoint], runs_dir: str, data_root: str | None, n_workers: int,
+              runner: Callable[[dict[str, Any], str, str | None], str],
+              on_done: Callable[[SweepPoint], None] | None) -> None:
+    """Run ``todo`` on ``n_workers`` spawned processes; on any exception (an interruption included)
+    cancel the queued points and end the workers before re-raising."""
+    before = set(multiprocessing.active_children())
+    pool = ProcessPoolExecutor(max_workers=n_workers, mp_context=get_context("spawn"), initializer=_worker_init,
+                               initargs=(os.getpid(),))
+    try:
+        futures = {pool.submit(runner, p.config.model_dump(mode="json"), runs_dir, data_root): p for p in todo}
+        for future in as_completed(futures):
+            future.result()
+            if on_done is not None:
+                on_done(futures[future])
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        workers = [p for p in multiprocessing.active_children() if p not in before]
+        for process in workers:
+            process.terminate()
+        for process in workers:
+            process.join(WORKER_EXIT_SECONDS)
+            if process.is_alive():
+                process.kill()
+        raise
+    pool.shutdown(wait=True)
 
 
 def _run_ray(points: Sequence[SweepPoint], runs_dir: str, data_root: str | None) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
@@ -19,19 +18,15 @@ __all__ = ["MODELS", "TOP_MODELS", "build_bottom", "build_top", "check_fits", "i
            "init_parameters", "linear_layers"]
 
 
-def _check_options(kind: str, name: str, factory: Any, options: dict[str, Any], reserved: set[str]) -> None:
-    valid = sorted(set(inspect.signature(factory).parameters) - reserved)
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        raise ConfigError(f"{kind} {name!r} has no option {', '.join(map(repr, unknown))}; "
-                          f"valid options are: {', '.join(valid) or '(none)'}.")
+BOTTOM_RESERVED = ("input_shape", "out_dim", "meta")
+TOP_RESERVED = ("in_dim", "num_classes")
 
 
 def build_bottom(name: str, part: PartySlice, out_dim: int, generator: torch.Generator,
                  **options: Any) -> nn.Module:
     """Build and seed bottom model ``name`` for a party's slice; check that it fits."""
     entry = MODELS.get(name)
-    _check_options("model", name, entry.factory, options, {"input_shape", "out_dim", "meta"})
+    MODELS.check(name, options, reserved=BOTTOM_RESERVED, noun="option")
     try:
         model = entry.factory(input_shape=part.sample_shape, out_dim=out_dim, meta=dict(part.meta), **options)
     except ValueError as exc:
@@ -49,5 +44,5 @@ def build_top(name: str, in_dim: int, num_classes: int, generator: torch.Generat
               **options: Any) -> nn.Module:
     """Build and seed top model ``name``."""
     entry = TOP_MODELS.get(name)
-    _check_options("top model", name, entry.factory, options, {"in_dim", "num_classes"})
+    TOP_MODELS.check(name, options, reserved=TOP_RESERVED, noun="option")
     return init_parameters(entry.factory(in_dim=in_dim, num_classes=num_classes, **options), generator)
