@@ -262,6 +262,30 @@ def tune(
     out.print(f"chosen strength: {result.chosen['strength']:g}" if result.chosen else "no strength met the budget")
 
 
+@app.command()
+def init(
+    directory: Annotated[Path, typer.Argument(help="where to write the example configs")] = Path("configs"),
+    force: Annotated[bool, typer.Option("--force", help="overwrite example files that already exist")] = False,
+) -> None:
+    """Write the quick-start example configs (embedded data, no files needed) into DIRECTORY."""
+    from importlib.resources import files
+
+    from vflbench.eval.results import write_atomic
+
+    examples = sorted((p for p in (files("vflbench") / "examples").iterdir() if p.name.endswith(".yaml")),
+                      key=lambda p: p.name)
+    if directory.exists() and not directory.is_dir():
+        raise VFLBenchError(f"{directory} is a file; give a directory to write the example configs into")
+    clash = [p.name for p in examples if (directory / p.name).exists()]
+    if clash and not force:
+        raise VFLBenchError(f"{directory} already has {', '.join(clash)}; use --force to overwrite them")
+    directory.mkdir(parents=True, exist_ok=True)
+    for p in examples:
+        write_atomic(directory / p.name, p.read_text())
+        out.print(f"wrote {directory / p.name}")
+    out.print(f"next: vflbench run {directory / 'demo.yaml'} --out runs")
+
+
 @app.command("list")
 def list_(kind: Annotated[str, typer.Argument(help="datasets | models | attacks | defenses")]) -> None:
     """List the registered names of one kind of component."""

@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vflbench.eval.scores import attack_leakage, direction_of
+
 
 @dataclass
 class UtilityResult:
@@ -73,6 +75,35 @@ class RunResult:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> RunResult:
+        """The result a ``result.json`` records (as written by :meth:`to_dict`)."""
+        attacks = []
+        for a in raw["attacks"]:
+            a = dict(a)
+            if "direction" not in a:  # written before every attack carried its direction: rescore
+                a["leakage"] = attack_leakage(a)
+                a["direction"] = direction_of(a["metric"])
+            attacks.append(AttackResult(**a))
+        return cls(**{**raw, "utility": UtilityResult(**raw["utility"]), "attacks": attacks,
+                      "timing": Timing(**raw["timing"])})
+
+    @property
+    def utility_loss(self) -> float | None:
+        """eps_u in points: 100 x (vanilla utility - this run's), higher is a larger loss; ``None``
+        without a ``vanilla`` baseline (``baselines: [vanilla]`` in the config)."""
+        vanilla = self.baselines.get("vanilla")
+        if not vanilla or "value" not in vanilla:
+            return None
+        return 100.0 * (float(vanilla["value"]) - self.utility.value)
+
+    def attack(self, name: str) -> AttackResult:
+        """The result of attack ``name`` (the first, when it was configured more than once)."""
+        for a in self.attacks:
+            if a.name == name:
+                return a
+        raise KeyError(f"no attack {name!r} in this run; it has: {', '.join(a.name for a in self.attacks) or 'none'}")
 
 
 def write_atomic(path: Path, text: str) -> None:
