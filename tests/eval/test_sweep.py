@@ -12,7 +12,7 @@ from conftest import minimal
 from vflbench.config import build_config
 from vflbench.errors import ConfigError
 from vflbench.eval import sweep as sweep_mod
-from vflbench.eval.sweep import expand, run_sweep
+from vflbench.eval.sweep import RUNS, expand, run_sweep
 from vflbench.eval.tune import tune
 from vflbench.report import build_report
 
@@ -118,11 +118,24 @@ def test_tune_finds_a_strength_that_meets_the_budget(tmp_path):
     assert (tmp_path / "plots" / "tune.png").is_file()
 
 
-def test_ray_executor_when_installed(tmp_path):
-    pytest.importorskip("ray", reason="the Ray executor needs the `cluster` extra")
-    cfg = _sweep_config(seeds=[0], grid={"defenses.0.strength": [5.0]}, executor="ray")
-    table = run_sweep(cfg, tmp_path)
-    assert table["config_hash"].nunique() == 2 and (tmp_path / "summary.csv").is_file()
+def test_ray_executor_runs_and_resumes_a_sweep_on_a_local_instance(tmp_path):
+    ray = pytest.importorskip("ray", reason="the Ray executor needs the `cluster` extra (installed by make test)")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        cfg = _sweep_config(seeds=[0], grid={"defenses.0.strength": [0.5, 5.0]}, executor="ray")
+        done: list[str] = []
+        table = run_sweep(cfg, tmp_path, on_done=lambda p: done.append(p.hash))
+        assert table["config_hash"].nunique() == 3 and len(done) == 3 and (tmp_path / "summary.csv").is_file()
+        lost = tmp_path / RUNS / done[-1] / "result.json"
+        kept = tmp_path / RUNS / done[0] / "result.json"
+        before = kept.stat().st_mtime_ns
+        lost.unlink()
+        again: list[str] = []
+        table = run_sweep(cfg, tmp_path, resume=True, on_done=lambda p: again.append(p.hash))
+        assert again == [done[-1]] and lost.is_file() and kept.stat().st_mtime_ns == before
+        assert table["config_hash"].nunique() == 3
+    finally:
+        ray.shutdown()
 
 
 def test_ray_executor_without_ray_says_how_to_install(tmp_path, monkeypatch):

@@ -217,7 +217,7 @@ def run_sweep(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = Fals
     runs_dir = str(out / RUNS)
     try:
         if settings.executor == "ray":
-            _run_ray(todo, runs_dir, data_root)
+            _run_ray(todo, runs_dir, data_root, on_done)
         elif n_workers == 1:
             for point in todo:
                 runner(point.config.model_dump(mode="json"), runs_dir, data_root)
@@ -296,7 +296,10 @@ def _run_pool(todo: Sequence[SweepPoint], runs_dir: str, data_root: str | None, 
     pool.shutdown(wait=True)
 
 
-def _run_ray(points: Sequence[SweepPoint], runs_dir: str, data_root: str | None) -> None:
+def _run_ray(points: Sequence[SweepPoint], runs_dir: str, data_root: str | None,
+             on_done: Callable[[SweepPoint], None] | None = None) -> None:
+    """Run the points as Ray tasks (one CPU each) on the Ray instance this process is connected to,
+    or on a new local one; an interruption or a failed point cancels the tasks still queued."""
     try:
         import ray
     except ImportError:
@@ -304,7 +307,18 @@ def _run_ray(points: Sequence[SweepPoint], runs_dir: str, data_root: str | None)
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
     remote = ray.remote(num_cpus=1)(_run_point)
-    ray.get([remote.remote(p.config.model_dump(mode="json"), runs_dir, data_root) for p in points])
+    pending = {remote.remote(p.config.model_dump(mode="json"), runs_dir, data_root): p for p in points}
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            point = pending.pop(ready[0])
+            ray.get(ready[0])
+            if on_done is not None:
+                on_done(point)
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise
 
 
 def _defense_label(defenses: list[dict[str, Any]]) -> str:
