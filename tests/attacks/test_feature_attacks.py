@@ -101,18 +101,20 @@ def test_other_malicious_attacks_run_and_report(name):
     assert result.data["n_held_out"] == 300  # the aux rows were not trained on
 
 
-def test_dmavfl_sync_reconstructs_better_than_its_aux_mean_prior():
-    # pure Algorithm 3 (no pretraining) on digits: after 15 epochs the shadow/decoder trained alongside decode
-    # the victim's strips at about 0.70-0.75 of the aux-mean guess's MSE (seeds 0-2); with 2-4 epochs they
-    # are still worse than the guess (the decoder has had only ~100-150 steps)
-    cfg = _cfg({"name": "dmavfl_sync", **SMALL}, {"epochs": 15})
+# Pure Algorithm 3 (no pretraining) on digits, 15 epochs. With the test's SMALL settings the shadow/decoder
+# trained alongside reach 0.70-0.75 of the aux-mean guess's MSE (seeds 0-2); with the attack's defaults
+# (aux 1/11 = 131 rows, Adam 1e-4, aux batch 128) 0.83, 0.74, 0.81, 0.93 (seeds 0-3). With 2-4 epochs
+# both are still worse than the guess (the decoder has had only ~100-150 steps).
+@pytest.mark.parametrize(("params", "bound"), [(SMALL, 0.85), ({}, 1.0)], ids=["small", "defaults"])
+def test_dmavfl_sync_reconstructs_better_than_its_aux_mean_prior(params, bound):
+    cfg = _cfg({"name": "dmavfl_sync", **params}, {"epochs": 15})
     vd = load_vertical_data(cfg)
     plan = validate_attacks(cfg, vd)
     run = train_run(cfg, vd, attacks=plan)
     [result], _ = run_attacks(plan, run)
     attack = plan.attacks[0].attack
     assert attack.pretrain_epochs == 0 and attack.pretrain_losses_ == []
-    assert result.value < 0.85 * result.prior
+    assert result.value < bound * result.prior
     assert result.details["emb_cos"] < 0.5  # the victim's bottom was pulled towards the shadow
 
 
