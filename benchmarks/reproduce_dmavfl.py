@@ -151,7 +151,7 @@ def build(exp: Experiment):
         raw["attacks"] = []
     else:
         spec = {**{k: v for k, v in base_attack.items() if k != "name"}, **exp.attack_params, "name": exp.attack}
-        if exp.attack in ("agn", "fsha"):
+        if exp.attack in ("agn", "fsha", "dmavfl_sync"):  # no pretraining (dmavfl_sync: Algorithm 3, no hybrid)
             spec.pop("pretrain_epochs", None)
         raw["attacks"] = [spec]
     raw["defenses"] = exp.defenses
@@ -171,7 +171,9 @@ def run_one(name: str, exp: Experiment, data_root: str, out: Path) -> dict[str, 
     plan = validate_attacks(cfg, vd)
     # train_run's steps, keeping the federation for the per-epoch (oracle) reconstruction curve
     names = [f"passive_{i + 1}" for i in range(len(vd.passive))]
-    fed = build_federation(cfg, vd, defenses=plan_defenses(cfg, names), keep=plan.keep, extra_dims=plan.extra_dims())
+    held_out = plan.held_out()  # the aux rows of DMAVFL & co.: disjoint from the training set
+    fed = build_federation(cfg, vd, defenses=plan_defenses(cfg, names), keep=plan.keep, extra_dims=plan.extra_dims(),
+                           held_out=held_out)
     plan.prepare(fed)
     curve: list[float | None] = []
 
@@ -191,6 +193,7 @@ def run_one(name: str, exp: Experiment, data_root: str, out: Path) -> dict[str, 
                               "loss_curve": [r.get("loss") for r in run.history.epochs],
                               "refused_updates": run.history.refused_updates,
                               "train_seconds": run.train_seconds, "n_train": len(vd.y_train), "n_test": len(vd.y_test),
+                              "n_held_out": 0 if held_out is None else len(held_out),
                       "mse_curve": curve}
     detectors = {}
     for d in run.federation.passives[0].defenses:

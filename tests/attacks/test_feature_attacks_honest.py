@@ -1,8 +1,10 @@
 """Honest-but-curious feature attacks (PCAT, SDAR, GRNA, GIA, model inversion) on digits.
 
 Small attack settings (documented per attack) keep each run to seconds; one federation is
-trained for all attacks at once, which is possible because honest attackers do not change
-training (tested below).
+trained for the attacks whose aux rows are trained on (GIA, GRNA, MI), which is possible because
+honest attackers do not change training (tested below). PCAT and SDAR hold their aux rows out of
+training (``aux_disjoint``), so each gets a federation of its own (as each attack is its own run in
+DMAVFL Table 1); together they would leave a third of digits' training rows untrained.
 """
 
 from __future__ import annotations
@@ -55,29 +57,36 @@ def _config(attacks, **sections):
     return build_config(minimal(train={"epochs": 10}, attacks=attacks, **sections))
 
 
+DISJOINT = ("pcat", "sdar")
+
+
 @pytest.fixture(scope="module")
 def suite():
-    """One digits federation attacked by every honest feature attack."""
-    cfg = _config(list(ATTACKS.values()))
-    vd = load_vertical_data(cfg)
-    plan = validate_attacks(cfg, vd)
-    run = train_run(cfg, vd, attacks=plan)
-    results, _ = run_attacks(plan, run)
-    return run, plan, dict(zip(ATTACKS, results, strict=True))
+    """Per attack key: (trained run, planned attack, result); see the module docstring for the federations."""
+    out = {}
+    for keys in [[k for k in ATTACKS if k not in DISJOINT], *([k] for k in DISJOINT)]:
+        cfg = _config([ATTACKS[k] for k in keys])
+        vd = load_vertical_data(cfg)
+        plan = validate_attacks(cfg, vd)
+        run = train_run(cfg, vd, attacks=plan)
+        results, _ = run_attacks(plan, run)
+        out.update({k: (run, planned, r) for k, planned, r in zip(keys, plan.attacks, results, strict=True)})
+    return out
 
 
 @pytest.mark.parametrize("key", ["pcat", "sdar", "gia", "mi_black_box"])
 def test_attack_reconstructs_better_than_the_aux_mean_guess(suite, key):
-    _, _, results = suite
-    r = results[key]
+    r = suite[key][2]
     assert r.target == "features" and r.metric == "mse" and r.prior_name == "aux_mean"
     assert r.value < r.prior and r.leakage == pytest.approx(100 * (1 - r.value / r.prior)) and r.leakage > 0
     assert 0.0 <= r.details["ssim"] <= 1.0
 
 
-@pytest.mark.parametrize("key", ["sdar", "mi_black_box"])
+# SDAR was here too while its aux rows were trained on (0.77 of the prior at seed 0); with them held out it
+# gets 0.84, 0.95, 0.85 at seeds 0-2 (0.77, 0.81, 0.84 trained on), so it only has to beat the prior above
+@pytest.mark.parametrize("key", ["mi_black_box"])
 def test_strong_attacks_beat_the_prior_clearly(suite, key):
-    r = suite[2][key]
+    r = suite[key][2]
     assert r.value < 0.85 * r.prior
 
 
@@ -92,18 +101,17 @@ def test_grna_beats_luo_et_al_random_guess(suite):
     """GRNA is scored against Luo et al.'s baseline, a uniform random guess in [0, 1]: it does
     not beat the aux-mean guess here (nor in DMAVFL Table 1, where GRNA's MSE exceeds the mean
     guess on MNIST and Credit)."""
-    run, plan, results = suite
-    truth = _truth(run, plan.attacks[list(ATTACKS).index("grna")])
+    run, planned, result = suite["grna"]
+    truth = _truth(run, planned)
     uniform_guess = float((truth**2 - truth + 1.0 / 3.0).mean())  # E[(U - x)^2], U ~ U[0, 1]
-    assert results["grna"].value < uniform_guess
-    assert results["grna"].details["emb_cos"] < 0.5  # its shadow of the victim model is fitted
+    assert result.value < uniform_guess
+    assert result.details["emb_cos"] < 0.5  # its shadow of the victim model is fitted
 
 
 def test_query_free_inversion_improves_on_its_starting_point(suite):
     """Kang/He query-free MI moves x~ from 0 towards the target (lower MSE, higher SSIM than x~ = 0)."""
-    run, plan, results = suite
-    truth = _truth(run, plan.attacks[list(ATTACKS).index("mi_query_free")])
-    r = results["mi_query_free"]
+    run, planned, r = suite["mi_query_free"]
+    truth = _truth(run, planned)
     assert r.value < float((truth**2).mean())
     assert r.details["ssim"] > float(ssim(torch.zeros_like(truth), truth).mean())
     assert r.details["mode"] == "query_free" and "emb_cos" in r.details
@@ -113,8 +121,7 @@ def test_inversion_through_the_true_victim_model_recovers_structure(suite):
     """Sanity check of the inversion machinery (He et al.'s white-box rMLE, no TV): through the
     victim's real bottom model it beats the aux-mean guess in SSIM; query-free MI's weakness is
     its shadow model, not the optimisation."""
-    run, plan, _ = suite
-    planned = plan.attacks[list(ATTACKS).index("mi_query_free")]
+    run, planned, _ = suite["mi_query_free"]
     view = _view(run, planned)
     received = view.received[0]
     truth = run.data.passive[0].x_test[received.ids]
@@ -126,12 +133,15 @@ def test_inversion_through_the_true_victim_model_recovers_structure(suite):
 
 def test_honest_attackers_leave_training_unchanged():
     attacks = [ATTACKS[k] for k in ("pcat", "sdar", "gia", "mi_black_box")]
-    runs = []
-    for specs in ([], attacks):
-        cfg = build_config(minimal(train={"epochs": 2}, attacks=specs))
-        vd = load_vertical_data(cfg)
-        runs.append(train_run(cfg, vd, attacks=validate_attacks(cfg, vd)))
-    plain, attacked = runs
+    cfg = build_config(minimal(train={"epochs": 2}, attacks=attacks))
+    vd = load_vertical_data(cfg)
+    plan = validate_attacks(cfg, vd)
+    attacked = train_run(cfg, vd, attacks=plan)
+    # PCAT's and SDAR's aux rows are held out of training: the plain run trains on the same rows
+    held = plan.held_out()
+    assert held is not None and len(attacked.federation.train_rows) == len(vd.y_train) - len(held)
+    plain_cfg = build_config(minimal(train={"epochs": 2}))
+    plain = train_run(plain_cfg, load_vertical_data(plain_cfg), held_out=held)
     assert [e["loss"] for e in plain.history.epochs] == [e["loss"] for e in attacked.history.epochs]
     for p, q in zip(plain.federation.parties(), attacked.federation.parties(), strict=True):
         mine = q.models()
@@ -143,11 +153,11 @@ def test_honest_attackers_leave_training_unchanged():
 
 
 def test_views_carry_nothing_of_the_victim_beyond_the_threat_model(suite):
-    run, plan, _ = suite
-    victim = run.federation.passives[0]
-    part = run.data.passive[0]
-    forbidden = [part.x_train, part.x_test, run.data.y_test, *victim.bottom.parameters(), *victim.bottom.buffers()]
-    for planned in plan.attacks:
+    for run, planned, _ in suite.values():
+        victim = run.federation.passives[0]
+        part = run.data.passive[0]
+        forbidden = [part.x_train, part.x_test, run.data.y_test, *victim.bottom.parameters(),
+                     *victim.bottom.buffers()]
         view = _view(run, planned)
         assert view.party == "active"
         assert view.aux is not None and torch.equal(view.aux.victim, part.x_train[view.aux.ids])  # the grant
@@ -181,8 +191,8 @@ def test_grna_white_box_needs_a_granted_victim_model(suite):
     with pytest.raises(CompatibilityError, match="victim_model 'white_box' needs the victim's trained bottom"):
         validate_attacks(cfg, load_vertical_data(cfg))
     # With a threat model that grants it (not yet in the runner), GRNA runs through the real victim model.
-    run, plan, _ = suite
-    planned = copy.copy(plan.attacks[list(ATTACKS).index("grna")])
+    run, planned, _ = suite["grna"]
+    planned = copy.copy(planned)
     planned.attack = copy.copy(planned.attack)
     planned.attack.victim_model = "white_box"
     planned.attack.epochs = 5

@@ -26,7 +26,7 @@ from vflbench.defenses.detectors import (
 )
 from vflbench.errors import ConfigError
 from vflbench.eval.run import train_run
-from vflbench.eval.scenario import load_vertical_data
+from vflbench.eval.scenario import build_federation, load_vertical_data, plan_defenses
 from vflbench.protocol import BindContext, StepState, default_objective
 
 SG = {"name": "splitguard", "p_fake": 0.2, "start": 100, "window": 10}
@@ -57,7 +57,7 @@ def _run(attack: str, defense: dict, *, epochs: int, lr: float):
 
 @pytest.mark.parametrize(("attack", "flagged"), [("honest", False), ("dmavfl", False), ("fsha", True)])
 def test_splitguard_flags_fsha_but_not_honest_training_or_dmavfl(attack, flagged):
-    run, plan, sg = _run(attack, SG, epochs=8 if attack != "fsha" else 5, lr=1e-3)
+    run, plan, sg = _run(attack, SG, epochs=8 if attack != "fsha" else 6, lr=1e-3)  # FSHA: halted from epoch 5
     scores = [s for _, _, s in sg.scores_]
     assert len(scores) >= 10
     assert (sg.detected_step_ is not None) == flagged
@@ -65,7 +65,8 @@ def test_splitguard_flags_fsha_but_not_honest_training_or_dmavfl(attack, flagged
         assert sum(scores[:10]) / 10 < 0.5  # FSHA ignores the labels: fake and regular gradients look alike
         # after detection every update is refused
         halted = [r for r in run.history.epochs if r["epoch"] > sg.detected_epoch_]
-        assert halted and all(r["refused_updates"] == 45 for r in halted)
+        steps = math.ceil(len(run.federation.train_rows) / 32)  # 36: the 300 aux rows are not trained on
+        assert halted and all(r["refused_updates"] == steps for r in halted)
     else:
         assert sum(scores[-10:]) / 10 > 0.9
     if attack == "dmavfl":
@@ -90,8 +91,8 @@ def test_gradient_scrutinizer_scores_dmavfl_far_above_fsha():
     discriminator is fooled; see docs/reproduction_dmavfl.md), so the threshold is 0 here and only
     the scores are compared.
     """
-    _, _, dm = _run("dmavfl", {**GS, "threshold": 0.0}, epochs=4, lr=3e-4)
-    _, _, fsha = _run("fsha", {**GS, "threshold": 0.0}, epochs=4, lr=3e-4)
+    _, _, dm = _run("dmavfl", {**GS, "threshold": 0.0}, epochs=5, lr=3e-4)  # 180 steps: scores at 50, 100, 150
+    _, _, fsha = _run("fsha", {**GS, "threshold": 0.0}, epochs=5, lr=3e-4)
     d = [s for _, _, s in dm.scores_]
     f = [s for _, _, s in fsha.scores_]
     assert len(d) == len(f) >= 3
@@ -101,9 +102,10 @@ def test_gradient_scrutinizer_scores_dmavfl_far_above_fsha():
 # -- coordination and score functions -------------------------------------------------------
 
 
-def _bind(defense, party: str, num_classes: int = 10, seed: int = 0):
+def _bind(defense, party: str, num_classes: int = 10, seed: int = 0, shared: dict | None = None):
+    """Bind ``defense`` at ``party``; ``shared`` is the federation's dict every instance sees (build_federation's)."""
     defense.bind(BindContext(party, "vhnn", num_classes, 2, torch.Generator().manual_seed(seed + hash(party) % 97),
-                             torch.Generator().manual_seed(seed)))
+                             torch.Generator().manual_seed(seed), extra={"shared": {} if shared is None else shared}))
     return defense
 
 
@@ -129,14 +131,60 @@ def test_splitguard_sides_agree_on_fake_batches_and_randomise_their_labels():
 
 def test_gradient_scrutinizer_passive_side_gets_the_labels_from_the_active_side():
     y = torch.arange(20) % 3
-    active = _bind(GradientScrutinizer(), "active")
+    shared: dict = {}
+    active = _bind(GradientScrutinizer(), "active", shared=shared)
     active.transform_labels(default_objective(y, 3, single_logit=False))
-    passive = _bind(GradientScrutinizer(start=3, every=1), "passive_1")
+    passive = _bind(GradientScrutinizer(start=3, every=1), "passive_1", shared=shared)
     assert torch.equal(passive.labels_, y)
     g = torch.randn(20, 4, generator=torch.Generator().manual_seed(0))
     state = StepState(0, 0, torch.arange(20), "passive_1")
     assert passive.on_received_gradient(g, state) is g
     assert len(passive.same_mean_) == 1 and 0.0 <= passive.diff_mean_[0] <= 1.0
+
+
+def test_gradient_scrutinizer_federations_built_interleaved_keep_their_own_labels():
+    # two runs in one process, their binds interleaved (as when federations are built side by side); with
+    # the labels handed over through class state, run A's passive side got run B's labels
+    y_a, y_b = torch.arange(30) % 3, (torch.arange(30) + 1) % 3
+    shared_a: dict = {}
+    shared_b: dict = {}
+    _bind(GradientScrutinizer(), "active", shared=shared_a).transform_labels(default_objective(y_a, 3,
+                                                                                                single_logit=False))
+    _bind(GradientScrutinizer(), "active", shared=shared_b).transform_labels(default_objective(y_b, 3,
+                                                                                                single_logit=False))
+    passive_a = _bind(GradientScrutinizer(), "passive_1", shared=shared_a)
+    passive_b = _bind(GradientScrutinizer(), "passive_1", shared=shared_b)
+    assert torch.equal(passive_a.labels_, y_a) and torch.equal(passive_b.labels_, y_b)
+    with pytest.raises(RuntimeError, match="shared no labels"):
+        _bind(GradientScrutinizer(), "passive_1", shared={})  # a run whose active side shared nothing
+
+
+def test_gradient_scrutinizer_of_two_built_federations_audits_each_ones_training_labels():
+    feds = []
+    for size in (400, 500):  # two different subsamples, so two different label vectors
+        cfg = build_config(minimal(data={"name": "digits", "parties": 2, "train_size": size}, defenses=[GS]))
+        vd = load_vertical_data(cfg)
+        feds.append((build_federation(cfg, vd, defenses=plan_defenses(cfg, ["passive_1"])), vd))
+    for fed, vd in feds:
+        [gs] = fed.passives[0].defenses
+        assert torch.equal(gs.labels_, vd.y_train)
+
+
+def test_gradient_scrutinizer_refuses_soft_labels_from_a_defense_listed_before_it():
+    data = {"name": "breast_cancer", "parties": 2}
+    cfg = build_config(minimal(data=data, defenses=[{"name": "labobf"}, GS]))
+    vd = load_vertical_data(cfg)
+    with pytest.raises(ConfigError, match="not class indices.*List gradient_scrutinizer before"):
+        build_federation(cfg, vd, defenses=plan_defenses(cfg, ["passive_1"]))
+    # listed first, it audits the true labels and the soft labels are trained on
+    cfg = build_config(minimal(data=data, defenses=[GS, {"name": "labobf"}]))
+    fed = build_federation(cfg, vd, defenses=plan_defenses(cfg, ["passive_1"]))
+    gs = next(d for d in fed.passives[0].defenses if isinstance(d, GradientScrutinizer))
+    assert torch.equal(gs.labels_, vd.y_train) and fed.active.objective.targets.dtype.is_floating_point
+    soft = default_objective(torch.arange(6) % 2, 2, single_logit=False)
+    soft = soft.replace(targets=torch.full((6, 2), 0.5))
+    with pytest.raises(ConfigError, match="not class indices"):
+        _bind(GradientScrutinizer(), "active").transform_labels(soft)
 
 
 def test_splitguard_score_is_high_when_fakes_differ_and_low_when_alike():

@@ -177,7 +177,9 @@ class Attack(ABC):
     Feature attacks (``target = "features"``) name their ``victim`` passive party (a list of
     parties where ``multi_victim`` is set: DMAVFL's several target clients), may ask for an
     auxiliary set (``aux_size`` or ``aux_fraction``, optionally ``aux_classes``), and are
-    scored on ``n_targets`` rows (all when ``None``) of ``target_split``.
+    scored on ``n_targets`` rows (all when ``None``) of ``target_split``. ``aux_disjoint``
+    declares that the threat model's auxiliary set is disjoint from the training set (DMAVFL
+    §3.2: D_aux ∩ D_train = ∅): the runner then holds those rows out of every party's training.
     """
 
     name: ClassVar[str] = ""
@@ -196,6 +198,7 @@ class Attack(ABC):
     aux_size: int | None = None
     aux_fraction: float | None = None
     aux_classes: Sequence[int] | None = None
+    aux_disjoint: ClassVar[bool] = False
     target_split: Literal["train", "test"] = "test"
     n_targets: int | None = None
 

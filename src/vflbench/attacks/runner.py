@@ -84,13 +84,20 @@ def scenario_of(cfg: ExperimentConfig, vd: VerticalData) -> Scenario:
 
 @dataclass
 class PlannedAttack:
-    """One configured attack and the state the runner keeps for it."""
+    """One configured attack and the state the runner keeps for it.
+
+    ``aux_exclude``: rows its auxiliary set is not drawn from. For an attack whose aux set is
+    disjoint from the training set these are the aux rows of the other attacks whose threat
+    models have their aux rows trained on (GIA, GRNA: they read the victim's training-time
+    embeddings of them), so that no row has to be both held out and trained on.
+    """
 
     attack: Attack
     spec_params: dict[str, Any]
     records: list[BatchRecord] = field(default_factory=list)
     snapshots: list[dict[str, nn.Module]] = field(default_factory=list)
     aux: AuxData | None = None
+    aux_exclude: Tensor | None = None
 
 
 def known_labels(attack: Attack, y_train: Tensor, seed: int) -> KnownLabels | None:
@@ -107,24 +114,37 @@ def wants_aux(attack: Attack) -> bool:
     return attack.aux_size is not None or attack.aux_fraction is not None
 
 
-def aux_data(attack: Attack, vd: VerticalData, own: Tensor | None, seed: int) -> AuxData | None:
+def aux_data(attack: Attack, vd: VerticalData, own: Tensor | None, seed: int,
+             exclude: Tensor | None = None) -> AuxData | None:
     """The auxiliary rows the attack's threat model grants (seeded per attack), or ``None``.
 
     ``aux_size`` (a count) takes precedence over ``aux_fraction``; ``aux_classes`` restricts the
     draw to those classes (an out-of-distribution aux set).
     ``own`` is the attacker's own training slice (``None`` when it holds no features); the
-    victim's slice and the labels come from ``vd`` (the runner's ground truth).
+    victim's slice and the labels come from ``vd`` (the runner's ground truth). ``exclude``: rows
+    the draw avoids (:attr:`PlannedAttack.aux_exclude`).
     """
     if not wants_aux(attack):
         return None
-    fraction = attack.aux_fraction if attack.aux_size is None else None  # a count takes precedence
-    ids = aux_indices(vd.y_train, generator=generator(seed, "attack", attack.name, "aux"), size=attack.aux_size,
-                      fraction=fraction, classes=attack.aux_classes)
+    ids = aux_ids(attack, vd.y_train, seed, exclude)
     names = victims_of(attack)
     victim, widths = victim_features(vd, names, "train", ids)
     classes = tuple(int(c) for c in attack.aux_classes) if attack.aux_classes is not None else None
     return AuxData(ids, None if own is None else own[ids].clone(), victim.clone(), vd.y_train[ids].clone(),
                    "+".join(names), classes, widths if len(names) > 1 else ())
+
+
+def aux_ids(attack: Attack, y_train: Tensor, seed: int, exclude: Tensor | None = None) -> Tensor:
+    """The training rows of the attack's auxiliary set (sorted; the same draw for a seed, an attack name and
+    ``exclude``, the rows the draw avoids)."""
+    size, fraction = attack.aux_size, attack.aux_fraction if attack.aux_size is None else None  # a count first
+    if fraction is not None and exclude is not None and 0.0 < fraction <= 1.0:
+        # the fraction is of the training split (of its rows of aux_classes), whatever the draw avoids
+        pool = y_train if attack.aux_classes is None else y_train[torch.isin(
+            y_train, torch.as_tensor(list(attack.aux_classes), dtype=y_train.dtype))]
+        size, fraction = max(1, round(fraction * len(pool))), None
+    return aux_indices(y_train, generator=generator(seed, "attack", attack.name, "aux"), size=size,
+                       fraction=fraction, classes=attack.aux_classes, exclude=exclude)
 
 
 def victim_features(vd: VerticalData, victims: Sequence[str], split: str,
@@ -166,6 +186,16 @@ class AttackPlan:
     y_train: Tensor | None = None
     data: VerticalData | None = None
 
+    def held_out(self) -> Tensor | None:
+        """Training rows no party may train on: the auxiliary rows of every attack whose threat model
+        keeps its auxiliary set disjoint from the training set (``aux_disjoint``; DMAVFL §3.2,
+        §6.1), sorted; ``None`` when there are none. A function of the config's attacks and seed
+        only, so a sweep's no-defense baseline (same attacks, same seed) holds out the same rows."""
+        assert self.y_train is not None
+        drawn = [aux_ids(p.attack, self.y_train, self.seed, p.aux_exclude) for p in self.attacks
+                 if p.attack.aux_disjoint and wants_aux(p.attack)]
+        return torch.cat(drawn).unique() if drawn else None
+
     def extra_dims(self) -> dict[str, int]:
         """Embedding dimensions malicious passive attackers append, by party."""
         out: dict[str, int] = {}
@@ -188,7 +218,7 @@ class AttackPlan:
             if wants_aux(attack):
                 assert self.data is not None
                 own = party.data.x_train if party.data is not None else None
-                planned.aux = aux_data(attack, self.data, own, self.seed)
+                planned.aux = aux_data(attack, self.data, own, self.seed, planned.aux_exclude)
                 attack.corrupt(party, known, aux=planned.aux,
                                generator=generator(self.seed, "attack", attack.name, "corrupt"))
             else:
@@ -246,6 +276,17 @@ def validate_attacks(cfg: ExperimentConfig, vd: VerticalData) -> AttackPlan:
         kinds = {"cut_gradient"} & set(attack.reads)
         if kinds:
             plan.keep.setdefault(attack.party, set()).update(kinds)
+    trained = [aux_ids(p.attack, vd.y_train, cfg.seed) for p in plan.attacks
+               if wants_aux(p.attack) and not p.attack.aux_disjoint]
+    if trained:
+        kept = torch.cat(trained).unique()
+        for planned in plan.attacks:
+            if planned.attack.aux_disjoint:
+                planned.aux_exclude = kept
+    held = plan.held_out()
+    if held is not None and len(held) >= len(vd.y_train):
+        raise ConfigError(f"the auxiliary sets of the attacks hold out all {len(vd.y_train)} training rows "
+                          "(they are disjoint from the training set); give a smaller aux_size or aux_fraction")
     return plan
 
 
@@ -331,7 +372,8 @@ def _view(run: TrainedRun, planned: PlannedAttack, models: dict[str, nn.Module] 
     known = known_labels(attack, run.data.y_train, run.config.seed)
     aux = planned.aux
     if aux is None and wants_aux(attack):
-        aux = aux_data(attack, run.data, party.data.x_train if party.data is not None else None, run.config.seed)
+        aux = aux_data(attack, run.data, party.data.x_train if party.data is not None else None, run.config.seed,
+                       planned.aux_exclude)
     received = []
     if attack.target == "features" and "embedding" in attack.reads and party.name == ACTIVE:
         ids, split = feature_targets(attack, run.data, aux, run.config.seed)

@@ -22,7 +22,10 @@ batches). We follow that and make the assumptions explicit:
 * GS: the defending passive party knows the label of each training row (e.g. the active party
   shares them for auditing). Both detectors are ``side = "both"`` defenses: the instance at the
   active party hands the training labels to the instances at the passive parties when the
-  federation is built (before any training), which models that sharing;
+  federation is built (before any training), which models that sharing. The hand-over goes
+  through the federation's own ``context.extra["shared"]`` dict (one per federation), so runs
+  built side by side keep their own labels. The labels must be class indices: a soft-label
+  defense (e.g. ``labobf``) listed before ``gradient_scrutinizer`` is refused;
 * SG: the defending party can make the active party train a *fake batch* on randomised labels
   (SplitGuard's label control). Which batches are fake is agreed in advance with a shared
   secret key (from the defense's shared generator), so both sides derive it from the batch's
@@ -38,13 +41,14 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from vflbench.defenses import DEFENSES
+from vflbench.errors import ConfigError
 from vflbench.protocol.hooks import BindContext, Defense, StepState
 from vflbench.protocol.messages import ACTIVE
 from vflbench.protocol.objective import Objective
@@ -414,7 +418,7 @@ class GradientScrutinizer(_Detector):
 
     name = "gradient_scrutinizer"
     paper = GS_PAPER
-    _shared_labels: ClassVar[Tensor | None] = None
+    shared_key = "gradient_scrutinizer.labels"
 
     def __init__(self, *, every: int = 50, start: int = 50, threshold: float = 0.5, window: int = 1,
                  variant: Literal["original", "urvfl"] = "original") -> None:
@@ -435,13 +439,31 @@ class GradientScrutinizer(_Detector):
         self.same_std_: list[float] = []
         self.labels_: Tensor | None = None
         if self.passive:
-            self.labels_ = GradientScrutinizer._shared_labels
+            labels = self._shared().get(self.shared_key)
+            if labels is None:
+                raise RuntimeError("gradient_scrutinizer: the active side shared no labels; bind the active instance "
+                                   "and call its transform_labels before binding the passive ones (build_federation "
+                                   "does)")
+            self.labels_ = labels
+
+    def _shared(self) -> dict[str, Any]:
+        """The federation's dict that every defense instance of the run sees (``context.extra["shared"]``)."""
+        shared = self.context_.extra.get("shared")
+        if not isinstance(shared, dict):
+            raise RuntimeError("gradient_scrutinizer: bound without the federation's shared dict "
+                               "(BindContext.extra['shared']); build_federation provides it")
+        return shared
 
     def transform_labels(self, objective: Objective) -> Objective:
-        """Active side: share the training labels with the passive instances (see the module docstring)."""
+        """Active side: share the training labels with the passive instances of this federation (see the module
+        docstring); soft labels from a defense listed earlier are refused."""
         t = objective.targets
-        labels = t.argmax(1) if t.dim() == 2 else t.long()
-        GradientScrutinizer._shared_labels = labels.detach().clone()
+        if t.dtype.is_floating_point or t.dim() != 1:
+            raise ConfigError(f"gradient_scrutinizer groups the received gradients by class label, but the training "
+                              f"targets it is given are not class indices ({t.dtype}, shape {tuple(t.shape)}): a "
+                              "defense listed before it in 'defenses' replaced them by soft labels (e.g. labobf). "
+                              "List gradient_scrutinizer before that defense, or leave one of them out")
+        self._shared()[self.shared_key] = t.detach().clone()
         return objective
 
     def on_received_gradient(self, gradient: Tensor, state: StepState) -> Tensor | None:  # noqa: D102

@@ -79,12 +79,19 @@ def check_before_training(cfg: ExperimentConfig, vd: VerticalData, plan: AttackP
 
 def train_run(cfg: ExperimentConfig, vd: VerticalData, *, with_defenses: bool = True, alone: bool = False,
               progress: Progress | None = None, attacks: AttackPlan | None = None,
-              on_epoch_end: Callable[[int, dict[str, Any]], None] | None = None) -> TrainedRun:
-    """Build and train one federation of ``cfg`` on ``vd`` (with the attackers installed)."""
+              on_epoch_end: Callable[[int, dict[str, Any]], None] | None = None,
+              held_out: torch.Tensor | None = None) -> TrainedRun:
+    """Build and train one federation of ``cfg`` on ``vd`` (with the attackers installed).
+
+    ``held_out``: training rows no party trains on; by default the attacks' auxiliary rows that
+    their threat models keep disjoint from the training set (:meth:`AttackPlan.held_out`).
+    """
     names = [f"passive_{i + 1}" for i in range(0 if alone else len(vd.passive))]
     plan = plan_defenses(cfg, names) if with_defenses else None
+    if held_out is None and attacks is not None:
+        held_out = attacks.held_out()
     fed = build_federation(cfg, vd, defenses=plan, alone=alone, keep=attacks.keep if attacks else None,
-                           extra_dims=attacks.extra_dims() if attacks else None)
+                           extra_dims=attacks.extra_dims() if attacks else None, held_out=held_out)
     if attacks is not None:
         attacks.prepare(fed)
 
@@ -216,21 +223,25 @@ def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path |
     if run_dir is not None and cfg.train.save_embeddings:
         save_embeddings(run, run_dir, cfg.train.save_embeddings)
     baselines: dict[str, Any] = {}
+    held_out = attack_plan.held_out()  # the baselines train on the same rows as the run
     for name in cfg.baselines:
         if name == "vanilla" and not cfg.defenses:
             baselines["vanilla"] = utility.__dict__
         elif name == "vanilla":
-            baselines["vanilla"] = utility_of(cfg, train_run(cfg, vd, with_defenses=False).history).__dict__
+            baselines["vanilla"] = utility_of(cfg, train_run(cfg, vd, with_defenses=False,
+                                                             held_out=held_out).history).__dict__
         elif vd.active is None:
             baselines["alone"] = {"skipped": "in VSNN the active party holds no features, so it cannot train alone"}
         else:
-            baselines["alone"] = utility_of(cfg, train_run(cfg, vd, with_defenses=False, alone=True).history).__dict__
+            baselines["alone"] = utility_of(cfg, train_run(cfg, vd, with_defenses=False, alone=True,
+                                                           held_out=held_out).history).__dict__
     attack_results, attack_seconds = run_attacks(attack_plan, run)
     mark_undefended(attack_results, undefended)
     comm = run.federation.channel.train
     result = RunResult(
         config_hash=cfg.hash(), seed=cfg.seed,
-        data={**vd.info, "n_train": len(vd.y_train), "n_test": len(vd.y_test)},
+        data={**vd.info, "n_train": len(vd.y_train), "n_test": len(vd.y_test),
+              "n_held_out": 0 if held_out is None else len(held_out)},
         utility=utility,
         defense=[{"name": s.name, "params": s.params()} for s in cfg.defenses],
         attacks=attack_results,

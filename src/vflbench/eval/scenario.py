@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from vflbench.config import ExperimentConfig
 from vflbench.data import PartySlice, VerticalData, aux_indices, load_dataset, partition, subsample
@@ -92,11 +92,15 @@ def plan_defenses(cfg: ExperimentConfig, passive_names: Sequence[str]) -> Defens
 
 def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: DefensePlan | None = None,
                      alone: bool = False, keep: dict[str, set[str]] | None = None,
-                     extra_dims: dict[str, int] | None = None) -> Federation:
+                     extra_dims: dict[str, int] | None = None, held_out: Tensor | None = None) -> Federation:
     """Build the parties of ``cfg`` over ``vd`` (``alone``: the active party by itself).
 
     ``extra_dims`` widens a party's uploaded embedding (a malicious passive party appending
-    dimensions); the top model is sized by what it receives, as in a deployment.
+    dimensions); the top model is sized by what it receives, as in a deployment. ``held_out``:
+    training rows no party trains on (an attacker's auxiliary set that its threat model keeps
+    disjoint from the training set, :meth:`AttackPlan.held_out`). Every defense instance of the
+    federation sees the same dict ``context.extra["shared"]`` (what the parties agree on before
+    training, e.g. the labels Gradients Scrutinizer audits with).
     """
     cfg = cfg.resolved()
     m, t, seed = cfg.model, cfg.train, cfg.seed
@@ -108,11 +112,12 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
     single_logit = t.algorithm == "vlr" and vd.num_classes == 2
     objective = default_objective(vd.y_train, vd.num_classes, single_logit=single_logit)
     holders = len(passive_slices) + (vd.active is not None)
+    shared: dict[str, object] = {}
 
     def bind(d: Defense, party: str) -> None:
         d.bind(BindContext(party, t.algorithm, vd.num_classes, holders + (vd.active is None),
                            generator(seed, "defense", d.name, party), generator(seed, "defense", d.name, "shared"),
-                           extra=defense_aux(d, party)))
+                           extra={**defense_aux(d, party), "shared": shared}))
 
     def defense_aux(d: Defense, party: str) -> dict[str, object]:
         """The auxiliary labelled set a defense's threat model grants the active party (``aux_size``)."""
@@ -180,4 +185,9 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
                          aggregation=t.aggregation, optimizer=opt, scheduler=make_scheduler(cfg, opt),
                          generator=generator(seed, ACTIVE, "party"), defenses=plan.active,
                          transcript=Transcript(ACTIVE, keep.get(ACTIVE, ())))
-    return Federation(active, passives)
+    train_rows = None
+    if held_out is not None and len(held_out):
+        trained = torch.ones(len(vd.y_train), dtype=torch.bool)
+        trained[held_out] = False
+        train_rows = torch.nonzero(trained).flatten()
+    return Federation(active, passives, train_rows=train_rows)

@@ -60,13 +60,19 @@ def classification_metrics(scores: Tensor, predicted: Tensor, y: Tensor) -> dict
 
 
 class Federation:
-    """An active party and K-1 passive parties joined by a channel."""
+    """An active party and K-1 passive parties joined by a channel.
+
+    ``train_rows``: the rows of the training split that :meth:`fit` draws its batches from (all
+    when ``None``); rows left out (e.g. an attacker's auxiliary set that is disjoint from the
+    training set) are never trained on by any party. Row ids keep their meaning either way.
+    """
 
     def __init__(self, active: ActiveParty, passives: Sequence[PassiveParty],
-                 channel: Channel | None = None) -> None:
+                 channel: Channel | None = None, train_rows: Tensor | None = None) -> None:
         self.active = active
         self.passives = list(passives)
         self.channel = channel or Channel()
+        self.train_rows = train_rows
         for party in (active, *self.passives):
             self.channel.register(party.transcript)
 
@@ -120,13 +126,16 @@ class Federation:
             eval_every: int = 1, progress: Progress | None = None,
             on_epoch_end: Callable[[int, dict[str, Any]], None] | None = None) -> History:
         """THE training loop: shuffled batches of aligned ids, evaluation every ``eval_every``."""
-        n = len(self.active.objective.targets)
+        rows = self.train_rows
+        n = len(self.active.objective.targets) if rows is None else len(rows)
         steps = int(np.ceil(n / batch_size))
         history = History()
         if progress is not None:
             progress.start(epochs, steps)
         for epoch in range(epochs):
             order = torch.randperm(n, generator=generator)
+            if rows is not None:
+                order = rows[order]
             tic = time.perf_counter()
             refused = 0
             for step in range(steps):

@@ -51,6 +51,7 @@ class AGN(MaliciousActiveAttack):
 
     name = "agn"
     paper = AGN_PAPER
+    aux_disjoint = True  # evaluated in DMAVFL's setting (§6.1: D_aux ∩ D_train = ∅)
     has_shadow: ClassVar[bool] = False
 
     def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,

@@ -21,19 +21,27 @@ classifier (DAC) over 2C classes:
 3. **Reconstruction** (§5.4): ``f_d(f_a(x_a) || h)`` with the embeddings h the victim sends at
    inference time.
 
-``dmavfl_sync`` (Algorithm 3) has no pretraining (``pretrain_epochs=0``); each batch first takes
-one Eq. (1) step of f_a, f_e, f_d on an aux batch, then computes L_M, sends its gradient and
-updates the DAC with the updated encoder's aux embeddings.
+``dmavfl_sync`` (Algorithm 3) has no pretraining (``pretrain_epochs=0``; more is refused
+unless ``hybrid=True`` asks for a pretrained-and-synchronous hybrid, which is not in the paper);
+each batch first takes one Eq. (1) step of f_a, f_e, f_d on an aux batch, then computes L_M,
+sends its gradient and updates the DAC with the updated encoder's aux embeddings.
+
+Auxiliary set: disjoint from the training set (``aux_disjoint``; §3.2 and §6.1: D_aux ∩
+D_train = ∅, |D_aux| : |D_train| = 1 : 10). The runner draws ``aux_fraction`` (default 1/11) of
+the training split and holds those rows out of every party's training, which leaves 10 training
+rows per aux row (Table 10: 1,909 aux and 19,091 training rows of Credit's 21,000).
 
 Utility: the malicious party has no honest top model any more; its predictions are the DAC's
 (class scores ``logsumexp`` over the real/fake pair of each class), which is what a deployed
-DMAVFL would answer with.
+DMAVFL would answer with. A task whose objective does not have one output per class (binary
+VLR's single logit) is refused before training rather than answered by the never-trained top
+model.
 
 Defaults follow URVFL's ``config_cifar.json`` (Adam 1e-4 for every model, pretraining 20
-epochs = 720 steps, batch 128) and DMAVFL §6.1 (aux = 10% of the training rows); the VFL epochs,
-batch size and the victim's optimizer are the config's ``train`` section (URVFL trains 25 epochs;
-on the embedded datasets DMAVFL beats the aux-mean guess after 25 epochs but not yet after 10,
-see docs/decisions.md).
+epochs = 720 steps, batch 128) and DMAVFL §6.1 and Table 10 (aux : train = 1 : 10); the VFL
+epochs, batch size and the victim's optimizer are the config's ``train`` section (URVFL trains 25
+epochs; on the embedded datasets DMAVFL beats the aux-mean guess after 25 epochs but not yet after
+10, see docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vflbench.attacks.base import AuxData, victims_of
+from vflbench.attacks.base import AuxData, Scenario, require, victims_of
 from vflbench.attacks.feature.common import (
     DMAVFL_PAPER,
     Adversary,
@@ -70,8 +78,9 @@ class DMAVFL(MaliciousActiveAttack):
 
     Parameters: ``victim`` (the passive party attacked, or a list of them: DMAVFL §7.4's several
     target clients, each with its own shadow f_e, one DAC on their concatenated embeddings and
-    one decoder of their concatenated slices), ``aux_size``/``aux_fraction`` (default
-    10% of the training rows, DMAVFL §6.1) and ``aux_classes`` (out-of-distribution aux),
+    one decoder of their concatenated slices), ``aux_size``/``aux_fraction`` (default 1/11 of
+    the training split, held out of training: aux : train = 1 : 10, DMAVFL §6.1) and
+    ``aux_classes`` (out-of-distribution aux),
     ``target_split``/``n_targets`` (rows scored), ``pretrain_epochs`` (``None``: URVFL's 720
     pretraining steps, at least 20 passes), ``lr`` (1e-4, f_a,
     f_e, f_d), ``disc_lr`` (1e-4, the DAC), ``aux_batch_size`` (128), ``shadow_model`` /
@@ -83,9 +92,10 @@ class DMAVFL(MaliciousActiveAttack):
     paper = DMAVFL_PAPER
     sync: ClassVar[bool] = False
     multi_victim = True
+    aux_disjoint = True
 
     def __init__(self, *, victim: str | Sequence[str] = "passive_1", aux_size: int | None = None,
-                 aux_fraction: float | None = 0.1, aux_classes: Sequence[int] | None = None,
+                 aux_fraction: float | None = 1 / 11, aux_classes: Sequence[int] | None = None,
                  target_split: Literal["train", "test"] = "test",
                  n_targets: int | None = None, pretrain_epochs: int | None = None, aux_batch_size: int = 128,
                  lr: float = 1e-4, disc_lr: float = 1e-4, shadow_model: str | None = None,
@@ -99,7 +109,18 @@ class DMAVFL(MaliciousActiveAttack):
         self.pretrain_epochs = pretrain_epochs
         self.disc_lr = disc_lr
 
+    def check(self, scenario: Scenario) -> None:
+        """Refuse tasks whose objective has no output per class (binary VLR's single logit): the
+        DAC's predictions would have no place there and the untrained top model would answer."""
+        require(not scenario.single_logit, self.name, f"the active party answers with its DAC's "
+                f"{scenario.num_classes} class scores, but binary VLR's objective is one logit; use "
+                "train.algorithm vhnn or vsnn (or a task with more than 2 classes)")
+        super().check(scenario)
+
     def build(self, party: ActiveParty, aux: AuxData, generator: torch.Generator) -> Adversary:  # noqa: D102
+        require(party.objective.out_dim == self.scenario_.num_classes, self.name, f"the active party answers "
+                f"with its DAC's {self.scenario_.num_classes} class scores, but the objective has "
+                f"{party.objective.out_dim} outputs (a defense changed it); remove that defense")
         own = party.bottom if aux.own is not None else None
         shadow = self.make_shadow(aux, generator)
         embed = self.victim_width()
@@ -162,11 +183,9 @@ class DMAVFL(MaliciousActiveAttack):
         opt.step()
         return g, float(loss_m.detach())
 
-    def predictor(self, state: Adversary) -> Callable[..., Tensor] | None:
+    def predictor(self, state: Adversary) -> Callable[..., Tensor]:
         """Class scores from the DAC: ``logsumexp`` of each class's two logits (victims' embeddings only)."""
-        party, num_classes = state.party, self.scenario_.num_classes
-        if party.objective.out_dim != num_classes:
-            return None
+        num_classes = self.scenario_.num_classes
         victims = victims_of(self)
 
         @torch.no_grad()
@@ -188,21 +207,28 @@ def _senders(n: int) -> list[str]:
 class DMAVFLSync(DMAVFL):
     """DMAVFL_sync (Algorithm 3): no pretraining; f_a, f_e, f_d take an Eq. (1) step every batch.
 
-    Same parameters as :class:`DMAVFL`; ``pretrain_epochs`` defaults to 0 (the paper's sync
-    replaces the pretraining).
+    Same parameters as :class:`DMAVFL`; ``pretrain_epochs`` is 0 (the paper's sync replaces the
+    pretraining). ``pretrain_epochs > 0`` is refused unless ``hybrid=True`` asks for Algorithm 1
+    followed by Algorithm 3, which is neither of the paper's attacks.
     """
 
     name = "dmavfl_sync"
     sync = True
 
     def __init__(self, *, victim: str | Sequence[str] = "passive_1", aux_size: int | None = None,
-                 aux_fraction: float | None = 0.1, aux_classes: Sequence[int] | None = None,
+                 aux_fraction: float | None = 1 / 11, aux_classes: Sequence[int] | None = None,
                  target_split: Literal["train", "test"] = "test",
                  n_targets: int | None = None, pretrain_epochs: int = 0, aux_batch_size: int = 128,
                  lr: float = 1e-4, disc_lr: float = 1e-4, shadow_model: str | None = None,
-                 shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64) -> None:
+                 shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64,
+                 hybrid: bool = False) -> None:
+        if pretrain_epochs > 0 and not hybrid:
+            raise ValueError(f"dmavfl_sync (Algorithm 3) trains f_a, f_e, f_d alongside and has no pretraining, got "
+                             f"pretrain_epochs={pretrain_epochs}; set pretrain_epochs: 0 (or leave it out), use "
+                             "dmavfl for Algorithms 1-2, or set hybrid: true for pretraining followed by Algorithm 3")
         super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
                          target_split=target_split, n_targets=n_targets, pretrain_epochs=pretrain_epochs,
                          aux_batch_size=aux_batch_size, lr=lr, disc_lr=disc_lr, shadow_model=shadow_model,
                          shadow_options=shadow_options, hidden=hidden, decoder_width=decoder_width)
+        self.hybrid = hybrid
 

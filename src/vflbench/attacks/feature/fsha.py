@@ -65,6 +65,7 @@ class FSHA(MaliciousActiveAttack):
 
     name = "fsha"
     paper = FSHA_PAPER
+    aux_disjoint = True  # FSHA: the attacker's public set X_pub is not the clients' training set
 
     def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,
                  aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",

@@ -51,6 +51,7 @@ class GIA(CuriousActiveAttack):
 
     name = "gia"
     paper = PAPER
+    aux_disjoint = False  # GIA inserts its aux features into the victim's data (DMAVFL §2.1)
     phase: ClassVar[Phase] = "observer"  # it keeps the victim's embeddings of the aux rows during training
 
     def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,

@@ -87,6 +87,7 @@ class GRNA(CuriousActiveAttack):
 
     name = "grna"
     paper = PAPER
+    aux_disjoint = False  # GRNA has no aux set; our shadow needs the victim's training-time aux embeddings
     phase: ClassVar[Phase] = "observer"  # it keeps the victim's embeddings of the aux rows during training
 
     def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,

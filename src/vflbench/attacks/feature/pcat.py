@@ -63,6 +63,7 @@ class PCAT(CuriousActiveAttack):
 
     name = "pcat"
     paper = PAPER
+    aux_disjoint = True  # as DMAVFL §3.2 reads PCAT [12]: D_aux ∩ D_train = ∅
     phase: ClassVar[Phase] = "observer"
     observes_steps = True
 

@@ -79,6 +79,7 @@ class SDAR(CuriousActiveAttack):
 
     name = "sdar"
     paper = PAPER
+    aux_disjoint = True  # SDAR's auxiliary set is not the client's training data (DMAVFL §3.2 on [45])
     phase: ClassVar[Phase] = "observer"
     observes_steps = True
 
