@@ -259,7 +259,9 @@ def tune(
         table.add_row(f"{t['strength']:g}", f"{t['worst_leakage']:.2f}", f"{t['utility_loss']:.2f}",
                       "yes" if t["meets"] else "no")
     out.print(table)
-    out.print(f"chosen strength: {result.chosen['strength']:g}" if result.chosen else "no strength met the budget")
+    seeds = f"means over seeds {result.seeds}"
+    out.print(f"chosen strength: {result.chosen['strength']:g} ({seeds})" if result.chosen
+              else f"no strength met the budget ({seeds})")
 
 
 @app.command()

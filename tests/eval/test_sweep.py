@@ -118,6 +118,22 @@ def test_tune_finds_a_strength_that_meets_the_budget(tmp_path):
     assert (tmp_path / "plots" / "tune.png").is_file()
 
 
+def test_tune_averages_over_the_sweep_seeds_and_plots_by_strength(tmp_path):
+    raw = minimal(data={"name": "breast_cancer"}, train={"epochs": 2, "batch_size": 32},
+                  defenses=[{"name": "isotropic_noise"}],
+                  attacks=[{"name": "direction_scoring", "epochs": [0]}], sweep={"seeds": [0, 1]})
+    result = tune(build_config(raw), tmp_path, budget=20.0, low=0.1, high=50.0, steps=3)
+    assert result.seeds == [0, 1]
+    runs = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/result.json")]
+    assert sorted({r["seed"] for r in runs}) == [0, 1] and len(runs) == 2 * (1 + len(result.trace))
+    trial = result.trace[0]
+    per_seed = [r for r in runs if r["defense"] and r["defense"][0]["params"].get("strength") == trial["strength"]]
+    assert trial["utility"] == pytest.approx(sum(r["utility"]["value"] for r in per_seed) / 2)
+    build_report(tmp_path)
+    assert (tmp_path / "plots" / "tune.png").is_file()
+    assert "seeds [0, 1]" in (tmp_path / "report.md").read_text()
+
+
 def test_ray_executor_runs_and_resumes_a_sweep_on_a_local_instance(tmp_path):
     ray = pytest.importorskip("ray", reason="the Ray executor needs the `cluster` extra (installed by make test)")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

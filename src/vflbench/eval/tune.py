@@ -21,7 +21,7 @@ from typing import Any
 from vflbench.config import ConfigError, ExperimentConfig, apply_override, build_config
 from vflbench.defenses import DEFENSES
 from vflbench.eval.results import write_json
-from vflbench.eval.scores import attack_leakage, leaks, pu_scorable
+from vflbench.eval.scores import attack_leakage, leaks
 from vflbench.eval.sweep import RUNS, SweepPoint, collect, is_done
 
 log = logging.getLogger(__name__)
@@ -29,10 +29,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class TuneResult:
-    """The search trace and the chosen strength (``None`` when no tried strength meets the budget)."""
+    """The search trace (means over ``seeds``) and the chosen strength (``None`` when no tried strength
+    meets the budget)."""
 
     defense: str
     budget: float
+    seeds: list[int] = field(default_factory=list)
     trace: list[dict[str, Any]] = field(default_factory=list)
     chosen: dict[str, Any] | None = None
 
@@ -48,7 +50,10 @@ def _evaluate(cfg: ExperimentConfig, out: Path, data_root: str | None) -> dict[s
 
 def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: float, high: float, steps: int = 6,
          data_root: str | None = None) -> TuneResult:
-    """Search ``cfg.defenses[0]``'s strength in [low, high] for the best utility with worst ε_p <= budget."""
+    """Search ``cfg.defenses[0]``'s strength in [low, high] for the best utility with worst ε_p <= budget.
+
+    Every tried strength runs each seed of the config's ``sweep.seeds`` (the config's ``seed`` when it
+    has none); its utility and each attack's leakage are the means over them."""
     if len(cfg.defenses) != 1:
         raise ConfigError("tune needs exactly one defense in the config (its strength is searched)")
     if not cfg.attacks:
@@ -69,30 +74,39 @@ def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: floa
                           "100*(1 - MSE/MSE_prior), another scale. Tune against label attacks only, or sweep the "
                           "strength with `vflbench sweep` and read the feature leakage there")
     out = Path(out_dir)
+    seeds = [int(s) for s in (cfg.sweep or {}).get("seeds") or [cfg.seed]]
     base = cfg.model_dump(mode="json", exclude={"sweep"})
-    undefended = _evaluate(build_config({**base, "defenses": []}), out, data_root)
-    vanilla = undefended["utility"]["value"]
-    for attack in undefended["attacks"]:
-        reason = pu_scorable(attack["target"], attack["metric"])
-        if reason is not None:
-            raise ConfigError(f"tune cannot bound attack {attack['name']!r}: its leakage is {reason}")
-        if leaks(attack_leakage(attack)) is False:
-            raise ConfigError(f"attack {attack['name']!r} does not beat its prior without a defense (undefended "
-                              f"leakage {attack_leakage(attack):.2f} points <= 0), so every strength would meet "
-                              "the budget and tune would credit the defense for stopping nothing; strengthen the "
-                              "attack (more epochs, other parameters) or leave it out")
-    result = TuneResult(name, budget)
-    points = [SweepPoint(build_config({**base, "defenses": []}), {})]
+    points: list[SweepPoint] = []
+
+    def evaluate(raw: dict[str, Any], knobs: dict[str, Any]) -> tuple[float, list[float]]:
+        """Mean utility and each attack's mean leakage (points) over the seeds."""
+        results = []
+        for seed in seeds:
+            point = SweepPoint(build_config({**raw, "seed": seed}), {**knobs, "seed": seed})
+            points.append(point)
+            results.append(_evaluate(point.config, out, data_root))
+        utility = sum(r["utility"]["value"] for r in results) / len(results)
+        leakage = [sum(attack_leakage(r["attacks"][i]) for r in results) / len(results)
+                   for i in range(len(results[0]["attacks"]))]
+        return utility, leakage
+
+    log.info("tune %s: seeds %s (each tried strength is the mean over them)", name, seeds)
+    vanilla, undefended = evaluate({**base, "defenses": []}, {})
+    for spec, leakage in zip(cfg.attacks, undefended, strict=True):
+        if leaks(leakage) is False:
+            raise ConfigError(f"attack {spec.name!r} does not beat its prior without a defense (undefended "
+                              f"leakage {leakage:.2f} points <= 0, mean over seeds {seeds}), so every strength "
+                              "would meet the budget and tune would credit the defense for stopping nothing; "
+                              "strengthen the attack (more epochs, other parameters) or leave it out")
+    result = TuneResult(name, budget, seeds)
 
     def trial(strength: float) -> bool:
         raw = json.loads(json.dumps(base))
         apply_override(raw, ["defenses", "0", "strength"], strength)
-        point = SweepPoint(build_config(raw), {"strength": strength})
-        points.append(point)
-        res = _evaluate(point.config, out, data_root)
-        worst = max(attack_leakage(a) for a in res["attacks"])
-        entry = {"strength": strength, "worst_leakage": worst, "utility": res["utility"]["value"],
-                 "utility_loss": 100.0 * (vanilla - res["utility"]["value"]), "meets": worst <= budget}
+        utility, leakage = evaluate(raw, {"strength": strength})
+        worst = max(leakage)
+        entry = {"strength": strength, "worst_leakage": worst, "utility": utility,
+                 "utility_loss": 100.0 * (vanilla - utility), "meets": worst <= budget}
         result.trace.append(entry)
         log.info("tune %s strength=%g worst_eps_p=%.2f eps_u=%.2f", name, strength, worst, entry["utility_loss"])
         return bool(entry["meets"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -99,6 +100,20 @@ def _mean_table(summary: pd.DataFrame) -> pd.DataFrame:
             .agg(**aggs).reset_index())
 
 
+def _tune_vs_scores(tune: dict[str, Any], scores: pd.DataFrame | None) -> str:
+    """Why tune's chosen strength may differ from the optimal-PU table's best strength."""
+    text = ("tune chooses, among the strengths it tried whose worst leakage meets the budget, the one with the "
+            "smallest utility loss; the optimal PU table's `best_strength` maximises Kang's PU score (eq. 22), "
+            "which bins both losses into Table 8's scores and takes the first strength with the best score.")
+    if scores is None or scores.empty or not tune.get("chosen") or "best_strength" not in scores:
+        return text
+    best = scores[scores["defense"] == tune["defense"]]["best_strength"].dropna()
+    if best.empty or any(abs(float(b) - float(tune["chosen"]["strength"])) < 1e-12 for b in best):
+        return text
+    return text + (f" Here they differ: tune chose {tune['chosen']['strength']:g}, the PU table's best strength is "
+                   f"{', '.join(f'{float(b):g}' for b in best)}.")
+
+
 def _verdicts(summary: pd.DataFrame) -> list[str]:
     """A section naming the attacks that do not beat their prior without a defense (mean
     undefended leakage over seeds <= 0 points): no defense is credited for stopping them."""
@@ -140,12 +155,11 @@ def build_report(directory: str | Path) -> Path:
     figures += _mask_ratio_figures(summary, d)
     tune = json.loads((d / "tune.json").read_text()) if (d / "tune.json").is_file() else None
     if tune:
-        trace = pd.DataFrame(tune["trace"])
+        chosen = tune["chosen"]["strength"] if tune.get("chosen") else None
         figures.append(("tune: worst-case leakage and utility loss per tried strength",
-                        plots.line(trace["strength"].tolist(), {"worst ε_p": trace["worst_leakage"].tolist(),
-                                                                "ε_u": trace["utility_loss"].tolist()},
-                                   "strength", f"tune {tune['defense']} (budget ε_p ≤ {tune['budget']})",
-                                   d / "plots" / "tune.png")))
+                        plots.tune_trace(pd.DataFrame(tune["trace"]), budget=tune["budget"], chosen=chosen,
+                                         title=f"tune {tune['defense']} (seeds {tune.get('seeds', '?')})",
+                                         path=d / "plots" / "tune.png")))
     mean_table = _mean_table(summary)
     coverage_csv = d / "coverage.csv"
     coverage = pd.read_csv(coverage_csv) if coverage_csv.is_file() and coverage_csv.stat().st_size > 1 else None
@@ -168,10 +182,12 @@ def build_report(directory: str | Path) -> Path:
         md += [f"- note: {n}" for n in coverage["note"].dropna() if str(n)] + [""]
     md += ["## Mean over seeds", "", markdown_table(mean_table), ""]
     if tune:
-        md += ["## Tune trace", "", f"Defense `{tune['defense']}`, budget ε_p ≤ {tune['budget']}: "
+        md += ["## Tune trace", "", f"Defense `{tune['defense']}`, budget ε_p ≤ {tune['budget']} points, seeds "
+               f"{tune.get('seeds', '?')} (values are means over them): "
                + (f"chosen strength {tune['chosen']['strength']:g} (ε_u {tune['chosen']['utility_loss']:.2f})."
                   if tune.get("chosen") else "no tried strength met the budget."), "",
-               markdown_table(pd.DataFrame(tune["trace"])), ""]
+               _tune_vs_scores(tune, scores), "", markdown_table(pd.DataFrame(tune["trace"]).sort_values("strength")),
+               ""]
     md += ["## Plots", ""]
     for title, path in figures:
         md += [f"### {title}", "", f"![{title}]({path.relative_to(d).as_posix()})", ""]

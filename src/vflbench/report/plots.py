@@ -115,3 +115,22 @@ def line(x: list[float], ys: dict[str, list[float]], xlabel: str, title: str, pa
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return _save(fig, path)
+
+
+def tune_trace(trace: pd.DataFrame, *, budget: float, chosen: float | None, title: str, path: Path) -> Path:
+    """``vflbench tune``'s trials by strength (log axis): the worst attack's leakage against the
+    budget line, the utility loss, and the chosen strength marked."""
+    data = trace.sort_values("strength")
+    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    ax.plot(data["strength"], data["worst_leakage"], marker="o", label="worst attack's ε_p")
+    ax.plot(data["strength"], data["utility_loss"], marker="s", label="utility loss ε_u")
+    ax.axhline(budget, color="crimson", linestyle="--", linewidth=1.2, label=f"budget ε_p ≤ {budget:g}")
+    if chosen is not None:
+        ax.axvline(chosen, color="green", linestyle=":", linewidth=1.5, label=f"chosen strength {chosen:g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("defense strength (log scale)")
+    ax.set_ylabel("points (higher = worse)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
