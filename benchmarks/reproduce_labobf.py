@@ -33,12 +33,16 @@ from typing import Any
 
 import torch
 
+from vflbench.attacks.base import LabelInference, Scores
 from vflbench.attacks.label.embedding_extension import original_bottom
+from vflbench.attacks.label.mixmatch import MixMatchCompletion
+from vflbench.attacks.label.model_completion import ModelCompletion
 from vflbench.attacks.runner import _view, score_inference, scratch_models, validate_attacks
 from vflbench.config import load_config
 from vflbench.defenses.regularizers import distance_correlation
 from vflbench.eval.run import train_run
 from vflbench.eval.scenario import load_vertical_data
+from vflbench.rng import generator
 
 ROOT = Path(__file__).resolve().parents[1]
 REPRO = ROOT / "configs" / "repro"
@@ -71,12 +75,9 @@ SWEEP_WEIGHTS = (0.08, 0.3, 1.0, 3.0)
 SWEEP_STEMS = {"dcor": "labobf_epsilon_like_dcor", "dcor_ea": "labobf_epsilon_like_dcor_ea"}
 
 
-#: ``--mixmatch``: the raw and LabObf runs of the Epsilon stand-in attacked by Fu et al.'s own label
-#: inference attack (model completion with MixMatch, semi-supervised on the attacker's other rows),
-#: which the paper uses, instead of the supervised model completion.
-MIXMATCH = ("attacks=[{name: model_completion_mixmatch, known_per_class: 100, epochs: 10, val_iteration: 256, "
-            "batch_size: 32, prior: local}]")
-MIXMATCH_STEMS = ("labobf_epsilon_like_raw", "labobf_epsilon_like_labobf")
+#: The departure study: each dataset's LabObf run again with the attribute rescaled to [-1, 1]
+#: (the library's earlier default) instead of Algorithm 2's raw integer 0..200.
+NORMALISED = ("defenses.0.normalise=true",)
 
 
 def sweep_key(role: str, weight: float) -> str:
@@ -96,13 +97,58 @@ def embedding_dcor(run: Any, party: str = "passive_1", rows: int = 2000) -> floa
     return float(distance_correlation(v, torch.nn.functional.one_hot(y, run.data.num_classes).float()))
 
 
+#: The two label inference attacks every run is scored with (both on the configured attack's view:
+#: the same D_aux rows): "mm" = Fu et al.'s MixMatch model completion, the attack LabObf evaluates
+#: against (main rows); "mc" = supervised model completion (VMask Alg. 3), this benchmark's earlier
+#: main rows. Each also runs with a frozen bottom model (only the head trained) and as its ``local``
+#: prior (R_lower).
+FLAVOURS: dict[str, tuple[type[ModelCompletion], dict[str, Any]]] = {
+    "mm": (MixMatchCompletion, {"known_per_class": 100, "epochs": 10, "val_iteration": 256, "batch_size": 32,
+                                "prior": "local"}),
+    "mc": (ModelCompletion, {"known_per_class": 100, "epochs": 50, "batch_size": 32, "prior": "local"}),
+}
+#: Scores: top-1 accuracy on the whole test split ("acc", the paper's metric), AUC ("auc", the CLI's
+#: default for binary tasks) and top-1 accuracy on a class-balanced subsample of the test split ("bal").
+METRICS = ("acc", "auc", "bal")
+
+
+def balanced_ids(y: torch.Tensor, seed: int) -> torch.Tensor:
+    """A class-balanced subsample of rows of ``y``: every class cut to the smallest class's count."""
+    gen = generator(seed, "labobf", "balanced_test")
+    counts = torch.bincount(y)
+    n = int(counts[counts > 0].min())
+    picked = [rows[torch.randperm(len(rows), generator=gen)[:n]]
+              for rows in (torch.nonzero(y == c).flatten() for c in range(len(counts))) if len(rows)]
+    return torch.cat(picked).sort().values
+
+
+def restrict(inf: LabelInference, ids: torch.Tensor) -> LabelInference:
+    """The same inference with its test scores cut to rows ``ids`` (training scores dropped)."""
+    if inf.per_epoch:
+        return LabelInference(per_epoch=[restrict(e, ids) for e in inf.per_epoch], details=inf.details)
+    assert inf.test is not None
+    keep = torch.isin(inf.test.ids, ids)
+    return LabelInference(test=Scores(inf.test.ids[keep], inf.test.scores[keep], "test"), details=inf.details)
+
+
+def score_all(inf: LabelInference, y_train: torch.Tensor, y_test: torch.Tensor, balanced: torch.Tensor,
+              select: str) -> dict[str, float]:
+    """The inference as top-1 accuracy, AUC and balanced-test accuracy (percent, higher = more leakage)."""
+    return {"acc": 100 * score_inference(inf, y_train, y_test, "accuracy", select)[0],
+            "auc": 100 * score_inference(inf, y_train, y_test, "auc", select)[0],
+            "bal": 100 * score_inference(restrict(inf, balanced), y_train, y_test, "accuracy", select)[0]}
+
+
 def run_one(stem: str, seed: int, out: Path, data_root: str | None, overrides: tuple[str, ...] = (),
             key: str | None = None, rerun: bool = False) -> dict[str, Any]:
-    """Train one config at one seed (or load its cached record) and score its attacks both ways.
+    """Train one config at one seed (or load its cached record) and score both attack flavours.
 
-    Besides the configured attack (model completion fine-tuning the bottom model, VMask Alg. 3)
-    it scores the same attack with a FROZEN bottom model (``finetune_bottom=False``: only the
-    inference head is trained on D_aux), i.e. the label information of the embedding itself.
+    For each flavour (:data:`FLAVOURS`) it records the attack on the attacker's original bottom
+    model (without the EA generator), the same attack with a FROZEN bottom model
+    (``finetune_bottom=False``: the label information of the embedding itself) and its ``local``
+    prior (R_lower), each under :data:`METRICS`; keys ``<flavour>_<attack|frozen|prior>_<metric>``, and
+    the attack and prior at their LAST fine-tuning epoch instead of the best on the test split
+    (``<flavour>_<last|priorlast>_<metric>``).
     """
     path = out / f"{key or stem}-s{seed}.json"
     cfg = load_config(REPRO / f"{stem}.yaml", [*overrides, f"seed={seed}"]).resolved()
@@ -118,29 +164,38 @@ def run_one(stem: str, seed: int, out: Path, data_root: str | None, overrides: t
         plan = validate_attacks(cfg, vd)
         run = train_run(cfg, vd, attacks=plan)
         last = run.history.epochs[-1]
+        balanced = balanced_ids(vd.y_test, seed)
+        objective = run.federation.active.objective
+        predicted = objective.decode(run.federation.outputs("test"))
         record: dict[str, Any] = {
             "config": stem, "seed": seed, "config_hash": cfg.hash(), "n_train": len(vd.y_train),
-            "n_test": len(vd.y_test), "epochs": cfg.train.epochs,
+            "n_test": len(vd.y_test), "n_balanced_test": len(balanced), "epochs": cfg.train.epochs,
             "model_acc": 100 * last["test_accuracy"], "model_auc": 100 * last.get("test_auc", float("nan")),
-            "majority": 100 * float(max((vd.y_test == 1).float().mean(), (vd.y_test == 0).float().mean())),
+            "model_bal": 100 * float((predicted[balanced] == vd.y_test[balanced]).float().mean()),
+            "majority": 100 * float(torch.bincount(vd.y_test).max() / len(vd.y_test)),
             "train_seconds": run.train_seconds, "dcor_attacker_embedding": embedding_dcor(run),
         }
-        for planned in plan.attacks:
-            attack = planned.attack
+        [planned] = plan.attacks
+        record["configured_attack"] = planned.attack.name
+        for flavour, (cls, params) in FLAVOURS.items():
+            attack_tic = time.perf_counter()
+            for variant, finetune in (("attack", True), ("frozen", False)):
+                attack = cls(**params, finetune_bottom=finetune)
+                view = _view(run, planned)
+                inference = attack.complete(view, original_bottom(view.bottom()))
+                for m, v in score_all(inference, vd.y_train, vd.y_test, balanced, attack.select).items():
+                    record[f"{flavour}_{variant}_{m}"] = v
+                if finetune:
+                    for m, v in score_all(inference, vd.y_train, vd.y_test, balanced, "last").items():
+                        record[f"{flavour}_last_{m}"] = v
+            attack = cls(**params)
             view = _view(run, planned)
-            inference = attack.infer(view)
             local = attack.local(view.with_models(scratch_models(run, attack.party)))
-            select = getattr(attack, "select", "best")
-            for metric, short in (("accuracy", "acc"), ("auc", "auc")):
-                record[f"attack_{short}"] = 100 * score_inference(inference, vd.y_train, vd.y_test, metric, select)[0]
-                record[f"prior_{short}"] = 100 * score_inference(local, vd.y_train, vd.y_test, metric, select)[0]
-            frozen_attack = type(attack)(**{**attack.get_params(), "finetune_bottom": False})
-            frozen = frozen_attack.infer(view)
-            for metric, short in (("accuracy", "acc"), ("auc", "auc")):
-                record[f"frozen_{short}"] = 100 * score_inference(frozen, vd.y_train, vd.y_test, metric, select)[0]
-            record["attack"] = attack.name
-            if "generator_dcor" in inference.details:
-                record["generator_dcor"] = inference.details["generator_dcor"]
+            for m, v in score_all(local, vd.y_train, vd.y_test, balanced, attack.select).items():
+                record[f"{flavour}_prior_{m}"] = v
+            for m, v in score_all(local, vd.y_train, vd.y_test, balanced, "last").items():
+                record[f"{flavour}_priorlast_{m}"] = v
+            record[f"{flavour}_seconds"] = time.perf_counter() - attack_tic
         record["seconds"] = time.perf_counter() - tic
     finally:
         torch.set_num_threads(previous)
@@ -162,61 +217,121 @@ def _f(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _triple(records: list[dict[str, Any]] | None, prefix: str) -> str:
+    """``acc | bal | auc`` cells of one quantity (``prefix`` = e.g. ``mm_attack``)."""
+    if not records:
+        return "- | - | -"
+    return " | ".join(_cell(records, f"{prefix}_{m}") for m in ("acc", "bal", "auc"))
+
+
 def tables(results: dict[str, list[dict[str, Any]]]) -> str:
-    """Markdown tables: ours (mean ± std over seeds) vs the paper."""
+    """Markdown tables, main rows = MixMatch (Fu et al.), ours (mean ± std over seeds) vs the paper.
+
+    Every attack cell is given as top-1 accuracy on the test split (the paper's metric), top-1
+    accuracy on a class-balanced subsample of the test split, and AUC, all in %, higher = more leakage.
+    """
+    head = "ours acc | ours bal. acc | ours AUC"
     lines = ["### Table 3: embedding extension attack (EA) against dCor (lambda 0.08); paper: Epsilon", "",
-             "| dataset | column | Model Acc (ours) | Model Acc (paper) | Attack Acc (ours) | Attack Acc (paper) | "
-             "Attack AUC (ours) | dCor(attacker emb., y) (ours) |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"| dataset | column | attack | Model Acc (ours) | Model Acc (paper) | Attack Acc (paper) | {head} | "
+             "dCor(attacker emb., y) |", "|---|---|---|---|---|---|---|---|---|---|"]
     names = {"t3_raw": "Raw Model", "t3_dcor": "Discorloss w/o EA", "t3_ea": "Discorloss & EA"}
     for key, _, _, stems in DATASETS:
-        for role, column in names.items():
-            rs = results.get(stems[role])
-            if rs:
-                acc, attack = PAPER_T3[role]
-                lines.append(f"| {key} | {column} | {_cell(rs, 'model_acc')} | {_f(acc)} | {_cell(rs, 'attack_acc')} | "
-                             f"{_f(attack)} | {_cell(rs, 'attack_auc')} | {_cell(rs, 'dcor_attacker_embedding')} |")
+        for flavour, label in (("mm", "MixMatch"), ("mc", "supervised MC")):
+            for role, column in names.items():
+                rs = results.get(stems[role])
+                if rs:
+                    acc, attack = PAPER_T3[role]
+                    lines.append(f"| {key} | {column} | {label} | {_cell(rs, 'model_acc')} | {_f(acc)} | {_f(attack)} "
+                                 f"| {_triple(rs, flavour + '_attack')} | {_cell(rs, 'dcor_attacker_embedding')} |")
     lines += ["", "### Tables 4-5: LabObf (R_upper = attack on the raw model, R_lower = attacker's D_aux only, "
-              "LabObf = attack under LabObf) and the §5 false-attribute check", "",
-              "| dataset (paper's) | row | ours (acc) | paper (acc) | ours (AUC) |", "|---|---|---|---|---|"]
+              "LabObf = attack under LabObf, Algorithm 2's raw attribute) and the §5 false-attribute check", "",
+              f"| dataset (paper's) | row | paper (acc) | {head} |", "|---|---|---|---|---|---|"]
     for key, _, _, stems in DATASETS:
         raw, obf, false = results.get(stems["raw"]), results.get(stems["labobf"]), results.get(stems["false"])
         paper = PAPER_T45[key]
         ds = f"{key} ({'Epsilon' if key == 'epsilon_like' else 'Bank'})"
         if raw:
-            lines += [f"| {ds} | Table 4 Raw Model: main accuracy | {_cell(raw, 'model_acc')} | "
-                      f"{_f(paper['raw_acc'])} | {_cell(raw, 'model_auc')} |",
-                      f"| {ds} | Table 5 R_upper | {_cell(raw, 'attack_acc')} | {_f(paper['r_upper'])} | "
-                      f"{_cell(raw, 'attack_auc')} |",
-                      f"| {ds} | Table 5 R_lower | {_cell(raw, 'prior_acc')} | {_f(paper['r_lower'])} | "
-                      f"{_cell(raw, 'prior_auc')} |",
-                      f"| {ds} | (extra) R_upper, frozen-bottom attack | {_cell(raw, 'frozen_acc')} | - | "
-                      f"{_cell(raw, 'frozen_auc')} |"]
+            lines += [f"| {ds} | Table 4 Raw Model: main accuracy | {_f(paper['raw_acc'])} | {_triple(raw, 'model')} |",
+                      f"| {ds} | Table 5 R_upper (MixMatch) | {_f(paper['r_upper'])} | {_triple(raw, 'mm_attack')} |",
+                      f"| {ds} | Table 5 R_lower (MixMatch) | {_f(paper['r_lower'])} | {_triple(raw, 'mm_prior')} |",
+                      f"| {ds} | (extra) R_upper, supervised MC | - | {_triple(raw, 'mc_attack')} |",
+                      f"| {ds} | (extra) R_lower, supervised MC | - | {_triple(raw, 'mc_prior')} |",
+                      f"| {ds} | (extra) R_upper, MixMatch, frozen bottom | - | {_triple(raw, 'mm_frozen')} |"]
         if obf:
-            lines += [f"| {ds} | Table 4 LabObf: main accuracy | {_cell(obf, 'model_acc')} | "
-                      f"{_f(paper['labobf_acc'])} | {_cell(obf, 'model_auc')} |",
-                      f"| {ds} | Table 5 LabObf (attack under LabObf) | {_cell(obf, 'attack_acc')} | "
-                      f"{_f(paper['labobf_attack'])} | {_cell(obf, 'attack_auc')} |",
-                      f"| {ds} | (extra) LabObf, frozen-bottom attack | {_cell(obf, 'frozen_acc')} | - | "
-                      f"{_cell(obf, 'frozen_auc')} |",
-                      f"| {ds} | (extra) attacker's D_aux-only prior on the LabObf slice | "
-                      f"{_cell(obf, 'prior_acc')} | - | {_cell(obf, 'prior_auc')} |"]
+            lines += [f"| {ds} | Table 4 LabObf: main accuracy | {_f(paper['labobf_acc'])} | {_triple(obf, 'model')} |",
+                      f"| {ds} | Table 5 LabObf (MixMatch) | {_f(paper['labobf_attack'])} | "
+                      f"{_triple(obf, 'mm_attack')} |",
+                      f"| {ds} | (extra) LabObf, supervised MC | - | {_triple(obf, 'mc_attack')} |",
+                      f"| {ds} | (extra) LabObf, MixMatch, frozen bottom | - | {_triple(obf, 'mm_frozen')} |"]
         if false:
-            lines += [f"| {key} (Epsilon, §5) | false attribute: main accuracy (honest LabObf above) | "
-                      f"{_cell(false, 'model_acc')} | {_f(PAPER_FALSE[1])} (honest {_f(PAPER_FALSE[0])}) | "
-                      f"{_cell(false, 'model_auc')} |"]
+            lines += [f"| {key} (Epsilon, §5) | false attribute: main accuracy | {_f(PAPER_FALSE[1])} (honest "
+                      f"{_f(PAPER_FALSE[0])}) | {_triple(false, 'model')} |"]
     lines.append("")
     for key, title, _, stems in DATASETS:
         rs = next((results[s] for s in stems.values() if s in results), None)
         if rs:
             r = rs[0]
-            lines.append(f"- {key}: {title}; {r['n_train']} training / {r['n_test']} test rows; majority class "
-                         f"{r['majority']:.2f}% of the test rows; seeds {sorted({x['seed'] for x in rs})}.")
+            lines.append(f"- {key}: {title}; {r['n_train']} training / {r['n_test']} test rows "
+                         f"({r['n_balanced_test']} in the balanced subsample); majority class {r['majority']:.2f}% "
+                         f"of the test rows; seeds {sorted({x['seed'] for x in rs})}.")
+    return "\n".join(lines) + "\n"
+
+
+#: Departure study rows: (row, flavour, LabObf run: raw attribute?, score key, variant). Row 0 is the
+#: earlier reproduction's setting; rows 1-5 remove one departure each (4 and 6 are checks of readings
+#: the paper leaves open); the last rows remove several. Variant "attack": fine-tuned bottom, best
+#: epoch on the test split; "frozen": head only; "last": fine-tuned, last epoch.
+DEPARTURE_ROWS = (
+    ("0. earlier setting: supervised MC, attribute in [-1, 1], AUC", "mc", False, "auc", "attack"),
+    ("1. Fu et al.'s MixMatch attack instead of supervised MC", "mm", False, "auc", "attack"),
+    ("2. Algorithm 2's raw attribute 0..200", "mc", True, "auc", "attack"),
+    ("3. top-1 accuracy instead of AUC", "mc", False, "acc", "attack"),
+    ("4. (check) frozen bottom: head only, as a reading of Eq. 2", "mc", False, "auc", "frozen"),
+    ("5. top-1 accuracy on a class-balanced test subsample", "mc", False, "bal", "attack"),
+    ("6. (check) last fine-tuning epoch, not the best on the test split", "mc", False, "auc", "last"),
+    ("1+2. MixMatch and raw attribute, AUC", "mm", True, "auc", "attack"),
+    ("1+2+3. MixMatch, raw attribute, top-1 accuracy (the paper's setting)", "mm", True, "acc", "attack"),
+    ("1+2+5. MixMatch, raw attribute, balanced top-1 accuracy", "mm", True, "bal", "attack"),
+    ("1+2+5+6. as above, last MixMatch epoch", "mm", True, "bal", "last"),
+)
+
+
+def departures_table(results: dict[str, list[dict[str, Any]]]) -> str:
+    """Which departure accounts for the gap: each removed alone, then together."""
+    lines = []
+    for key, _, _, stems in DATASETS:
+        raw, obf = results.get(stems["raw"]), results.get(stems["labobf"])
+        norm = results.get(f"{stems['labobf']}@normalised")
+        if not raw or not obf or not norm:
+            continue
+        paper = PAPER_T45[key]
+        seeds = sorted({r["seed"] for r in raw} & {r["seed"] for r in obf} & {r["seed"] for r in norm})
+        lines += ["", f"### Departure study, {key} (paper: {'Epsilon' if key == 'epsilon_like' else 'Bank'}: "
+                  f"R_upper {paper['r_upper']}, R_lower {paper['r_lower']}, LabObf {paper['labobf_attack']} "
+                  f"(top-1 acc); main acc raw {paper['raw_acc']} -> LabObf {paper['labobf_acc']}); seeds {seeds}", "",
+                  "| departure removed | unit | R_upper | R_lower | attack under LabObf | LabObf - R_lower | "
+                  "main acc raw -> LabObf |", "|---|---|---|---|---|---|---|"]
+        units = {"acc": "top-1 acc %", "bal": "balanced-test acc %", "auc": "AUC %"}
+        for row, flavour, raw_attr, metric, variant in DEPARTURE_ROWS:
+            run = obf if raw_attr else norm
+            prior = "priorlast" if variant == "last" else "prior"
+            upper, lower, under = (f"{flavour}_{variant}_{metric}", f"{flavour}_{prior}_{metric}",
+                                   f"{flavour}_{variant}_{metric}")
+            if not all(under in r for r in (*raw, *run)):
+                continue
+            gaps = [o[under] - r[lower] for o, r in zip(sorted(run, key=lambda x: x["seed"]),
+                                                          sorted(raw, key=lambda x: x["seed"]), strict=False)]
+            gap = (f"{statistics.mean(gaps):+.2f}" if gaps else "-")
+            main = "model_bal" if metric == "bal" else "model_acc"
+            lines.append(f"| {row} | {units[metric]} | {_cell(raw, upper)} | {_cell(raw, lower)} | "
+                         f"{_cell(run, under)} | {gap} | {_cell(raw, main)} -> {_cell(run, main)} |")
+        lines.append(f"\nmajority class: {_cell(raw, 'majority')}% of the test rows; main acc in the rows scored "
+                     "on the balanced subsample is the main model's accuracy on that subsample.")
     return "\n".join(lines) + "\n"
 
 
 def sweep_table(results: dict[str, list[dict[str, Any]]]) -> str:
-    """The dCor weight sweep: dCor alone vs dCor with EA at each weight (Fig. 8's axes)."""
+    """The dCor weight sweep: dCor alone vs dCor with EA at each weight (Fig. 8's axes), MixMatch attack."""
     lines = ["", "### Fig. 8-style sweep of the dCor weight on the Epsilon stand-in (the paper only plots it)", "",
              "| lambda | Model Acc dCor | Model Acc dCor & EA | Attack Acc dCor | Attack Acc dCor & EA | "
              "Attack AUC dCor | Attack AUC dCor & EA | dCor(emb., y) dCor | dCor(emb., y) dCor & EA |",
@@ -224,27 +339,25 @@ def sweep_table(results: dict[str, list[dict[str, Any]]]) -> str:
     for weight in SWEEP_WEIGHTS:
         a, b = results.get(sweep_key("dcor", weight)), results.get(sweep_key("dcor_ea", weight))
         if a and b:
-            cells = [f"{_cell(a, k)} | {_cell(b, k)}" for k in ("model_acc", "attack_acc", "attack_auc",
+            cells = [f"{_cell(a, k)} | {_cell(b, k)}" for k in ("model_acc", "mm_attack_acc", "mm_attack_auc",
                                                                   "dcor_attacker_embedding")]
             lines.append(f"| {weight:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def mixmatch_table(results: dict[str, list[dict[str, Any]]]) -> str:
-    """R_upper / R_lower / LabObf with Fu et al.'s MixMatch model completion (``--mixmatch``)."""
-    raw, obf = (results.get(f"{stem}@mixmatch") for stem in MIXMATCH_STEMS)
-    if not raw or not obf:
-        return ""
-    rows = [("R_upper (MixMatch on the raw model)", raw, "attack", 63.03),
-            ("R_lower (MixMatch from scratch on D_aux + unlabelled rows)", raw, "prior", 61.27),
-            ("LabObf (MixMatch on the LabObf model)", obf, "attack", 50.35),
-            ("(extra) R_upper, frozen bottom", raw, "frozen", None),
-            ("(extra) LabObf, frozen bottom", obf, "frozen", None)]
-    lines = ["", "### Table 5 with Fu et al.'s MixMatch model completion, Epsilon stand-in", "",
-             "| row | ours (acc) | paper (acc, Epsilon) | ours (AUC) |", "|---|---|---|---|"]
-    for name, rs, key, paper in rows:
-        lines.append(f"| {name} | {_cell(rs, key + '_acc')} | {_f(paper)} | {_cell(rs, key + '_auc')} |")
-    return "\n".join(lines) + "\n"
+def jobs(args: argparse.Namespace) -> list[tuple[str, tuple[str, ...], str]]:
+    """(stem, overrides, cache key) of every run asked for, seed-independent, in running order."""
+    todo: list[tuple[str, tuple[str, ...], str]] = []
+    if args.departures:
+        for _, _, _, roles in DATASETS:
+            todo += [(roles["raw"], (), roles["raw"]), (roles["labobf"], (), roles["labobf"]),
+                     (roles["labobf"], NORMALISED, f"{roles['labobf']}@normalised")]
+    stems = list(dict.fromkeys(stem for _, _, _, roles in DATASETS for stem in roles.values()))
+    todo += [(stem, (), stem) for stem in stems if args.only is None or stem in args.only]
+    if args.sweep:
+        todo += [(SWEEP_STEMS[role], (f"defenses.0.weight={weight}",), sweep_key(role, weight))
+                 for weight in SWEEP_WEIGHTS for role in SWEEP_STEMS]
+    return list(dict.fromkeys(todo))
 
 
 def main(argv: list[str] | None = None) -> int:  # noqa: D103
@@ -252,42 +365,30 @@ def main(argv: list[str] | None = None) -> int:  # noqa: D103
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--out", default="runs/labobf")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--only", nargs="*", default=None, help="config stems to run (default: all)")
+    parser.add_argument("--only", nargs="*", default=None,
+                        help="config stems to run besides --departures/--sweep (default: all; none: only those)")
     parser.add_argument("--table", default=None, help="also write the markdown tables here")
-    parser.add_argument("--rerun", nargs="*", default=None, help="config stems to recompute despite a cached record")
-    parser.add_argument("--mixmatch", action="store_true", help="also attack the Epsilon stand-in with MixMatch")
+    parser.add_argument("--rerun", nargs="*", default=None, help="cache keys to recompute despite a cached record")
+    parser.add_argument("--departures", action="store_true",
+                        help="first run the departure study (raw, LabObf, LabObf with the [-1, 1] attribute), "
+                             "seed by seed")
     parser.add_argument("--sweep", action="store_true", help="also run the Fig. 8-style dCor weight sweep")
     args = parser.parse_args(argv)
     out = Path(args.out)
     results: dict[str, list[dict[str, Any]]] = {}
-    stems = list(dict.fromkeys(stem for _, _, _, roles in DATASETS for stem in roles.values()))
-    for stem in stems:
-        if args.only and stem not in args.only:
-            continue
-        for seed in args.seeds:
-            record = run_one(stem, seed, out, args.data_root, rerun=stem in (args.rerun or ()))
-            results.setdefault(stem, []).append(record)
-            acc, auc = record.get("attack_acc", float("nan")), record.get("attack_auc", float("nan"))
-            sys.stderr.write(f"{stem} seed {seed}: model {record['model_acc']:.2f}, attack acc {acc:.2f} / "
-                             f"AUC {auc:.2f}, {record['seconds']:.0f}s\n")
-    if args.sweep:
-        for weight in SWEEP_WEIGHTS:
-            for role, stem in SWEEP_STEMS.items():
-                key = sweep_key(role, weight)
-                for seed in args.seeds:
-                    record = run_one(stem, seed, out, args.data_root, (f"defenses.0.weight={weight}",), key)
-                    if not any(r["seed"] == seed for r in results.get(key, [])):
-                        results.setdefault(key, []).append(record)
-                    sys.stderr.write(f"{key} seed {seed}: model {record['model_acc']:.2f}, attack acc "
-                                     f"{record['attack_acc']:.2f} / AUC {record['attack_auc']:.2f}\n")
-    if args.mixmatch:
-        for stem in MIXMATCH_STEMS:
-            for seed in args.seeds:
-                record = run_one(stem, seed, out, args.data_root, (MIXMATCH,), f"{stem}@mixmatch")
-                results.setdefault(f"{stem}@mixmatch", []).append(record)
-                sys.stderr.write(f"{stem}@mixmatch seed {seed}: attack acc {record['attack_acc']:.2f} / "
-                                 f"AUC {record['attack_auc']:.2f}\n")
-    text = tables(results) + (sweep_table(results) if args.sweep else "") + mixmatch_table(results)
+    todo = jobs(args)
+    n_departure = 6 if args.departures else 0
+    order = ([(seed, job) for seed in args.seeds for job in todo[:n_departure]]
+             + [(seed, job) for job in todo[n_departure:] for seed in args.seeds])
+    for seed, (stem, overrides, key) in order:
+        record = run_one(stem, seed, out, args.data_root, overrides, key, rerun=key in (args.rerun or ()))
+        results.setdefault(key, []).append(record)
+        sys.stderr.write(f"{key} seed {seed}: model {record['model_acc']:.2f}, MixMatch acc "
+                         f"{record['mm_attack_acc']:.2f} / AUC {record['mm_attack_auc']:.2f}, MC acc "
+                         f"{record['mc_attack_acc']:.2f} / AUC {record['mc_attack_auc']:.2f}, "
+                         f"{record['seconds']:.0f}s\n")
+        sys.stderr.flush()
+    text = tables(results) + departures_table(results) + (sweep_table(results) if args.sweep else "")
     sys.stdout.write(text)
     if args.table:
         Path(args.table).parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from torch import nn
 from vflbench.attacks import ATTACKS
 from vflbench.attacks.runner import _view, validate_attacks
 from vflbench.config import build_config
-from vflbench.errors import CompatibilityError
+from vflbench.errors import CompatibilityError, ConfigError
 from vflbench.eval.run import run_experiment, train_run
 from vflbench.eval.scenario import load_vertical_data
 
@@ -124,3 +124,45 @@ def test_every_registered_attack_declares_its_threat_model():
         cls = entry.factory
         assert cls.name == entry.name and cls.paper and cls.threat and cls.reads
         assert cls.target in ("labels", "features") and cls.phase in ("observer", "post_training", "malicious")
+
+
+# ------------------------------------------------------------------- the label attacks' metric option
+
+
+def _binary_mc(**params):
+    return build_config(minimal(data={"name": "breast_cancer"}, train={"epochs": 3, "batch_size": 32},
+                                attacks=[{"name": "model_completion", "known_per_class": 8, "epochs": 3, **params}]))
+
+
+@pytest.mark.parametrize("prior", ["random", "local"])
+def test_metric_accuracy_scores_a_binary_attack_and_its_prior_by_top1_accuracy(prior):
+    # Old behaviour: binary label attacks were always scored by AUC (and `metric` was an unknown key).
+    [auto] = run_experiment(_binary_mc(prior=prior)).attacks
+    cfg = _binary_mc(prior=prior, metric="accuracy")
+    [acc] = run_experiment(cfg).attacks
+    assert auto.metric == "auc" and acc.metric == "accuracy"
+    curve = acc.details["finetune_curve"]  # per-epoch top-1 accuracies on the test split, best one reported
+    assert acc.value == max(curve) and acc.details["test_accuracy"] == acc.value
+    n_test = len(load_vertical_data(cfg).y_test)
+    assert all(abs(v * n_test - round(v * n_test)) < 1e-4 for v in curve)  # fractions of test rows, not AUCs
+    if prior == "random":
+        assert acc.prior == 0.5  # 1/C: a uniform random guess, not the majority rate
+    else:  # J_loc scored under the same metric as the attack
+        assert "test_accuracy" in acc.details["local"] and "test_auc" not in acc.details["local"]
+        assert acc.prior == max(acc.details["local"]["finetune_curve"])
+    assert acc.leakage == pytest.approx(100 * (acc.value - acc.prior))
+
+
+def test_metric_auc_can_be_asked_for_explicitly_and_equals_auto_on_a_binary_task():
+    [auto] = run_experiment(_binary_mc()).attacks
+    [auc] = run_experiment(_binary_mc(metric="auc")).attacks
+    assert auc.metric == "auc" and auc.value == auto.value and auc.prior == auto.prior
+
+
+@pytest.mark.parametrize("name", ["model_completion", "model_completion_mixmatch", "embedding_extension"])
+def test_metric_is_validated(name):
+    with pytest.raises(ConfigError, match="metric must be one of auto, accuracy, auc"):
+        ATTACKS.create(name, metric="top1")
+    cfg = build_config(minimal(attacks=[{"name": name, "metric": "auc", "batch_size": 4}]))  # digits: 10 classes
+    with pytest.raises(CompatibilityError, match="metric 'auc' needs binary labels"):
+        validate_attacks(cfg, load_vertical_data(cfg))

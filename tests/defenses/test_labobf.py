@@ -148,6 +148,22 @@ def test_host_recomputes_every_partys_attribute_and_a_false_one_differs():
     assert not torch.equal(false.host_sum(100), honest.host_sum(100))
 
 
+def test_normalise_false_appends_algorithm_2s_raw_integer_and_true_its_affine_image():
+    cfg = build_config(minimal(data={"name": "breast_cancer"}, defenses=[{"name": "labobf"}]))
+    vd = load_vertical_data(cfg)
+    columns = {}
+    for normalise in (None, False, True):
+        spec = [{"name": "labobf"} if normalise is None else {"name": "labobf", "normalise": normalise}]
+        cfg = build_config(minimal(data={"name": "breast_cancer"}, defenses=spec))
+        fed = build_federation(cfg, vd, defenses=plan_defenses(cfg, ["passive_1"]))
+        columns[normalise] = torch.stack([p.data.x_train[:, -1] for p in fed.parties()])
+    raw = columns[False]
+    assert torch.equal(raw, raw.round())
+    assert raw.min() >= 0 and raw.max() <= 200 and raw.max() > 190  # the whole range 0..200 is used
+    assert torch.allclose(columns[True], 2 * raw / 200 - 1)
+    assert torch.equal(columns[None], columns[True])  # the library default rescales (docs/decisions.md)
+
+
 def test_image_slices_are_refused():
     cfg = build_config(minimal(defenses=[{"name": "labobf"}]))
     vd = load_vertical_data(cfg)

@@ -20,12 +20,14 @@ import torch
 from torch import Tensor, nn
 
 from vflbench.data.base import PartySlice
-from vflbench.errors import CompatibilityError
+from vflbench.errors import CompatibilityError, ConfigError
 from vflbench.protocol.channel import Transcript
 
 Target = Literal["labels", "features"]
 Phase = Literal["observer", "post_training", "malicious"]
 Prior = Literal["random", "scratch", "local"]
+LabelMetric = Literal["auto", "accuracy", "auc"]
+LABEL_METRICS: tuple[str, ...] = ("auto", "accuracy", "auc")
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,10 @@ class Attack(ABC):
     scored on ``n_targets`` rows (all when ``None``) of ``target_split``. ``aux_disjoint``
     declares that the threat model's auxiliary set is disjoint from the training set (DMAVFL
     §3.2: D_aux ∩ D_train = ∅): the runner then holds those rows out of every party's training.
+
+    Label attacks are scored under ``metric``: ``"auto"`` (AUC for binary tasks, top-1 accuracy
+    otherwise), ``"accuracy"`` or ``"auc"``; their prior is scored under the same metric. Label
+    attacks that let the user choose take it as a keyword parameter (:func:`check_metric`).
     """
 
     name: ClassVar[str] = ""
@@ -192,6 +198,7 @@ class Attack(ABC):
     known_per_class: int = 0
     party: str = "passive_1"
     prior: Prior = "random"
+    metric: LabelMetric = "auto"
     every_epoch: bool = False
     victim: str | Sequence[str] = "passive_1"
     multi_victim: ClassVar[bool] = False
@@ -239,6 +246,17 @@ def require(condition: bool, attack: str, message: str) -> None:
     """Raise a :class:`CompatibilityError` naming the attack when ``condition`` fails."""
     if not condition:
         raise CompatibilityError(f"attack {attack!r} cannot run here: {message}")
+
+
+def check_metric(attack: str, metric: str, scenario: Scenario | None = None) -> None:
+    """Raise a :class:`ConfigError` unless ``metric`` is a label metric (:data:`LABEL_METRICS`), and,
+    given the ``scenario``, a :class:`CompatibilityError` for AUC on a task with more than two classes."""
+    if metric not in LABEL_METRICS:
+        raise ConfigError(f"attack {attack!r}: metric must be one of {', '.join(LABEL_METRICS)}, got {metric!r}")
+    if scenario is not None:
+        require(metric != "auc" or scenario.num_classes == 2, attack,
+                f"metric 'auc' needs binary labels, but the task has {scenario.num_classes} classes; "
+                "use metric: accuracy or auto")
 
 
 def binary_only(attack: str, scenario: Scenario) -> None:

@@ -290,8 +290,10 @@ def validate_attacks(cfg: ExperimentConfig, vd: VerticalData) -> AttackPlan:
     return plan
 
 
-def metric_name(num_classes: int) -> str:
-    """AUC for binary tasks, accuracy otherwise (Kang Table 7; VMask Table II)."""
+def metric_name(num_classes: int, metric: str = "auto") -> str:
+    """``metric`` as chosen; ``"auto"``: AUC for binary tasks, accuracy otherwise (Kang Table 7; VMask Table II)."""
+    if metric != "auto":
+        return metric
     return "auc" if num_classes == 2 else "accuracy"
 
 
@@ -542,7 +544,7 @@ def run_attacks(plan: AttackPlan, run: TrainedRun) -> tuple[list[AttackResult], 
                                         prior_name="aux_mean", leakage=leakage_points("mse", value, prior),
                                         details={"params": planned.spec_params, **details}))
             continue
-        metric = metric_name(run.data.num_classes)
+        metric = metric_name(run.data.num_classes, attack.metric)
         select = getattr(attack, "select", "best")
         view = _view(run, planned)
         value, details = score_inference(_label_inference(attack.infer(view)), y_train, y_test, metric, select)

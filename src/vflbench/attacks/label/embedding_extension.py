@@ -35,7 +35,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vflbench.attacks.base import Attack, KnownLabels, LabelInference, PartyView, Prior, Scenario, require
+from vflbench.attacks.base import (
+    Attack,
+    KnownLabels,
+    LabelInference,
+    LabelMetric,
+    PartyView,
+    Prior,
+    Scenario,
+    check_metric,
+    require,
+)
 from vflbench.attacks.label.model_completion import ModelCompletion
 from vflbench.attacks.runner import ATTACKS
 from vflbench.defenses.regularizers import distance_correlation
@@ -70,7 +80,7 @@ class EmbeddingExtension(Attack):
     per epoch (Algorithm 1's EPOCH_NUM_2, unstated in the paper); ``generator_lr``: Adam step of
     ``g`` (eta_1, unstated). ``known_per_class``: the labelled auxiliary rows, used both by the
     inner loop and by model completion (Table 2: |D_aux| = 200 on the binary datasets, i.e. 100
-    per class). The remaining parameters are :class:`ModelCompletion`'s.
+    per class). The remaining parameters (``metric`` included) are :class:`ModelCompletion`'s.
     """
 
     name = "embedding_extension"
@@ -86,7 +96,7 @@ class EmbeddingExtension(Attack):
                  inner_steps: int = 50, generator_lr: float = 5e-2, epochs: int = 50,
                  optimizer: Literal["adam", "sgd"] = "adam", lr: float = 1e-3, batch_size: int | None = 16,
                  head_hidden: int = 64, finetune_bottom: bool = True, select: Literal["best", "last"] = "best",
-                 prior: Prior = "local", every_epoch: bool = False) -> None:
+                 prior: Prior = "local", every_epoch: bool = False, metric: LabelMetric = "auto") -> None:
         if perturb_dims < 1:
             raise ValueError(f"perturb_dims must be at least 1, got {perturb_dims}")
         if inner_steps < 0:
@@ -107,13 +117,15 @@ class EmbeddingExtension(Attack):
         self.select = select
         self.prior = prior
         self.every_epoch = every_epoch
+        self.metric = metric
         self.completion_ = ModelCompletion(party=party, known_per_class=known_per_class, epochs=epochs,
                                            optimizer=optimizer, lr=lr, batch_size=batch_size, head_hidden=head_hidden,
                                            finetune_bottom=finetune_bottom, select=select, prior=prior,
-                                           every_epoch=every_epoch)
+                                           every_epoch=every_epoch, metric=metric)
 
     def check(self, scenario: Scenario) -> None:  # noqa: D102
         require(self.party != "active", self.name, "it is run by a passive party")
+        check_metric(self.name, self.metric, scenario)
         require(scenario.aggregation == "concat", self.name,
                 f"it appends dimensions to the uploaded embedding, which needs train.aggregation: concat "
                 f"(got {scenario.aggregation!r})")

@@ -18,7 +18,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vflbench.attacks.base import LabelInference, PartyView, Prior, Scenario, Scores, require
+from vflbench.attacks.base import (
+    LabelInference,
+    LabelMetric,
+    PartyView,
+    Prior,
+    Scenario,
+    Scores,
+    check_metric,
+    require,
+)
 from vflbench.attacks.label.model_completion import ModelCompletion, class_scores, predict
 from vflbench.attacks.runner import ATTACKS
 from vflbench.errors import CompatibilityError
@@ -100,6 +109,7 @@ class MixMatchCompletion(ModelCompletion):
     inference head, so this attack refuses VLR; use ``model_completion`` there. Inputs that are
     integer codes or token ids (``emb_mlp``, ``text_cnn``) cannot be mixed up and are refused.
     The ``local`` prior runs the same procedure from a freshly initialised bottom model.
+    ``metric`` is :class:`ModelCompletion`'s.
     """
 
     name = "model_completion_mixmatch"
@@ -115,7 +125,7 @@ class MixMatchCompletion(ModelCompletion):
                  val_iteration: int = 1024, batch_size: int = 16, lr: float = 2e-3, alpha: float = 0.75,
                  lambda_u: float = 50.0, temperature: float = 0.8, ema_decay: float = 0.999,
                  head_hidden: int = 64, finetune_bottom: bool = True, select: Literal["best", "last"] = "best",
-                 prior: Prior = "local", every_epoch: bool = False) -> None:
+                 prior: Prior = "local", every_epoch: bool = False, metric: LabelMetric = "auto") -> None:
         self.party = party
         self.known_per_class = known_per_class
         self.epochs = epochs
@@ -131,6 +141,8 @@ class MixMatchCompletion(ModelCompletion):
         self.select = select
         self.prior = prior
         self.every_epoch = every_epoch
+        self.metric = metric
+        check_metric(self.name, metric)
         if known_per_class < 1 or epochs < 1 or val_iteration < 1 or batch_size < 1:
             raise ValueError("known_per_class, epochs, val_iteration and batch_size must be at least 1")
         if alpha <= 0 or temperature <= 0 or lr <= 0:

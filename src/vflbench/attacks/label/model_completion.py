@@ -7,7 +7,16 @@ from typing import Literal
 import torch
 from torch import nn
 
-from vflbench.attacks.base import Attack, LabelInference, PartyView, Prior, Scores, require
+from vflbench.attacks.base import (
+    Attack,
+    LabelInference,
+    LabelMetric,
+    PartyView,
+    Prior,
+    Scores,
+    check_metric,
+    require,
+)
 from vflbench.attacks.runner import ATTACKS
 from vflbench.eval.finetune import class_scores, complete, predict, supervised_loss  # noqa: F401
 
@@ -19,6 +28,8 @@ class ModelCompletion(Attack):
     bottom model and fine-tune both on ``known_per_class`` labels per class (VMask Algorithm 3:
     ``epochs`` passes, the attack accuracy of the best pass on the test split). In VLR the
     attacker puts a sigmoid on its bottom model instead, with no training (Kang et al. §6.2).
+    ``metric``: how the runner scores the inference and its prior (``"auto"``: AUC for binary
+    tasks, accuracy otherwise; ``"accuracy"``: top-1 accuracy, LabObf's Table 5 metric; ``"auc"``).
     """
 
     name = "model_completion"
@@ -30,7 +41,8 @@ class ModelCompletion(Attack):
     def __init__(self, *, party: str = "passive_1", known_per_class: int = 4, epochs: int = 50,
                  optimizer: Literal["adam", "sgd"] = "adam", lr: float = 1e-3, batch_size: int | None = 16,
                  head_hidden: int = 64, finetune_bottom: bool = True, select: Literal["best", "last"] = "best",
-                 prior: Prior = "local", every_epoch: bool = False, momentum: float = 0.9) -> None:
+                 prior: Prior = "local", every_epoch: bool = False, momentum: float = 0.9,
+                 metric: LabelMetric = "auto") -> None:
         self.party = party
         self.known_per_class = known_per_class
         self.epochs = epochs
@@ -43,11 +55,14 @@ class ModelCompletion(Attack):
         self.prior = prior
         self.every_epoch = every_epoch
         self.momentum = momentum
+        self.metric = metric
+        check_metric(self.name, metric)
         if known_per_class < 1 or epochs < 1:
             raise ValueError("known_per_class and epochs must be at least 1")
 
     def check(self, scenario) -> None:  # noqa: ANN001, D102
         require(self.party != "active", self.name, "it is run by a passive party")
+        check_metric(self.name, self.metric, scenario)
 
     def infer(self, view: PartyView) -> LabelInference:  # noqa: D102
         if view.scenario.algorithm == "vlr":
