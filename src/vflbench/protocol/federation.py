@@ -63,10 +63,13 @@ class Federation:
     """An active party and K-1 passive parties joined by a channel."""
 
     def __init__(self, active: ActiveParty, passives: Sequence[PassiveParty],
-                 channel: Channel | None = None) -> None:
+                 channel: Channel | None = None, train_rows: Tensor | None = None) -> None:
         self.active = active
         self.passives = list(passives)
         self.channel = channel or Channel()
+        #: The aligned training rows the loop trains on (``None``: all); rows a defense holds out
+        #: (VMask's auxiliary set) are left out.
+        self.train_rows = train_rows
         for party in (active, *self.passives):
             self.channel.register(party.transcript)
 
@@ -120,13 +123,15 @@ class Federation:
             eval_every: int = 1, progress: Progress | None = None,
             on_epoch_end: Callable[[int, dict[str, Any]], None] | None = None) -> History:
         """THE training loop: shuffled batches of aligned ids, evaluation every ``eval_every``."""
-        n = len(self.active.objective.targets)
+        n = len(self.active.objective.targets) if self.train_rows is None else len(self.train_rows)
         steps = int(np.ceil(n / batch_size))
         history = History()
         if progress is not None:
             progress.start(epochs, steps)
         for epoch in range(epochs):
             order = torch.randperm(n, generator=generator)
+            if self.train_rows is not None:
+                order = self.train_rows[order]
             tic = time.perf_counter()
             refused = 0
             for step in range(steps):
