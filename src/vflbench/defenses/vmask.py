@@ -161,10 +161,11 @@ class MaskableLayer(nn.Module):
         self.shared = None
 
     def attacker_module(self) -> nn.Module:
-        """What P_k can run alone. Unmasked: the plain layer. Masked: P_k's share is uniformly random
-        on the ring and says nothing about the weight, so a rational attacker re-initialises the
-        layer (``attacker_view="reinit"``, the attacker VMask's Algorithm 2 simulates), or uses its
-        decoded share as the weight (``"share"``, Algorithm 1 line 7 read literally)."""
+        """What P_k's copy holds. Unmasked: the plain layer. Masked: a fresh initialisation
+        (``attacker_view="reinit"``, the attacker the paper evaluates and Algorithm 2 simulates) or
+        P_k's decoded share, uniformly random on the ring (``"share"``, Algorithm 1 line 7 read
+        literally). Neither is what P_k can know: it can solve the effective weight from its
+        openings and own updates (the attack ``vmask_weight_recovery``)."""
         if self.shared is None:
             return self.plain(self.weight.detach(), None if self.bias is None else self.bias.detach())
         self._absorb()
