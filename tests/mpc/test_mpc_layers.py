@@ -495,7 +495,10 @@ def assert_hides(module: nn.Module, weight: Tensor, bias: Tensor) -> None:
 
 
 @pytest.mark.parametrize("kind", ["linear", "conv"])
-def test_nothing_reachable_from_the_passive_module_reveals_the_weight(kind: str) -> None:
+def test_no_tensor_stored_at_the_passive_module_reveals_the_weight(kind: str) -> None:
+    """A storage check: no tensor the passive module holds looks like the weight. It does not mean P_k
+    cannot compute the weight: from the openings and its own updates it can (``vmask_weight_recovery``,
+    tests/defenses/test_vmask.py)."""
     torch.manual_seed(0)
     layer = nn.Linear(64, 32) if kind == "linear" else nn.Conv2d(3, 8, 3, padding=1)
     weight, bias = layer.weight.detach().clone(), layer.bias.detach().clone()

@@ -208,6 +208,9 @@ class Attack(ABC):
     aux_disjoint: ClassVar[bool] = False
     target_split: Literal["train", "test"] = "test"
     n_targets: int | None = None
+    shares_draws_with: ClassVar[str | None] = None
+    """Another attack whose known labels and random stream this one uses (None: its own, by name),
+    so that two attacks that differ only in the model they start from are compared on equal terms."""
 
     def check(self, scenario: Scenario) -> None:
         """Raise :class:`CompatibilityError` if the scenario does not meet the requirements."""
@@ -215,6 +218,11 @@ class Attack(ABC):
     def extra_embedding_dims(self) -> int:
         """Dimensions a malicious passive attacker appends to its uploaded embedding (0: none)."""
         return 0
+
+    def observe(self, party: Any) -> None:
+        """Attach the attacker's own recorders to its party before training (honest-but-curious
+        attacks that keep more of what their party sees than the runner records, e.g. the values
+        VMask's masked layers reconstruct to it). The party's behaviour does not change."""
 
     def corrupt(self, party: Any, known: KnownLabels | None, aux: AuxData | None = None,
                 generator: torch.Generator | None = None) -> None:
@@ -268,6 +276,11 @@ def binary_only(attack: str, scenario: Scenario) -> None:
 def stack_ids(parts: Sequence[Scores]) -> Tensor:
     """All ids of several score sets, concatenated."""
     return torch.cat([p.ids for p in parts])
+
+
+def draws_of(attack: Attack) -> str:
+    """The name under which the runner seeds the attack's known labels and random stream."""
+    return attack.shares_draws_with or attack.name
 
 
 def victims_of(attack: Attack) -> tuple[str, ...]:

@@ -38,6 +38,7 @@ from vflbench.attacks.base import (
     ReceivedEmbeddings,
     Scenario,
     Scores,
+    draws_of,
     victims_of,
 )
 from vflbench.config import ExperimentConfig
@@ -105,7 +106,7 @@ def known_labels(attack: Attack, y_train: Tensor, seed: int) -> KnownLabels | No
     if not attack.known_per_class:
         return None
     ids = known_label_indices(y_train, per_class=attack.known_per_class,
-                              generator=generator(seed, "attack", attack.name, "known"))
+                              generator=generator(seed, "attack", draws_of(attack), "known"))
     return KnownLabels(ids, y_train[ids])
 
 
@@ -211,6 +212,7 @@ class AttackPlan:
         for planned in self.attacks:
             attack = planned.attack
             party = parties[attack.party]
+            attack.observe(party)
             if {"model_gradient", "cut_gradient"} & set(attack.reads) and isinstance(party, PassiveParty):
                 party.observers.append(_recorder(planned, party, with_params="model_gradient" in attack.reads))
             assert self.y_train is not None
@@ -385,7 +387,7 @@ def _view(run: TrainedRun, planned: PlannedAttack, models: dict[str, nn.Module] 
         party=party.name, scenario=scenario_of(run.config, run.data), data=party.data,
         models=models if models is not None else {k: attacker_copy(m) for k, m in party.models().items()},
         transcript=party.transcript, records=planned.records, known=known,
-        generator=generator(run.config.seed, "attack", attack.name, "run"), aux=aux, received=received)
+        generator=generator(run.config.seed, "attack", draws_of(attack), "run"), aux=aux, received=received)
 
 
 def feature_targets(attack: Attack, vd: VerticalData, aux: AuxData | None, seed: int) -> tuple[Tensor, str]:

@@ -27,15 +27,26 @@ Simulation notes (also in docs/decisions.md):
   the active party's bottom model takes no part); the shadow's "gradient norm at this epoch" is the
   L1 norm summed over the epoch's shadow steps; the simulated attack trains on ``known_per_class``
   labels per class of the auxiliary set and is scored on the rest of it (its best epoch).
-* The attacker's copy of its model (``attacker_copy``) carries its own share as the weight of
-  each masked layer (Algorithm 1 line 7): what an honest-but-curious P_k holds.
+* The attacker's copy of its model (``attacker_copy``, an :class:`AttackerBottom`) carries, for
+  each layer masked at the end, a fresh initialisation (``attacker_view="reinit"``, the attacker the
+  paper evaluates and Algorithm 2 simulates) or P_k's decoded share (``"share"``, Algorithm 1 line 7).
+  Neither is what P_k can know: every masked layer has a declared observation point
+  (:class:`~vflbench.mpc.layers.ObservationPoint`) through which P_k's own code sees its weight
+  before masking and every value reconstructed to it, from which the attack ``vmask_weight_recovery``
+  solves for the effective weights (the ``recovered`` view; docs/decisions.md).
+* Before training, the paper's own preconditions (§IV-D: ``B < n_in`` for FC layers,
+  ``n > (h+2p+s)/(s+1)`` for conv layers) are checked for every eligible layer; violations are
+  logged as a warning and reported (with the recovery channels that apply to each layer) in
+  ``details()``, which goes into result.json's defense entry.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
+import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -48,12 +59,23 @@ from vflbench.eval.finetune import complete
 from vflbench.models import init_parameters
 from vflbench.mpc.comm import DIRECTIONS, Comm
 from vflbench.mpc.dealer import Dealer
-from vflbench.mpc.layers import SharedLayer, Truncation, _SecureLayerFn, mask_layer, unmask
+from vflbench.mpc.layers import (
+    ObservationPoint,
+    SharedLayer,
+    Truncation,
+    _SecureLayerFn,
+    mask_layer,
+    oracle_effective_weight,
+    unmask,
+)
 from vflbench.mpc.ring import RingOverflowError
 from vflbench.protocol.hooks import BindContext, Defense
 from vflbench.protocol.messages import ACTIVE
 from vflbench.protocol.party import aggregate
 from vflbench.rng import derive_seed
+
+log = logging.getLogger(__name__)
+ATTACKER_VIEWS = ("reinit", "share")
 
 
 class MaskableLayer(nn.Module):
@@ -63,7 +85,7 @@ class MaskableLayer(nn.Module):
     offsets through which P_k's optimizer moves its share, and ``shared`` runs the protocol.
     """
 
-    def __init__(self, layer: nn.Linear | nn.Conv2d) -> None:
+    def __init__(self, layer: nn.Linear | nn.Conv2d, name: str = "") -> None:
         super().__init__()
         self.conv = isinstance(layer, nn.Conv2d)
         self.config = ({"stride": layer.stride, "padding": layer.padding} if isinstance(layer, nn.Conv2d)
@@ -75,6 +97,7 @@ class MaskableLayer(nn.Module):
         self.shared: SharedLayer | None = None
         self.attacker_view = "reinit"
         self.reinit_seed = 0
+        self.observation = ObservationPoint(name or type(layer).__name__)
 
     @property
     def masked(self) -> bool:
@@ -120,7 +143,7 @@ class MaskableLayer(nn.Module):
         if self.shared is not None:
             return
         plain = self.plain(self.weight.detach(), None if self.bias is None else self.bias.detach())
-        self.shared = mask_layer(plain, **kwargs)
+        self.shared = mask_layer(plain, observation=self.observation, **kwargs)
         with torch.no_grad():
             self.weight.zero_()
             if self.bias is not None:
@@ -139,10 +162,11 @@ class MaskableLayer(nn.Module):
         self.shared = None
 
     def attacker_module(self) -> nn.Module:
-        """What P_k can run alone. Unmasked: the plain layer. Masked: P_k's share is uniformly random
-        on the ring and says nothing about the weight, so a rational attacker re-initialises the
-        layer (``attacker_view="reinit"``, the attacker VMask's Algorithm 2 simulates), or uses its
-        decoded share as the weight (``"share"``, Algorithm 1 line 7 read literally)."""
+        """What P_k's copy holds. Unmasked: the plain layer. Masked: a fresh initialisation
+        (``attacker_view="reinit"``, the attacker the paper evaluates and Algorithm 2 simulates) or
+        P_k's decoded share, uniformly random on the ring (``"share"``, Algorithm 1 line 7 read
+        literally). Neither is what P_k can know: it can solve the effective weight from its
+        openings and own updates (the attack ``vmask_weight_recovery``)."""
         if self.shared is None:
             return self.plain(self.weight.detach(), None if self.bias is None else self.bias.detach())
         self._absorb()
@@ -150,6 +174,22 @@ class MaskableLayer(nn.Module):
             return self.shared.passive_view_module()
         fresh = self.plain(self.weight.detach(), None if self.bias is None else self.bias.detach())
         return init_parameters(fresh, torch.Generator().manual_seed(self.reinit_seed))
+
+    def own_shares(self) -> tuple[Tensor, Tensor | None]:
+        """P_k's own ring shares of the masked layer (its pending update folded in): what P_k stores."""
+        if self.shared is None:
+            raise RuntimeError("the layer is not masked")
+        self._absorb()
+        p = self.shared.passive
+        return p.weight_share.clone(), None if p.bias_share is None else p.bias_share.clone()
+
+    def evaluation_only_effective_weight(self) -> tuple[Tensor, Tensor | None]:
+        """EVALUATION ONLY (not available to either party): the masked layer's effective weight and
+        bias, both shares combined, to score an attack's reconstruction. Never used by an attack's
+        inference."""
+        if self.shared is None:
+            raise RuntimeError("the layer is not masked")
+        return oracle_effective_weight(self.shared)
 
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -162,7 +202,7 @@ def make_maskable(model: nn.Module) -> list[MaskableLayer]:
     names = [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
     layers = []
     for name in names:
-        wrapper = MaskableLayer(model.get_submodule(name))
+        wrapper = MaskableLayer(model.get_submodule(name), name)
         _replace(model, name, wrapper)
         layers.append(wrapper)
     return layers
@@ -184,12 +224,108 @@ class VMaskBottom(nn.Module):
     def forward(self, x: Tensor) -> Tensor:  # noqa: D102
         return self.inner(x)
 
-    def attacker_copy(self) -> nn.Module:
-        """A plain model with P_k's own shares as the weights of masked layers (no protocol)."""
+    def named_layers(self) -> list[tuple[str, MaskableLayer]]:
+        """The maskable layers with their names in the bottom model, in forward order."""
+        return list(zip(self._layer_names, self.layers(), strict=True))
+
+    def attacker_copy(self) -> AttackerBottom:
+        """A plain model P_k can run alone: masked layers replaced by their ``attacker_module``."""
         clone = copy.deepcopy(self.inner)
-        for name, layer in zip(self._layer_names, self.layers(), strict=True):
+        masked = []
+        for name, layer in self.named_layers():
+            if layer.masked:
+                masked.append(name)
             _replace(clone, name, layer.attacker_module())
-        return clone
+        views = {layer.attacker_view for layer in self.layers() if layer.masked}
+        return AttackerBottom(clone, masked=tuple(masked), attacker_view=views.pop() if len(views) == 1 else "plain")
+
+
+class AttackerBottom(nn.Module):
+    """The attacker's copy of its VMask bottom model: ``inner`` (a plain model, the same parameters
+    in the same order as P_k's) and which layers stand in for masked ones.
+
+    ``masked`` names the layers (as in ``inner``) that were masked at the end of training, whose
+    weights here are P_k's stand-ins (``attacker_view``: ``"reinit"`` or ``"share"``; ``"plain"``
+    when nothing is masked). Attacks record ``attacker_view`` in their result details.
+    """
+
+    def __init__(self, inner: nn.Module, *, masked: tuple[str, ...], attacker_view: str) -> None:
+        super().__init__()
+        self.inner = inner
+        self.masked = masked
+        self.attacker_view = attacker_view
+
+    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
+        return self.inner(x)
+
+
+@dataclass(frozen=True)
+class LayerCondition:
+    """The paper's precondition (§IV-D) for one masked-eligible layer, and the recovery channels.
+
+    ``paper_secure``: whether the layer meets the paper's condition (FC: ``B < n_in``; conv:
+    ``n > (h+2p+s)/(s+1)`` on every spatial axis). ``forward_batches``: the number of batches of
+    one masking episode after which the forward openings alone give as many equations as unknowns
+    (``ceil((n_in+1)/B)`` for FC); ``backward_batches``: the same for the input-gradient openings
+    (``ceil(n_out/B)`` for FC), ``None`` when P_k receives no input gradient (the layer's input is
+    the data). Either channel solves the layer when its inputs are not degenerate, whatever the
+    paper's condition says (docs/decisions.md).
+    """
+
+    layer: int
+    name: str
+    kind: Literal["linear", "conv"]
+    paper_condition: str
+    paper_secure: bool
+    forward_batches: int
+    backward_batches: int | None
+
+
+def layer_conditions(model: nn.Module, x: Tensor, batch_size: int) -> list[LayerCondition]:
+    """Check the paper's §IV-D preconditions for every Linear/Conv2d of ``model`` (plaintext) on
+    inputs shaped like ``x`` (a few rows) with training batches of ``batch_size``."""
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    seen: dict[str, tuple[torch.Size, bool, torch.Size]] = {}
+
+    def hook(name: str) -> Any:
+        def record(module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> None:
+            seen.setdefault(name, (inputs[0].shape, inputs[0].requires_grad, output.shape))
+        return record
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in layers]
+    was = model.training
+    model.eval()
+    try:
+        model(x)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was)
+    out = []
+    rows = len(x)
+    for i, (name, m) in enumerate(layers):
+        if name not in seen:
+            continue
+        in_shape, needs_grad, out_shape = seen[name]
+        if isinstance(m, nn.Linear):
+            per_row = max(1, in_shape.numel() // (rows * m.in_features))
+            eq = batch_size * per_row
+            out.append(LayerCondition(i, name, "linear", f"B < n_in ({batch_size} < {m.in_features})",
+                                      batch_size < m.in_features, math.ceil((m.in_features + 1) / eq),
+                                      math.ceil(m.out_features / eq) if needs_grad else None))
+            continue
+        kh, kw = m.kernel_size
+        ph, pw = m.padding if isinstance(m.padding, tuple) else (0, 0)
+        sh, sw = m.stride
+        h, w = int(in_shape[2]), int(in_shape[3])
+        secure = all(n > (size + 2 * p + s) / (s + 1) for n, size, p, s in ((kh, h, ph, sh), (kw, w, pw, sw)))
+        fwd_rows = batch_size * int(out_shape[2]) * int(out_shape[3])
+        bwd_rows = batch_size * h * w
+        out.append(LayerCondition(
+            i, name, "conv", f"n > (h+2p+s)/(s+1) on both axes (n={kh}x{kw}, h={h}x{w}, p={ph},{pw}, s={sh},{sw})",
+            secure, math.ceil((m.in_channels * kh * kw + 1) / fwd_rows),
+            math.ceil(m.out_channels * kh * kw / bwd_rows) if needs_grad else None))
+    return out
 
 
 @dataclass
@@ -211,12 +347,13 @@ class PartyState:
 class VMask(Defense):
     """VMask (Tan et al., NDSS 2025), Algorithm 4 with layer selection with replacement.
 
-    The simulated model completion of Algorithms 2-3 fine-tunes for ``mc_epochs`` epochs with
-    ``mc_optimizer``, ``mc_lr``, ``mc_batch_size`` (``None``: full batch) and ``mc_momentum``.
-    Algorithm 3 names no optimiser or batching; the defaults (SGD lr 0.01, batch 16, momentum
-    0.9) are the fine-tuning recipe under which model completion leaked most in our Table II
-    runs, and the estimate is only useful if it simulates the attack the defender fears, so
-    set them to the attack's recipe (docs/reproduction.md, docs/decisions.md).
+    The simulated model completion of Algorithms 2-3 fine-tunes for ``mc_epochs`` epochs (T') with
+    ``mc_optimizer``, ``mc_lr``, ``mc_batch_size`` (``"full"``: full batch) and ``mc_momentum``.
+    Algorithm 3 names no optimiser or batching, and the estimate is only useful if it simulates
+    the attack the defender fears, so each of these left ``None`` (the default) is taken from the
+    configured ``model_completion`` attack, else from model completion's defaults (Adam lr 1e-3,
+    batch 16; docs/decisions.md). The auxiliary set (``aux_size`` rows) is disjoint from the rows
+    the federation trains on (§IV-A).
     ``shadow_epochs`` (default 1, as Algorithm 6) passes over the auxiliary set per VFL epoch let
     a run shortened to fewer VFL epochs give the shadow model the paper's number of steps.
     """
@@ -232,8 +369,9 @@ class VMask(Defense):
     selection: ClassVar[str] = "greedy"
 
     def __init__(self, *, budget: float = 0.25, sigma: float = 0.01, aux_size: int = 640, known_per_class: int = 4,
-                 mc_epochs: int = 20, mc_optimizer: Literal["sgd", "adam"] = "sgd", mc_lr: float = 0.01,
-                 mc_batch_size: int | None = 16, mc_momentum: float = 0.9, shadow_epochs: int = 1, frac_bits: int = 16,
+                 mc_epochs: int = 20, mc_optimizer: Literal["sgd", "adam"] | None = None, mc_lr: float | None = None,
+                 mc_batch_size: int | Literal["full"] | None = None, mc_momentum: float | None = None,
+                 shadow_epochs: int = 1, frac_bits: int = 16,
                  truncation: Truncation = "reveal", layers: list[int] | None = None,
                  attacker_view: Literal["reinit", "share"] = "reinit") -> None:
         self.budget = budget
@@ -250,12 +388,16 @@ class VMask(Defense):
         self.truncation = truncation
         self.layers = layers
         self.attacker_view = attacker_view
-        if attacker_view not in ("reinit", "share"):
-            raise ValueError(f"attacker_view must be 'reinit' or 'share', got {attacker_view!r}")
+        if attacker_view not in ATTACKER_VIEWS:
+            raise ValueError(f"attacker_view must be 'reinit' or 'share' (the recovered view is the attack "
+                             f"vmask_weight_recovery), got {attacker_view!r}")
         if sigma < 0 or aux_size < 1 or known_per_class < 1 or mc_epochs < 1 or shadow_epochs < 1:
             raise ValueError("sigma must be >= 0 and aux_size, known_per_class, mc_epochs, shadow_epochs >= 1")
-        if mc_optimizer not in ("sgd", "adam"):
-            raise ValueError(f"mc_optimizer must be 'sgd' or 'adam', got {mc_optimizer!r}")
+        if mc_optimizer not in (None, "sgd", "adam"):
+            raise ValueError(f"mc_optimizer must be 'sgd', 'adam' or None (the attack's), got {mc_optimizer!r}")
+        if not (mc_batch_size is None or mc_batch_size == "full" or (isinstance(mc_batch_size, int)
+                                                                     and mc_batch_size >= 1)):
+            raise ValueError(f"mc_batch_size must be a positive integer, 'full' or None, got {mc_batch_size!r}")
 
     # -- set-up -------------------------------------------------------------------------------------
 
@@ -268,6 +410,27 @@ class VMask(Defense):
         self.dealer_ = Dealer(torch.Generator().manual_seed(derive_seed(self.seed_, "dealer")), name="vmask-dealer")
         self.top_: nn.Module | None = None
         self.ratios_: list[float] = []
+        self.recipe_ = self._recipe(context.extra.get("model_completion") or {})
+        self.conditions_: dict[str, list[LayerCondition]] = {}
+
+    def _recipe(self, attack: dict[str, Any]) -> dict[str, Any]:
+        """The simulated attack's fine-tuning recipe: the ``mc_*`` given, else the configured model
+        completion attack's, else (keys left out) :func:`complete`'s defaults, which are model
+        completion's."""
+        recipe = {k: attack[k] for k in ("optimizer", "lr", "batch_size", "momentum", "head_hidden") if k in attack}
+        for key, value in (("optimizer", self.mc_optimizer), ("lr", self.mc_lr), ("momentum", self.mc_momentum)):
+            if value is not None:
+                recipe[key] = value
+        if self.mc_batch_size is not None:
+            recipe["batch_size"] = None if self.mc_batch_size == "full" else self.mc_batch_size
+        return recipe
+
+    def details(self) -> dict[str, Any]:
+        """For result.json: the simulated attack's recipe and the paper's preconditions per layer."""
+        return {"simulated_attack_recipe": dict(self.recipe_),
+                "preconditions": {p: [asdict(c) for c in cs] for p, cs in self.conditions_.items()},
+                "paper_precondition_violations": {p: [c.name for c in cs if not c.paper_secure]
+                                                  for p, cs in self.conditions_.items()}}
 
     def _gen(self, *names: str | int) -> torch.Generator:
         return torch.Generator().manual_seed(derive_seed(self.seed_, *names))
@@ -288,6 +451,7 @@ class VMask(Defense):
         if not layers:
             raise CompatibilityError("vmask needs a bottom model with Linear or Conv2d layers")
         train = self.context_.extra["train"]
+        self._check_conditions(party, shadow, len(layers), int(train["batch_size"]))
         state = PartyState(
             bottom=VMaskBottom(model, layers), shadow=shadow,
             shadow_opt=torch.optim.SGD(shadow.parameters(), lr=train["lr"], momentum=train["momentum"]),
@@ -295,6 +459,25 @@ class VMask(Defense):
         self.parties_[party] = state
         self._apply_mask(party, state, self._initial(len(layers)))
         return state.bottom
+
+    def _check_conditions(self, party: str, plain: nn.Module, n: int, batch_size: int) -> None:
+        """The paper's §IV-D preconditions for the eligible layers (on a copy of P_k's initial model,
+        which the active party holds as the shadow), with a warning naming the violations."""
+        if "aux_x" not in self.context_.extra:
+            return
+        eligible = set(self._eligible(n))
+        probe = copy.deepcopy(plain)
+        conditions = [c for c in layer_conditions(probe, self.context_.extra["aux_x"][party][:2], batch_size)
+                      if c.layer in eligible]
+        self.conditions_[party] = conditions
+        bad = [c for c in conditions if not c.paper_secure]
+        if bad:
+            log.warning("vmask: %s's layers %s violate the paper's own precondition (§IV-D: %s), so the paper "
+                        "itself calls them recoverable from one batch", party, [c.name for c in bad],
+                        "; ".join(c.paper_condition for c in bad))
+        log.warning("vmask: recovery channels for %s (batches of one masking episode that determine the layer, "
+                    "forward / backward; None: no input gradient is opened): %s", party,
+                    ", ".join(f"{c.name}: {c.forward_batches}/{c.backward_batches}" for c in conditions))
 
     def _initial(self, n: int) -> set[int]:
         """Layers masked in the first epoch: the first eligible layer (Algorithm 4 line 3)."""
@@ -369,13 +552,20 @@ class VMask(Defense):
 
     # -- Algorithms 2 and 3: layer selection by simulated model completion ------------------------
 
-    def _simulated_attack(self, party: str, shadow: nn.Module, masked: set[int]) -> float:
-        """Best accuracy of model completion on the shadow with ``masked`` layers re-randomised."""
+    def _attack_set(self, party: str) -> Tensor:
+        """D_A (Algorithm 2 line 7): ``known_per_class`` rows per class of the auxiliary set, drawn
+        once per selection and shared by every candidate mask set."""
+        y = self.context_.extra["aux_y"]
+        g = self._gen("attack-set", party, len(self.ratios_))
+        return torch.cat([torch.nonzero(y == c).flatten()[torch.randperm(int((y == c).sum()), generator=g)]
+                          [: self.known_per_class] for c in torch.unique(y)])
+
+    def _simulated_attack(self, party: str, shadow: nn.Module, masked: set[int], known: Tensor) -> float:
+        """Best accuracy of model completion trained on D_A (``known``) on the shadow with ``masked``
+        layers re-randomised, scored on the rest of the auxiliary set."""
         extra = self.context_.extra
         x, y = extra["aux_x"][party], extra["aux_y"]
         g = self._gen("attack", party, len(self.ratios_), tuple(sorted(masked)).__repr__())
-        known = torch.cat([torch.nonzero(y == c).flatten()[torch.randperm(int((y == c).sum()), generator=g)]
-                           [: self.known_per_class] for c in torch.unique(y)])
         rest = torch.ones(len(y), dtype=torch.bool)
         rest[known] = False
         model = copy.deepcopy(shadow)
@@ -384,8 +574,7 @@ class VMask(Defense):
             init_parameters(linear[i], g)
         embed_dim = next(m for m in reversed(linear)).weight.shape[0]
         outputs = complete(model, x[known], y[known], x[rest], num_classes=self.context_.num_classes,
-                           embed_dim=embed_dim, epochs=self.mc_epochs, optimizer=self.mc_optimizer, lr=self.mc_lr,
-                           batch_size=self.mc_batch_size, momentum=self.mc_momentum, generator=g)
+                           embed_dim=embed_dim, epochs=self.mc_epochs, generator=g, **self.recipe_)
         return max(float((o.argmax(1) == y[rest]).float().mean()) for o in outputs)
 
     def _select(self, party: str, state: PartyState) -> set[int]:
@@ -393,10 +582,11 @@ class VMask(Defense):
         eligible = self._eligible(len(state.grad_norm))
         queue = sorted(eligible, key=lambda i: -float(state.grad_norm[i]))
         masked: set[int] = set()
-        estimate = self._simulated_attack(party, state.shadow, masked)
+        known = self._attack_set(party)
+        estimate = self._simulated_attack(party, state.shadow, masked, known)
         while queue and estimate > self.budget:
             masked.add(queue.pop(0))
-            estimate = self._simulated_attack(party, state.shadow, masked)
+            estimate = self._simulated_attack(party, state.shadow, masked, known)
         state.estimates.append(estimate)
         return masked
 
@@ -443,10 +633,11 @@ class VMaskAS(VMask):
         eligible = self._eligible(len(state.grad_norm))
         masked = set(state.masked)
         queue = [i for i in sorted(eligible, key=lambda i: -float(state.grad_norm[i])) if i not in masked]
-        estimate = self._simulated_attack(party, state.shadow, masked)
+        known = self._attack_set(party)
+        estimate = self._simulated_attack(party, state.shadow, masked, known)
         while queue and estimate > self.budget:
             masked.add(queue.pop(0))
-            estimate = self._simulated_attack(party, state.shadow, masked)
+            estimate = self._simulated_attack(party, state.shadow, masked, known)
         state.estimates.append(estimate)
         return masked
 

@@ -145,6 +145,15 @@ def save_embeddings(run: TrainedRun, directory: Path, n: int) -> None:
     tmp.replace(path)
 
 
+def defense_details(run: TrainedRun, name: str) -> dict[str, Any]:
+    """``{"details": ...}`` of the first instance of defense ``name`` that reports any (else nothing)."""
+    for party in run.federation.parties():
+        for d in party.defenses:
+            if d.name == name and (details := d.details()):
+                return {"details": details}
+    return {}
+
+
 def run_experiment(cfg: ExperimentConfig, *, out_dir: str | Path | None = None,
                    data_root: str | Path | None = None, progress: Progress | None = None) -> RunResult:
     """Run ``cfg`` end to end; if ``out_dir`` is given write ``out_dir/<hash>/``."""
@@ -243,7 +252,7 @@ def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path |
         data={**vd.info, "n_train": len(vd.y_train), "n_test": len(vd.y_test),
               "n_held_out": 0 if held_out is None else len(held_out)},
         utility=utility,
-        defense=[{"name": s.name, "params": s.params()} for s in cfg.defenses],
+        defense=[{"name": s.name, "params": s.params(), **defense_details(run, s.name)} for s in cfg.defenses],
         attacks=attack_results,
         timing=Timing(run.train_seconds, run.history.epoch_seconds, attack_seconds),
         comm={"messages": comm.messages, "bytes_up": comm.bytes_up, "bytes_down": comm.bytes_down},

@@ -113,6 +113,7 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
     objective = default_objective(vd.y_train, vd.num_classes, single_logit=single_logit)
     holders = len(passive_slices) + (vd.active is not None)
     shared: dict[str, object] = {}
+    defense_held_out: list[Tensor] = []
 
     def bind(d: Defense, party: str) -> None:
         d.bind(BindContext(party, t.algorithm, vd.num_classes, holders + (vd.active is None),
@@ -123,12 +124,15 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
         """The auxiliary labelled set a defense's threat model grants the active party (``aux_size``)."""
         info: dict[str, object] = {"train": {"lr": t.lr, "batch_size": t.batch_size, "momentum": t.momentum,
                                              "weight_decay": t.weight_decay, "epochs": t.epochs},
-                                   "aggregation": t.aggregation, "active_has_features": vd.active is not None}
+                                   "aggregation": t.aggregation, "active_has_features": vd.active is not None,
+                                   "model_completion": next((a.params() for a in cfg.attacks
+                                                             if a.name == "model_completion"), None)}
         size = getattr(d, "aux_size", None)
         if party != ACTIVE or not size:
             return info
         ids = aux_indices(vd.y_train, size=min(int(size), len(vd.y_train)),
                           generator=generator(seed, "defense", d.name, "aux"))
+        defense_held_out.append(ids)  # the auxiliary rows do not overlap the rows the parties train on (VMask §IV-A)
         return {**info, "aux_ids": ids, "aux_y": vd.y_train[ids],
                 "aux_x": {n: part.x_train[ids] for n, part in zip(names, passive_slices, strict=True)}}
 
@@ -186,8 +190,9 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
                          generator=generator(seed, ACTIVE, "party"), defenses=plan.active,
                          transcript=Transcript(ACTIVE, keep.get(ACTIVE, ())))
     train_rows = None
-    if held_out is not None and len(held_out):
-        trained = torch.ones(len(vd.y_train), dtype=torch.bool)
-        trained[held_out] = False
-        train_rows = torch.nonzero(trained).flatten()
+    excluded = [*([held_out] if held_out is not None and len(held_out) else []), *defense_held_out]
+    if excluded:
+        keep_rows = torch.ones(len(vd.y_train), dtype=torch.bool)
+        keep_rows[torch.cat(excluded)] = False
+        train_rows = torch.nonzero(keep_rows).flatten()
     return Federation(active, passives, train_rows=train_rows)

@@ -62,11 +62,18 @@ input gradient. So in the backward pass P_k multiplies the output gradient by a 
 ~1e-4 whatever the gradient's scale. ``k`` is P_k's private choice and P_K never sees it: it only
 receives shares and openings masked by uniformly random ring elements.
 
-What P_k can still infer. P_k shared the weight itself and computes every weight update in plaintext,
-so an adaptive P_k that remembers them knows the effective weight up to P_K's masking noise
-(``sigma``, plus the fresh noise of every re-masking). VMask's protection against the model
-completion attack rests on that noise and on P_k using its own share as the layer's parameters
-(Algorithm 1 line 7; :func:`passive_attacker_copy`).
+What P_k can still infer (measured, not as the paper argues). P_k shared the weight itself, computes
+every weight update in plaintext, and receives every masked layer's output and input gradient. The
+active party's share (and its ``N(0, sigma^2)`` noise) stays fixed while a layer stays masked, so
+the openings are linear equations in one unknown: ``y - x W_known^T - b_known = x R^T + r_b`` (forward,
+solved by stacking ``ceil((n_in + 1) / B)`` batches, even with ``B < n_in``) and ``dL/dx - G W_known =
+G R`` (backward, one batch when the output width is at most ``B``). VMask's §IV-D argument (``B < n_in``
+per batch) does not hold against an honest-but-curious P_k that uses its own updates: the attack
+``vmask_weight_recovery`` recovers the masked layers of the Table II TabMNIST runs to a relative error
+of ~1e-5 and regains the vanilla leakage (docs/reproduction.md, VMask).
+Each masked layer declares the observation point it does this through, :class:`ObservationPoint`:
+P_k's own code can attach observers that see the plaintext weight when it is masked and every
+:class:`Opening` (what P_k fed in and what was reconstructed to it), nothing of P_K's state.
 
 Separation of the parties. :class:`SharedLinear` / :class:`SharedConv2d` (the ``nn.Module`` in P_k's
 bottom model) hold only P_k's state (:class:`PassiveShareHolder`) and three service handles:
@@ -87,7 +94,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -124,6 +131,86 @@ def gradient_scale_bits(g: Tensor) -> int:
     if peak == 0.0 or not math.isfinite(peak):
         return 0
     return max(0, min(GRAD_MAX_SCALE_BITS, GRAD_TARGET_BITS - math.ceil(math.log2(peak))))
+
+
+@dataclass(frozen=True)
+class Opening:
+    """One value the protocol reconstructed to P_k for a masked layer, with what P_k fed in.
+
+    ``stage`` ``"forward"``: ``operand`` is the layer input as P_k encoded it (decoded back, float64)
+    and ``opened`` the reconstructed output; ``"backward"``: ``operand`` is the output gradient as P_k
+    encoded it (its ``2^k`` pre-scaling undone) and ``opened`` the reconstructed input gradient. Both
+    in the layer's operand layout (``(rows, features)`` for Linear, ``(B, C, H, W)`` for Conv2d).
+    ``resolution`` is the last bit of ``opened`` (its rounding step). ``weight_share`` /
+    ``bias_share`` are P_k's own ring shares at that moment (live buffers, not copies) and ``scale``
+    the public scale, so an observer can tell how far P_k's own updates moved the weight.
+    """
+
+    stage: Literal["forward", "backward"]
+    operand: Tensor
+    opened: Tensor
+    resolution: float
+    weight_share: Tensor
+    bias_share: Tensor | None
+    frac_bits: int
+    scale: float
+
+
+class LayerObserver(Protocol):
+    """What P_k's own code can attach to a masked layer's :class:`ObservationPoint`."""
+
+    def masked(self, weight: Tensor, bias: Tensor | None, weight_share: Tensor, bias_share: Tensor | None) -> None:
+        """The layer was masked: P_k's plaintext weight and bias just before, and its shares just after."""
+
+    def opened(self, opening: Opening) -> None:
+        """The protocol reconstructed a value to P_k."""
+
+    def unmasked(self) -> None:
+        """The layer was reconstructed to P_k (its masking episode ended)."""
+
+
+class ObservationPoint(ServiceHandle):
+    """P_k's declared observation point of one layer: passes what P_k itself sees to its observers.
+
+    It carries only P_k-side values (its plaintext weight before masking, its own shares, the inputs
+    it fed in and the values reconstructed to it). While the layer is masked it remembers what P_k
+    saw at the masking (its weight just before and its shares just after, copies), and tells an
+    observer attached later: a federation masks the first layer when it is built (Algorithm 4 line
+    3), before an attacker's recorder can be attached, and P_k did see that weight. A service
+    handle: deep copies of P_k's model share it, and a pickle does not carry it.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.observers: list[LayerObserver] = []
+        self._masking: tuple[Tensor, Tensor | None, Tensor, Tensor | None] | None = None
+
+    def __repr__(self) -> str:
+        return f"ObservationPoint({self.name})"
+
+    def attach(self, observer: LayerObserver) -> None:
+        """Add an observer (P_k's own code, e.g. an honest-but-curious attack's recorder)."""
+        self.observers.append(observer)
+        if self._masking is not None:
+            observer.masked(*self._masking)
+
+    def masked(self, weight: Tensor, bias: Tensor | None, weight_share: Tensor, bias_share: Tensor | None) -> None:
+        """Tell the observers that the layer was masked."""
+        self._masking = (weight.detach().clone(), None if bias is None else bias.detach().clone(),
+                         weight_share.clone(), None if bias_share is None else bias_share.clone())
+        for o in self.observers:
+            o.masked(*self._masking)
+
+    def opened(self, opening: Opening) -> None:
+        """Tell the observers what was reconstructed to P_k."""
+        for o in self.observers:
+            o.opened(opening)
+
+    def unmasked(self) -> None:
+        """Tell the observers that the layer was reconstructed to P_k."""
+        self._masking = None
+        for o in self.observers:
+            o.unmasked()
 
 
 class PartyRandomness(ServiceHandle):
@@ -447,6 +534,7 @@ class SharedLayer(nn.Module, ABC):
         sigma: float,
         frac_bits: int,
         truncation: Truncation,
+        observation: ObservationPoint | None = None,
     ) -> None:
         super().__init__()
         if truncation not in TRUNCATIONS:
@@ -458,6 +546,7 @@ class SharedLayer(nn.Module, ABC):
         self.sigma = float(sigma)
         self.frac_bits = frac_bits
         self.truncation: Truncation = truncation
+        self.observation = observation
 
     # -- specs, defined by subclasses -------------------------------------------------------------
 
@@ -514,6 +603,8 @@ class SharedLayer(nn.Module, ABC):
         xo = self._to_operand(x)
         x_ring = encode(xo, self.frac_bits)
         y = self._secure_product(x_ring, self._forward_spec(xo.shape), with_bias=True, stage="forward")
+        if self.observation is not None and self.observation.observers:
+            self._emit("forward", decode(x_ring, self.frac_bits), y, 2.0**-self.frac_bits)
         return self._from_output(y, x).to(x.dtype)
 
     def _secure_input_grad(self, g: Tensor, x: Tensor) -> Tensor:
@@ -524,7 +615,17 @@ class SharedLayer(nn.Module, ABC):
         gx = self._secure_product(
             g_ring, self._backward_spec(go.shape, xo_shape), with_bias=False, stage="backward", out_factor=2.0**-bits
         )
+        if self.observation is not None and self.observation.observers:
+            self._emit("backward", decode(g_ring, self.frac_bits + bits), gx, 2.0 ** -(self.frac_bits + bits))
         return gx.reshape(x.shape).to(g.dtype)
+
+    def _emit(self, stage: Literal["forward", "backward"], operand: Tensor, opened: Tensor, step: float) -> None:
+        """Pass one opening to P_k's observers (only what P_k itself fed in and received)."""
+        assert self.observation is not None
+        p = self.passive
+        scale = float(p.scale)
+        self.observation.opened(Opening(stage, operand, opened, step * scale, p.weight_share, p.bias_share,
+                                        self.frac_bits, scale))
 
     def forward(self, x: Tensor) -> Tensor:
         self.passive.absorb()
@@ -773,13 +874,15 @@ def mask_layer(
     truncation: Truncation = "reveal",
     name: str = "",
     record_active_inbox: bool = False,
+    observation: ObservationPoint | None = None,
 ) -> SharedLinear | SharedConv2d:
     """Mask a plaintext layer of P_k's bottom model (VMask Algorithm 1, lines 2-6).
 
     P_k encodes the weight and bias, shares them with ``generator_passive`` and sends P_K's share
     (counted in ``comm``); P_K adds ``N(0, sigma^2)`` noise from ``generator_active``. The returned
     module holds only P_k's share. The plaintext ``layer`` is not modified: the caller (P_k) must drop
-    it, e.g. by replacing it in the model (see :func:`mask_submodule`).
+    it, e.g. by replacing it in the model (see :func:`mask_submodule`). ``observation``: P_k's
+    observation point of the layer (told about the masking, then about every opening).
     """
     if sigma < 0:
         raise ValueError(f"sigma must be >= 0, got {sigma}")
@@ -810,7 +913,11 @@ def mask_layer(
         "sigma": sigma,
         "frac_bits": frac_bits,
         "truncation": truncation,
+        "observation": observation,
     }
+    if observation is not None:
+        with torch.no_grad():
+            observation.masked(layer.weight.detach(), None if layer.bias is None else layer.bias.detach(), w0, b0)
     if isinstance(layer, nn.Conv2d):
         return SharedConv2d(
             passive,
@@ -832,6 +939,8 @@ def unmask(layer: SharedLayer, *, sigma: float | None = None) -> nn.Linear | nn.
     P_k reconstructs. P_K forgets its share, so ``layer`` can no longer be used.
     """
     layer.passive.absorb()
+    if layer.observation is not None:
+        layer.observation.unmasked()
     w1, b1 = layer.peer.release(sigma=layer.sigma if sigma is None else float(sigma))
     p = layer.passive
     scale = float(p.scale)

@@ -72,6 +72,8 @@ class Federation:
         self.active = active
         self.passives = list(passives)
         self.channel = channel or Channel()
+        #: The aligned training rows the loop trains on (``None``: all); rows a defense holds out
+        #: (an attacker's or VMask's auxiliary set) are left out.
         self.train_rows = train_rows
         for party in (active, *self.passives):
             self.channel.register(party.transcript)

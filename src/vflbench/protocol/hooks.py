@@ -136,6 +136,10 @@ class Defense:
         """Called after every epoch; returned values go into the per-epoch metrics."""
         return {}
 
+    def details(self) -> dict[str, Any]:
+        """Facts this defense reports once, after training, in result.json's defense entry."""
+        return {}
+
     def get_params(self) -> dict[str, Any]:
         """The constructor parameters, as given (for results and hashing)."""
         return {k: v for k, v in vars(self).items() if not k.endswith("_") and not k.startswith("_")}

@@ -93,4 +93,5 @@ class ModelCompletion(Attack):
                            lr=self.lr, batch_size=self.batch_size, head_hidden=self.head_hidden,
                            finetune_bottom=self.finetune_bottom, momentum=self.momentum, generator=view.generator)
         per_epoch = [LabelInference(test=Scores(test_ids, class_scores(out), "test")) for out in outputs]
-        return LabelInference(per_epoch=per_epoch, details={"known_labels": len(y), "trained": True})
+        return LabelInference(per_epoch=per_epoch, details={"known_labels": len(y), "trained": True,
+                                                            "attacker_view": getattr(bottom, "attacker_view", "plain")})
