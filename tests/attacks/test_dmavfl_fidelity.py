@@ -129,3 +129,22 @@ def test_gradient_scrutinizer_dmavfl_preset_averages_five_scores_against_0_8():
     assert not _detects(_passive(GradientScrutinizer()), [0.75] * 5)
     assert _detects(_passive(create_defense("gradient_scrutinizer_dmavfl")), [0.75] * 5)
     assert not _detects(_passive(create_defense("gradient_scrutinizer_dmavfl")), [0.75] * 4)  # needs 5 scores
+
+
+# -- Figure 6 plot ------------------------------------------------------------------------------
+
+
+def test_figure6_decision_curve_is_the_detectors_rule_and_the_plot_is_written(tmp_path):
+    from vflbench.report.figure6 import Panel, decision_curve, detector_scores
+
+    scores = [0.95, 0.95, 0.95, 0.95, 0.4, 0.7]
+    assert decision_curve(scores, 5).tolist() == pytest.approx([0.84, 0.79])
+    assert decision_curve(scores, 1).tolist() == pytest.approx(scores) and len(decision_curve(scores[:3], 5)) == 0
+    # the curve agrees with the preset's own decision: flagged exactly when a value is below 0.8
+    for n in (5, 6):  # mean 0.84 (not flagged), then 0.79 (flagged)
+        preset = _passive(create_defense("gradient_scrutinizer_dmavfl"))
+        assert _detects(preset, scores[:n]) == bool((decision_curve(scores[:n], 5) < 0.8).any()) == (n == 6)
+    record = {"scores": [(50 * (i + 1), 0, s) for i, s in enumerate(scores)]}
+    path = detector_scores({"honest": {"gradient_scrutinizer_dmavfl": record}, "FSHA": {}},
+                           [Panel("gradient_scrutinizer_dmavfl", "GS (DMAVFL)", 0.8, 5)], tmp_path / "fig6.png")
+    assert path.exists() and path.read_bytes()[:4] == b"\x89PNG"
