@@ -137,6 +137,28 @@ EXPERIMENTS.update({
         "dmavfl_credit", attack, attack_params={"victim": [f"passive_{i + 1}" for i in range(n)]}, seed=seed,
         data=_targets(n))
     for attack in ("dmavfl", "dmavfl_sync") for n in range(1, 6) for seed in (1, 2)})
+# Table 1 at the paper's configuration (configs/repro/dmavfl_{mnist,credit}_paper.yaml: Table 10's data
+# sizes, Adam 1e-4, batch 128, 25 epochs, 20 pretraining epochs; MNIST with the tanh decoder and the CNN DAC).
+# The DMAVFL rows use URVFL's DAC update (L_D + L_M); the "_eq5" rows the paper's Eq. (5) alone.
+GS_DMAVFL = {"name": "gradient_scrutinizer_dmavfl"}  # DMAVFL 6.2: URVFL's score, mean of the last 5 < 0.8
+#: Figure 6: every detector watching only (threshold 0: never halts), in DMAVFL's and the original configuration;
+#: the plot draws each configuration's own rule (SG: mean of 10 < 0.9; GS: each score < 0.5 / mean of 5 < 0.8).
+FIG6_DETECTORS = [{**SG, "threshold": 0.0}, {**GS, "threshold": 0.0}, {**GS_DMAVFL, "threshold": 0.0}]
+FIG6_THRESHOLDS = {"splitguard": (0.9, 10), "gradient_scrutinizer": (0.5, 1), "gradient_scrutinizer_dmavfl": (0.8, 5)}
+for _ds, _paper_values in (("mnist", {"dmavfl": 0.0152, "dmavfl_sync": 0.0137, "fsha": 0.0156, "agn": 0.0929}),
+                           ("credit", {"dmavfl": 0.4389, "dmavfl_sync": 0.4602, "fsha": 0.5152, "agn": 1.0934})):
+    _base = f"dmavfl_{_ds}_paper"
+    EXPERIMENTS.update({f"paper_{_ds}_{a}": Experiment(_base, a, paper=v) for a, v in _paper_values.items()})
+    EXPERIMENTS[f"paper_{_ds}_dmavfl_sync"].attack_params = {"pretrain_epochs": 0}  # Algorithm 3: no pretraining
+    EXPERIMENTS[f"paper_{_ds}_dmavfl_eq5"] = Experiment(_base, "dmavfl", paper=_paper_values["dmavfl"],
+                                                          attack_params={"dac_update": "paper"})
+    EXPERIMENTS.update({f"paper_{_ds}_fig6_{who}": Experiment(_base, None if who == "honest" else who, FIG6_DETECTORS,
+                                                              attack_params={"pretrain_epochs": 0}
+                                                              if who == "dmavfl_sync" else {})
+                        for who in ("honest", "dmavfl", "dmavfl_sync", "fsha", "agn")})
+#: options only DMAVFL and DMAVFL_sync take (dropped when a config's attack is swapped for AGN or FSHA)
+DMAVFL_ONLY = ("pretrain_epochs", "decoder_output", "dac", "dac_map", "dac_update")
+
 #: Seed groups for the spread table: label -> the seed-0 experiment and its other seeds.
 SEED_GROUPS = {"DMAVFL, no defense": "mnist_dmavfl", "DMAVFL, DP epsilon 10": "mnist_dmavfl_dp_10",
                "honest, no defense": "mnist_honest"}
@@ -151,7 +173,10 @@ def build(exp: Experiment):
         raw["attacks"] = []
     else:
         spec = {**{k: v for k, v in base_attack.items() if k != "name"}, **exp.attack_params, "name": exp.attack}
-        if exp.attack in ("agn", "fsha", "dmavfl_sync"):  # no pretraining (dmavfl_sync: Algorithm 3, no hybrid)
+        if exp.attack in ("agn", "fsha"):
+            for key in DMAVFL_ONLY:
+                spec.pop(key, None)
+        if exp.attack == "dmavfl_sync":  # Algorithm 3: no pretraining (no hybrid)
             spec.pop("pretrain_epochs", None)
         raw["attacks"] = [spec]
     raw["defenses"] = exp.defenses
@@ -510,6 +535,23 @@ def detector_png(out: Path, path: Path, dataset: str = "mnist") -> None:
     plt.close(fig)
 
 
+def figure6_png(out: Path, path: Path, dataset: str) -> None:
+    """DMAVFL Figure 6 from the ``paper_<dataset>_fig6_*`` runs: SG, GS (original) and GS (DMAVFL's
+    configuration) scores per step for honest training and each attack, each panel with its rule."""
+    from vflbench.report.figure6 import Panel, detector_scores
+
+    results = _load(out)
+    labels = {"honest": "honest", "dmavfl": "DMAVFL", "dmavfl_sync": "DMAVFL_sync", "fsha": "FSHA", "agn": "AGN"}
+    runs = {label: results[f"paper_{dataset}_fig6_{who}"]["detectors"] for who, label in labels.items()
+            if f"paper_{dataset}_fig6_{who}" in results}
+    if not runs:
+        return
+    titles = {"splitguard": "SplitGuard (mean of 10 < 0.9)", "gradient_scrutinizer": "GS, original (score < 0.5)",
+              "gradient_scrutinizer_dmavfl": "GS, DMAVFL's configuration (mean of 5 < 0.8)"}
+    panels = [Panel(det, titles[det], threshold, window) for det, (threshold, window) in FIG6_THRESHOLDS.items()]
+    detector_scores(runs, panels, path, f"DMAVFL Figure 6 ({dataset}, paper configuration)")
+
+
 def main() -> None:  # noqa: D103
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "datasets"))
@@ -543,6 +585,8 @@ def main() -> None:  # noqa: D103
                  "MNIST, DMAVFL under the passive party's defenses (Tables 7-9): left half reconstructed")
         detector_png(out, img / "dmavfl_mnist_detectors.png")
         detector_png(out, img / "dmavfl_credit_detectors.png", "credit")
+        for dataset in ("mnist", "credit"):
+            figure6_png(out, img / f"dmavfl_{dataset}_figure6.png", dataset)
     import sys
 
     sys.stdout.write(text)

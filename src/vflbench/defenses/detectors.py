@@ -499,6 +499,25 @@ class GradientScrutinizer(_Detector):
         return gradient
 
 
+@DEFENSES.register("gradient_scrutinizer_dmavfl",
+                   summary="Gradients Scrutinizer in DMAVFL's configuration (URVFL's score, mean of 5 against 0.8)")
+class GradientScrutinizerDMAVFL(GradientScrutinizer):
+    """Gradients Scrutinizer as DMAVFL evaluates it (§6.2, Figure 6): a named preset of
+    :class:`GradientScrutinizer`.
+
+    URVFL's port of the score (``variant="urvfl"``: raw cosines with the diagonal, its constants
+    and IoU), recorded at records 50, 100, ...; "we adopt an average score strategy ... and set
+    the threshold to 0.8": detected when the mean of the last ``window`` = 5 scores (URVFL
+    ``defense.py``: ``k = 5``) is below ``threshold`` = 0.8 (the port's code has 0.7).
+    """
+
+    name = "gradient_scrutinizer_dmavfl"
+
+    def __init__(self, *, every: int = 50, start: int = 50, threshold: float = 0.8, window: int = 5,
+                 variant: Literal["original", "urvfl"] = "urvfl") -> None:
+        super().__init__(every=every, start=start, threshold=threshold, window=window, variant=variant)
+
+
 # ----------------------------------------------------------------------------------------------
 # DP on received gradients
 

@@ -17,11 +17,12 @@ Models (DMAVFL Appendix B, Table 10, adapted to our flat embeddings):
 * decoder f_d: for image strips a small CNN ("CNN layer * 3"): Linear to a 64-channel map of
   a quarter of the strip's height and width, two (2x nearest upsampling, 3x3 conv, BatchNorm,
   ReLU) stages with 32 and 16 channels, a 3x3 conv to the strip's channels and a sigmoid
-  (images are in [0, 1]), cropped to the strip; for tabular slices an MLP with two hidden
-  layers of ``hidden`` units and a linear output ("MLP layer * 3");
+  (images are in [0, 1]; DMAVFL: URVFL's tanh, mapped onto [0, 1]), cropped to the strip; for
+  tabular slices an MLP with two hidden layers of ``hidden`` units and a linear output
+  ("MLP layer * 3");
 * discriminators: MLPs on the (flat) embeddings with two hidden layers of ``hidden`` units and
   LeakyReLU(0.2) (URVFL's CNN discriminators act on spatial feature maps, which our bottoms do
-  not output).
+  not output); DMAVFL's DAC can be a CNN on the embedding viewed as a map (:class:`ConvDAC`).
 
 All attack models are initialised from the generator the runner passes to ``corrupt`` (the
 attack's own stream); auxiliary batches are drawn from the same generator.
@@ -75,12 +76,21 @@ def mlp(in_dim: int, hidden: Sequence[int], out_dim: int, *, leaky: bool = False
 
 
 class ImageDecoder(nn.Module):
-    """Flat vector -> image strip (C, H, W): Linear, two upsampling conv stages, conv, sigmoid."""
+    """Flat vector -> image strip (C, H, W): Linear, two upsampling conv stages, conv, output.
 
-    def __init__(self, in_dim: int, shape: Sequence[int], width: int = 64) -> None:
+    ``output``: ``"sigmoid"`` onto the pixel range [0, 1], or ``"tanh"``, URVFL's ``fullDecoder``
+    output for pixels normalised to [-1, 1], mapped affinely onto our [0, 1] pixels as
+    ``(1 + tanh(z)) / 2``: the same reconstruction, in the data's own units.
+    """
+
+    def __init__(self, in_dim: int, shape: Sequence[int], width: int = 64,
+                 output: Literal["sigmoid", "tanh"] = "sigmoid") -> None:
         super().__init__()
+        if output not in ("sigmoid", "tanh"):
+            raise ValueError(f"decoder output must be 'sigmoid' or 'tanh', got {output!r}")
         c, h, w = (int(s) for s in shape)
         self.shape = (c, h, w)
+        self.output = output
         self.h0, self.w0 = math.ceil(h / 4), math.ceil(w / 4)
         self.width = width
         half, quarter = max(1, width // 2), max(1, width // 4)
@@ -91,19 +101,46 @@ class ImageDecoder(nn.Module):
             nn.BatchNorm2d(half), nn.ReLU(),
             nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2d(half, quarter, 3, padding=1),
             nn.BatchNorm2d(quarter), nn.ReLU(),
-            nn.Conv2d(quarter, c, 3, padding=1), nn.Sigmoid(),
+            nn.Conv2d(quarter, c, 3, padding=1),
         )
 
     def forward(self, z: Tensor) -> Tensor:  # noqa: D102
         c, h, w = self.shape
-        out = self.net(self.fc(z).view(-1, self.width, self.h0, self.w0))
-        return out[:, :, :h, :w]
+        out = self.net(self.fc(z).view(-1, self.width, self.h0, self.w0))[:, :, :h, :w]
+        return torch.sigmoid(out) if self.output == "sigmoid" else (1 + torch.tanh(out)) / 2
 
 
-def decoder_for(in_dim: int, sample: Tensor, *, hidden: int, width: int) -> nn.Module:
-    """The decoder f_d from ``in_dim`` values to one sample shaped like ``sample`` (one row)."""
+class ConvDAC(nn.Module):
+    """A CNN discriminator with auxiliary classifier on embeddings viewed as maps (C, H, W).
+
+    DMAVFL Table 10's "CNN layer * 2" for MNIST, shaped like URVFL's ``CLSDiscriminator``: 3x3
+    convolutions with stride 2 (``channels``, ReLU) on the embedding reshaped to ``shape``, then a
+    Linear layer to ``out_dim`` logits.
+    """
+
+    def __init__(self, shape: Sequence[int], out_dim: int, channels: Sequence[int] = (32, 64)) -> None:
+        super().__init__()
+        c, h, w = (int(s) for s in shape)
+        self.shape = (c, h, w)
+        layers: list[nn.Module] = []
+        width = c
+        for ch in channels:
+            layers += [nn.Conv2d(width, int(ch), 3, stride=2, padding=1), nn.ReLU()]
+            width = int(ch)
+            h, w = (h + 1) // 2, (w + 1) // 2
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(width * h * w, out_dim)
+
+    def forward(self, z: Tensor) -> Tensor:  # noqa: D102
+        return self.fc(self.features(z.view(-1, *self.shape)).flatten(1))
+
+
+def decoder_for(in_dim: int, sample: Tensor, *, hidden: int, width: int,
+                output: Literal["sigmoid", "tanh"] = "sigmoid") -> nn.Module:
+    """The decoder f_d from ``in_dim`` values to one sample shaped like ``sample`` (one row);
+    ``output`` is the image decoder's output (tabular decoders are linear)."""
     if sample.dim() == 3:
-        return ImageDecoder(in_dim, tuple(sample.shape), width)
+        return ImageDecoder(in_dim, tuple(sample.shape), width, output)
     out = int(math.prod(sample.shape))
     return nn.Sequential(mlp(in_dim, (hidden, hidden), out), nn.Unflatten(1, tuple(sample.shape)))
 

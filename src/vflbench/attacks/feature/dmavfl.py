@@ -59,12 +59,14 @@ from vflbench.attacks.feature.common import (
     DMAVFL_PAPER,
     Adversary,
     AuxBatches,
+    ConvDAC,
     MaliciousActiveAttack,
     decoder_for,
     mlp,
     seeded,
 )
 from vflbench.attacks.runner import ATTACKS
+from vflbench.errors import ConfigError
 from vflbench.protocol import ActiveParty
 
 #: URVFL's pretraining (config_cifar.json): 20 epochs of 4,545 aux rows in batches of 128 (36 per epoch).
@@ -85,7 +87,14 @@ class DMAVFL(MaliciousActiveAttack):
     pretraining steps, at least 20 passes), ``lr`` (1e-4, f_a,
     f_e, f_d), ``disc_lr`` (1e-4, the DAC), ``aux_batch_size`` (128), ``shadow_model`` /
     ``shadow_options`` (f_e's architecture, default the config's bottom), ``hidden`` (256,
-    width of the DAC and tabular decoder), ``decoder_width`` (64, channels of the image decoder).
+    width of the DAC and tabular decoder), ``decoder_width`` (64, channels of the image decoder),
+    ``decoder_output`` (``"tanh"``: URVFL's tanh decoder, mapped onto the [0, 1] pixels;
+    ``"sigmoid"``), ``dac`` / ``dac_map`` (``"cnn"``: DMAVFL Table 10's "CNN layer * 2" DAC,
+    :class:`~vflbench.attacks.feature.common.ConvDAC`, on the victims' embedding viewed as the
+    (C, H, W) map ``dac_map``; ``"mlp"``: two hidden layers of ``hidden``; ``None``: cnn when
+    ``dac_map`` is given, else mlp), ``dac_update`` (``"paper"``: the DAC steps on Eq. (5);
+    ``"urvfl"``: on Eq. (5) + L_M, as URVFL's code does, whose L_M backward also fills the DAC's
+    gradients and is not zeroed before the DAC step).
     """
 
     name = "dmavfl"
@@ -99,15 +108,31 @@ class DMAVFL(MaliciousActiveAttack):
                  target_split: Literal["train", "test"] = "test",
                  n_targets: int | None = None, pretrain_epochs: int | None = None, aux_batch_size: int = 128,
                  lr: float = 1e-4, disc_lr: float = 1e-4, shadow_model: str | None = None,
-                 shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64) -> None:
+                 shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64,
+                 decoder_output: Literal["tanh", "sigmoid"] = "tanh", dac: Literal["mlp", "cnn"] | None = None,
+                 dac_map: Sequence[int] | None = None, dac_update: Literal["paper", "urvfl"] = "paper") -> None:
         super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
                          target_split=target_split, n_targets=n_targets, aux_batch_size=aux_batch_size, lr=lr,
                          shadow_model=shadow_model, shadow_options=shadow_options, hidden=hidden,
                          decoder_width=decoder_width)
         if (pretrain_epochs is not None and pretrain_epochs < 0) or disc_lr <= 0:
             raise ValueError("pretrain_epochs must be >= 0 and disc_lr > 0")
+        if decoder_output not in ("tanh", "sigmoid"):
+            raise ConfigError(f"dmavfl: decoder_output must be 'tanh' (URVFL) or 'sigmoid', got {decoder_output!r}")
+        if dac not in (None, "mlp", "cnn"):
+            raise ConfigError(f"dmavfl: dac must be 'mlp', 'cnn' or null (cnn when dac_map is given), got {dac!r}")
+        if dac_map is not None and (len(dac_map) != 3 or min(dac_map) < 1):
+            raise ConfigError(f"dmavfl: dac_map must be three positive sizes (C, H, W), got {dac_map!r}")
+        if dac == "cnn" and dac_map is None:
+            raise ConfigError("dmavfl: dac 'cnn' needs dac_map, the (C, H, W) map the victim's embedding is viewed as")
+        if dac_update not in ("paper", "urvfl"):
+            raise ConfigError(f"dmavfl: dac_update must be 'paper' (Eq. 5) or 'urvfl' (L_D + L_M), got {dac_update!r}")
         self.pretrain_epochs = pretrain_epochs
         self.disc_lr = disc_lr
+        self.decoder_output = decoder_output
+        self.dac = dac
+        self.dac_map = dac_map
+        self.dac_update = dac_update
 
     def check(self, scenario: Scenario) -> None:
         """Refuse tasks whose objective has no output per class (binary VLR's single logit): the
@@ -125,8 +150,16 @@ class DMAVFL(MaliciousActiveAttack):
         shadow = self.make_shadow(aux, generator)
         embed = self.victim_width()
         decoder = seeded(decoder_for(self.own_width(party, aux) + embed, aux.victim[0], hidden=self.hidden,
-                                      width=self.decoder_width), generator)
-        dac = seeded(mlp(embed, (self.hidden, self.hidden), 2 * self.scenario_.num_classes, leaky=True), generator)
+                                      width=self.decoder_width, output=self.decoder_output), generator)
+        classes = 2 * self.scenario_.num_classes
+        if (self.dac or ("cnn" if self.dac_map is not None else "mlp")) == "cnn":
+            assert self.dac_map is not None
+            if math.prod(self.dac_map) != embed:
+                raise ConfigError(f"dmavfl: dac_map {tuple(self.dac_map)} holds {math.prod(self.dac_map)} values, "
+                                  f"the victims' embedding {embed}")
+            dac = seeded(ConvDAC(self.dac_map, classes), generator)
+        else:
+            dac = seeded(mlp(embed, (self.hidden, self.hidden), classes, leaky=True), generator)
         optimizers = {"autoencoder": self.adam([own, shadow, decoder], self.lr),
                       "discriminator": self.adam([dac], self.disc_lr)}
         return Adversary(party, aux, AuxBatches(len(aux.ids), generator), generator, own, shadow, decoder, dac,
@@ -176,7 +209,10 @@ class DMAVFL(MaliciousActiveAttack):
         with torch.no_grad():
             h_aux = state.shadow(state.aux.victim[rows])
         y_aux = state.aux.labels[rows]
-        loss_d = F.cross_entropy(dac(h.detach()), 2 * y) + F.cross_entropy(dac(h_aux), 2 * y_aux + 1)  # Eq. (5)
+        logits = dac(h.detach())
+        loss_d = F.cross_entropy(logits, 2 * y) + F.cross_entropy(dac(h_aux), 2 * y_aux + 1)  # Eq. (5)
+        if self.dac_update == "urvfl":  # URVFL never zeroes the DAC's L_M gradient before its step
+            loss_d = loss_d + F.cross_entropy(logits, 2 * y + 1)
         opt = state.optimizers["discriminator"]
         opt.zero_grad(set_to_none=True)
         loss_d.backward()
@@ -221,6 +257,8 @@ class DMAVFLSync(DMAVFL):
                  n_targets: int | None = None, pretrain_epochs: int = 0, aux_batch_size: int = 128,
                  lr: float = 1e-4, disc_lr: float = 1e-4, shadow_model: str | None = None,
                  shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64,
+                 decoder_output: Literal["tanh", "sigmoid"] = "tanh", dac: Literal["mlp", "cnn"] | None = None,
+                 dac_map: Sequence[int] | None = None, dac_update: Literal["paper", "urvfl"] = "paper",
                  hybrid: bool = False) -> None:
         if pretrain_epochs > 0 and not hybrid:
             raise ValueError(f"dmavfl_sync (Algorithm 3) trains f_a, f_e, f_d alongside and has no pretraining, got "
@@ -229,6 +267,7 @@ class DMAVFLSync(DMAVFL):
         super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
                          target_split=target_split, n_targets=n_targets, pretrain_epochs=pretrain_epochs,
                          aux_batch_size=aux_batch_size, lr=lr, disc_lr=disc_lr, shadow_model=shadow_model,
-                         shadow_options=shadow_options, hidden=hidden, decoder_width=decoder_width)
+                         shadow_options=shadow_options, hidden=hidden, decoder_width=decoder_width,
+                         decoder_output=decoder_output, dac=dac, dac_map=dac_map, dac_update=dac_update)
         self.hybrid = hybrid
 

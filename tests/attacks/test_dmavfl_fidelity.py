@@ -1,0 +1,150 @@
+"""DMAVFL options that follow the paper (Table 10, §6.2) and the authors' URVFL code.
+
+Each test fails on the behaviour before these options existed: a sigmoid-only image decoder, an
+MLP-only DAC, a DAC stepped on Eq. (5) only, and Gradients Scrutinizer only in its original
+configuration. Runs on scikit-learn's digits with one VFL epoch (a few seconds).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import minimal
+
+from vflbench.attacks.feature.common import ConvDAC, ImageDecoder
+from vflbench.attacks.runner import validate_attacks
+from vflbench.config import build_config
+from vflbench.defenses import create_defense
+from vflbench.defenses.detectors import GradientScrutinizer, GradientScrutinizerDMAVFL
+from vflbench.errors import ConfigError
+from vflbench.eval.run import train_run
+from vflbench.eval.scenario import load_vertical_data
+from vflbench.protocol import BindContext, StepState
+
+SMALL = {"name": "dmavfl", "aux_size": 200, "aux_batch_size": 200, "lr": 1e-3, "disc_lr": 3e-4,
+         "pretrain_epochs": 1}
+TRAIN = {"epochs": 1, "batch_size": 64, "optimizer": "adam", "lr": 1e-3}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _attack(**params):
+    """One epoch of DMAVFL on digits (16-dim embeddings); the attack object after training."""
+    cfg = build_config(minimal(train=TRAIN, attacks=[{**SMALL, **params}]))
+    vd = load_vertical_data(cfg)
+    plan = validate_attacks(cfg, vd)
+    train_run(cfg, vd, attacks=plan)
+    [planned] = plan.attacks
+    return planned.attack, vd
+
+
+def test_tanh_decoder_is_urvfls_tanh_mapped_onto_the_pixel_range():
+    torch.manual_seed(0)
+    dec = ImageDecoder(16, (1, 8, 4), 8, output="tanh").eval()
+    z = 3 * torch.randn(5, 16)
+    pre = dec.net(dec.fc(z).view(-1, 8, 2, 1))[:, :, :8, :4]
+    out = dec(z)
+    assert torch.allclose(out, (1 + torch.tanh(pre)) / 2)
+    assert not torch.allclose(out, torch.sigmoid(pre))  # the old (sigmoid-only) decoder
+    with pytest.raises(ValueError, match="'sigmoid' or 'tanh'"):
+        ImageDecoder(16, (1, 8, 4), 8, output="relu")
+
+
+def test_dmavfl_decodes_with_tanh_by_default_and_builds_a_cnn_dac_on_the_embedding_map():
+    attack, vd = _attack(dac_map=[1, 4, 4])
+    state = attack.state_
+    assert isinstance(state.decoder, ImageDecoder) and state.decoder.output == "tanh"
+    assert isinstance(state.discriminator, ConvDAC)
+    h = torch.randn(3, 16)
+    assert state.discriminator(h).shape == (3, 2 * 10)
+    convs = [m for m in state.discriminator.features if isinstance(m, torch.nn.Conv2d)]
+    assert len(convs) == 2 and all(c.stride == (2, 2) for c in convs)  # Table 10: "CNN layer * 2"
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"dac": "cnn"}, "needs dac_map"),
+    ({"dac_map": [2, 4, 4]}, "holds 32 values"),
+    ({"dac_map": [4, 4]}, "three positive sizes"),
+    ({"dac_update": "both"}, "dac_update must be"),
+    ({"decoder_output": "relu"}, "decoder_output must be"),
+])
+def test_bad_dmavfl_fidelity_options_fail_early(params, message):
+    with pytest.raises(ConfigError, match=message):
+        _attack(**params)
+
+
+@pytest.mark.parametrize("update", ["paper", "urvfl"])
+def test_dac_steps_on_eq5_or_on_eq5_plus_the_malicious_loss_like_urvfl(update):
+    attack, _ = _attack(dac_update=update)
+    state = attack.state_
+    before = copy.deepcopy(state.discriminator)
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(16, 16, generator=g).requires_grad_()
+    y = torch.randint(0, 10, (16,), generator=g)
+    attack.attack_step(state, torch.arange(16), h, y)
+    # the aux batch is the whole aux set (aux_batch_size = aux_size), so its order does not matter
+    with torch.no_grad():
+        h_aux = state.shadow(state.aux.victim)
+    logits = before(h)
+    eq5 = F.cross_entropy(logits, 2 * y) + F.cross_entropy(before(h_aux), 2 * state.aux.labels + 1)
+    loss_m = F.cross_entropy(logits, 2 * y + 1)
+    expected = torch.autograd.grad(eq5 + loss_m if update == "urvfl" else eq5, list(before.parameters()))
+    got = [p.grad for p in state.discriminator.parameters()]
+    for e, a in zip(expected, got, strict=True):
+        assert torch.allclose(e, a, atol=1e-6)
+
+
+# -- Gradients Scrutinizer in DMAVFL's configuration ------------------------------------------
+
+
+def _passive(defense):
+    defense.bind(BindContext("passive_1", "vhnn", 10, 2, torch.Generator().manual_seed(0),
+                             torch.Generator().manual_seed(0)))
+    return defense
+
+
+def _detects(defense, scores) -> bool:
+    for i, s in enumerate(scores):
+        defense.record(StepState(0, i, torch.arange(4), "passive_1"), s)
+    return defense.detected_step_ is not None
+
+
+def test_gradient_scrutinizer_dmavfl_preset_averages_five_scores_against_0_8():
+    preset = create_defense("gradient_scrutinizer_dmavfl")
+    assert isinstance(preset, GradientScrutinizerDMAVFL)
+    assert preset.get_params() == {"every": 50, "start": 50, "threshold": 0.8, "window": 5, "variant": "urvfl"}
+    # a lone low score after high ones: the original rule (each score against 0.5) flags it, the average does not
+    assert _detects(_passive(GradientScrutinizer()), [0.95, 0.95, 0.95, 0.95, 0.4])
+    assert not _detects(_passive(create_defense("gradient_scrutinizer_dmavfl")), [0.95, 0.95, 0.95, 0.95, 0.4])
+    # scores steady at 0.75: above the original's 0.5 and the URVFL code's 0.7, below DMAVFL's 0.8
+    assert not _detects(_passive(GradientScrutinizer()), [0.75] * 5)
+    assert _detects(_passive(create_defense("gradient_scrutinizer_dmavfl")), [0.75] * 5)
+    assert not _detects(_passive(create_defense("gradient_scrutinizer_dmavfl")), [0.75] * 4)  # needs 5 scores
+
+
+# -- Figure 6 plot ------------------------------------------------------------------------------
+
+
+def test_figure6_decision_curve_is_the_detectors_rule_and_the_plot_is_written(tmp_path):
+    from vflbench.report.figure6 import Panel, decision_curve, detector_scores
+
+    scores = [0.95, 0.95, 0.95, 0.95, 0.4, 0.7]
+    assert decision_curve(scores, 5).tolist() == pytest.approx([0.84, 0.79])
+    assert decision_curve(scores, 1).tolist() == pytest.approx(scores) and len(decision_curve(scores[:3], 5)) == 0
+    # the curve agrees with the preset's own decision: flagged exactly when a value is below 0.8
+    for n in (5, 6):  # mean 0.84 (not flagged), then 0.79 (flagged)
+        preset = _passive(create_defense("gradient_scrutinizer_dmavfl"))
+        assert _detects(preset, scores[:n]) == bool((decision_curve(scores[:n], 5) < 0.8).any()) == (n == 6)
+    record = {"scores": [(50 * (i + 1), 0, s) for i, s in enumerate(scores)]}
+    path = detector_scores({"honest": {"gradient_scrutinizer_dmavfl": record}, "FSHA": {}},
+                           [Panel("gradient_scrutinizer_dmavfl", "GS (DMAVFL)", 0.8, 5)], tmp_path / "fig6.png")
+    assert path.exists() and path.read_bytes()[:4] == b"\x89PNG"
