@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 SHARED_DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 
@@ -44,3 +47,31 @@ def minimal(**sections):
         else:
             raw[key] = value
     return raw
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Every test trains in one torch thread, as ``run_experiment`` does (train.threads: 1): on tiny
+    models and a shared 2-core machine more threads only slow each operator down."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """Run ``vflbench.cli.main`` in this process (fast), returning (exit code, stdout, stderr)."""
+    from vflbench import cli as cli_module
+
+    def call(*args: str) -> subprocess.CompletedProcess:
+        monkeypatch.setattr(sys, "argv", ["vflbench", *args])
+        code = 0
+        try:
+            cli_module.main()
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        captured = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, captured.out, captured.err)
+
+    return call

@@ -10,7 +10,6 @@ import gzip
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,24 +17,6 @@ import yaml
 from conftest import minimal
 
 MC = {"name": "model_completion", "epochs": 1, "known_per_class": 2}
-
-
-@pytest.fixture
-def cli(capsys, monkeypatch):
-    """Run ``vflbench.cli.main`` in this process, returning (exit code, stdout, stderr)."""
-    from vflbench import cli as cli_module
-
-    def call(*args: str) -> subprocess.CompletedProcess:
-        monkeypatch.setattr(sys, "argv", ["vflbench", *args])
-        code = 0
-        try:
-            cli_module.main()
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        captured = capsys.readouterr()
-        return subprocess.CompletedProcess(args, code, captured.out, captured.err)
-
-    return call
 
 
 def _write(path: Path, raw: dict) -> Path:

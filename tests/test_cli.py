@@ -23,24 +23,6 @@ def vflbench(*args: str, cwd: Path | None = None, env: dict | None = None) -> su
                           cwd=cwd, env=env, timeout=300)
 
 
-@pytest.fixture
-def cli(capsys, monkeypatch):
-    """Run ``vflbench.cli.main`` in this process (fast), returning (exit code, stdout, stderr)."""
-    from vflbench import cli as cli_module
-
-    def call(*args: str) -> subprocess.CompletedProcess:
-        monkeypatch.setattr(sys, "argv", ["vflbench", *args])
-        code = 0
-        try:
-            cli_module.main()
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        captured = capsys.readouterr()
-        return subprocess.CompletedProcess(args, code, captured.out, captured.err)
-
-    return call
-
-
 def write(tmp_path: Path, raw: dict) -> Path:
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(raw))

@@ -29,14 +29,6 @@ SMALL = {"name": "dmavfl", "aux_size": 200, "aux_batch_size": 200, "lr": 1e-3, "
 TRAIN = {"epochs": 1, "batch_size": 64, "optimizer": "adam", "lr": 1e-3}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _attack(**params):
     """One epoch of DMAVFL on digits (16-dim embeddings); the attack object after training."""
     cfg = build_config(minimal(train=TRAIN, attacks=[{**SMALL, **params}]))

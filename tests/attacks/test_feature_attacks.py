@@ -31,14 +31,6 @@ TRAIN = {"epochs": 6, "batch_size": 32, "optimizer": "adam", "lr": 3e-3}
 SMALL = {"aux_size": 300, "aux_batch_size": 32, "lr": 1e-3, "disc_lr": 3e-4}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _cfg(attack: dict, train: dict | None = None, defenses: list | None = None):
     return build_config(minimal(train={**TRAIN, **(train or {})}, attacks=[attack], defenses=defenses or []))
 

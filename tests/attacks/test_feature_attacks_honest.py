@@ -44,15 +44,6 @@ ATTACKS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Train with one thread, as ``run_experiment`` does (train.threads: 1); much faster on busy machines."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def _config(attacks, **sections):
     return build_config(minimal(train={"epochs": 10}, attacks=attacks, **sections))
 

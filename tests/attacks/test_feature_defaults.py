@@ -15,7 +15,6 @@ DMAVFL Table 1 on MNIST (docs/methods.md).
 from __future__ import annotations
 
 import pytest
-import torch
 
 from vflbench.attacks.feature.dmavfl import DMAVFL
 from vflbench.attacks.runner import _view, feature_targets, run_attacks, validate_attacks
@@ -27,15 +26,6 @@ from vflbench.eval.scenario import load_vertical_data
 pytestmark = pytest.mark.slow
 
 CASES = [(name, seed) for name in ("digits", "breast_cancer") for seed in (0, 1)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Train with one thread, as ``run_experiment`` does (train.threads: 1)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def _attack(dataset, seed, attacks, epochs):

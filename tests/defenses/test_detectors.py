@@ -39,14 +39,6 @@ ATTACKS = {"honest": None, "dmavfl": {"name": "dmavfl", **AUX, "pretrain_epochs"
            "fsha": {"name": "fsha", **AUX}}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _run(attack: str, defense: dict, *, epochs: int, lr: float):
     spec = ATTACKS[attack]
     cfg = build_config(minimal(train={"epochs": epochs, "batch_size": 32, "optimizer": "adam", "lr": lr},

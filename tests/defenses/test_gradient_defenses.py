@@ -18,16 +18,6 @@ from vflbench.errors import CompatibilityError, ConfigError
 from vflbench.eval.run import run_experiment
 from vflbench.protocol import BindContext, StepState
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread is faster, and the machine is shared."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 NAMES = ["dp_laplace", "isotropic_noise", "max_norm", "marvell", "gradient_compression", "discrete_sgd"]
 
 

@@ -29,15 +29,6 @@ from vflbench.rng import generator
 NAMES = ("label_dp", "kdk", "coae", "mixup")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tests that build federations directly use one thread, as run_experiment does."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def _bind(defense, num_classes, party=ACTIVE, seed=0):
     defense.bind(BindContext(party, "vhnn", num_classes, 2, generator(seed, "t", "private"),
                              generator(seed, "t", "shared")))

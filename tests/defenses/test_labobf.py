@@ -30,15 +30,6 @@ SYNTH = {"name": "synthetic", "options": {"n_samples": 2000, "n_classes": 2, "n_
 FAST = {"epochs": 20, "batch_size": 64, "lr": 0.01, "optimizer": "adam"}
 
 
-@pytest.fixture
-def one_thread():
-    """Train in one torch thread, as ``run_experiment`` does (many threads on tiny models are slow)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def _bound(defense: LabObf, num_classes: int, party: str = ACTIVE, parties: int = 2) -> LabObf:
     defense.bind(BindContext(party, "vhnn", num_classes, parties, torch.Generator().manual_seed(1),
                              torch.Generator().manual_seed(2)))

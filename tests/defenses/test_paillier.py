@@ -42,14 +42,6 @@ HE = {"name": "paillier_he", "key_bits": TEST_KEY_BITS}
 ROWS, BATCH = 64, 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def _federation(defenses, *, train=None, model=None, data=None, keep=None):
     cfg = build_config(minimal(data={"train_size": ROWS, "test_size": 32, **(data or {})},
                                model=model or {"bottom": "logreg", "embed_dim": 4},

@@ -24,15 +24,6 @@ from vflbench.protocol.hooks import BindContext, StepState
 NAMES = ["dcor", "mid", "nopeek", "embedding_noise", "fedpass", "precode"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread, as run_experiment uses (train_run alone would take every core)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def _reference_dcor(x: np.ndarray, y: np.ndarray) -> float:
     """Distance correlation by the textbook double loops (V-statistic)."""
     n = len(x)

@@ -21,14 +21,6 @@ from vflbench.mpc.layers import oracle_effective_weight
 SYNTHETIC = {"n_samples": 2000, "n_features": 40, "n_informative": 30, "n_classes": 8, "class_sep": 1.5}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _federation(defense, **train):
     cfg = build_config(minimal(model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 3, **train},
                                defenses=[{"aux_size": 200, **defense}]))
