@@ -147,6 +147,14 @@ def _wait_for_first_point(proc: subprocess.Popen, out: Path, timeout: float = 60
         time.sleep(0.05)
 
 
+def _all_gone(pids: set[int], *, within: float) -> bool:
+    """Whether every process of ``pids`` has exited within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(_alive(p) for p in pids)
+
+
 def _alive_children(pid: int) -> set[int]:
     """Live (not zombie) processes whose parent is ``pid`` (Linux /proc)."""
     found = set()
@@ -204,10 +212,7 @@ def test_sigterm_ends_the_workers_and_exits_143(tmp_path, sweeps):
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 143, stderr
     assert len(_finished(out)) < 8 and (out / "summary.csv").is_file()
-    deadline = time.monotonic() + 10
-    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(_alive(w) for w in workers)
+    assert _all_gone(workers, within=10.0)
 
 
 @linux_only
@@ -220,10 +225,7 @@ def test_workers_exit_when_the_sweep_is_killed(tmp_path, sweeps):
     assert workers
     proc.kill()
     proc.communicate(timeout=30)
-    deadline = time.monotonic() + 10
-    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(_alive(w) for w in workers)
+    assert _all_gone(workers, within=10.0)
 
 
 def test_a_diverged_training_is_flagged(tmp_path, cli):
@@ -285,10 +287,7 @@ def test_the_parent_watchdog_alone_ends_an_orphaned_worker(tmp_path):
         assert proc.stdout.readline().strip() == "ready"
         proc.kill()
         proc.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while _alive(worker) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _alive(worker)
+        assert _all_gone({worker}, within=10.0)
     finally:
         if proc.poll() is None:
             proc.kill()
