@@ -8,7 +8,7 @@ import platform
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -171,19 +171,18 @@ def undefended_config(cfg: ExperimentConfig) -> ExperimentConfig:
     return build_config({**cfg.model_dump(mode="json", exclude={"sweep"}), "defenses": []}).resolved()
 
 
-def _undefended_attacks(cfg: ExperimentConfig, *, out_dir: Path | None,
-                        data_root: str | Path | None) -> list[dict[str, Any]]:
-    """The attacks of ``cfg`` run on the same config without defenses (a run of its own, read from
-    ``out_dir/<hash>/result.json`` when that exists, so that a sweep's points and tune's trials
-    share one undefended run per config)."""
+def _undefended_result(cfg: ExperimentConfig, *, out_dir: Path | None,
+                       data_root: str | Path | None) -> dict[str, Any]:
+    """The result of ``cfg`` run without defenses (a run of its own, read from ``out_dir/<hash>/result.json``
+    when that exists, so that a sweep's points and tune's trials share one undefended run per config)."""
     plain = undefended_config(cfg)
     path = out_dir / plain.hash() / "result.json" if out_dir is not None else None
     if path is not None and path.is_file():
         log.info("undefended attacks: reusing run %s", plain.hash())
-        return list(json.loads(path.read_text())["attacks"])
+        return dict(json.loads(path.read_text()))
     log.info("undefended attacks: running %s without defenses (run %s) to check that the attacks leak "
              "without protection", cfg.hash(), plain.hash())
-    return [asdict(a) for a in _run(plain, out_dir=out_dir, data_root=data_root, progress=None).attacks]
+    return _run(plain, out_dir=out_dir, data_root=data_root, progress=None).to_dict()
 
 
 def mark_undefended(attacks: list[AttackResult], undefended: list[dict[str, Any]] | None) -> None:
@@ -205,7 +204,7 @@ def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path |
     vd = load_vertical_data(cfg, data_root)
     attack_plan = validate_attacks(cfg, vd)
     check_before_training(cfg, vd, attack_plan)
-    undefended = (_undefended_attacks(cfg, out_dir=out_dir, data_root=data_root)
+    undefended = (_undefended_result(cfg, out_dir=out_dir, data_root=data_root)
                   if cfg.defenses and cfg.attacks else None)
     run_dir = out_dir / cfg.hash() if out_dir else None
     metrics_lines: list[str] = []
@@ -236,6 +235,10 @@ def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path |
     for name in cfg.baselines:
         if name == "vanilla" and not cfg.defenses:
             baselines["vanilla"] = utility.__dict__
+        elif name == "vanilla" and undefended is not None and not any(
+                p.attack.phase == "malicious" for p in attack_plan.attacks):
+            # honest attackers only observe: the undefended run trained exactly the vanilla baseline
+            baselines["vanilla"] = dict(undefended["utility"])
         elif name == "vanilla":
             baselines["vanilla"] = utility_of(cfg, train_run(cfg, vd, with_defenses=False,
                                                              held_out=held_out).history).__dict__
@@ -245,7 +248,7 @@ def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path |
             baselines["alone"] = utility_of(cfg, train_run(cfg, vd, with_defenses=False, alone=True,
                                                            held_out=held_out).history).__dict__
     attack_results, attack_seconds = run_attacks(attack_plan, run)
-    mark_undefended(attack_results, undefended)
+    mark_undefended(attack_results, None if undefended is None else undefended["attacks"])
     comm = run.federation.channel.train
     result = RunResult(
         config_hash=cfg.hash(), seed=cfg.seed,
