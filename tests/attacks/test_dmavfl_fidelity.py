@@ -22,7 +22,9 @@ from vflbench.defenses.detectors import GradientScrutinizer, GradientScrutinizer
 from vflbench.errors import ConfigError
 from vflbench.eval.run import train_run
 from vflbench.eval.scenario import load_vertical_data
-from vflbench.protocol import BindContext, StepState
+from vflbench.protocol import BindContext, Channel, StepState
+
+PARTIES = ("active", "passive_1")
 
 SMALL = {"name": "dmavfl", "aux_size": 200, "aux_batch_size": 200, "lr": 1e-3, "disc_lr": 3e-4,
          "pretrain_epochs": 1}
@@ -99,9 +101,10 @@ def test_dac_steps_on_eq5_or_on_eq5_plus_the_malicious_loss_like_urvfl(update):
 
 
 def _passive(defense):
+    channel = Channel(PARTIES)
+    channel.endpoint("active").post("gradient_scrutinizer.labels", "passive_1", torch.zeros(4, dtype=torch.long))
     defense.bind(BindContext("passive_1", "vhnn", 10, 2, torch.Generator().manual_seed(0),
-                             torch.Generator().manual_seed(0),
-                             extra={"shared": {"gradient_scrutinizer.labels": torch.zeros(4, dtype=torch.long)}}))
+                             torch.Generator().manual_seed(0), link=channel.endpoint("passive_1")))
     return defense
 
 

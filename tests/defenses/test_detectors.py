@@ -27,7 +27,9 @@ from vflbench.defenses.detectors import (
 from vflbench.errors import ConfigError
 from vflbench.eval.run import train_run
 from vflbench.eval.scenario import build_federation, load_vertical_data, plan_defenses
-from vflbench.protocol import BindContext, StepState, default_objective
+from vflbench.protocol import BindContext, Channel, StepState, default_objective
+
+PARTIES = ("active", "passive_1")
 
 SG = {"name": "splitguard", "p_fake": 0.2, "start": 100, "window": 10}
 GS = {"name": "gradient_scrutinizer"}
@@ -97,10 +99,11 @@ def test_gradient_scrutinizer_scores_dmavfl_far_above_fsha():
 # -- coordination and score functions -------------------------------------------------------
 
 
-def _bind(defense, party: str, num_classes: int = 10, seed: int = 0, shared: dict | None = None):
-    """Bind ``defense`` at ``party``; ``shared`` is the federation's dict every instance sees (build_federation's)."""
+def _bind(defense, party: str, num_classes: int = 10, seed: int = 0, shared: Channel | None = None):
+    """Bind ``defense`` at ``party``; ``shared`` is the federation's channel every instance talks through."""
+    channel = Channel(PARTIES) if shared is None else shared
     defense.bind(BindContext(party, "vhnn", num_classes, 2, torch.Generator().manual_seed(seed + hash(party) % 97),
-                             torch.Generator().manual_seed(seed), extra={"shared": {} if shared is None else shared}))
+                             torch.Generator().manual_seed(seed), link=channel.endpoint(party)))
     return defense
 
 
@@ -126,7 +129,7 @@ def test_splitguard_sides_agree_on_fake_batches_and_randomise_their_labels():
 
 def test_gradient_scrutinizer_passive_side_gets_the_labels_from_the_active_side():
     y = torch.arange(20) % 3
-    shared: dict = {}
+    shared = Channel(PARTIES)
     active = _bind(GradientScrutinizer(), "active", shared=shared)
     active.transform_labels(default_objective(y, 3, single_logit=False))
     passive = _bind(GradientScrutinizer(start=3, every=1), "passive_1", shared=shared)
@@ -141,8 +144,8 @@ def test_gradient_scrutinizer_federations_built_interleaved_keep_their_own_label
     # two runs in one process, their binds interleaved (as when federations are built side by side); with
     # the labels handed over through class state, run A's passive side got run B's labels
     y_a, y_b = torch.arange(30) % 3, (torch.arange(30) + 1) % 3
-    shared_a: dict = {}
-    shared_b: dict = {}
+    shared_a = Channel(PARTIES)
+    shared_b = Channel(PARTIES)
     _bind(GradientScrutinizer(), "active", shared=shared_a).transform_labels(default_objective(y_a, 3,
                                                                                                 single_logit=False))
     _bind(GradientScrutinizer(), "active", shared=shared_b).transform_labels(default_objective(y_b, 3,
@@ -150,8 +153,8 @@ def test_gradient_scrutinizer_federations_built_interleaved_keep_their_own_label
     passive_a = _bind(GradientScrutinizer(), "passive_1", shared=shared_a)
     passive_b = _bind(GradientScrutinizer(), "passive_1", shared=shared_b)
     assert torch.equal(passive_a.labels_, y_a) and torch.equal(passive_b.labels_, y_b)
-    with pytest.raises(RuntimeError, match="shared no labels"):
-        _bind(GradientScrutinizer(), "passive_1", shared={})  # a run whose active side shared nothing
+    with pytest.raises(RuntimeError, match="expected a 'gradient_scrutinizer.labels' message from 'active'"):
+        _bind(GradientScrutinizer(), "passive_1", shared=Channel(PARTIES))  # a run whose active side shared nothing
 
 
 def test_gradient_scrutinizer_of_two_built_federations_audits_each_ones_training_labels():

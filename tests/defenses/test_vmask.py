@@ -200,7 +200,7 @@ def test_recovery_reports_a_layer_neither_channel_solves():
 def test_vmask_auxiliary_rows_are_not_trained_on():
     """VMask §IV-A: the auxiliary set does not overlap the passive party's training rows."""
     cfg, vd, fed = _federation({"name": "vmask"}, epochs=1)
-    aux = fed.active.defenses[0].context_.extra["aux_ids"]
+    aux = fed.active.defenses[0].context_.aux.ids
     assert fed.train_rows is not None and len(fed.train_rows) == len(vd.y_train) - len(aux)
     assert not bool(torch.isin(fed.train_rows, aux).any())
     seen = []

@@ -21,10 +21,9 @@ batches). We follow that and make the assumptions explicit:
 
 * GS: the defending passive party knows the label of each training row (e.g. the active party
   shares them for auditing). Both detectors are ``side = "both"`` defenses: the instance at the
-  active party hands the training labels to the instances at the passive parties when the
-  federation is built (before any training), which models that sharing. The hand-over goes
-  through the federation's own ``context.extra["shared"]`` dict (one per federation), so runs
-  built side by side keep their own labels. The labels must be class indices: a soft-label
+  active party sends the training labels to the instances at the passive parties when the
+  federation is built (before any training, a ``gradient_scrutinizer.labels`` message in the
+  channel's setup phase), which models that sharing. The labels must be class indices: a soft-label
   defense (e.g. ``labobf``) listed before ``gradient_scrutinizer`` is refused;
 * SG: the defending party can make the active party train a *fake batch* on randomised labels
   (SplitGuard's label control). Which batches are fake is agreed in advance with a shared
@@ -49,8 +48,9 @@ from torch import Tensor, nn
 
 from vflbench.defenses import DEFENSES
 from vflbench.errors import ConfigError
+from vflbench.protocol.channel import Endpoint
 from vflbench.protocol.hooks import BindContext, Defense, StepState
-from vflbench.protocol.messages import ACTIVE
+from vflbench.protocol.messages import ACTIVE, passive_name
 from vflbench.protocol.objective import Objective
 
 SPLITGUARD_PAPER = ("Erdogan, Küpçü, Çiçek, SplitGuard: Detecting and Mitigating Training-Hijacking Attacks in Split "
@@ -439,20 +439,13 @@ class GradientScrutinizer(_Detector):
         self.same_std_: list[float] = []
         self.labels_: Tensor | None = None
         if self.passive:
-            labels = self._shared().get(self.shared_key)
-            if labels is None:
-                raise RuntimeError("gradient_scrutinizer: the active side shared no labels; bind the active instance "
-                                   "and call its transform_labels before binding the passive ones (build_federation "
-                                   "does)")
-            self.labels_ = labels
+            self.labels_ = self._link().take(self.shared_key, ACTIVE).payload
 
-    def _shared(self) -> dict[str, Any]:
-        """The federation's dict that every defense instance of the run sees (``context.extra["shared"]``)."""
-        shared = self.context_.extra.get("shared")
-        if not isinstance(shared, dict):
-            raise RuntimeError("gradient_scrutinizer: bound without the federation's shared dict "
-                               "(BindContext.extra['shared']); build_federation provides it")
-        return shared
+    def _link(self) -> Endpoint:
+        if self.context_.link is None:
+            raise RuntimeError("gradient_scrutinizer: bound without a channel endpoint (BindContext.link); "
+                               "build_federation provides it")
+        return self.context_.link
 
     def transform_labels(self, objective: Objective) -> Objective:
         """Active side: share the training labels with the passive instances of this federation (see the module
@@ -463,7 +456,9 @@ class GradientScrutinizer(_Detector):
                               f"targets it is given are not class indices ({t.dtype}, shape {tuple(t.shape)}): a "
                               "defense listed before it in 'defenses' replaced them by soft labels (e.g. labobf). "
                               "List gradient_scrutinizer before that defense, or leave one of them out")
-        self._shared()[self.shared_key] = t.detach().clone()
+        link = self._link()
+        for i in range(1, self.context_.num_parties):
+            link.post(self.shared_key, passive_name(i), t.detach().clone())
         return objective
 
     def on_received_gradient(self, gradient: Tensor, state: StepState) -> Tensor | None:  # noqa: D102

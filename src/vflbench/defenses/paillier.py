@@ -69,7 +69,7 @@ reproducible up to the last bit of rescaled values.
 
 Use it alone and place it last among defenses: it changes what the embedding and cut-gradient
 messages carry (a share and ciphertext bytes), so attacks and defenses that read those messages
-see exactly that. Any aggregation works; it is read from ``BindContext.extra["aggregation"]`` when
+see exactly that. Any aggregation works; it is read from ``BindContext.aggregation`` when
 given, else inferred (``concat`` from the top model's input width, ``sum`` for VLR).
 """
 
@@ -844,7 +844,7 @@ class PaillierHE(Defense):
         assert self.holder_ is not None
         passives = [p for p in self.widths_ if p != ACTIVE]
         order = ([ACTIVE] if ACTIVE in self.widths_ else []) + passives
-        how = self.context_.extra.get("aggregation") or ("sum" if self.context_.algorithm == "vlr" else None)
+        how = self.context_.aggregation or ("sum" if self.context_.algorithm == "vlr" else None)
         if how is None:
             layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
             widths = [self.widths_[p] for p in order]
@@ -855,7 +855,7 @@ class PaillierHE(Defense):
                 how = "concat"
             else:
                 raise CompatibilityError("paillier_he supports concat aggregation (vhnn/vsnn) and sum (vlr); it cannot "
-                                         "tell sum from mean here (BindContext.extra['aggregation'] is not set)")
+                                         "tell sum from mean here (BindContext.aggregation is not set)")
         layout: list[tuple[str, int, int]] = []
         start = 0
         for party in order:

@@ -264,7 +264,7 @@ class MutualInformationDefense(Defense):
         if context.algorithm == "vlr":
             raise CompatibilityError("mid needs a top model on concatenated embeddings; VLR has none "
                                      "(its identity top sums the bottoms' logits). Use vhnn or vsnn.")
-        aggregation = context.extra.get("aggregation")
+        aggregation = context.aggregation
         if aggregation not in (None, "concat"):
             raise CompatibilityError(f"mid needs train.aggregation: concat, not {aggregation!r}")
         self.widths_: dict[str, int | None] = {}

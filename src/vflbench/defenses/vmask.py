@@ -69,7 +69,7 @@ from vflbench.mpc.layers import (
     unmask,
 )
 from vflbench.mpc.ring import RingOverflowError
-from vflbench.protocol.hooks import BindContext, Defense
+from vflbench.protocol.hooks import BindContext, Defense, DefenseAux, TrainSettings
 from vflbench.protocol.messages import ACTIVE
 from vflbench.protocol.party import aggregate
 from vflbench.rng import derive_seed
@@ -410,8 +410,18 @@ class VMask(Defense):
         self.dealer_ = Dealer(torch.Generator().manual_seed(derive_seed(self.seed_, "dealer")), name="vmask-dealer")
         self.top_: nn.Module | None = None
         self.ratios_: list[float] = []
-        self.recipe_ = self._recipe(context.extra.get("model_completion") or {})
+        self.recipe_ = self._recipe(dict(context.model_completion or {}))
         self.conditions_: dict[str, list[LayerCondition]] = {}
+
+    def _train(self) -> TrainSettings:
+        if self.context_.train is None:
+            raise CompatibilityError("vmask needs the training settings (BindContext.train); build_federation gives them")
+        return self.context_.train
+
+    def _aux(self) -> DefenseAux:
+        if self.context_.aux is None:
+            raise CompatibilityError("vmask needs an auxiliary set (aux_size) granted by the scenario")
+        return self.context_.aux
 
     def _recipe(self, attack: dict[str, Any]) -> dict[str, Any]:
         """The simulated attack's fine-tuning recipe: the ``mc_*`` given, else the configured model
@@ -450,11 +460,11 @@ class VMask(Defense):
         layers = make_maskable(model)
         if not layers:
             raise CompatibilityError("vmask needs a bottom model with Linear or Conv2d layers")
-        train = self.context_.extra["train"]
-        self._check_conditions(party, shadow, len(layers), int(train["batch_size"]))
+        train = self._train()
+        self._check_conditions(party, shadow, len(layers), train.batch_size)
         state = PartyState(
             bottom=VMaskBottom(model, layers), shadow=shadow,
-            shadow_opt=torch.optim.SGD(shadow.parameters(), lr=train["lr"], momentum=train["momentum"]),
+            shadow_opt=torch.optim.SGD(shadow.parameters(), lr=train.lr, momentum=train.momentum),
             comm=Comm(), masked=set(), grad_norm=torch.zeros(len(layers), dtype=torch.float64))
         self.parties_[party] = state
         self._apply_mask(party, state, self._initial(len(layers)))
@@ -463,11 +473,11 @@ class VMask(Defense):
     def _check_conditions(self, party: str, plain: nn.Module, n: int, batch_size: int) -> None:
         """The paper's §IV-D preconditions for the eligible layers (on a copy of P_k's initial model,
         which the active party holds as the shadow), with a warning naming the violations."""
-        if "aux_x" not in self.context_.extra:
+        if self.context_.aux is None:
             return
         eligible = set(self._eligible(n))
         probe = copy.deepcopy(plain)
-        conditions = [c for c in layer_conditions(probe, self.context_.extra["aux_x"][party][:2], batch_size)
+        conditions = [c for c in layer_conditions(probe, self.context_.aux.x[party][:2], batch_size)
                       if c.layer in eligible]
         self.conditions_[party] = conditions
         bad = [c for c in conditions if not c.paper_secure]
@@ -509,13 +519,11 @@ class VMask(Defense):
     def _shadow_update(self) -> dict[str, Tensor]:
         """``shadow_epochs`` passes (Algorithm 6: one) of every shadow model over the auxiliary set
         through the frozen top model; the gradient norms are summed over all steps."""
-        extra = self.context_.extra
-        if "aux_x" not in extra:
-            raise CompatibilityError("vmask needs an auxiliary set (aux_size) granted by the scenario")
+        aux = self._aux()
         assert self.top_ is not None
         names = list(self.parties_)
-        x_aux, y_aux = extra["aux_x"], extra["aux_y"]
-        batch = int(extra["train"]["batch_size"])
+        x_aux, y_aux = aux.x, aux.y
+        batch = self._train().batch_size
         top = self.top_
         was_training = top.training
         top.eval()
@@ -532,9 +540,9 @@ class VMask(Defense):
                 for n in names:
                     self.parties_[n].shadow.train()
                     embeddings.append(self.parties_[n].shadow(x_aux[n][ids]))
-                if extra["active_has_features"]:
+                if self.context_.active_has_features:
                     embeddings.insert(0, torch.zeros_like(embeddings[0]))
-                loss = F.cross_entropy(top(aggregate(embeddings, extra["aggregation"])), y_aux[ids])
+                loss = F.cross_entropy(top(aggregate(embeddings, self.context_.aggregation or "concat")), y_aux[ids])
                 for n in names:
                     self.parties_[n].shadow_opt.zero_grad()
                 loss.backward()
@@ -555,7 +563,7 @@ class VMask(Defense):
     def _attack_set(self, party: str) -> Tensor:
         """D_A (Algorithm 2 line 7): ``known_per_class`` rows per class of the auxiliary set, drawn
         once per selection and shared by every candidate mask set."""
-        y = self.context_.extra["aux_y"]
+        y = self._aux().y
         g = self._gen("attack-set", party, len(self.ratios_))
         return torch.cat([torch.nonzero(y == c).flatten()[torch.randperm(int((y == c).sum()), generator=g)]
                           [: self.known_per_class] for c in torch.unique(y)])
@@ -563,8 +571,8 @@ class VMask(Defense):
     def _simulated_attack(self, party: str, shadow: nn.Module, masked: set[int], known: Tensor) -> float:
         """Best accuracy of model completion trained on D_A (``known``) on the shadow with ``masked``
         layers re-randomised, scored on the rest of the auxiliary set."""
-        extra = self.context_.extra
-        x, y = extra["aux_x"][party], extra["aux_y"]
+        aux = self._aux()
+        x, y = aux.x[party], aux.y
         g = self._gen("attack", party, len(self.ratios_), tuple(sorted(masked)).__repr__())
         rest = torch.ones(len(y), dtype=torch.bool)
         rest[known] = False
@@ -599,7 +607,7 @@ class VMask(Defense):
         self.ratios_.append(sum(ratios) / len(ratios))
         report: dict[str, Any] = {"mask_ratio_epoch": self.ratios_[-1],
                                   "mask_ratio": sum(self.ratios_) / len(self.ratios_)}
-        if self.context_.extra["train"]["epochs"] == epoch + 1:
+        if self._train().epochs == epoch + 1:
             report.update(self._comm_report())
             return report  # no next epoch to mask for
         norms = self._shadow_update() if self.selection != "all" else {}

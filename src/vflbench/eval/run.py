@@ -258,7 +258,7 @@ def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path |
         defense=[{"name": s.name, "params": s.params(), **defense_details(run, s.name)} for s in cfg.defenses],
         attacks=attack_results,
         timing=Timing(run.train_seconds, run.history.epoch_seconds, attack_seconds),
-        comm={"messages": comm.messages, "bytes_up": comm.bytes_up, "bytes_down": comm.bytes_down},
+        comm=comm.as_dict(),
         baselines=baselines,
     )
     if run_dir is not None:

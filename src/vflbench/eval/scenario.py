@@ -18,9 +18,12 @@ from vflbench.protocol import (
     ACTIVE,
     ActiveParty,
     BindContext,
+    Channel,
     Defense,
+    DefenseAux,
     Federation,
     PassiveParty,
+    TrainSettings,
     Transcript,
     default_objective,
     passive_name,
@@ -98,9 +101,8 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
     ``extra_dims`` widens a party's uploaded embedding (a malicious passive party appending
     dimensions); the top model is sized by what it receives, as in a deployment. ``held_out``:
     training rows no party trains on (an attacker's auxiliary set that its threat model keeps
-    disjoint from the training set, :meth:`AttackPlan.held_out`). Every defense instance of the
-    federation sees the same dict ``context.extra["shared"]`` (what the parties agree on before
-    training, e.g. the labels Gradients Scrutinizer audits with).
+    disjoint from the training set, :meth:`AttackPlan.held_out`). Every defense instance is bound
+    with its party's endpoint of the federation's channel (its only way to reach other parties).
     """
     cfg = cfg.resolved()
     m, t, seed = cfg.model, cfg.train, cfg.seed
@@ -112,29 +114,32 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
     single_logit = t.algorithm == "vlr" and vd.num_classes == 2
     objective = default_objective(vd.y_train, vd.num_classes, single_logit=single_logit)
     holders = len(passive_slices) + (vd.active is not None)
-    shared: dict[str, object] = {}
+    channel = Channel()
+    transcripts = {n: Transcript(n, keep.get(n, ())) for n in (*names, ACTIVE)}
+    for transcript in transcripts.values():
+        channel.register(transcript)
     defense_held_out: list[Tensor] = []
+    settings = TrainSettings(lr=t.lr, batch_size=t.batch_size, momentum=t.momentum, weight_decay=t.weight_decay,
+                             epochs=t.epochs)
+    completion = next((a.params() for a in cfg.attacks if a.name == "model_completion"), None)
 
     def bind(d: Defense, party: str) -> None:
         d.bind(BindContext(party, t.algorithm, vd.num_classes, holders + (vd.active is None),
                            generator(seed, "defense", d.name, party), generator(seed, "defense", d.name, "shared"),
-                           extra={**defense_aux(d, party), "shared": shared}))
+                           link=channel.endpoint(party), train=settings, aggregation=t.aggregation,
+                           active_has_features=vd.active is not None, model_completion=completion,
+                           aux=defense_aux(d, party)))
 
-    def defense_aux(d: Defense, party: str) -> dict[str, object]:
+    def defense_aux(d: Defense, party: str) -> DefenseAux | None:
         """The auxiliary labelled set a defense's threat model grants the active party (``aux_size``)."""
-        info: dict[str, object] = {"train": {"lr": t.lr, "batch_size": t.batch_size, "momentum": t.momentum,
-                                             "weight_decay": t.weight_decay, "epochs": t.epochs},
-                                   "aggregation": t.aggregation, "active_has_features": vd.active is not None,
-                                   "model_completion": next((a.params() for a in cfg.attacks
-                                                             if a.name == "model_completion"), None)}
         size = getattr(d, "aux_size", None)
         if party != ACTIVE or not size:
-            return info
+            return None
         ids = aux_indices(vd.y_train, size=min(int(size), len(vd.y_train)),
                           generator=generator(seed, "defense", d.name, "aux"))
         defense_held_out.append(ids)  # the auxiliary rows do not overlap the rows the parties train on (VMask §IV-A)
-        return {**info, "aux_ids": ids, "aux_y": vd.y_train[ids],
-                "aux_x": {n: part.x_train[ids] for n, part in zip(names, passive_slices, strict=True)}}
+        return DefenseAux(ids=ids, y=vd.y_train[ids],
+                          x={n: part.x_train[ids] for n, part in zip(names, passive_slices, strict=True)})
 
     for d in plan.active:
         bind(d, ACTIVE)
@@ -169,7 +174,7 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
         passives.append(PassiveParty(name, data=part, bottom=bottom, optimizer=opt,
                                      scheduler=make_scheduler(cfg, opt),
                                      generator=generator(seed, name, "party"), defenses=plan.passive[name],
-                                     transcript=Transcript(name, keep.get(name, ()))))
+                                     transcript=transcripts[name]))
     active_slice = own_slice(ACTIVE, vd.active) if vd.active is not None else None
     active_bottom = bottom_for(ACTIVE, active_slice) if active_slice is not None else None
     if holders == 0:
@@ -188,11 +193,11 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
     active = ActiveParty(ACTIVE, data=active_slice, bottom=active_bottom, top=top, objective=objective,
                          aggregation=t.aggregation, optimizer=opt, scheduler=make_scheduler(cfg, opt),
                          generator=generator(seed, ACTIVE, "party"), defenses=plan.active,
-                         transcript=Transcript(ACTIVE, keep.get(ACTIVE, ())))
+                         transcript=transcripts[ACTIVE])
     train_rows = None
     excluded = [*([held_out] if held_out is not None and len(held_out) else []), *defense_held_out]
     if excluded:
         keep_rows = torch.ones(len(vd.y_train), dtype=torch.bool)
         keep_rows[torch.cat(excluded)] = False
         train_rows = torch.nonzero(keep_rows).flatten()
-    return Federation(active, passives, train_rows=train_rows)
+    return Federation(active, passives, channel=channel, train_rows=train_rows)

@@ -1,11 +1,33 @@
-"""The in-memory channel: delivers messages, keeps each party's transcript, counts traffic."""
+"""The in-memory channel: delivers messages, keeps each party's transcript, counts traffic.
+
+Three ways to talk, each a message exchange that a network transport carries unchanged:
+
+* :meth:`Channel.send` -- a one-way message handed straight to the receiving code (the training
+  loop's embeddings and cut gradients, which the loop itself passes on);
+* :meth:`Endpoint.post` / :meth:`Endpoint.take` -- a one-way message left in the receiver's
+  mailbox until its code takes it (e.g. what parties agree on before training);
+* :meth:`Endpoint.call` / :meth:`Endpoint.serve` -- a request answered by a handler the receiving
+  party registered for the kind's namespace (the halves of a two-party protocol such as VMask's
+  secret-shared layers or the Paillier key holder).
+
+Every message goes through :meth:`Channel.send`, so one counter sees all traffic: per phase, per
+direction (``up`` = towards the active party) and per kind. A party's code holds only its own
+:class:`Endpoint`; it never holds another party's objects.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections import defaultdict, deque
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from vflbench.protocol.messages import ACTIVE, Message, MessageKind
+import torch
+from torch import Tensor
+
+from vflbench.protocol.messages import ACTIVE, NO_IDS, Message, MessageKind, Phase, Scalar
+
+Handler = Callable[[Message], Message]
 
 
 class Transcript:
@@ -32,39 +54,159 @@ class Transcript:
 
 
 @dataclass
+class KindStats:
+    """Traffic of one message kind in one direction."""
+
+    messages: int = 0
+    bytes: int = 0
+
+
+@dataclass
 class CommStats:
-    """Traffic counted by the channel (``up`` = towards the active party)."""
+    """Traffic counted by the channel in one phase (``up`` = towards the active party).
+
+    ``by_kind`` breaks the totals down by message kind and direction (``"up"``/``"down"``).
+    """
 
     messages: int = 0
     bytes_up: int = 0
     bytes_down: int = 0
+    messages_up: int = 0
+    messages_down: int = 0
+    by_kind: dict[str, dict[str, KindStats]] = field(default_factory=lambda: defaultdict(dict))
+
+    def count(self, message: Message) -> None:
+        """Add one message."""
+        up = message.receiver == ACTIVE
+        self.messages += 1
+        if up:
+            self.bytes_up += message.nbytes
+            self.messages_up += 1
+        else:
+            self.bytes_down += message.nbytes
+            self.messages_down += 1
+        stats = self.by_kind[message.kind].setdefault("up" if up else "down", KindStats())
+        stats.messages += 1
+        stats.bytes += message.nbytes
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values for result.json: totals, then ``by_kind`` (kind -> direction -> messages, bytes)."""
+        return {"messages": self.messages, "bytes_up": self.bytes_up, "bytes_down": self.bytes_down,
+                "messages_up": self.messages_up, "messages_down": self.messages_down,
+                "by_kind": {k: {d: {"messages": s.messages, "bytes": s.bytes} for d, s in sorted(v.items())}
+                            for k, v in sorted(self.by_kind.items())}}
 
 
 class Channel:
-    """Delivers messages between registered parties (in one process).
+    """Delivers messages between registered parties (in one process); ``parties`` are registered with
+    transcripts that keep nothing.
 
-    The same party code would run over a network transport; only this class would change.
+    The same party code runs over a network transport; only this class changes.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, parties: Collection[str] = ()) -> None:
         self._transcripts: dict[str, Transcript] = {}
-        self.train = CommStats()
-        self.eval = CommStats()
+        self._handlers: dict[tuple[str, str], Handler] = {}
+        self._mailboxes: dict[tuple[str, str, str], deque[Message]] = defaultdict(deque)
+        self.stats: dict[str, CommStats] = {"train": CommStats(), "eval": CommStats(), "setup": CommStats()}
+        for name in parties:
+            self.register(Transcript(name))
+
+    @property
+    def train(self) -> CommStats:
+        """Traffic of the training phase."""
+        return self.stats["train"]
+
+    @property
+    def eval(self) -> CommStats:
+        """Traffic of evaluation (test-set inference)."""
+        return self.stats["eval"]
 
     def register(self, transcript: Transcript) -> None:
-        """Attach a party's transcript under its owner's name."""
+        """Attach a party's transcript under its owner's name (again: a no-op for the same transcript)."""
+        if self._transcripts.get(transcript.owner) is transcript:
+            return
         if transcript.owner in self._transcripts:
             raise ValueError(f"party {transcript.owner!r} is already registered")
         self._transcripts[transcript.owner] = transcript
 
+    def endpoint(self, owner: str) -> Endpoint:
+        """The connection of party ``owner`` (registered with an empty transcript if not yet)."""
+        if owner not in self._transcripts:
+            self.register(Transcript(owner))
+        return Endpoint(self, owner)
+
+    def transcript(self, owner: str) -> Transcript:
+        """The transcript of a registered party."""
+        return self._transcripts[owner]
+
     def send(self, message: Message) -> Message:
         """Deliver ``message``: count it and record it in both parties' transcripts."""
-        stats = self.train if message.phase == "train" else self.eval
-        stats.messages += 1
-        if message.receiver == ACTIVE:
-            stats.bytes_up += message.nbytes
-        else:
-            stats.bytes_down += message.nbytes
+        for name in (message.sender, message.receiver):
+            if name not in self._transcripts:
+                raise ValueError(f"{message.kind!r} message between unregistered party {name!r}; "
+                                 f"registered: {', '.join(sorted(self._transcripts))}")
+        self.stats[message.phase].count(message)
         self._transcripts[message.sender].record(message)
         self._transcripts[message.receiver].record(message)
         return message
+
+    def _serve(self, owner: str, namespace: str, handler: Handler) -> None:
+        key = (owner, namespace)
+        if key in self._handlers:
+            raise ValueError(f"party {owner!r} already serves {namespace!r} requests")
+        self._handlers[key] = handler
+
+    def _call(self, request: Message) -> Message:
+        namespace = request.kind.split(".", 1)[0]
+        handler = self._handlers.get((request.receiver, namespace))
+        if handler is None:
+            raise RuntimeError(f"party {request.receiver!r} serves no {namespace!r} requests "
+                               f"(sent by {request.sender!r}, kind {request.kind!r})")
+        reply = handler(self.send(request))
+        if reply.role != "reply" or reply.receiver != request.sender or reply.kind != request.kind:
+            raise RuntimeError(f"the {request.kind!r} handler of {request.receiver!r} did not answer its request")
+        return self.send(reply)
+
+    def _post(self, message: Message) -> None:
+        self._mailboxes[(message.receiver, message.sender, message.kind)].append(self.send(message))
+
+    def _take(self, owner: str, sender: str, kind: str) -> Message:
+        box = self._mailboxes.get((owner, sender, kind))
+        if not box:
+            raise RuntimeError(f"party {owner!r} expected a {kind!r} message from {sender!r}, but none was sent")
+        return box.popleft()
+
+
+class Endpoint:
+    """One party's connection: what its code (and its defenses' halves) send, receive and serve."""
+
+    def __init__(self, channel: Channel, owner: str) -> None:
+        self._channel = channel
+        self.owner = owner
+
+    def _message(self, kind: str, receiver: str, tensors: tuple[Tensor, ...], *, meta: Mapping[str, Scalar] | None,
+                 ids: Tensor | None, epoch: int, step: int, phase: Phase, role: str) -> Message:
+        first, *rest = tensors or (torch.empty(0),)
+        return Message(kind, self.owner, receiver, first, NO_IDS if ids is None else ids, epoch, step, phase,
+                       tuple(rest), dict(meta or {}), role)  # type: ignore[arg-type]
+
+    def call(self, kind: str, receiver: str, *tensors: Tensor, meta: Mapping[str, Scalar] | None = None,
+             ids: Tensor | None = None, epoch: int = -1, step: int = -1, phase: Phase = "train") -> Message:
+        """Send a request to ``receiver`` and return its reply (its handler for ``kind``'s namespace answers)."""
+        return self._channel._call(self._message(kind, receiver, tensors, meta=meta, ids=ids, epoch=epoch,
+                                                 step=step, phase=phase, role="request"))
+
+    def serve(self, namespace: str, handler: Handler) -> None:
+        """Answer requests of kinds ``<namespace>.*`` sent to this party with ``handler(request) -> reply``."""
+        self._channel._serve(self.owner, namespace, handler)
+
+    def post(self, kind: str, receiver: str, *tensors: Tensor, meta: Mapping[str, Scalar] | None = None,
+             ids: Tensor | None = None, epoch: int = -1, step: int = -1, phase: Phase = "setup") -> None:
+        """Leave a one-way message in ``receiver``'s mailbox."""
+        self._channel._post(self._message(kind, receiver, tensors, meta=meta, ids=ids, epoch=epoch, step=step,
+                                          phase=phase, role="send"))
+
+    def take(self, kind: str, sender: str) -> Message:
+        """The oldest message of ``kind`` from ``sender`` in this party's mailbox (an error if there is none)."""
+        return self._channel._take(self.owner, sender, kind)

@@ -20,16 +20,42 @@ randomness come from :meth:`Defense.bind`, called once before training.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
 
 from vflbench.data.base import PartySlice
+from vflbench.protocol.channel import Endpoint
 from vflbench.protocol.objective import Objective
 
 Side = Literal["active", "passive", "both"]
+Aggregation = Literal["concat", "sum", "mean"]
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The configured training recipe, as a defense may need it (e.g. VMask's shadow training)."""
+
+    lr: float
+    batch_size: int
+    momentum: float
+    weight_decay: float
+    epochs: int
+
+
+@dataclass(frozen=True)
+class DefenseAux:
+    """The auxiliary labelled rows a defense's threat model grants the active party (``aux_size``).
+
+    They are held out of the rows the parties train on. ``x``: each passive party's slice of them.
+    """
+
+    ids: Tensor
+    y: Tensor
+    x: Mapping[str, Tensor]
 
 
 @dataclass(frozen=True)
@@ -38,7 +64,10 @@ class BindContext:
 
     ``generator`` is private to this party's instance; ``shared_generator`` produces the same
     stream in every party's instance of the same defense (coordinated randomness agreed on in
-    advance, e.g. MixUp's permutation and mixing weight).
+    advance, e.g. MixUp's permutation and mixing weight). ``link``: this party's endpoint of the
+    channel, through which the instance talks to its halves at other parties (only messages).
+    ``model_completion``: the parameters of a configured ``model_completion`` attack (the attacker
+    a defense may simulate), if any.
     """
 
     party: str
@@ -47,7 +76,12 @@ class BindContext:
     num_parties: int
     generator: torch.Generator
     shared_generator: torch.Generator
-    extra: dict[str, Any] = field(default_factory=dict)
+    link: Endpoint | None = None
+    train: TrainSettings | None = None
+    aggregation: Aggregation | None = None
+    active_has_features: bool = True
+    model_completion: Mapping[str, Any] | None = None
+    aux: DefenseAux | None = None
 
 
 @dataclass

@@ -10,11 +10,10 @@ from torch import Tensor, nn
 
 from vflbench.data.base import PartySlice
 from vflbench.protocol.channel import Transcript
-from vflbench.protocol.hooks import Defense, StepState
+from vflbench.protocol.hooks import Aggregation, Defense, StepState
 from vflbench.protocol.objective import Objective
 
 Split = Literal["train", "test"]
-Aggregation = Literal["concat", "sum", "mean"]
 
 
 def aggregate(parts: Sequence[Tensor], how: Aggregation) -> Tensor:
