@@ -415,7 +415,8 @@ class VMask(Defense):
 
     def _train(self) -> TrainSettings:
         if self.context_.train is None:
-            raise CompatibilityError("vmask needs the training settings (BindContext.train); build_federation gives them")
+            raise CompatibilityError("vmask needs the training settings (BindContext.train); "
+                                     "build_federation gives them")
         return self.context_.train
 
     def _aux(self) -> DefenseAux:
