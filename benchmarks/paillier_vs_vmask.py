@@ -46,8 +46,8 @@ from typing import Any
 
 import torch
 
-from vflbench.config import build_config
-from vflbench.eval.scenario import build_federation, load_vertical_data, plan_defenses
+from vflbench.experiment.config import build_config
+from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
 from vflbench.mpc.comm import BYTES_PER_ELEMENT, DIRECTIONS
 from vflbench.protocol import Federation
 

@@ -29,11 +29,12 @@ from typing import Any
 
 import torch
 
-from vflbench.attacks import run_attacks, validate_attacks
-from vflbench.config import ExperimentConfig, load_config
-from vflbench.eval.results import write_json
-from vflbench.eval.run import TrainedRun, run_experiment
-from vflbench.eval.scenario import build_federation, load_vertical_data
+from vflbench.experiment.config import ExperimentConfig, load_config
+from vflbench.experiment.plan import validate_attacks
+from vflbench.experiment.results import write_json
+from vflbench.experiment.run import TrainedRun, run_experiment
+from vflbench.experiment.scenario import build_federation, load_vertical_data
+from vflbench.experiment.scoring import run_attacks
 from vflbench.protocol import History
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -27,10 +27,12 @@ import numpy as np
 import torch
 
 from vflbench.attacks.base import victims_of
-from vflbench.attacks.runner import _view, score_features, validate_attacks, victim_features
-from vflbench.config import build_config, load_config
-from vflbench.eval.run import TrainedRun
-from vflbench.eval.scenario import build_federation, load_vertical_data, plan_defenses
+from vflbench.experiment.config import build_config, load_config
+from vflbench.experiment.plan import validate_attacks, victim_features
+from vflbench.experiment.run import TrainedRun
+from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
+from vflbench.experiment.scoring import score_features
+from vflbench.experiment.views import _view
 from vflbench.rng import generator
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vflbench.config import load_config
-from vflbench.eval.run import run_experiment
+from vflbench.experiment.config import load_config
+from vflbench.experiment.run import run_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 REPRO = ROOT / "configs" / "repro"

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from vflbench.config import load_config
-from vflbench.eval.scores import pu_score
-from vflbench.eval.sweep import RUNS, run_sweep, scores_table
+from vflbench.experiment.config import load_config
+from vflbench.experiment.sweep import RUNS, run_sweep, scores_table
+from vflbench.metrics.scores import pu_score
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {
@@ -169,9 +169,9 @@ def mc_logit_check(directory: Path, out: Path, data_root: str | None) -> list[st
     import yaml
     from sklearn.metrics import roc_auc_score
 
-    from vflbench.config import ExperimentConfig
-    from vflbench.eval.run import run_experiment
-    from vflbench.eval.scenario import load_vertical_data
+    from vflbench.experiment.config import ExperimentConfig
+    from vflbench.experiment.run import run_experiment
+    from vflbench.experiment.scenario import load_vertical_data
 
     summary = pd.read_csv(directory / "summary.csv")
     flat = summary[(summary["attack"] == "model_completion") & (summary["attack_value"] == 0.5)]

@@ -37,11 +37,13 @@ from vflbench.attacks.base import LabelInference, Scores
 from vflbench.attacks.label.embedding_extension import original_bottom
 from vflbench.attacks.label.mixmatch import MixMatchCompletion
 from vflbench.attacks.label.model_completion import ModelCompletion
-from vflbench.attacks.runner import _view, score_inference, scratch_models, validate_attacks
-from vflbench.config import load_config
 from vflbench.defenses.regularizers import distance_correlation
-from vflbench.eval.run import train_run
-from vflbench.eval.scenario import load_vertical_data
+from vflbench.experiment.config import load_config
+from vflbench.experiment.plan import validate_attacks
+from vflbench.experiment.run import train_run
+from vflbench.experiment.scenario import load_vertical_data
+from vflbench.experiment.scoring import score_inference
+from vflbench.experiment.views import _view, scratch_models
 from vflbench.rng import generator
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from vflbench.config import build_config, load_config
-from vflbench.eval.run import run_experiment
+from vflbench.experiment.config import build_config, load_config
+from vflbench.experiment.run import run_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ("vmask_small", "vmask_large", "kang_attacks", "sweep_workers")

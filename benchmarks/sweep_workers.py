@@ -8,7 +8,7 @@ norm scoring) is executed once per worker count, each time into a fresh director
 - ``cli``: ``vflbench sweep CONFIG --out DIR --workers N`` as a fresh subprocess, timed from
   outside: what a user of the command line waits for, Python start-up and imports included
   (one process with 1 worker; the main process plus N spawned workers otherwise);
-- ``api``: ``vflbench.eval.sweep.run_sweep(cfg, DIR, workers=N)`` in this process, after an
+- ``api``: ``vflbench.experiment.sweep.run_sweep(cfg, DIR, workers=N)`` in this process, after an
   untimed warm-up run that has paid this process's imports. One worker runs the points here;
   N workers run them in a ``ProcessPoolExecutor`` of spawned processes, whose start-up and
   imports are part of the measured time (that is the cost of the pool).
@@ -42,9 +42,9 @@ from typing import Any
 import torch
 import yaml
 
-from vflbench.config import build_config
-from vflbench.eval.run import run_experiment
-from vflbench.eval.sweep import RUNS, expand, run_sweep
+from vflbench.experiment.config import build_config
+from vflbench.experiment.run import run_experiment
+from vflbench.experiment.sweep import RUNS, expand, run_sweep
 
 VFLBENCH = Path(sys.executable).with_name("vflbench")
 
@@ -114,7 +114,7 @@ def measure(raw: dict[str, Any], workers: int, mode: str) -> dict[str, Any]:
         shutil.rmtree(out, ignore_errors=True)
 
 
-STARTUP = ("import torch, vflbench.eval.run, vflbench.attacks, vflbench.defenses; "
+STARTUP = ("import torch, vflbench.experiment.run, vflbench.attacks, vflbench.defenses; "
            "torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)")
 
 

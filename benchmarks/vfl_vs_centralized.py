@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vflbench.config import build_config
-from vflbench.eval.scenario import build_federation, load_vertical_data
+from vflbench.experiment.config import build_config
+from vflbench.experiment.scenario import build_federation, load_vertical_data
 from vflbench.protocol import Federation
 
 CASES = (("mlp3", "tabmnist"), ("lenet5", "mnist"))

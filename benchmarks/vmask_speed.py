@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from vflbench.config import build_config
-from vflbench.eval.scenario import build_federation, load_vertical_data, plan_defenses
+from vflbench.experiment.config import build_config
+from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
 from vflbench.mpc import dealer as dealer_module
 
 CASES = [("tabmnist", "mlp3"), ("mnist", "lenet5")]

@@ -246,7 +246,7 @@ def test_a_diverged_training_is_flagged(tmp_path, cli):
 @pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
 def test_output_files_follow_the_umask(tmp_path, umask, mode):
     """write_atomic wrote every result 0600 (tempfile.mkstemp's mode) whatever the umask."""
-    from vflbench.eval.results import write_atomic
+    from vflbench.experiment.results import write_atomic
 
     previous = os.umask(umask)
     try:
@@ -275,7 +275,7 @@ def test_sigint_during_run_exits_130(tmp_path, sweeps):
 @linux_only
 def test_the_parent_watchdog_alone_ends_an_orphaned_worker(tmp_path):
     """The portable path (no PR_SET_PDEATHSIG): a worker whose parent is killed exits by itself."""
-    child = ("import os, threading, time; from vflbench.eval.sweep import _watch_parent; "
+    child = ("import os, threading, time; from vflbench.experiment.sweep import _watch_parent; "
              "threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start(); "
              "print('ready', flush=True); time.sleep(60)")
     middle = ("import subprocess, sys; "

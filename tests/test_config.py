@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import minimal
 
-from vflbench.config import build_config
 from vflbench.errors import ConfigError
+from vflbench.experiment.config import build_config
 
 
 def test_minimal_config_validates_and_resolves_defaults():

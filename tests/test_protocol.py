@@ -9,8 +9,8 @@ import torch
 from conftest import minimal
 from torch import nn
 
-from vflbench.config import build_config
-from vflbench.eval.scenario import DefensePlan, build_federation, load_vertical_data
+from vflbench.experiment.config import build_config
+from vflbench.experiment.scenario import DefensePlan, build_federation, load_vertical_data
 from vflbench.protocol import Defense, aggregate
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from vflbench.attacks.runner import create_attack
-from vflbench.config import load_config
+from vflbench.attacks.registry import create_attack
 from vflbench.defenses import create_defense
-from vflbench.eval.sweep import expand
+from vflbench.experiment.config import load_config
+from vflbench.experiment.sweep import expand
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml"))
 

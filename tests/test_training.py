@@ -6,8 +6,8 @@ import json
 
 from conftest import minimal
 
-from vflbench.config import build_config
-from vflbench.eval.run import run_experiment
+from vflbench.experiment.config import build_config
+from vflbench.experiment.run import run_experiment
 
 
 def test_digits_vhnn_reaches_085_and_is_deterministic(tmp_path):

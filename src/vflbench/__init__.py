@@ -12,19 +12,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from vflbench._version import __version__
 
 #: Each public name and the module that defines it.
 _API = {"make_config": "vflbench.api", "run": "vflbench.api", "sweep": "vflbench.api", "load_result": "vflbench.api",
-        "load_sweep": "vflbench.api", "ExperimentConfig": "vflbench.config", "RunResult": "vflbench.eval.results",
-        "AttackResult": "vflbench.eval.results", "UtilityResult": "vflbench.eval.results",
+        "load_sweep": "vflbench.api", "ExperimentConfig": "vflbench.experiment.config",
+        "RunResult": "vflbench.experiment.results", "AttackResult": "vflbench.experiment.results",
+        "UtilityResult": "vflbench.experiment.results",
         "VFLBenchError": "vflbench.errors", "ConfigError": "vflbench.errors"}
 
 if TYPE_CHECKING:
     from vflbench.api import load_result, load_sweep, make_config, run, sweep
-    from vflbench.config import ExperimentConfig
     from vflbench.errors import ConfigError, VFLBenchError
-    from vflbench.eval.results import AttackResult, RunResult, UtilityResult
+    from vflbench.experiment.config import ExperimentConfig
+    from vflbench.experiment.results import AttackResult, RunResult, UtilityResult
 
 
 def __getattr__(name: str) -> Any:

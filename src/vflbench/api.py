@@ -13,7 +13,7 @@ Everything here is re-exported by ``vflbench`` itself::
     print(result.utility.value, result.utility_loss, result.attack("norm_scoring").leakage)
 
 The functions take the same configs as the command line (a mapping, a YAML file, or an
-:class:`~vflbench.config.ExperimentConfig`) and return the typed results ``result.json`` records.
+:class:`~vflbench.experiment.config.ExperimentConfig`) and return the typed results ``result.json`` records.
 Errors in a config raise :class:`~vflbench.errors.ConfigError` (or another
 :class:`~vflbench.errors.VFLBenchError`) with the message the command line prints.
 """
@@ -27,11 +27,11 @@ from typing import Any
 
 import pandas as pd
 
-from vflbench.config import ExperimentConfig, build_config, load_config
 from vflbench.errors import ConfigError
-from vflbench.eval.results import RunResult
-from vflbench.eval.run import run_experiment
-from vflbench.eval.sweep import run_sweep
+from vflbench.experiment.config import ExperimentConfig, build_config, load_config
+from vflbench.experiment.results import RunResult
+from vflbench.experiment.run import run_experiment
+from vflbench.experiment.sweep import run_sweep
 
 ConfigLike = ExperimentConfig | Mapping[str, Any] | str | Path
 

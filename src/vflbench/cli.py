@@ -143,8 +143,8 @@ def run(
     data_root: Annotated[Path | None, typer.Option("--data-root", help="datasets root")] = None,
 ) -> None:
     """Train and evaluate one experiment; write OUT/<config hash>/result.json."""
-    from vflbench.config import load_config
-    from vflbench.eval.run import run_experiment
+    from vflbench.experiment.config import load_config
+    from vflbench.experiment.run import run_experiment
 
     cfg = load_config(config, set_ or [])
     check_out_dir(out_dir)
@@ -200,8 +200,8 @@ def sweep(
     data_root: Annotated[Path | None, typer.Option("--data-root", help="datasets root")] = None,
 ) -> None:
     """Run every point of a sweep (cached by config hash) and write summary.csv and scores.csv."""
-    from vflbench.config import load_config
-    from vflbench.eval.sweep import run_sweep
+    from vflbench.experiment.config import load_config
+    from vflbench.experiment.sweep import run_sweep
 
     cfg = load_config(config, set_ or [])
     if workers is not None and workers < 1:
@@ -247,8 +247,8 @@ def tune(
     data_root: Annotated[Path | None, typer.Option("--data-root", help="datasets root")] = None,
 ) -> None:
     """Find the strength of a defense with the best utility whose worst-case leakage meets a budget."""
-    from vflbench.config import load_config
-    from vflbench.eval.tune import tune as run_tune
+    from vflbench.experiment.config import load_config
+    from vflbench.experiment.tune import tune as run_tune
 
     cfg = load_config(config, set_ or [])
     check_out_dir(out_dir)
@@ -272,7 +272,7 @@ def init(
     """Write the quick-start example configs (embedded data, no files needed) into DIRECTORY."""
     from importlib.resources import files
 
-    from vflbench.eval.results import write_atomic
+    from vflbench.experiment.results import write_atomic
 
     examples = sorted((p for p in (files("vflbench") / "examples").iterdir() if p.name.endswith(".yaml")),
                       key=lambda p: p.name)

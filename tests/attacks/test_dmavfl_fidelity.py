@@ -15,13 +15,13 @@ import torch.nn.functional as F
 from conftest import minimal
 
 from vflbench.attacks.feature.common import ConvDAC, ImageDecoder
-from vflbench.attacks.runner import validate_attacks
-from vflbench.config import build_config
 from vflbench.defenses import create_defense
 from vflbench.defenses.detectors import GradientScrutinizer, GradientScrutinizerDMAVFL
 from vflbench.errors import ConfigError
-from vflbench.eval.run import train_run
-from vflbench.eval.scenario import load_vertical_data
+from vflbench.experiment.config import build_config
+from vflbench.experiment.plan import validate_attacks
+from vflbench.experiment.run import train_run
+from vflbench.experiment.scenario import load_vertical_data
 from vflbench.protocol import BindContext, Channel, StepState
 
 PARTIES = ("active", "passive_1")

@@ -19,12 +19,14 @@ from test_label_attacks import _tensors
 
 from vflbench.attacks import ATTACKS
 from vflbench.attacks.base import FeatureInference
-from vflbench.attacks.runner import _view, aux_data, feature_targets, run_attacks, validate_attacks
-from vflbench.config import build_config
 from vflbench.errors import CompatibilityError, ConfigError
-from vflbench.eval.metrics import cosine_distance, gaussian_window, ssim
-from vflbench.eval.run import run_experiment, train_run
-from vflbench.eval.scenario import build_federation, load_vertical_data
+from vflbench.experiment.config import build_config
+from vflbench.experiment.plan import aux_data, validate_attacks
+from vflbench.experiment.run import run_experiment, train_run
+from vflbench.experiment.scenario import build_federation, load_vertical_data
+from vflbench.experiment.scoring import run_attacks
+from vflbench.experiment.views import _view, feature_targets
+from vflbench.metrics.reconstruction import cosine_distance, gaussian_window, ssim
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 TRAIN = {"epochs": 6, "batch_size": 32, "optimizer": "adam", "lr": 3e-3}

@@ -18,12 +18,14 @@ from test_label_attacks import _tensors
 
 from vflbench.attacks.feature.grna import VICTIM_BOTTOM
 from vflbench.attacks.feature.honest import invert_embeddings
-from vflbench.attacks.runner import _view, feature_targets, run_attacks, score_features, validate_attacks
-from vflbench.config import build_config
 from vflbench.errors import CompatibilityError
-from vflbench.eval.metrics import ssim
-from vflbench.eval.run import train_run
-from vflbench.eval.scenario import load_vertical_data
+from vflbench.experiment.config import build_config
+from vflbench.experiment.plan import validate_attacks
+from vflbench.experiment.run import train_run
+from vflbench.experiment.scenario import load_vertical_data
+from vflbench.experiment.scoring import run_attacks, score_features
+from vflbench.experiment.views import _view, feature_targets
+from vflbench.metrics.reconstruction import ssim
 
 AUX = {"aux_fraction": 0.2}
 #: Test-sized settings: larger learning rates and fewer epochs than the papers' defaults.

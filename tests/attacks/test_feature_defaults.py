@@ -17,11 +17,13 @@ from __future__ import annotations
 import pytest
 
 from vflbench.attacks.feature.dmavfl import DMAVFL
-from vflbench.attacks.runner import _view, feature_targets, run_attacks, validate_attacks
-from vflbench.config import build_config
-from vflbench.eval.metrics import ssim
-from vflbench.eval.run import train_run
-from vflbench.eval.scenario import load_vertical_data
+from vflbench.experiment.config import build_config
+from vflbench.experiment.plan import validate_attacks
+from vflbench.experiment.run import train_run
+from vflbench.experiment.scenario import load_vertical_data
+from vflbench.experiment.scoring import run_attacks
+from vflbench.experiment.views import _view, feature_targets
+from vflbench.metrics.reconstruction import ssim
 
 pytestmark = pytest.mark.slow
 

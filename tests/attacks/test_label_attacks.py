@@ -8,11 +8,12 @@ from conftest import minimal
 from torch import nn
 
 from vflbench.attacks import ATTACKS
-from vflbench.attacks.runner import _view, validate_attacks
-from vflbench.config import build_config
 from vflbench.errors import CompatibilityError, ConfigError
-from vflbench.eval.run import run_experiment, train_run
-from vflbench.eval.scenario import load_vertical_data
+from vflbench.experiment.config import build_config
+from vflbench.experiment.plan import validate_attacks
+from vflbench.experiment.run import run_experiment, train_run
+from vflbench.experiment.scenario import load_vertical_data
+from vflbench.experiment.views import _view
 
 
 def _vlr(attacks, **train):

@@ -7,11 +7,11 @@ import torch
 from conftest import minimal
 
 from vflbench.attacks.label.active import MaliciousSGD
-from vflbench.attacks.runner import validate_attacks
-from vflbench.config import build_config
 from vflbench.errors import CompatibilityError
-from vflbench.eval.run import run_experiment, train_run
-from vflbench.eval.scenario import load_vertical_data
+from vflbench.experiment.config import build_config
+from vflbench.experiment.plan import validate_attacks
+from vflbench.experiment.run import run_experiment, train_run
+from vflbench.experiment.scenario import load_vertical_data
 
 
 def test_mixmatch_completion_beats_random_on_digits_with_a_curve():

@@ -14,8 +14,6 @@ import pytest
 import torch
 from conftest import minimal
 
-from vflbench.attacks.runner import run_attacks, validate_attacks
-from vflbench.config import build_config
 from vflbench.defenses import create_defense
 from vflbench.defenses.detectors import (
     GradientScrutinizer,
@@ -25,8 +23,11 @@ from vflbench.defenses.detectors import (
     splitguard_score,
 )
 from vflbench.errors import ConfigError
-from vflbench.eval.run import train_run
-from vflbench.eval.scenario import build_federation, load_vertical_data, plan_defenses
+from vflbench.experiment.config import build_config
+from vflbench.experiment.plan import validate_attacks
+from vflbench.experiment.run import train_run
+from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
+from vflbench.experiment.scoring import run_attacks
 from vflbench.protocol import BindContext, Channel, StepState, default_objective
 
 PARTIES = ("active", "passive_1")

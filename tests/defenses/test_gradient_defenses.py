@@ -11,11 +11,11 @@ from conftest import minimal
 from scipy.optimize import minimize
 from sklearn.metrics import roc_auc_score
 
-from vflbench.config import build_config
 from vflbench.defenses import DEFENSES, create_defense
 from vflbench.defenses.gradient import marvell_objective, marvell_power, marvell_solve
 from vflbench.errors import CompatibilityError, ConfigError
-from vflbench.eval.run import run_experiment
+from vflbench.experiment.config import build_config
+from vflbench.experiment.run import run_experiment
 from vflbench.protocol import BindContext, StepState
 
 NAMES = ["dp_laplace", "isotropic_noise", "max_norm", "marvell", "gradient_compression", "discrete_sgd"]

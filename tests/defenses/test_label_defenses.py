@@ -9,7 +9,6 @@ import pytest
 import torch
 from conftest import minimal
 
-from vflbench.config import build_config
 from vflbench.defenses import DEFENSES, create_defense
 from vflbench.defenses.labels import (
     MixUp,
@@ -20,8 +19,9 @@ from vflbench.defenses.labels import (
     rr_with_prior,
 )
 from vflbench.errors import ConfigError
-from vflbench.eval.run import run_experiment
-from vflbench.eval.scenario import build_federation, load_vertical_data, plan_defenses
+from vflbench.experiment.config import build_config
+from vflbench.experiment.run import run_experiment
+from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
 from vflbench.protocol import ACTIVE, BindContext
 from vflbench.protocol.objective import default_objective, soft_cross_entropy
 from vflbench.rng import generator

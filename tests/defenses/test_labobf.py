@@ -8,8 +8,6 @@ import torch.nn.functional as F
 from conftest import minimal
 
 from vflbench.attacks.label.embedding_extension import EmbeddingExtension, ExtendedBottom, original_bottom
-from vflbench.attacks.runner import run_attacks, validate_attacks
-from vflbench.config import build_config
 from vflbench.defenses import create_defense
 from vflbench.defenses.labobf import (
     LabObf,
@@ -20,8 +18,11 @@ from vflbench.defenses.labobf import (
 )
 from vflbench.defenses.regularizers import distance_correlation
 from vflbench.errors import CompatibilityError, ConfigError
-from vflbench.eval.run import run_experiment, train_run
-from vflbench.eval.scenario import build_federation, load_vertical_data, plan_defenses
+from vflbench.experiment.config import build_config
+from vflbench.experiment.plan import validate_attacks
+from vflbench.experiment.run import run_experiment, train_run
+from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
+from vflbench.experiment.scoring import run_attacks
 from vflbench.protocol import ACTIVE, BindContext
 from vflbench.protocol.objective import default_objective
 

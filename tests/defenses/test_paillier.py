@@ -22,7 +22,6 @@ pytest.importorskip("phe", reason="paillier_he needs the optional 'he' extra (pi
 from phe import paillier as phe_paillier  # noqa: E402
 
 import vflbench.defenses.paillier as paillier_module  # noqa: E402
-from vflbench.config import build_config  # noqa: E402
 from vflbench.defenses import DEFENSES, create_defense  # noqa: E402
 from vflbench.defenses.paillier import (  # noqa: E402
     EncTensor,
@@ -34,8 +33,9 @@ from vflbench.defenses.paillier import (  # noqa: E402
     encode,
 )
 from vflbench.errors import CompatibilityError, ConfigError  # noqa: E402
-from vflbench.eval.run import run_experiment  # noqa: E402
-from vflbench.eval.scenario import build_federation, load_vertical_data, plan_defenses  # noqa: E402
+from vflbench.experiment.config import build_config  # noqa: E402
+from vflbench.experiment.run import run_experiment  # noqa: E402
+from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses  # noqa: E402
 
 TEST_KEY_BITS = 512  # test-only: far below any secure size
 HE = {"name": "paillier_he", "key_bits": TEST_KEY_BITS}

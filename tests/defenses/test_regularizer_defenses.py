@@ -9,7 +9,6 @@ import pytest
 import torch
 from conftest import minimal
 
-from vflbench.config import build_config
 from vflbench.defenses import DEFENSES, create_defense
 from vflbench.defenses.regularizers import (
     PassportLayer,
@@ -17,8 +16,9 @@ from vflbench.defenses.regularizers import (
     distance_correlation,
 )
 from vflbench.errors import CompatibilityError, ConfigError
-from vflbench.eval.run import run_experiment, train_run
-from vflbench.eval.scenario import build_federation, load_vertical_data, plan_defenses
+from vflbench.experiment.config import build_config
+from vflbench.experiment.run import run_experiment, train_run
+from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
 from vflbench.protocol.hooks import BindContext, StepState
 
 NAMES = ["dcor", "mid", "nopeek", "embedding_noise", "fedpass", "precode"]

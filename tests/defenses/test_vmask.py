@@ -9,13 +9,15 @@ import torch
 from conftest import minimal
 from torch import nn
 
-from vflbench.attacks.runner import _view as runner_view
-from vflbench.attacks.runner import attacker_copy, run_attacks, score_inference, validate_attacks
-from vflbench.config import build_config
 from vflbench.defenses.vmask import VMask, VMaskBottom, layer_conditions
 from vflbench.errors import CompatibilityError
-from vflbench.eval.run import run_experiment, train_run
-from vflbench.eval.scenario import DefensePlan, build_federation, load_vertical_data, plan_defenses
+from vflbench.experiment.config import build_config
+from vflbench.experiment.plan import validate_attacks
+from vflbench.experiment.run import run_experiment, train_run
+from vflbench.experiment.scenario import DefensePlan, build_federation, load_vertical_data, plan_defenses
+from vflbench.experiment.scoring import run_attacks, score_inference
+from vflbench.experiment.views import _view as runner_view
+from vflbench.experiment.views import attacker_copy
 from vflbench.mpc.layers import oracle_effective_weight
 
 SYNTHETIC = {"n_samples": 2000, "n_features": 40, "n_informative": 30, "n_classes": 8, "class_sep": 1.5}

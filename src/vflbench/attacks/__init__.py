@@ -1,4 +1,8 @@
-"""Attacks: the API, the registry, and the runner that scores them."""
+"""Attacks: the API (a party's view in, an inference out) and the registry.
+
+Planning, running and scoring attacks against ground truth is the experiment layer's
+(:mod:`vflbench.experiment.plan`, :mod:`vflbench.experiment.scoring`).
+"""
 
 from vflbench.attacks.base import (
     Attack,
@@ -9,10 +13,10 @@ from vflbench.attacks.base import (
     Scenario,
     Scores,
 )
-from vflbench.attacks.runner import ATTACKS, AttackPlan, create_attack, run_attacks, scenario_of, validate_attacks
+from vflbench.attacks.registry import ATTACKS, create_attack
 
-__all__ = ["ATTACKS", "Attack", "AttackPlan", "BatchRecord", "KnownLabels", "LabelInference", "PartyView",
-           "Scenario", "Scores", "create_attack", "run_attacks", "scenario_of", "validate_attacks"]
+__all__ = ["ATTACKS", "Attack", "BatchRecord", "KnownLabels", "LabelInference", "PartyView", "Scenario", "Scores",
+           "create_attack"]
 
 from vflbench.attacks.label import active, embedding_extension, gradient, mixmatch, model_completion  # noqa: E402,F401,I001  (register)
 from vflbench.attacks.label import vmask_recovery  # noqa: E402,F401,I001  (register)

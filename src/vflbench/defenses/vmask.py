@@ -55,8 +55,8 @@ from torch import Tensor, nn
 
 from vflbench.defenses import DEFENSES
 from vflbench.errors import CompatibilityError
-from vflbench.eval.finetune import complete
 from vflbench.models import init_parameters
+from vflbench.models.finetune import complete
 from vflbench.mpc.comm import DIRECTIONS, Comm
 from vflbench.mpc.dealer import Dealer
 from vflbench.mpc.layers import (

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 
 from vflbench.errors import VFLBenchError
-from vflbench.eval.results import write_atomic
-from vflbench.eval.sweep import NO_DEFENSE, RUNS
+from vflbench.experiment.results import write_atomic
+from vflbench.experiment.sweep import NO_DEFENSE, RUNS
 from vflbench.report import plots
 
 SUMMARY_COLUMNS = ["defense", "strength", "seed", "attack", "attack_direction", "utility", "attack_value", "prior",

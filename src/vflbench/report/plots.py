@@ -11,8 +11,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from vflbench.eval.scores import pareto_front  # noqa: E402
-from vflbench.eval.sweep import NO_DEFENSE  # noqa: E402
+from vflbench.experiment.sweep import NO_DEFENSE  # noqa: E402
+from vflbench.metrics.scores import pareto_front  # noqa: E402
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from vflbench.attacks.base import AuxData
 from vflbench.attacks.feature.common import Adversary, AuxBatches, MaliciousActiveAttack, decoder_for, mlp, seeded
-from vflbench.attacks.runner import ATTACKS
+from vflbench.attacks.registry import ATTACKS
 from vflbench.protocol import ActiveParty
 
 AGN_PAPER = ("Vu, Tre'R, Alharbi, Thai, Active Data Reconstruction Attacks in Vertical Federated Learning "

@@ -65,7 +65,7 @@ from vflbench.attacks.feature.common import (
     mlp,
     seeded,
 )
-from vflbench.attacks.runner import ATTACKS
+from vflbench.attacks.registry import ATTACKS
 from vflbench.errors import ConfigError
 from vflbench.protocol import ActiveParty
 

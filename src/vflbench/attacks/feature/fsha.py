@@ -38,7 +38,7 @@ from torch import Tensor
 
 from vflbench.attacks.base import AuxData
 from vflbench.attacks.feature.common import Adversary, AuxBatches, MaliciousActiveAttack, decoder_for, mlp, seeded
-from vflbench.attacks.runner import ATTACKS
+from vflbench.attacks.registry import ATTACKS
 from vflbench.protocol import ActiveParty
 
 FSHA_PAPER = ("Pasquini, Ateniese, Bernaschi, Unleashing the Tiger: Inference Attacks on Split Learning (CCS 2021); "

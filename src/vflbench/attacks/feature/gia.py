@@ -33,7 +33,7 @@ from typing import Any, ClassVar, Literal
 
 from vflbench.attacks.base import FeatureInference, PartyView, Phase
 from vflbench.attacks.feature.honest import CuriousActiveAttack, fit_regression, invert_embeddings
-from vflbench.attacks.runner import ATTACKS
+from vflbench.attacks.registry import ATTACKS
 
 PAPER = ("GIA as described and evaluated in DMAVFL (Yao et al., arXiv 2404.19582) §2.1/§6.2, ref. [18]; "
          "URVFL's gia_attack")

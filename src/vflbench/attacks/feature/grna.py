@@ -46,7 +46,7 @@ from vflbench.attacks.feature.honest import (
     flat_dim,
     permutation_batches,
 )
-from vflbench.attacks.runner import ATTACKS
+from vflbench.attacks.registry import ATTACKS
 
 PAPER = ("Luo et al., Feature Inference Attack on Model Predictions in Vertical Federated Learning (GRNA, ICDE 2021); "
          "xinjianluo/featureinference-vfl; evaluated in DMAVFL §6.2 (Yao et al., arXiv 2404.19582)")

@@ -59,7 +59,7 @@ from vflbench.attacks.feature.honest import (
     permutation_batches,
     supervised_loss,
 )
-from vflbench.attacks.runner import ATTACKS
+from vflbench.attacks.registry import ATTACKS
 
 PAPER = ("He, Zhang & Lee, Model Inversion Attacks Against Collaborative Inference (ACSAC 2019); "
          "Kang et al., A Framework for Evaluating Privacy-Utility Trade-off in VFL, §6.2 eq. 12 and §8.5.3")

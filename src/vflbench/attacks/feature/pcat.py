@@ -42,7 +42,7 @@ from vflbench.attacks.feature.honest import (
     permutation_batches,
     supervised_loss,
 )
-from vflbench.attacks.runner import ATTACKS
+from vflbench.attacks.registry import ATTACKS
 from vflbench.protocol import ActiveParty
 
 PAPER = ("Gao & Zhang, Feature Inference Attack on Split Learning with a Pseudo-Client (PCAT; IEEE TDSC 2024), "

@@ -54,7 +54,7 @@ from vflbench.attacks.feature.honest import (
     predicted_class,
     supervised_loss,
 )
-from vflbench.attacks.runner import ATTACKS
+from vflbench.attacks.registry import ATTACKS
 from vflbench.protocol import ActiveParty
 
 PAPER = ("Zhu et al., Passive Inference Attacks on Split Learning via Adversarial Regularization (SDAR, NDSS 2025); "

@@ -17,7 +17,7 @@ from torch.optim import lr_scheduler
 
 from vflbench.attacks.base import KnownLabels, LabelMetric, Phase, Prior, require
 from vflbench.attacks.label.model_completion import ModelCompletion
-from vflbench.attacks.runner import ATTACKS
+from vflbench.attacks.registry import ATTACKS
 from vflbench.errors import CompatibilityError
 from vflbench.protocol import PassiveParty
 

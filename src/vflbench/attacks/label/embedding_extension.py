@@ -47,7 +47,7 @@ from vflbench.attacks.base import (
     require,
 )
 from vflbench.attacks.label.model_completion import ModelCompletion
-from vflbench.attacks.runner import ATTACKS
+from vflbench.attacks.registry import ATTACKS
 from vflbench.defenses.regularizers import distance_correlation
 from vflbench.models import init_parameters
 from vflbench.protocol import PassiveParty

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vflbench.attacks.base import Attack, LabelInference, PartyView, Scenario, Scores, binary_only, require
-from vflbench.attacks.runner import ATTACKS
+from vflbench.attacks.registry import ATTACKS
 
 
 def _epochs_ok(epoch: int, epochs: Sequence[int] | None) -> bool:

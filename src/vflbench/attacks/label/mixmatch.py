@@ -29,7 +29,7 @@ from vflbench.attacks.base import (
     require,
 )
 from vflbench.attacks.label.model_completion import ModelCompletion, class_scores, predict
-from vflbench.attacks.runner import ATTACKS
+from vflbench.attacks.registry import ATTACKS
 from vflbench.errors import CompatibilityError
 from vflbench.models import inference_head, init_parameters
 

@@ -17,8 +17,8 @@ from vflbench.attacks.base import (
     check_metric,
     require,
 )
-from vflbench.attacks.runner import ATTACKS
-from vflbench.eval.finetune import class_scores, complete, predict, supervised_loss  # noqa: F401
+from vflbench.attacks.registry import ATTACKS
+from vflbench.models.finetune import class_scores, complete, predict, supervised_loss  # noqa: F401
 
 
 @ATTACKS.register("model_completion",

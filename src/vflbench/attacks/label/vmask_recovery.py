@@ -44,7 +44,7 @@ from torch import Tensor
 
 from vflbench.attacks.base import LabelInference, LabelMetric, PartyView, Prior
 from vflbench.attacks.label.model_completion import ModelCompletion
-from vflbench.attacks.runner import ATTACKS
+from vflbench.attacks.registry import ATTACKS
 from vflbench.defenses.vmask import AttackerBottom, MaskableLayer, VMaskBottom
 from vflbench.mpc.layers import Opening
 

@@ -16,15 +16,15 @@ import numpy as np
 import sklearn
 import torch
 
-from vflbench import __version__
-from vflbench.attacks import AttackPlan, run_attacks, validate_attacks
-from vflbench.attacks.runner import wants_aux
-from vflbench.config import ExperimentConfig, build_config, check_components
+from vflbench._version import __version__
 from vflbench.data import VerticalData, aux_indices
 from vflbench.errors import ConfigError, DataError
-from vflbench.eval.results import AttackResult, RunResult, Timing, UtilityResult, write_atomic, write_json
-from vflbench.eval.scenario import build_federation, load_vertical_data, plan_defenses
-from vflbench.eval.scores import attack_leakage, leaks
+from vflbench.experiment.config import ExperimentConfig, build_config, check_components
+from vflbench.experiment.plan import AttackPlan, validate_attacks, wants_aux
+from vflbench.experiment.results import AttackResult, RunResult, Timing, UtilityResult, write_atomic, write_json
+from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
+from vflbench.experiment.scoring import run_attacks
+from vflbench.metrics.scores import attack_leakage, leaks
 from vflbench.protocol import Federation, History, Progress
 from vflbench.rng import generator
 

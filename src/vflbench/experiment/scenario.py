@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from vflbench.config import ExperimentConfig
 from vflbench.data import PartySlice, VerticalData, aux_indices, load_dataset, partition, subsample
 from vflbench.defenses import create_defense
 from vflbench.errors import ConfigError
+from vflbench.experiment.config import ExperimentConfig
 from vflbench.models import build_bottom, build_top
 from vflbench.protocol import (
     ACTIVE,

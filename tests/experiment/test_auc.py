@@ -8,7 +8,7 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from vflbench.eval.auc import batched_binary_auc
+from vflbench.metrics.auc import batched_binary_auc
 
 
 def _sets(seed: int, n: int, *, ties: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

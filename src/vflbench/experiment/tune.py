@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vflbench.config import ConfigError, ExperimentConfig, apply_override, build_config
 from vflbench.defenses import DEFENSES
-from vflbench.eval.results import write_json
-from vflbench.eval.scores import attack_leakage, leaks
-from vflbench.eval.sweep import RUNS, SweepPoint, collect, is_done
+from vflbench.experiment.config import ConfigError, ExperimentConfig, apply_override, build_config
+from vflbench.experiment.results import write_json
+from vflbench.experiment.sweep import RUNS, SweepPoint, collect, is_done
+from vflbench.metrics.scores import attack_leakage, leaks
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class TuneResult:
 
 
 def _evaluate(cfg: ExperimentConfig, out: Path, data_root: str | None) -> dict[str, Any]:
-    from vflbench.eval.run import run_experiment
+    from vflbench.experiment.run import run_experiment
 
     point = SweepPoint(cfg, {})
     if not is_done(out, point):

@@ -9,11 +9,11 @@ import pytest
 import yaml
 from conftest import minimal
 
-from vflbench.config import build_config
 from vflbench.errors import ConfigError
-from vflbench.eval import sweep as sweep_mod
-from vflbench.eval.sweep import RUNS, expand, run_sweep
-from vflbench.eval.tune import tune
+from vflbench.experiment import sweep as sweep_mod
+from vflbench.experiment.config import build_config
+from vflbench.experiment.sweep import RUNS, expand, run_sweep
+from vflbench.experiment.tune import tune
 from vflbench.report import build_report
 
 

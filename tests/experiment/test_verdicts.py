@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 from conftest import minimal
 
-from vflbench.config import build_config
 from vflbench.errors import ConfigError
-from vflbench.eval.sweep import adaptive_coverage, run_sweep
-from vflbench.eval.tune import tune
+from vflbench.experiment.config import build_config
+from vflbench.experiment.sweep import adaptive_coverage, run_sweep
+from vflbench.experiment.tune import tune
 from vflbench.report import build_report
 
 # Model completion with one known label per class and the local prior J_loc does not beat J_loc on
@@ -134,7 +134,7 @@ def test_run_table_says_when_an_attack_does_not_leak_without_defense():
     from rich.console import Console
 
     from vflbench.cli import _result_table
-    from vflbench.eval.run import run_experiment
+    from vflbench.experiment.run import run_experiment
 
     raw = minimal(data={"name": "breast_cancer"}, train={"epochs": 2, "batch_size": 32},
                   defenses=[{"name": "dcor", "weight": 0.1}], attacks=[IDLE_ATTACK])

@@ -247,7 +247,7 @@ def check_components(cfg: ExperimentConfig) -> None:
     data is loaded: the dataset and its options, the bottom and top models and their options, each
     defense and attack (their parameters' names, types, choices and ranges, then their own checks).
     What needs the data's shape (classes, slice shapes) is checked by the run before training."""
-    from vflbench.attacks.runner import create_attack
+    from vflbench.attacks.registry import create_attack
     from vflbench.data import DATASETS
     from vflbench.defenses import create_defense
     from vflbench.models import BOTTOM_RESERVED, MODELS, TOP_MODELS, TOP_RESERVED

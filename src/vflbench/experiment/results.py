@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vflbench.eval.scores import attack_leakage, direction_of
+from vflbench.metrics.scores import attack_leakage, direction_of
 
 
 @dataclass
@@ -29,7 +29,7 @@ class AttackResult:
 
     ``direction``: ``"higher"`` when a higher ``value`` means more leakage (AUC, accuracy),
     ``"lower"`` when a lower one does (MSE). ``leakage``: eps_p in points on one scale where
-    higher always means more leakage (:func:`vflbench.eval.scores.leakage_points`).
+    higher always means more leakage (:func:`vflbench.metrics.scores.leakage_points`).
     ``undefended_leakage``: the same attack's leakage on the same config without defenses (its
     own leakage when the run has none; ``None`` when unknown); ``leaks_without_defense``: whether
     that beats the prior (> 0 points), i.e. whether a defense can be credited for stopping it.

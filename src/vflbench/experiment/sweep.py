@@ -25,7 +25,8 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from vflbench.config import (
+from vflbench.errors import VFLBenchError
+from vflbench.experiment.config import (
     ComponentSpec,
     ConfigError,
     ExperimentConfig,
@@ -33,9 +34,8 @@ from vflbench.config import (
     build_config,
     check_components,
 )
-from vflbench.errors import VFLBenchError
-from vflbench.eval.results import write_atomic
-from vflbench.eval.scores import (
+from vflbench.experiment.results import write_atomic
+from vflbench.metrics.scores import (
     NO_PROTECTION_SCORE,
     ScoreTable,
     attack_leakage,
@@ -143,7 +143,7 @@ def _path_exists(raw: dict[str, Any], key: str) -> bool:
 
 
 def _run_point(config: dict[str, Any], runs_dir: str, data_root: str | None) -> str:
-    from vflbench.eval.run import run_experiment
+    from vflbench.experiment.run import run_experiment
 
     cfg = ExperimentConfig.model_validate(config)
     run_experiment(cfg, out_dir=runs_dir, data_root=data_root)
@@ -156,7 +156,7 @@ def is_done(out_dir: Path, point: SweepPoint) -> bool:
 
 
 def _check_points(points: Sequence[SweepPoint]) -> None:
-    """Check every point's components (:func:`~vflbench.config.check_components`) before anything
+    """Check every point's components (:func:`~vflbench.experiment.config.check_components`) before anything
     runs, so that a bad grid value (an unknown parameter, a strength given twice) fails the sweep at
     once, not after hours."""
     for point in points:
@@ -170,9 +170,9 @@ def _check_data(points: Sequence[SweepPoint], data_root: str | None) -> None:
     """Check what needs the data for every point before any runs (the attacks against the scenario,
     the metric, the labelled and auxiliary rows): each distinct data section is loaded once, with the
     seed of its first point, and only one dataset is held at a time."""
-    from vflbench.attacks import validate_attacks
-    from vflbench.eval.run import check_before_training
-    from vflbench.eval.scenario import load_vertical_data
+    from vflbench.experiment.plan import validate_attacks
+    from vflbench.experiment.run import check_before_training
+    from vflbench.experiment.scenario import load_vertical_data
 
     def key(point: SweepPoint) -> str:
         return json.dumps([point.config.data.model_dump(mode="json"), point.config.train.algorithm], sort_keys=True)

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from vflbench.eval.scores import (
+from vflbench.experiment.sweep import scores_table
+from vflbench.metrics.scores import (
     NO_PROTECTION_SCORE,
     ScoreTable,
     attack_leakage,
@@ -21,7 +22,6 @@ from vflbench.eval.scores import (
     pu_scorable,
     pu_score,
 )
-from vflbench.eval.sweep import scores_table
 
 
 @pytest.mark.parametrize(("value", "privacy", "utility"), [
@@ -172,7 +172,7 @@ def test_c_dcs_is_below_1_for_a_leaking_label_attack_and_1_without_leakage():
 def test_score_inference_records_a_fallback_to_the_training_split():
     """Old behaviour: a test AUC undefined (one class) silently became the training AUC."""
     from vflbench.attacks.base import LabelInference, Scores
-    from vflbench.attacks.runner import score_inference
+    from vflbench.experiment.scoring import score_inference
 
     y_train, y_test = torch.tensor([0, 1, 0, 1]), torch.tensor([1, 1])
     inf = LabelInference(train=Scores(torch.arange(4), torch.tensor([0.1, 0.9, 0.2, 0.8])),

@@ -1,0 +1,94 @@
+"""What an attacker receives: its :class:`PartyView` (its own models, transcript, data and the
+embeddings its victims send at inference), built from a trained run."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from vflbench.attacks.base import (
+    Attack,
+    AuxData,
+    PartyView,
+    ReceivedEmbeddings,
+    draws_of,
+    victims_of,
+)
+from vflbench.data import VerticalData
+from vflbench.experiment.plan import PlannedAttack, attacker_copy, aux_data, known_labels, scenario_of, wants_aux
+from vflbench.models import build_bottom
+from vflbench.protocol import ACTIVE, Federation, Message
+from vflbench.protocol.federation import EVAL_BATCH
+from vflbench.rng import generator
+
+if TYPE_CHECKING:
+    from vflbench.experiment.run import TrainedRun
+
+
+log = logging.getLogger(__name__)
+
+
+def _view(run: TrainedRun, planned: PlannedAttack, models: dict[str, nn.Module] | None = None) -> PartyView:
+    attack = planned.attack
+    party = {p.name: p for p in run.federation.parties()}[attack.party]
+    known = known_labels(attack, run.data.y_train, run.config.seed)
+    aux = planned.aux
+    if aux is None and wants_aux(attack):
+        aux = aux_data(attack, run.data, party.data.x_train if party.data is not None else None, run.config.seed,
+                       planned.aux_exclude)
+    received = []
+    if attack.target == "features" and "embedding" in attack.reads and party.name == ACTIVE:
+        ids, split = feature_targets(attack, run.data, aux, run.config.seed)
+        received += [query_embeddings(run.federation, victim, ids, split) for victim in victims_of(attack)]
+    assert party.data is not None or attack.target == "features"
+    return PartyView(
+        party=party.name, scenario=scenario_of(run.config, run.data), data=party.data,
+        models=models if models is not None else {k: attacker_copy(m) for k, m in party.models().items()},
+        transcript=party.transcript, records=planned.records, known=known,
+        generator=generator(run.config.seed, "attack", draws_of(attack), "run"), aux=aux, received=received)
+
+
+def feature_targets(attack: Attack, vd: VerticalData, aux: AuxData | None, seed: int) -> tuple[Tensor, str]:
+    """The rows a feature attack is scored on: ``n_targets`` rows of ``target_split`` (all when
+    ``None``), drawn with a seeded generator; training rows never include the auxiliary rows."""
+    split = attack.target_split
+    n = len(vd.y_test) if split == "test" else len(vd.y_train)
+    allowed = torch.ones(n, dtype=torch.bool)
+    if split == "train" and aux is not None:
+        allowed[aux.ids] = False
+    rows = torch.nonzero(allowed).flatten()
+    if attack.n_targets is not None and attack.n_targets < len(rows):
+        pick = torch.randperm(len(rows), generator=generator(seed, "attack", attack.name, "targets"))
+        rows = rows[pick[: attack.n_targets]].sort().values
+    return rows, split
+
+
+def query_embeddings(fed: Federation, sender: str, ids: Tensor, split: str) -> ReceivedEmbeddings:
+    """The embeddings ``sender`` sends the active party for rows ``ids`` at inference time.
+
+    The same messages as :meth:`Federation.outputs` (through the channel, phase ``"eval"``,
+    after the sender's own defenses), for the rows the active party asks about.
+    """
+    party = {p.name: p for p in fed.passives}[sender]
+    chunks = []
+    for start in range(0, len(ids), EVAL_BATCH):
+        batch = ids[start : start + EVAL_BATCH]
+        h = party.forward(batch, epoch=-1, step=-1, split=split, train=False)  # type: ignore[arg-type]
+        chunks.append(fed.channel.send(Message("embedding", sender, ACTIVE, h, batch, -1, -1, "eval")).payload)
+    embeddings = torch.cat(chunks) if chunks else torch.empty(0)
+    return ReceivedEmbeddings(sender, split, ids, embeddings)  # type: ignore[arg-type]
+
+
+def scratch_models(run: TrainedRun, party: str) -> dict[str, nn.Module]:
+    """A randomly initialised bottom model of the attacker's architecture."""
+    cfg = run.config.resolved()
+    parties = {p.name: p for p in run.federation.parties()}
+    data = parties[party].data
+    scenario = scenario_of(run.config, run.data)
+    assert data is not None and cfg.model.bottom
+    bottom = build_bottom(cfg.model.bottom, data, scenario.embed_dim, generator(cfg.seed, party, "scratch"),
+                          **cfg.model.bottom_options)
+    return {"bottom": bottom}
