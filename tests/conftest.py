@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from vflbench.protocol.hooks import PartyHook
+
 SHARED_DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 
 
@@ -75,3 +77,14 @@ def cli(capsys, monkeypatch):
         return subprocess.CompletedProcess(args, code, captured.out, captured.err)
 
     return call
+
+
+class Observer(PartyHook):
+    """A test's hook at a passive party: ``see(state, gradient)`` after every backward."""
+
+    def __init__(self, see) -> None:
+        super().__init__("test")
+        self.see = see
+
+    def after_backward(self, state, gradient) -> None:
+        self.see(state, gradient)

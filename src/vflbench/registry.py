@@ -44,18 +44,26 @@ class Registry(Generic[T]):
         self._entries: dict[str, Entry[T]] = {}
 
     def register(
-        self, name: str, *, summary: str = "", **info: Any
+        self, name: str | None = None, *, summary: str = "", **info: Any
     ) -> Callable[[Callable[..., T]], Callable[..., T]]:
-        """Register ``factory`` under ``name``; the decorator returns it unchanged."""
+        """Register ``factory`` under ``name`` (default: the class attribute ``name`` of a class, so that
+        an attack or defense states its name once); the decorator returns it unchanged."""
 
         def decorator(factory: Callable[..., T]) -> Callable[..., T]:
-            if name in self._entries:
-                raise VFLBenchError(f"{self.kind} {name!r} is already registered")
-            doc = (factory.__doc__ or "").strip().splitlines()
-            self._entries[name] = Entry(name, factory, summary or (doc[0] if doc else ""), info)
+            key = name if name is not None else getattr(factory, "name", None)
+            if not isinstance(key, str) or not key:
+                raise VFLBenchError(f"a {self.kind} registered without a name needs a non-empty class attribute "
+                                    f"'name' ({factory!r})")
+            self._register(key, factory, summary, info)
             return factory
 
         return decorator
+
+    def _register(self, name: str, factory: Callable[..., T], summary: str, info: dict[str, Any]) -> None:
+        if name in self._entries:
+            raise VFLBenchError(f"{self.kind} {name!r} is already registered")
+        doc = (factory.__doc__ or "").strip().splitlines()
+        self._entries[name] = Entry(name, factory, summary or (doc[0] if doc else ""), info)
 
     def get(self, name: str) -> Entry[T]:
         """Return the entry for ``name`` or raise an error listing the valid names."""

@@ -19,6 +19,7 @@ from test_label_attacks import _tensors
 
 from vflbench.attacks import ATTACKS
 from vflbench.attacks.base import FeatureInference
+from vflbench.attacks.feature.common import takeover_by
 from vflbench.errors import CompatibilityError, ConfigError
 from vflbench.experiment.config import build_config
 from vflbench.experiment.plan import aux_data, validate_attacks
@@ -71,7 +72,7 @@ def test_malicious_active_party_never_trains_its_top_model(dmavfl_and_agn):
     for name in ("dmavfl", "agn"):
         _, run = dmavfl_and_agn[name]
         active = run.federation.active
-        assert active.hijacked_by == name
+        assert takeover_by(active) == name
         assert "decoder" in active.models() and "discriminator" in active.models()
         fresh = build_config(minimal(train=TRAIN))
         vd = load_vertical_data(fresh)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import minimal
+from conftest import Observer, minimal
 
 pytest.importorskip("phe", reason="paillier_he needs the optional 'he' extra (pip install 'vflbench[he]')")
 
@@ -137,7 +137,7 @@ def test_passive_party_receives_only_ciphertexts():
     he, _ = _federation([HE], train={"momentum": 0.9}, keep={"passive_1": {"cut_gradient", "embedding"}})
     passive = he.passives[0]
     seen = []
-    passive.observers.append(lambda state, g: seen.append(g.clone()))
+    passive.attach(Observer(lambda state, g: seen.append(g.clone())))
     _train(he, 12)
     holder = he.active.defenses[0].holder_
     n2 = holder.n**2

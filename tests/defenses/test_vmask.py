@@ -6,7 +6,7 @@ import logging
 
 import pytest
 import torch
-from conftest import minimal
+from conftest import Observer, minimal
 from torch import nn
 
 from vflbench.defenses.vmask import VMask, VMaskBottom, layer_conditions
@@ -206,7 +206,7 @@ def test_vmask_auxiliary_rows_are_not_trained_on():
     assert fed.train_rows is not None and len(fed.train_rows) == len(vd.y_train) - len(aux)
     assert not bool(torch.isin(fed.train_rows, aux).any())
     seen = []
-    fed.passives[0].observers.append(lambda state, g: seen.append(state.ids))
+    fed.passives[0].attach(Observer(lambda state, g: seen.append(state.ids)))
     fed.fit(epochs=1, batch_size=64, generator=torch.Generator().manual_seed(0), y_test=vd.y_test)
     trained = torch.cat(seen)
     assert len(trained) == len(fed.train_rows) and not bool(torch.isin(trained, aux).any())

@@ -14,8 +14,7 @@ ATTACKS: Registry[Attack] = Registry("attack")
 def create_attack(name: str, **params: Any) -> Attack:
     """Build attack ``name`` from keyword parameters, checked by :func:`vflbench.registry.check_params`."""
     ATTACKS.check(name, params)
-    cls = ATTACKS.get(name).factory
     try:
-        return cls(**params)
+        return ATTACKS.create(name, **params)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"attack {name!r}: {exc}") from None

@@ -35,7 +35,7 @@ def create_defense(name: str, **params: Any) -> Defense:
             raise ConfigError(f"defense {name!r}: give 'strength' or {cls.strength_param!r}, not both")
         params[cls.strength_param] = params.pop("strength")  # type: ignore[index]
     try:
-        return cls(**params)
+        return DEFENSES.create(name, **params)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"defense {name!r}: {exc}") from None
 

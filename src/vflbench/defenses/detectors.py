@@ -199,7 +199,7 @@ class _Detector(Defense):
         return out
 
 
-@DEFENSES.register("splitguard", summary="SplitGuard: fake batches with randomised labels; halts when gradients "
+@DEFENSES.register(summary="SplitGuard: fake batches with randomised labels; halts when gradients "
                                          "of fake and regular batches look alike")
 class SplitGuard(_Detector):
     """SplitGuard (Erdogan et al. 2022) at each passive party, with the original constants.
@@ -392,8 +392,7 @@ def urvfl_scrutinizer_score(diff_mean: list[float], same_mean: list[float], diff
     return float(1.0 / (1.0 + math.exp(-z)))
 
 
-@DEFENSES.register("gradient_scrutinizer",
-                   summary="Gradients Scrutinizer: same-label vs different-label similarity of received gradients")
+@DEFENSES.register(summary="Gradients Scrutinizer: same-label vs different-label similarity of received gradients")
 class GradientScrutinizer(_Detector):
     """Gradients Scrutinizer (Fu et al., NDSS 2023) at each passive party, original constants.
 
@@ -494,8 +493,7 @@ class GradientScrutinizer(_Detector):
         return gradient
 
 
-@DEFENSES.register("gradient_scrutinizer_dmavfl",
-                   summary="Gradients Scrutinizer in DMAVFL's configuration (URVFL's score, mean of 5 against 0.8)")
+@DEFENSES.register(summary="Gradients Scrutinizer in DMAVFL's configuration (URVFL's score, mean of 5 against 0.8)")
 class GradientScrutinizerDMAVFL(GradientScrutinizer):
     """Gradients Scrutinizer as DMAVFL evaluates it (§6.2, Figure 6): a named preset of
     :class:`GradientScrutinizer`.
@@ -517,8 +515,7 @@ class GradientScrutinizerDMAVFL(GradientScrutinizer):
 # DP on received gradients
 
 
-@DEFENSES.register("received_gradient_dp",
-                   summary="epsilon-DP Laplace mechanism on the cut gradient a passive party receives (DMAVFL Table 9)")
+@DEFENSES.register(summary="epsilon-DP Laplace mechanism on the cut gradient a passive party receives (DMAVFL Table 9)")
 class ReceivedGradientDP(Defense):
     """Laplace noise on the received cut gradient with privacy parameter ``epsilon`` (DMAVFL §8).
 

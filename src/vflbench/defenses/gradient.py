@@ -57,7 +57,7 @@ class _CutGradientDefense(Defense):
 # --------------------------------------------------------------------------------------- noise
 
 
-@DEFENSES.register("dp_laplace", summary="add i.i.d. Laplace(0, scale) noise to every cut-gradient entry (Kang eq. 13)")
+@DEFENSES.register(summary="add i.i.d. Laplace(0, scale) noise to every cut-gradient entry (Kang eq. 13)")
 class DPLaplace(_CutGradientDefense):
     """Noisy gradients: ``d + Laplace(0, scale)`` i.i.d. per entry (Kang eq. 13; Fu et al.).
 
@@ -82,8 +82,7 @@ class DPLaplace(_CutGradientDefense):
         return gradient + (self.scale * (e[0] - e[1])).to(gradient.device, gradient.dtype)
 
 
-@DEFENSES.register("isotropic_noise",
-                   summary="add N(0, (alpha*max row norm/sqrt(m))^2 I) to the cut gradient (Kang eq. 14)")
+@DEFENSES.register(summary="add N(0, (alpha*max row norm/sqrt(m))^2 I) to the cut gradient (Kang eq. 14)")
 class IsotropicNoise(_CutGradientDefense):
     """Isotropic Gaussian noise: ``d + N(0, sigma^2 I)``, ``sigma = alpha*max_i ||d_i||_2/sqrt(m)``.
 
@@ -109,8 +108,7 @@ class IsotropicNoise(_CutGradientDefense):
         return gradient + sigma * _randn(tuple(gradient.shape), self._generator, gradient)
 
 
-@DEFENSES.register("max_norm",
-                   summary="scale each row by 1 + sigma_i*xi so that every E||d_i||^2 = max norm^2 (Kang eq. 15)")
+@DEFENSES.register(summary="scale each row by 1 + sigma_i*xi so that every E||d_i||^2 = max norm^2 (Kang eq. 15)")
 class MaxNorm(_CutGradientDefense):
     """Li et al.'s expectation max-norm (Kang eq. 15), parameter-free.
 
@@ -261,8 +259,7 @@ def _binary_labels(targets: Tensor) -> Tensor:
     return targets.round().long() if targets.is_floating_point() else targets.long()
 
 
-@DEFENSES.register("marvell",
-                   summary="Li et al.'s optimal label-dependent Gaussian noise for binary labels (Kang eq. 16-17)")
+@DEFENSES.register(summary="Li et al.'s optimal label-dependent Gaussian noise for binary labels (Kang eq. 16-17)")
 class Marvell(_CutGradientDefense):
     """Marvell (Li et al., ICLR 2022; Kang eq. 16-17): optimal label-dependent Gaussian noise.
 
@@ -341,8 +338,7 @@ class Marvell(_CutGradientDefense):
 # --------------------------------------------------------------------------------- compression
 
 
-@DEFENSES.register("gradient_compression",
-                   summary="keep the fraction `ratio` of largest-magnitude cut-gradient entries (Kang eq. 18)")
+@DEFENSES.register(summary="keep the fraction `ratio` of largest-magnitude cut-gradient entries (Kang eq. 18)")
 class GradientCompression(_CutGradientDefense):
     """Gradient compression (Kang eq. 18; Fu et al.): keep the largest-|d| entries, zero the rest.
 
@@ -374,8 +370,7 @@ class GradientCompression(_CutGradientDefense):
         return torch.where(magnitude > threshold, gradient, torch.zeros_like(gradient))
 
 
-@DEFENSES.register("discrete_sgd",
-                   summary="snap cut-gradient entries to N+1 levels in mu +- 2 sigma, zero outliers (Kang eq. 19)")
+@DEFENSES.register(summary="snap cut-gradient entries to N+1 levels in mu +- 2 sigma, zero outliers (Kang eq. 19)")
 class DiscreteSGD(_CutGradientDefense):
     """DiscreteSGD (Kang eq. 19; Fu et al.'s multistep gradient): discretise every entry.
 

@@ -99,7 +99,7 @@ def rr_keep_probability(prior: Tensor, epsilon: float) -> tuple[int, float]:
     return k, 1.0 / (1 + (k - 1) * q)
 
 
-@DEFENSES.register("label_dp", summary="randomise the training labels once with RRWithPrior (Ghazi et al.)")
+@DEFENSES.register(summary="randomise the training labels once with RRWithPrior (Ghazi et al.)")
 class LabelDP(Defense):
     """Label differential privacy by RRWithPrior (Ghazi et al., NeurIPS 2021), single stage.
 
@@ -178,7 +178,7 @@ def _default_teacher(part: PartySlice) -> str:
     return "emb_mlp" if part.meta.get("categorical") else "mlp2"
 
 
-@DEFENSES.register("kdk", summary="train on k-anonymous soft labels from a teacher the active party trains (KDk)")
+@DEFENSES.register(summary="train on k-anonymous soft labels from a teacher the active party trains (KDk)")
 class KDk(Defense):
     """KDk (Arazzi, Nicolazzo, Nocera 2024): knowledge distillation + k-anonymity on the labels.
 
@@ -370,7 +370,7 @@ class ConfusionalAutoEncoder(nn.Module):
         self.eval()
 
 
-@DEFENSES.register("coae", summary="train on confusing soft labels from an autoencoder, decode predictions (CoAE)")
+@DEFENSES.register(summary="train on confusing soft labels from an autoencoder, decode predictions (CoAE)")
 class CoAE(Defense):
     """Confusional autoencoder (CoAE; Liu et al. 2022, as used in VFLAIR's CAE defense).
 
@@ -484,7 +484,7 @@ class MixUpBottom(nn.Module):
         return clone.train(self.training)
 
 
-@DEFENSES.register("mixup", summary="train on mixtures of n_mix samples at every party, labels mixed alike (MixUp)")
+@DEFENSES.register(summary="train on mixtures of n_mix samples at every party, labels mixed alike (MixUp)")
 class MixUp(Defense):
     """MixUp (Zhang et al., ICLR 2018) in VFL, as in Kang et al. §7.2 (eq. 20).
 

@@ -155,7 +155,7 @@ def bin_of(total: Tensor, thresholds: Tensor) -> Tensor:
     return (total[:, None] > thresholds[None, :]).sum(1)
 
 
-@DEFENSES.register("labobf", summary="LabObf: train on intertwined soft labels chosen by the parties' random "
+@DEFENSES.register(summary="LabObf: train on intertwined soft labels chosen by the parties' random "
                                      "attribute columns (He et al. Alg. 2)")
 class LabObf(Defense):
     """Label obfuscation (He et al., LabObf, §5 Algorithm 2); see the module docstring.

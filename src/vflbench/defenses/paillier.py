@@ -749,7 +749,7 @@ class _HolderRef(ServiceHandle):
 # The defense
 
 
-@DEFENSES.register("paillier_he", summary="Paillier-encrypted interactive layer (ACML/BlindFL-style HE baseline): the "
+@DEFENSES.register(summary="Paillier-encrypted interactive layer (ACML/BlindFL-style HE baseline): the "
                                           "passive party never sees its cut gradient, layer weights or their gradients")
 class PaillierHE(Defense):
     """A Paillier-HE VFL training protocol (see the module docstring for the protocol).

@@ -139,7 +139,7 @@ def _needs_width(model: nn.Module, defense: str) -> int:
 # dCor (label side)
 
 
-@DEFENSES.register("dcor", summary="label distance correlation: loss += weight * dCor(passive embedding, one-hot y)")
+@DEFENSES.register(summary="label distance correlation: loss += weight * dCor(passive embedding, one-hot y)")
 class DistanceCorrelationDefense(Defense):
     """dCor label protection (Sun et al. 2022; VFLAIR): decorrelate passive embeddings from labels.
 
@@ -225,7 +225,7 @@ class _MIDTop(_StoresLoss):
         return self.top(torch.cat(parts, 1))
 
 
-@DEFENSES.register("mid", summary="Mutual Information regularization Defense: a variational bottleneck per "
+@DEFENSES.register(summary="Mutual Information regularization Defense: a variational bottleneck per "
                                   "passive embedding at the active party (concat aggregation)")
 class MutualInformationDefense(Defense):
     """MID (Zou et al., 2023), as in the authors' VFLAIR code.
@@ -313,7 +313,7 @@ class MutualInformationDefense(Defense):
 # NoPeek
 
 
-@DEFENSES.register("nopeek", summary="NoPeek: passive loss += alpha * dCor(own inputs, own embedding)")
+@DEFENSES.register(summary="NoPeek: passive loss += alpha * dCor(own inputs, own embedding)")
 class NoPeek(Defense):
     """NoPeek (Vepakomma et al. 2020): each passive party decorrelates its embedding from its input.
 
@@ -361,7 +361,7 @@ class NoPeek(Defense):
 # embedding noise
 
 
-@DEFENSES.register("embedding_noise", summary="Gaussian noise N(0, sigma^2) on every embedding a passive party sends")
+@DEFENSES.register(summary="Gaussian noise N(0, sigma^2) on every embedding a passive party sends")
 class EmbeddingNoise(Defense):
     """Obfuscation with random noise (He, Zhang, Lee 2020; DMAVFL Table 8): ``h + N(0, sigma^2 I)``.
 
@@ -424,7 +424,7 @@ class PassportLayer(nn.Module):
         return torch.tanh(self._from_key(self.skey)) * out + torch.tanh(self._from_key(self.bkey))
 
 
-@DEFENSES.register("fedpass", summary="FedPass: private passport layers after each bottom model "
+@DEFENSES.register(summary="FedPass: private passport layers after each bottom model "
                                       "(and at the active party)")
 class FedPass(Defense):
     """FedPass (Gu et al., IJCAI 2023), after FATE's passport blocks.
@@ -514,7 +514,7 @@ class VariationalBottleneck(_StoresLoss):
         return self.decoder(z).view_as(h)
 
 
-@DEFENSES.register("precode", summary="PRECODE: a variational bottleneck after each passive bottom model")
+@DEFENSES.register(summary="PRECODE: a variational bottleneck after each passive bottom model")
 class Precode(Defense):
     """PRECODE (Scheliga et al., WACV 2022) at each passive party, as Kang et al. evaluate it.
 

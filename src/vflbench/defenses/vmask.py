@@ -342,8 +342,7 @@ class PartyState:
     estimates: list[float] = field(default_factory=list)
 
 
-@DEFENSES.register("vmask",
-                   summary="secret-shared layer masking with shadow-model layer selection under a privacy budget")
+@DEFENSES.register(summary="secret-shared layer masking with shadow-model layer selection under a privacy budget")
 class VMask(Defense):
     """VMask (Tan et al., NDSS 2025), Algorithm 4 with layer selection with replacement.
 
@@ -631,7 +630,7 @@ class VMask(Defense):
         return {"mpc_bytes": total, "triples": sum(self.dealer_.issued.values())}
 
 
-@DEFENSES.register("vmask_as", summary="VMask with accumulative layer selection (masked layers stay masked)")
+@DEFENSES.register(summary="VMask with accumulative layer selection (masked layers stay masked)")
 class VMaskAS(VMask):
     """VMask-AS: Algorithm 2 without replacement (Q <- Q - U, U <- U)."""
 
@@ -651,7 +650,7 @@ class VMaskAS(VMask):
         return masked
 
 
-@DEFENSES.register("vmask_rs", summary="VMask masking as many layers as VMask would, chosen at random")
+@DEFENSES.register(summary="VMask masking as many layers as VMask would, chosen at random")
 class VMaskRS(VMask):
     """VMask-RS: the same number of layers as VMask's selection, picked uniformly at random."""
 
@@ -664,7 +663,7 @@ class VMaskRS(VMask):
         return set(rng.sample(self._eligible(len(state.grad_norm)), count))
 
 
-@DEFENSES.register("vmask_alls", summary="VMask masking every eligible layer in every epoch")
+@DEFENSES.register(summary="VMask masking every eligible layer in every epoch")
 class VMaskALLS(VMask):
     """VMask-ALLS: all eligible layers masked throughout (no selection)."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,7 @@ from vflbench.errors import CompatibilityError, ConfigError
 from vflbench.experiment.config import ExperimentConfig
 from vflbench.experiment.scenario import DEFAULT_EMBED_DIM
 from vflbench.protocol import Federation, PassiveParty, StepState
+from vflbench.protocol.hooks import PartyHook
 from vflbench.rng import generator
 
 if TYPE_CHECKING:
@@ -180,7 +181,7 @@ class AttackPlan:
             party = parties[attack.party]
             attack.observe(party)
             if {"model_gradient", "cut_gradient"} & set(attack.reads) and isinstance(party, PassiveParty):
-                party.observers.append(_recorder(planned, party, with_params="model_gradient" in attack.reads))
+                party.attach(_Recorder(planned, party, with_params="model_gradient" in attack.reads))
             assert self.y_train is not None
             known = known_labels(attack, self.y_train, self.seed)
             if wants_aux(attack):
@@ -201,18 +202,25 @@ class AttackPlan:
                 planned.snapshots.append({k: attacker_copy(m) for k, m in models.items()})
 
 
-def _recorder(planned: PlannedAttack, party: PassiveParty, *, with_params: bool) -> Callable[[StepState, Tensor], None]:
-    def observe(state: StepState, gradient: Tensor) -> None:
-        grads = None
-        if with_params:
-            assert party.bottom is not None
-            grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
-                     for p in party.bottom.parameters()]
-        assert state.embedding is not None
-        planned.records.append(BatchRecord(state.epoch, state.step, state.ids, state.embedding.detach(),
-                                           gradient.detach(), grads))
+class _Recorder(PartyHook):
+    """The attacker's record of what its passive party sees in each step: the batch's embedding, the
+    cut gradient received and (``with_params``) its bottom's parameter gradients."""
 
-    return observe
+    def __init__(self, planned: PlannedAttack, party: PassiveParty, *, with_params: bool) -> None:
+        super().__init__(f"{planned.attack.name}.record")
+        self.planned = planned
+        self.party = party
+        self.with_params = with_params
+
+    def after_backward(self, state: StepState, gradient: Tensor) -> None:  # noqa: D102
+        grads = None
+        if self.with_params:
+            assert self.party.bottom is not None
+            grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+                     for p in self.party.bottom.parameters()]
+        assert state.embedding is not None
+        self.planned.records.append(BatchRecord(state.epoch, state.step, state.ids, state.embedding.detach(),
+                                                gradient.detach(), grads))
 
 
 def validate_attacks(cfg: ExperimentConfig, vd: VerticalData) -> AttackPlan:

@@ -20,7 +20,7 @@ randomness come from :meth:`Defense.bind`, called once before training.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -177,3 +177,57 @@ class Defense:
     def get_params(self) -> dict[str, Any]:
         """The constructor parameters, as given (for results and hashing)."""
         return {k: v for k, v in vars(self).items() if not k.endswith("_") and not k.startswith("_")}
+
+
+StepFn = Callable[..., list[Tensor]]
+PredictFn = Callable[..., Tensor]
+
+
+class PartyHook:
+    """A party's own extra code at its declared protocol points (an attacker's code at its own party).
+
+    An attack attaches one to the party it controls before training (:meth:`Party.attach`); the
+    loop calls the party and the party calls its hooks, so nothing of the party is replaced by
+    assignment. Every point is a no-op here; a hook overrides the ones it uses.
+
+    | point | side | called |
+    |---|---|---|
+    | ``step`` | active | every training batch; returns the cut gradients (see below) |
+    | ``predict`` | active | inference; ``proceed`` is the rest of the chain |
+    | ``after_backward`` | passive | after a received gradient set the bottom's parameter gradients |
+    | ``models`` | either | the hook's own models (in the party's checkpoints and its attacker's view) |
+    | ``on_epoch_end`` | either | after every epoch; values go into the per-epoch metrics |
+
+    ``step``'s ``proceed`` runs the rest of the chain (the honest step last): a hook calls it to
+    observe, and skips it to replace the step (a malicious party). ``after_backward`` runs before
+    the optimizer step. ``name``: who attached it (an attack's name). ``replaces_step``: the hook
+    does not call ``proceed`` in :meth:`step` (at most one such hook per party).
+    """
+
+    replaces_step: ClassVar[bool] = False
+    #: List the hook's models as ``<tag>.<role>`` (``False``: as ``<role>``, e.g. a malicious party's
+    #: decoder, which is then simply one of the party's models).
+    prefix_models: ClassVar[bool] = True
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def step(self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int, senders: Sequence[str],
+             proceed: StepFn) -> list[Tensor]:
+        """One training step of the active party (default: the rest of the chain)."""
+        return proceed(ids, received, epoch=epoch, step=step, senders=senders)
+
+    def predict(self, ids: Tensor, received: Sequence[Tensor], split: str, *, proceed: PredictFn) -> Tensor:
+        """The active party's outputs at inference (default: the rest of the chain)."""
+        return proceed(ids, received, split)
+
+    def after_backward(self, state: StepState, gradient: Tensor) -> None:
+        """See a passive party's step after its parameter gradients are set (``gradient``: the cut gradient)."""
+
+    def models(self) -> dict[str, nn.Module]:
+        """The hook's own models by role."""
+        return {}
+
+    def on_epoch_end(self, epoch: int) -> dict[str, Any]:
+        """Called after every epoch; returned values go into the per-epoch metrics."""
+        return {}

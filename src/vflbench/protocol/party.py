@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -10,7 +11,7 @@ from torch import Tensor, nn
 
 from vflbench.data.base import PartySlice
 from vflbench.protocol.channel import Transcript
-from vflbench.protocol.hooks import Aggregation, Defense, StepState
+from vflbench.protocol.hooks import Aggregation, Defense, PartyHook, PredictFn, StepFn, StepState
 from vflbench.protocol.objective import Objective
 
 Split = Literal["train", "test"]
@@ -39,9 +40,23 @@ class Party:
         self.generator = generator
         self.defenses = list(defenses)
         self.transcript = transcript or Transcript(name)
-        #: Callables ``(epoch) -> dict`` run after every epoch by this party (its own code, e.g. a
-        #: malicious party's extra training); their values go into the per-epoch metrics.
-        self.epoch_callbacks: list[Callable[[int], dict[str, object]]] = []
+        self.hooks: list[tuple[str, PartyHook]] = []
+
+    def attach(self, hook: PartyHook) -> str:
+        """Add this party's own code at its protocol points (see :class:`PartyHook`); returns the tag its
+        models are listed under in :meth:`models` (``<hook.name>``, or ``<hook.name>#2``... when taken)."""
+        if hook.replaces_step:
+            taken = [h.name for _, h in self.hooks if h.replaces_step]
+            if taken:
+                raise ValueError(f"party {self.name} already runs {taken[0]!r}'s replacement of its step; "
+                                 "one malicious attack per party")
+        tags = {tag for tag, _ in self.hooks}
+        tag, n = hook.name, 1
+        while tag in tags:
+            n += 1
+            tag = f"{hook.name}#{n}"
+        self.hooks.append((tag, hook))
+        return tag
 
     def features(self, split: Split) -> Tensor:
         """This party's feature slice of ``split``."""
@@ -49,9 +64,16 @@ class Party:
             raise ValueError(f"party {self.name} holds no features")
         return self.data.x_train if split == "train" else self.data.x_test
 
-    def models(self) -> dict[str, nn.Module]:
-        """The party's models by role, for checkpoints and attacks."""
+    def own_models(self) -> dict[str, nn.Module]:
+        """The protocol's models of this party by role."""
         return {"bottom": self.bottom} if self.bottom is not None else {}
+
+    def models(self) -> dict[str, nn.Module]:
+        """The party's models by role, its hooks' as ``<tag>.<role>``: for checkpoints and attacks."""
+        out = self.own_models()
+        for tag, hook in self.hooks:
+            out.update({f"{tag}.{role}" if hook.prefix_models else role: m for role, m in hook.models().items()})
+        return out
 
     def end_epoch(self, epoch: int) -> dict[str, object]:
         """Step the LR schedule and let this party's defenses report."""
@@ -60,8 +82,8 @@ class Party:
         report: dict[str, object] = {}
         for d in self.defenses:
             report.update({f"{d.name}.{k}": v for k, v in d.on_epoch_end(epoch).items()})
-        for callback in self.epoch_callbacks:
-            report.update(callback(epoch))
+        for _, hook in self.hooks:
+            report.update(hook.on_epoch_end(epoch))
         return report
 
 
@@ -71,9 +93,6 @@ class PassiveParty(Party):
     def __init__(self, name: str, **kwargs: object) -> None:
         super().__init__(name, **kwargs)  # type: ignore[arg-type]
         self._pending: tuple[Tensor, StepState] | None = None
-        #: Callables ``(state, gradient)`` run after backward and before the optimizer step,
-        #: when this party's own parameter gradients are set (an observing attacker's view).
-        self.observers: list[Callable[[StepState, Tensor], None]] = []
 
     def forward(self, ids: Tensor, *, epoch: int, step: int, split: Split = "train",
                 train: bool = True) -> Tensor:
@@ -108,8 +127,8 @@ class PassiveParty(Party):
             torch.autograd.backward([h, torch.stack(regs).sum()], [g, None])
         else:
             h.backward(g)
-        for observe in self.observers:
-            observe(state, g)
+        for _, hook in self.hooks:
+            hook.after_backward(state, g)
         self.optimizer.step()
         return True
 
@@ -124,8 +143,8 @@ class ActiveParty(Party):
         self.objective = objective
         self.aggregation = aggregation
 
-    def models(self) -> dict[str, nn.Module]:  # noqa: D102
-        return {**super().models(), "top": self.top}
+    def own_models(self) -> dict[str, nn.Module]:  # noqa: D102
+        return {**super().own_models(), "top": self.top}
 
     def _outputs(self, ids: Tensor, received: Sequence[Tensor], split: Split) -> Tensor:
         parts = list(received)
@@ -135,7 +154,15 @@ class ActiveParty(Party):
 
     def step(self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int,
              senders: Sequence[str]) -> list[Tensor]:
-        """One training step on a batch; returns the cut gradient for each sender."""
+        """One training step on a batch through this party's hooks; returns the cut gradient for each sender."""
+        run: StepFn = self.honest_step
+        for _, hook in self.hooks:
+            run = functools.partial(hook.step, proceed=run)
+        return run(ids, received, epoch=epoch, step=step, senders=senders)
+
+    def honest_step(self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int,
+                    senders: Sequence[str]) -> list[Tensor]:
+        """The protocol's training step: loss, update, and the cut gradient for each sender."""
         assert self.optimizer is not None
         for m in self.models().values():
             m.train()
@@ -160,9 +187,17 @@ class ActiveParty(Party):
             gradients.append(g)
         return gradients
 
-    @torch.no_grad()
     def predict(self, ids: Tensor, received: Sequence[Tensor], split: Split) -> Tensor:
-        """Model outputs for rows ``ids`` (evaluation mode, no gradients)."""
+        """Model outputs for rows ``ids`` through this party's hooks (evaluation mode, no gradients)."""
+        run: PredictFn = self.honest_predict
+        for _, hook in self.hooks:
+            run = functools.partial(hook.predict, proceed=run)
+        with torch.no_grad():
+            return run(ids, received, split)
+
+    @torch.no_grad()
+    def honest_predict(self, ids: Tensor, received: Sequence[Tensor], split: Split) -> Tensor:
+        """The protocol's prediction (evaluation mode, no gradients)."""
         for m in self.models().values():
             m.eval()
         return self._outputs(ids, received, split)

@@ -41,7 +41,7 @@ AGN_PAPER = ("Vu, Tre'R, Alharbi, Thai, Active Data Reconstruction Attacks in Ve
              "(IEEE BigData 2023); URVFL's port, duanyiyao/URVFL baseline_module.py agn_attack")
 
 
-@ATTACKS.register("agn", summary="AGN (Vu et al.): generator + real/fake discriminator send malicious gradients")
+@ATTACKS.register(summary="AGN (Vu et al.): generator + real/fake discriminator send malicious gradients")
 class AGN(MaliciousActiveAttack):
     """AGN as ported by URVFL; see the module docstring.
 

@@ -57,6 +57,7 @@ from vflbench.data.base import PartySlice
 from vflbench.errors import ConfigError
 from vflbench.models import build_bottom, init_parameters
 from vflbench.protocol import ActiveParty
+from vflbench.protocol.hooks import PartyHook, PredictFn, StepFn
 
 THREAT = "malicious active party with auxiliary labelled samples of the victim's feature space"
 DMAVFL_PAPER = ("Yao et al., Leveraging Label Information for Stealthy Data Stealing in Vertical Federated Learning "
@@ -176,23 +177,33 @@ class AuxBatches:
         return [order[i : i + size] for i in range(0, self.n, size)]
 
 
-def hijack(party: ActiveParty, name: str, *, step: Callable[..., list[Tensor]],
-           predict: Callable[..., Tensor] | None = None, models: dict[str, nn.Module] | None = None) -> None:
-    """Replace the active party's protocol behaviour by instance attributes (the loop is unchanged).
+class Takeover(PartyHook):
+    """A malicious active party's own step (and maybe prediction and models) in place of the protocol's."""
 
-    ``name`` (the attack's) is kept as ``party.hijacked_by``.
-    """
-    party.step = step  # type: ignore[method-assign]
-    party.hijacked_by = name  # type: ignore[attr-defined]
-    if predict is not None:
-        party.predict = predict  # type: ignore[method-assign]
-    if models:
-        own = party.models
+    replaces_step = True
+    prefix_models = False
 
-        def all_models() -> dict[str, nn.Module]:
-            return {**own(), **models}
+    def __init__(self, name: str, *, step: StepFn, predict: PredictFn | None = None,
+                 models: dict[str, nn.Module] | None = None) -> None:
+        super().__init__(name)
+        self._step = step
+        self._predict = predict
+        self._models = dict(models or {})
 
-        party.models = all_models  # type: ignore[method-assign]
+    def step(self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int, senders: Sequence[str],
+             proceed: StepFn) -> list[Tensor]:  # noqa: D102
+        return self._step(ids, received, epoch=epoch, step=step, senders=senders)
+
+    def predict(self, ids: Tensor, received: Sequence[Tensor], split: str, *, proceed: PredictFn) -> Tensor:  # noqa: D102
+        return (self._predict or proceed)(ids, received, split)
+
+    def models(self) -> dict[str, nn.Module]:  # noqa: D102
+        return self._models
+
+
+def takeover_by(party: ActiveParty) -> str | None:
+    """The name of the malicious attack that runs ``party``'s step, if any."""
+    return next((hook.name for _, hook in party.hooks if hook.replaces_step), None)
 
 
 def received_from(view: PartyView, sender: str) -> ReceivedEmbeddings:
@@ -285,8 +296,8 @@ class MaliciousActiveAttack(Attack):
                 "aux_fraction)")
         assert aux is not None and generator is not None
         require(len(aux.ids) >= 2, self.name, "its auxiliary set needs at least 2 rows")
-        require(not getattr(party, "hijacked_by", None), self.name,
-                f"the active party is already run by malicious attack {getattr(party, 'hijacked_by', None)!r}; "
+        require(takeover_by(party) is None, self.name,
+                f"the active party is already run by malicious attack {takeover_by(party)!r}; "
                 "configure one malicious active-party attack per run")
         self.state_ = self.build(party, aux, generator)
         self.pretrain(self.state_)
@@ -294,7 +305,7 @@ class MaliciousActiveAttack(Attack):
         models: dict[str, nn.Module] = {"decoder": s.decoder, "discriminator": s.discriminator}
         if s.shadow is not None:
             models["shadow"] = s.shadow
-        hijack(party, self.name, step=self._step, predict=self.predictor(s), models=models)
+        party.attach(Takeover(self.name, step=self._step, predict=self.predictor(s), models=models))
 
     # -- building blocks ----------------------------------------------------------------
 

@@ -74,7 +74,7 @@ URVFL_PRETRAIN_EPOCHS = 20
 URVFL_PRETRAIN_STEPS = 20 * 36
 
 
-@ATTACKS.register("dmavfl", summary="DMAVFL: malicious active party, pretrained encoder/decoder + 2C-class DAC")
+@ATTACKS.register(summary="DMAVFL: malicious active party, pretrained encoder/decoder + 2C-class DAC")
 class DMAVFL(MaliciousActiveAttack):
     """DMAVFL (Algorithms 1-2): pretrain f_a/f_e/f_d on aux, then DAC malicious gradients.
 
@@ -239,7 +239,7 @@ def _senders(n: int) -> list[str]:
     return [f"passive_{i + 1}" for i in range(n)]
 
 
-@ATTACKS.register("dmavfl_sync", summary="DMAVFL_sync: DMAVFL with encoder/decoder trained alongside (Algorithm 3)")
+@ATTACKS.register(summary="DMAVFL_sync: DMAVFL with encoder/decoder trained alongside (Algorithm 3)")
 class DMAVFLSync(DMAVFL):
     """DMAVFL_sync (Algorithm 3): no pretraining; f_a, f_e, f_d take an Eq. (1) step every batch.
 

@@ -54,7 +54,7 @@ def gradient_penalty(critic: torch.nn.Module, real: Tensor, fake: Tensor, genera
     return ((grad.flatten(1).norm(dim=1) - 1) ** 2).mean()
 
 
-@ATTACKS.register("fsha", summary="FSHA (Pasquini et al.): WGAN-GP critic hijacks the victim towards a pilot model")
+@ATTACKS.register(summary="FSHA (Pasquini et al.): WGAN-GP critic hijacks the victim towards a pilot model")
 class FSHA(MaliciousActiveAttack):
     """FSHA's original losses (WGAN-GP) from a malicious active party; see the module docstring.
 

@@ -39,7 +39,7 @@ PAPER = ("GIA as described and evaluated in DMAVFL (Yao et al., arXiv 2404.19582
          "URVFL's gia_attack")
 
 
-@ATTACKS.register("gia", summary="GIA: shadow fitted to the victim's aux embeddings, then per-row input optimisation")
+@ATTACKS.register(summary="GIA: shadow fitted to the victim's aux embeddings, then per-row input optimisation")
 class GIA(CuriousActiveAttack):
     """GIA by the honest-but-curious active party (see the module docstring).
 

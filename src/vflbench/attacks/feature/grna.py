@@ -74,7 +74,7 @@ class Generator(nn.Module):
         return (self.lo + self.span * self.net(z)).view(-1, *self.shape)
 
 
-@ATTACKS.register("grna", summary="GRNA: generator of the victim's features trained to match the joint model's outputs")
+@ATTACKS.register(summary="GRNA: generator of the victim's features trained to match the joint model's outputs")
 class GRNA(CuriousActiveAttack):
     """GRNA by the honest-but-curious active party (see the module docstring).
 

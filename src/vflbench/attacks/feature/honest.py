@@ -60,6 +60,7 @@ from vflbench.data.base import PartySlice
 from vflbench.errors import CompatibilityError
 from vflbench.models import build_bottom
 from vflbench.protocol import ActiveParty
+from vflbench.protocol.hooks import PartyHook, StepFn
 from vflbench.protocol.party import aggregate
 
 THREAT = ("honest-but-curious active party with auxiliary labelled samples of the victim's feature space; "
@@ -216,41 +217,40 @@ class Conditional(nn.Module):
 # ------------------------------------------------------------------------- the step observer
 
 
-def observe_steps(party: ActiveParty, callback: StepCallback, victim: str) -> None:
-    """Run ``callback(party, ids, h_victim, epoch, step)`` after every honest training step.
+class StepObserver(PartyHook):
+    """Runs ``callback(party, ids, h_victim, epoch, step)`` after every step of the active party.
 
-    The honest ``step`` (or whatever another attack installed) runs first and its cut gradients
-    are returned unchanged; ``h_victim`` is the (detached) embedding the victim sent for ``ids``.
+    The step (honest, or whatever another hook runs) runs first and its cut gradients are returned
+    unchanged; ``h_victim`` is the (detached) embedding the victim sent for ``ids``. ``models``: the
+    attacker's own models (listed in the party's models as ``<tag>.<role>``).
     """
-    honest = party.step
 
-    def step(ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int,
-             senders: Sequence[str]) -> list[Tensor]:
-        gradients = honest(ids, received, epoch=epoch, step=step, senders=senders)
-        callback(party, ids, received[list(senders).index(victim)].detach(), epoch, step)
+    def __init__(self, name: str, party: ActiveParty, *, victim: str, callback: StepCallback | None = None,
+                 models: dict[str, nn.Module] | None = None) -> None:
+        super().__init__(name)
+        self.party = party
+        self.victim = victim
+        self.callback = callback
+        self._models = dict(models or {})
+
+    def step(self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int, senders: Sequence[str],
+             proceed: StepFn) -> list[Tensor]:  # noqa: D102
+        gradients = proceed(ids, received, epoch=epoch, step=step, senders=senders)
+        if self.callback is not None:
+            self.callback(self.party, ids, received[list(senders).index(self.victim)].detach(), epoch, step)
         return gradients
 
-    party.step = step  # type: ignore[method-assign]
+    def models(self) -> dict[str, nn.Module]:  # noqa: D102
+        return self._models
 
 
 def expose_models(party: ActiveParty, prefix: str, models: dict[str, nn.Module]) -> dict[str, str]:
     """Add the attack's models to what the party's ``models()`` returns (checkpoints, the view).
 
-    Keys are ``<prefix>.<role>`` (``<prefix>#2.<role>`` ... when another attack on the same party
+    Keys are ``<prefix>.<role>`` (``<prefix>#2.<role>`` ... when another hook on the same party
     already uses the prefix); returns the key of each role.
     """
-    own = party.models
-    taken = {k.split(".", 1)[0] for k in own()}
-    tag, n = prefix, 1
-    while tag in taken:
-        n += 1
-        tag = f"{prefix}#{n}"
-    named = {f"{tag}.{role}": m for role, m in models.items()}
-
-    def all_models() -> dict[str, nn.Module]:
-        return {**own(), **named}
-
-    party.models = all_models  # type: ignore[method-assign]
+    tag = party.attach(StepObserver(prefix, party, victim="", models=models))
     return {role: f"{tag}.{role}" for role in models}
 
 
@@ -327,7 +327,7 @@ class CuriousActiveAttack(Attack):
         self.aux_seen_ = torch.zeros(len(aux.ids), dtype=torch.bool)
         self.setup(party, aux, generator)
         if self.observes_steps or self.records_aux():
-            observe_steps(party, self._observe(aux), self.victim)
+            party.attach(StepObserver(self.name, party, victim=self.victim, callback=self._observe(aux)))
 
     def setup(self, party: ActiveParty, aux: AuxData, generator: torch.Generator) -> None:
         """Build the training-time state (nothing by default)."""

@@ -66,8 +66,7 @@ PAPER = ("He, Zhang & Lee, Model Inversion Attacks Against Collaborative Inferen
 ADAM_EPS = 1e-3  # He et al.'s Adam epsilon (with AMSGrad) for every optimiser
 
 
-@ATTACKS.register("model_inversion",
-                  summary="model inversion of the victim's embeddings: query-free shadow + TV prior, or a black-box "
+@ATTACKS.register(summary="model inversion of the victim's embeddings: query-free shadow + TV prior, or a black-box "
                           "inverse network")
 class ModelInversion(CuriousActiveAttack):
     """Model inversion by the honest-but-curious active party (see the module docstring).

@@ -49,7 +49,7 @@ PAPER = ("Gao & Zhang, Feature Inference Attack on Split Learning with a Pseudo-
          "adapted to VFL as in DMAVFL §6.2 (Yao et al., arXiv 2404.19582) / URVFL's pcat_attack")
 
 
-@ATTACKS.register("pcat", summary="PCAT: pseudo-client trained through the current top model on aux rows + decoder")
+@ATTACKS.register(summary="PCAT: pseudo-client trained through the current top model on aux rows + decoder")
 class PCAT(CuriousActiveAttack):
     """Pseudo-client attack by the honest-but-curious active party (see the module docstring).
 

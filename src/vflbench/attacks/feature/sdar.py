@@ -65,7 +65,7 @@ def _bce(logits: Tensor, value: float) -> Tensor:
     return F.binary_cross_entropy_with_logits(logits, torch.full_like(logits, value))
 
 
-@ATTACKS.register("sdar", summary="SDAR: simulator + conditional decoder with two conditional discriminators")
+@ATTACKS.register(summary="SDAR: simulator + conditional decoder with two conditional discriminators")
 class SDAR(CuriousActiveAttack):
     """SDAR by the honest-but-curious active party (see the module docstring).
 

@@ -118,8 +118,7 @@ def rebuild_scheduler(old: lr_scheduler.LRScheduler, optimizer: torch.optim.Opti
     return new
 
 
-@ATTACKS.register("active_model_completion",
-                  summary="model completion on a bottom model trained with Fu et al.'s malicious optimizer")
+@ATTACKS.register(summary="model completion on a bottom model trained with Fu et al.'s malicious optimizer")
 class ActiveModelCompletion(ModelCompletion):
     """Active model completion (Fu et al., §4.3): malicious local optimizer, then model completion.
 

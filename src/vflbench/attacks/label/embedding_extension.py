@@ -13,7 +13,7 @@ Following Algorithm 1:
 * Each outer epoch the client first runs ``inner_steps`` (EPOCH_NUM_2) steps of the inner loop
   on ``X_aux``: ``V_c = f(X_aux)`` (the bottom model is not changed by this loop), ``l = Corr(concat(
   V_c, g(V_c)), Y_aux)``, ``theta_g -= eta_1 * grad_g l`` (Adam here, ``generator_lr``). It is run
-  once in :meth:`corrupt` (before training) and after every epoch (``party.epoch_callbacks``).
+  once in :meth:`corrupt` (before training) and after every epoch (a :class:`PartyHook` of its party).
 * ``g`` is updated ONLY by this inner loop: Algorithm 1's VFL update touches ``theta_t``,
   ``theta_bc`` and ``theta_bh``, never ``theta_g``. The host's cut gradient does flow THROUGH ``g``
   into the bottom model (``V_c`` feeds both halves of the upload), as the chain rule gives.
@@ -29,6 +29,7 @@ initialised from the attacker's own party generator (its own randomness).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -51,6 +52,7 @@ from vflbench.attacks.registry import ATTACKS
 from vflbench.defenses.regularizers import distance_correlation
 from vflbench.models import init_parameters
 from vflbench.protocol import PassiveParty
+from vflbench.protocol.hooks import PartyHook
 
 
 class ExtendedBottom(nn.Module):
@@ -71,7 +73,7 @@ def original_bottom(model: nn.Module) -> nn.Module:
     return model.base if isinstance(model, ExtendedBottom) else model
 
 
-@ATTACKS.register("embedding_extension", summary="malicious passive party appends dCor-minimising perturbation "
+@ATTACKS.register(summary="malicious passive party appends dCor-minimising perturbation "
                                                  "dims to its embedding, then runs model completion (LabObf §4)")
 class EmbeddingExtension(Attack):
     """He et al.'s embedding extension attack (§4, Algorithm 1); see the module docstring.
@@ -174,7 +176,7 @@ class EmbeddingExtension(Attack):
             return {f"{self.name}.{k}": val for k, val in record.items()}
 
         inner_loop(-1)
-        party.epoch_callbacks.append(inner_loop)
+        party.attach(_EveryEpoch(self.name, inner_loop))
 
     # -------------------------------------------------------------------------------- inference
 
@@ -188,3 +190,14 @@ class EmbeddingExtension(Attack):
     def local(self, view: PartyView) -> LabelInference:
         """J_loc (R_lower): the same architecture trained from scratch on the auxiliary rows only."""
         return self.completion_.local(view)
+
+
+class _EveryEpoch(PartyHook):
+    """Runs the attacker's ``run(epoch) -> metrics`` after every epoch of its own party."""
+
+    def __init__(self, name: str, run: Callable[[int], dict[str, object]]) -> None:
+        super().__init__(name)
+        self.run = run
+
+    def on_epoch_end(self, epoch: int) -> dict[str, object]:  # noqa: D102
+        return self.run(epoch)

@@ -43,7 +43,7 @@ class _CutGradientAttack(Attack):
                 for m in view.transcript.of_kind("cut_gradient") if _epochs_ok(m.epoch, self.epochs)]
 
 
-@ATTACKS.register("norm_scoring", summary="score each sample by the L2 norm of its cut-layer gradient (binary)")
+@ATTACKS.register(summary="score each sample by the L2 norm of its cut-layer gradient (binary)")
 class NormScoring(_CutGradientAttack):
     """Norm scoring (Li et al., ICLR 2022): positives get larger cut-gradient norms."""
 
@@ -60,7 +60,7 @@ class NormScoring(_CutGradientAttack):
         return LabelInference(batches=[Scores(ids, g.flatten(1).norm(dim=1)) for ids, g in self.messages(view)])
 
 
-@ATTACKS.register("direction_scoring", summary="score samples by cosine with a known positive's cut gradient (binary)")
+@ATTACKS.register(summary="score samples by cosine with a known positive's cut gradient (binary)")
 class DirectionScoring(_CutGradientAttack):
     """Direction scoring (Li et al., ICLR 2022): same-class gradients point the same way.
 
@@ -99,8 +99,7 @@ class DirectionScoring(_CutGradientAttack):
         return LabelInference(batches=batches)
 
 
-@ATTACKS.register("direct_label_inference",
-                  summary="read labels from the signs of the cut gradient (softmax over summed logits or VLR)")
+@ATTACKS.register(summary="read labels from the signs of the cut gradient (softmax over summed logits or VLR)")
 class DirectLabelInference(_CutGradientAttack):
     """Direct label inference (Fu et al., USENIX Security 2022; Kang et al. eq. 4).
 
@@ -148,7 +147,7 @@ class _ModelGradientAttack(_CutGradientAttack):
         return out
 
 
-@ATTACKS.register("residue_reconstruction", summary="recover the residue d^B from VLR model gradients by least squares")
+@ATTACKS.register(summary="recover the residue d^B from VLR model gradients by least squares")
 class ResidueReconstruction(_ModelGradientAttack):
     """Residue reconstruction (Kang et al. eq. 7-10): solve X^T d = grad(theta) for the
     per-sample residues d by (minimum-norm) least squares, then score by -d."""
@@ -165,8 +164,7 @@ class ResidueReconstruction(_ModelGradientAttack):
         return LabelInference(batches=batches)
 
 
-@ATTACKS.register("gradient_inversion",
-                  summary="optimise labels and the other party's logits to match VLR model gradients")
+@ATTACKS.register(summary="optimise labels and the other party's logits to match VLR model gradients")
 class GradientInversion(_ModelGradientAttack):
     """Gradient inversion (Kang et al. eq. 11, after Zhu et al. and CoAE's VFL variant): find
     soft labels y~ and the other party's logits u~A whose implied gradient of the attacker's

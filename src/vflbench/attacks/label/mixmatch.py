@@ -69,8 +69,7 @@ def has_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
-@ATTACKS.register("model_completion_mixmatch",
-                  summary="model completion fine-tuned semi-supervised with MixMatch (Fu et al.'s code)")
+@ATTACKS.register(summary="model completion fine-tuned semi-supervised with MixMatch (Fu et al.'s code)")
 class MixMatchCompletion(ModelCompletion):
     """Passive model completion with MixMatch, as in Fu et al.'s ``model_completion.py``.
 

@@ -21,8 +21,7 @@ from vflbench.attacks.registry import ATTACKS
 from vflbench.models.finetune import class_scores, complete, predict, supervised_loss  # noqa: F401
 
 
-@ATTACKS.register("model_completion",
-                  summary="fine-tune an inference head on the trained bottom model with known labels")
+@ATTACKS.register(summary="fine-tune an inference head on the trained bottom model with known labels")
 class ModelCompletion(Attack):
     """Passive model completion: attach an inference head (MLP2) to the attacker's trained
     bottom model and fine-tune both on ``known_per_class`` labels per class (VMask Algorithm 3:

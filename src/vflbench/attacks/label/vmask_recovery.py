@@ -267,8 +267,7 @@ def solve_conv(rec: LayerRecorder) -> tuple[Tensor, Tensor, dict[str, Any]]:
     return r_mat.reshape(c_out, c_in, kh, kw), r_b, info
 
 
-@ATTACKS.register("vmask_weight_recovery",
-                  summary="VMask's passive party solves its masked weights from the openings; model completion on them")
+@ATTACKS.register(summary="VMask's passive party solves its masked weights from the openings; model completion on them")
 class VMaskWeightRecovery(ModelCompletion):
     """Model completion on the bottom model whose masked layers P_k recovered from what VMask's
     protocol reconstructs to it (module docstring). ``max_openings`` openings per stage and layer
