@@ -3,7 +3,7 @@
 A new user's first run: a 2-party VHNN (mlp2 bottoms and top, the library's default SGD 0.1,
 batch 64) on ``digits`` (8x8 images; the victim holds the left 8x4 strip) or ``breast_cancer``
 (standardised; the victim holds the first 15 columns), seeds 0 and 1, every attack parameter
-left at its default (aux = 10% of the training rows, 143 and 45 rows; SDAR's 50%, held out of
+left at its default (aux = 10% of the training rows, 144 and 46 rows; SDAR's 50%, held out of
 training, 718 and 228 rows). Only the VFL epochs are set: 10 (the library's default) for the
 honest attacks, 25 (URVFL's) for DMAVFL, whose distribution transfer has not converged after 10
 epochs here (docs/decisions.md). The whole file takes about 45 s on one idle core.
