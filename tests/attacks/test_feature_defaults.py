@@ -6,7 +6,7 @@ batch 64) on ``digits`` (8x8 images; the victim holds the left 8x4 strip) or ``b
 left at its default (aux = 10% of the training rows, 144 and 46 rows; SDAR's 50%, held out of
 training, 718 and 228 rows). Only the VFL epochs are set: 10 (the library's default) for the
 honest attacks, 25 (URVFL's) for DMAVFL, whose distribution transfer has not converged after 10
-epochs here (docs/decisions.md). The whole file takes about 45 s on one idle core.
+epochs here (docs/decisions.md). The whole file takes about 30 s of CPU (55 s wall on a shared core).
 
 PCAT is tested on ``breast_cancer`` only: on ``digits`` its pseudo-client is not the victim's
 bottom model and its decoder does worse than the mean guess on the victim's embeddings, as in
