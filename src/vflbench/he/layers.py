@@ -203,9 +203,9 @@ class PaillierLinear(nn.Module):
         f, shift = self.precision, x.scale - self.precision
         tic = time.perf_counter()
         top = x.scale + MAG
-        masks = np.empty(x.cts.size, dtype=object)
-        masks[:] = [(1 << top) + secrets.randbits(top + KAPPA) for _ in range(x.cts.size)]
-        masks = masks.reshape(x.shape)
+        flat = np.empty(x.cts.size, dtype=object)
+        flat[:] = [(1 << top) + secrets.randbits(top + KAPPA) for _ in range(x.cts.size)]
+        masks = flat.reshape(x.shape)
         masked = self.ops.rerandomize(self.ops.add_plain(x.cts, masks))
         back = self.link.rescale(self.ops, masked, shift)
         unmask = np.empty(masks.size, dtype=object)
