@@ -100,14 +100,20 @@ def vmask_defense(fed: Federation) -> Any:
 
 
 def side_bytes(fed: Federation) -> int:
-    """Bytes exchanged outside the loop's channel: the HE side exchange or VMask's secret-sharing traffic."""
-    holder = he_holder(fed)
-    if holder is not None:
-        return holder.comm.bytes_up + holder.comm.bytes_down
+    """Bytes exchanged besides the loop's messages: the HE side exchange or VMask's secret-sharing traffic."""
+    if he_holder(fed) is not None:
+        return sum(fed.active.defenses[0].traffic("train").values())  # the channel's paillier.* counts
     vm = vmask_defense(fed)
     if vm is not None:
         return sum(s.comm.bytes(d) for s in vm.parties_.values() for d in DIRECTIONS)
     return 0
+
+
+def loop_bytes(fed: Federation) -> int:
+    """Bytes of the loop's own messages (embeddings and cut gradients) in training; protocol messages that
+    the channel also counts (``paillier.*``) are in :func:`side_bytes`."""
+    return sum(s.bytes for kind in ("embedding", "cut_gradient")
+               for s in fed.channel.train.by_kind.get(kind, {}).values())
 
 
 def dealer_bytes(fed: Federation) -> int:
@@ -166,7 +172,7 @@ class Run:
         k = step % self.per_epoch
         ids = self.order[k * args.batch : (k + 1) * args.batch]
         if step == args.warmup:
-            self.bytes_before = fed.channel.train.bytes_up + fed.channel.train.bytes_down
+            self.bytes_before = loop_bytes(fed)
             self.side_before = side_bytes(fed)
             self.dealer_bytes_before = dealer_bytes(fed)
             self.phases_before = breakdown(fed)
@@ -182,7 +188,7 @@ class Run:
 
     def result(self) -> dict[str, Any]:
         args, fed, steps, per_epoch = self.args, self.fed, self.steps, self.per_epoch
-        channel = fed.channel.train.bytes_up + fed.channel.train.bytes_down - self.bytes_before
+        channel = loop_bytes(fed) - self.bytes_before
         side = side_bytes(fed) - self.side_before
         triples = dealer_bytes(fed) - self.dealer_bytes_before
         phases = {k: (v - self.phases_before.get(k, 0.0)) / steps for k, v in breakdown(fed).items()}

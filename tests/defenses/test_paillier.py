@@ -9,33 +9,34 @@ from __future__ import annotations
 
 import ast
 import copy
+import json
 import pickle
 import sys
+import types
+from collections import deque
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import Observer, minimal
+from torch import nn
 
 pytest.importorskip("phe", reason="paillier_he needs the optional 'he' extra (pip install 'vflbench[he]')")
 
 from phe import paillier as phe_paillier  # noqa: E402
 
 import vflbench.defenses.paillier as paillier_module  # noqa: E402
+import vflbench.he as he_package  # noqa: E402
 from vflbench.defenses import DEFENSES, create_defense  # noqa: E402
-from vflbench.defenses.paillier import (  # noqa: E402
-    EncTensor,
-    KeyHolderPeer,
-    PaillierHE,
-    PaillierKeyHolder,
-    PaillierLinear,
-    PaillierOps,
-    encode,
-)
+from vflbench.defenses.paillier import PaillierHE  # noqa: E402
 from vflbench.errors import CompatibilityError, ConfigError  # noqa: E402
 from vflbench.experiment.config import build_config  # noqa: E402
 from vflbench.experiment.run import run_experiment  # noqa: E402
 from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses  # noqa: E402
+from vflbench.he import KeyHolderLink, PaillierKeyHolder, PaillierLinear, PaillierOps  # noqa: E402
+from vflbench.mpc._service import DisconnectedService  # noqa: E402
+from vflbench.protocol.channel import Channel, Endpoint  # noqa: E402
 
 TEST_KEY_BITS = 512  # test-only: far below any secure size
 HE = {"name": "paillier_he", "key_bits": TEST_KEY_BITS}
@@ -63,9 +64,18 @@ def _last_linear(model):
     return [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1]
 
 
+def _reveal(he, party="passive_1"):
+    """Test oracle: the key holder decrypts a passive party's encrypted layer (the test holds both)."""
+    layer = _layer(he, party)
+    return {name: he.active.defenses[0].reveal(t) for name, t in layer.params.items()}
+
+
+def _layer(he, party="passive_1"):
+    return next(m for p in he.passives if p.name == party for m in p.bottom.modules() if isinstance(m, PaillierLinear))
+
+
 def _assert_same_training(plain, he, party="passive_1", atol=1e-6):
-    defense = he.active.defenses[0]
-    revealed = defense.reveal(party)  # test oracle: the key holder decrypts the encrypted layer
+    revealed = _reveal(he, party)
     lin = _last_linear(next(p for p in plain.passives if p.name == party).bottom)
     torch.testing.assert_close(revealed["weight"], lin.weight.detach().T.double(), atol=atol, rtol=0)
     torch.testing.assert_close(revealed["bias"], lin.bias.detach().double(), atol=atol, rtol=0)
@@ -102,10 +112,13 @@ def test_encrypted_training_equals_plaintext_sgd(train):
     _assert_same_training(plain, he)
     layer = he.passives[0].bottom[-1]
     assert isinstance(layer, PaillierLinear) and layer.steps == steps
+    rescales = he.channel.train.by_kind.get("paillier.rescale", {})
     if train.get("momentum"):
         assert layer.rescales > 0  # the masked rescaling ran and kept training exact
+        # ... as request/reply messages through the channel, one round trip per rescaled tensor
+        assert rescales["up"].messages == rescales["down"].messages == layer.rescales
     else:
-        assert layer.rescales == 0
+        assert layer.rescales == 0 and not rescales
     # evaluation goes through the encrypted forward and gives the same outputs
     torch.testing.assert_close(plain.outputs("test"), he.outputs("test"), atol=1e-5, rtol=0)
 
@@ -134,14 +147,15 @@ def test_vlr_sum_aggregation_and_two_passive_parties():
 
 
 def test_passive_party_receives_only_ciphertexts():
-    he, _ = _federation([HE], train={"momentum": 0.9}, keep={"passive_1": {"cut_gradient", "embedding"}})
+    keep = {"passive_1": {"cut_gradient", "embedding", "paillier.rescale", "paillier.share"}}
+    he, _ = _federation([HE], train={"momentum": 0.9}, keep=keep)
     passive = he.passives[0]
     seen = []
     passive.attach(Observer(lambda state, g: seen.append(g.clone())))
     _train(he, 12)
     holder = he.active.defenses[0].holder_
     n2 = holder.n**2
-    ops = PaillierOps(holder.n)
+    ops = PaillierOps(holder.public_key)
     messages = passive.transcript.of_kind("cut_gradient")
     assert len(messages) == 12
     for m in messages:
@@ -150,10 +164,11 @@ def test_passive_party_receives_only_ciphertexts():
         assert all(0 < int(c) < n2 for c in cts.ravel())
     # the plaintext cut gradient never appears: what the passive party's code backpropagates is zero
     assert seen and all(torch.count_nonzero(g) == 0 for g in seen)
-    # the other values it received (rescaled parameters) are ciphertexts too
-    peer = passive.bottom[-1].peer
-    assert isinstance(peer, KeyHolderPeer) and peer.received
-    assert all(0 < int(c) < n2 for arr in peer.received for c in arr.ravel())
+    # the other values it received (rescaled parameters) are ciphertexts too; share replies are empty
+    replies = [m for m in passive.transcript.messages if m.role == "reply" and m.receiver == "passive_1"]
+    rescaled = [m for m in replies if m.kind == "paillier.rescale"]
+    assert rescaled and all(m.payload.numel() == 0 for m in replies if m.kind == "paillier.share")
+    assert all(0 < int(c) < n2 for m in rescaled for c in ops.from_wire(m.payload).ravel())
     # its layer holds no plaintext weight: only ciphertexts and an empty marker parameter
     layer = passive.bottom[-1]
     assert not hasattr(layer, "weight") and all(p.numel() == 0 for p in layer.parameters())
@@ -161,7 +176,7 @@ def test_passive_party_receives_only_ciphertexts():
     # nothing of the passive party's reaches the private key, not even through a pickle
     blob = pickle.dumps(passive.bottom)
     assert b"PaillierPrivateKey" not in blob and b"private" not in blob
-    assert "Disconnected" in repr(pickle.loads(blob)[-1].peer)
+    assert isinstance(pickle.loads(blob)[-1].link, DisconnectedService)
 
 
 def test_decryption_happens_only_at_the_active_party(monkeypatch):
@@ -199,12 +214,15 @@ def test_missing_phe_names_the_extra(monkeypatch):
         defense.bind(BindContext("active", "vhnn", 10, 2, generator(0, "a"), generator(0, "b")))
 
 
-def test_the_module_imports_phe_and_gmpy2_only_lazily():
-    tree = ast.parse(Path(paillier_module.__file__).read_text())
-    top_level = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
-    names = {a.name for n in top_level for a in n.names}
-    names |= {n.module for n in top_level if isinstance(n, ast.ImportFrom)}
-    assert not {"phe", "gmpy2", "phe.paillier"} & names
+def test_the_modules_import_phe_and_gmpy2_only_lazily():
+    files = [Path(paillier_module.__file__), *Path(he_package.__file__).parent.glob("*.py")]
+    assert len(files) > 3
+    for file in files:
+        tree = ast.parse(file.read_text())
+        top_level = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+        names = {a.name for n in top_level for a in n.names}
+        names |= {n.module for n in top_level if isinstance(n, ast.ImportFrom)}
+        assert not {"phe", "gmpy2", "phe.paillier"} & names, file
 
 
 def test_rejects_optimizers_that_are_not_linear_in_the_gradient():
@@ -216,7 +234,7 @@ def test_rejects_optimizers_that_are_not_linear_in_the_gradient():
 def test_checkpoint_state_and_end_to_end_run(tmp_path):
     he, _ = _federation([HE])
     _train(he, 2)
-    layer = he.passives[0].bottom[-1]
+    layer = _layer(he)
     state = he.passives[0].bottom.state_dict()
     assert not any("private" in k for k in state)
     clone = copy.deepcopy(he.passives[0].bottom)
@@ -224,7 +242,7 @@ def test_checkpoint_state_and_end_to_end_run(tmp_path):
     clone.load_state_dict(state)
     restored, original = clone[-1].params["weight"].cts, layer.params["weight"].cts
     assert [int(c) for c in restored.ravel()] == [int(c) for c in original.ravel()]
-    assert clone[-1].peer is layer.peer  # a copy talks to the same key holder; it never holds the key
+    assert clone[-1].link is layer.link  # a copy talks to the same key holder; it never holds the key
     cfg = build_config(minimal(data={"train_size": ROWS, "test_size": 32}, model={"bottom": "logreg", "embed_dim": 4},
                                train={"momentum": 0.0, "batch_size": 32, "epochs": 1}, defenses=[HE]))
     result = run_experiment(cfg, out_dir=tmp_path)
@@ -232,32 +250,109 @@ def test_checkpoint_state_and_end_to_end_run(tmp_path):
     assert (tmp_path / cfg.hash() / "metrics.jsonl").read_text().count("paillier_he.side_bytes_up") == 1
 
 
-def test_fixed_point_encoding_and_homomorphic_matmul():
-    holder = PaillierKeyHolder(TEST_KEY_BITS)
-    ops = holder.ops
-    a = torch.tensor([[0.5, -1.25, 0.0], [2.0, 0.125, -3.0]], dtype=torch.float64)
-    w = torch.tensor([[0.1, -0.2], [0.3, 0.4], [-0.5, 0.6]], dtype=torch.float64)
-    enc_w = ops.encrypt(encode(w, 20))
-    prod = EncTensor(ops.matmul(encode(a, 20), enc_w), 40)
-    torch.testing.assert_close(holder.reveal(prod), a @ w, atol=1e-5, rtol=0)
-    wire = ops.to_wire(enc_w)
-    assert wire.shape == (3, 2, 2 * TEST_KEY_BITS // 8)
-    assert [int(c) for c in ops.from_wire(wire).ravel()] == [int(c) for c in enc_w.ravel()]
-    with pytest.raises(ValueError, match="ciphertext"):
-        ops.from_wire(torch.zeros(3, 2, 7, dtype=torch.uint8))
+# ----------------------------------------------------------------------------------------------
+# Per-party halves that talk only through the channel (issue 18, items 3 and 6)
 
 
-def test_worker_functions_of_the_pool_compute_the_same_ciphertext_products():
-    from vflbench.defenses.paillier import _work_lin, _work_obfuscators
+def _reachable(root):
+    """Every object reachable from ``root`` through attributes and containers, stopping at a channel
+    endpoint (the network: over a transport, nothing of the other party lies behind it)."""
+    seen, stack, out = set(), [root], []
+    leaves = (type, types.ModuleType, str, bytes, int, float, bool, torch.Tensor, torch.Generator, np.ndarray)
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or obj is None or isinstance(obj, leaves):
+            continue
+        seen.add(id(obj))
+        out.append(obj)
+        if isinstance(obj, Endpoint | Channel):
+            continue
+        if isinstance(obj, dict):
+            stack.extend([*obj.keys(), *obj.values()])
+        elif isinstance(obj, list | tuple | set | frozenset | deque):
+            stack.extend(obj)
+        if isinstance(obj, types.MethodType):
+            stack.append(obj.__self__)
+        if isinstance(obj, types.FunctionType):
+            stack.extend(c.cell_contents for c in obj.__closure__ or ())
+        elif hasattr(obj, "__dict__"):
+            stack.extend(vars(obj).values())
+    return out
 
-    holder = PaillierKeyHolder(TEST_KEY_BITS)
-    ops = holder.ops
-    x = encode(torch.tensor([[1.5, -2.0], [0.0, 0.25]]), 8)
-    w = ops.encrypt(encode(torch.tensor([[0.5], [-1.0]]), 8))
-    rows = _work_lin(int(ops.n2), x.tolist(), [[int(c) for c in w[:, 0]]], ops.use_gmpy2)
-    arr = ops.matmul(x, w)
-    assert [[int(v) for v in r] for r in rows] == [[int(v) for v in r] for r in arr.tolist()]
-    expected = torch.tensor([2.75, -0.25], dtype=torch.float64)
-    torch.testing.assert_close(holder.reveal(EncTensor(arr, 16)).flatten(), expected)
-    obf = _work_obfuscators(int(ops.n), 3, ops.use_gmpy2, None)
-    assert len(set(obf)) == 3 and all(0 < v < int(ops.n2) for v in obf)
+
+def test_the_active_instance_holds_no_object_of_a_passive_party():
+    """Old design: the active instance created the passive layers and kept them (``layers_``) and a
+    handle to each (``KeyHolderPeer``); now it holds only its own key holder and what messages told it."""
+    he, _ = _federation([HE], train={"momentum": 0.9}, data={"parties": 3})
+    _train(he, 4)
+    active = he.active.defenses[0]
+    passive_objects = {id(o) for p in he.passives for o in (*p.bottom.modules(), *p.bottom.parameters(), *p.defenses)}
+    reachable = _reachable(active)
+    assert not [o for o in reachable if id(o) in passive_objects]
+    assert not [o for o in reachable if isinstance(o, nn.Module | KeyHolderLink)]
+    assert active.holder_.widths == {"passive_1": 4, "passive_2": 4}  # learned from the setup messages
+
+
+def test_the_passive_half_holds_no_private_key_and_no_active_object():
+    """Old design: the passive layer's ``KeyHolderPeer`` held the active party's key holder (and so the
+    private key) as a Python object; now it holds its own channel endpoint only."""
+    he, _ = _federation([HE], train={"momentum": 0.9, "weight_decay": 0.01})
+    _train(he, 6)
+    passive = he.passives[0]
+    active_objects = {id(o) for o in (*he.active.defenses, he.active.defenses[0].holder_, he.active.top,
+                                      *he.active.top.modules())}
+    for root in (*passive.defenses, passive.bottom):
+        reachable = _reachable(root)
+        assert not [o for o in reachable if isinstance(o, phe_paillier.PaillierPrivateKey | PaillierKeyHolder)]
+        assert not [o for o in reachable if id(o) in active_objects]
+    layer = _layer(he)
+    assert isinstance(layer.link, KeyHolderLink) and layer.ops._crt is None
+    blob = pickle.dumps((passive.bottom, layer.ops, layer.params))
+    assert b"PaillierPrivateKey" not in blob and b"KeyHolder\x94" not in blob
+    with pytest.raises(RuntimeError, match="disconnected"):
+        pickle.loads(pickle.dumps(layer.link)).rescale(layer.ops, layer.params["weight"].cts, 1)
+
+
+def test_setup_sends_the_public_key_as_a_message_and_the_holder_checks_its_requests():
+    he, _ = _federation([HE], data={"parties": 3})
+    setup = he.channel.stats["setup"].by_kind["paillier.public_key"]
+    n_bytes = TEST_KEY_BITS // 8
+    assert setup["up"].messages == 2 and setup["up"].bytes == 0  # the request carries the width as meta
+    assert setup["down"].messages == 2 and setup["down"].bytes == 2 * n_bytes
+    holder = he.active.defenses[0].holder_
+    layer = _layer(he)
+    assert int(layer.ops.n) == holder.n and layer.ops.public_key == holder.public_key
+    # a party that did not set up, a malformed header, an unknown kind: refused
+    stranger = he.channel.endpoint("dealer")
+    wire = layer.ops.to_wire(layer.params["weight"].cts)  # (inputs, 4): the shape of a share of 4 outputs
+    with pytest.raises(RuntimeError, match="without asking for the public key"):
+        stranger.call("paillier.share", "active", wire, meta={"scale": 64})
+    link = he.channel.endpoint("passive_1")
+    with pytest.raises(ValueError, match="meta\\['scale'\\]"):
+        link.call("paillier.share", "active", wire, meta={"scale": "64"})
+    with pytest.raises(ValueError, match="embedding share of shape"):
+        link.call("paillier.share", "active", layer.ops.to_wire(layer.params["weight"].cts.T), meta={"scale": 64})
+    with pytest.raises(RuntimeError, match="not 'paillier.decrypt'"):
+        link.call("paillier.decrypt", "active", wire)
+
+
+def test_paillier_traffic_reaches_result_json_comm(tmp_path):
+    """Old design: the side exchanges were counted by a private HEComm that never reached result.json."""
+    cfg = build_config(minimal(data={"train_size": ROWS, "test_size": 16}, model={"bottom": "logreg", "embed_dim": 4},
+                               train={"momentum": 0.9, "weight_decay": 0.01, "batch_size": BATCH, "epochs": 2},
+                               defenses=[HE]))
+    run_experiment(cfg, out_dir=tmp_path)
+    result = json.loads((tmp_path / cfg.hash() / "result.json").read_text())
+    by_kind = result["comm"]["by_kind"]
+    steps = 2 * ROWS // BATCH
+    ct_bytes = 2 * TEST_KEY_BITS // 8
+    share = by_kind["paillier.share"]
+    assert share["up"] == {"messages": steps, "bytes": ROWS * 2 * 4 * ct_bytes}  # [[h - S]] per training batch
+    assert share["down"] == {"messages": steps, "bytes": 0}  # empty acknowledgements
+    assert by_kind["paillier.rescale"]["up"]["messages"] == by_kind["paillier.rescale"]["down"]["messages"] > 0
+    assert "paillier.public_key" not in by_kind  # setup traffic is counted in its own phase
+    paillier_up = sum(v["up"]["bytes"] for k, v in by_kind.items() if k.startswith("paillier.") and "up" in v)
+    assert result["comm"]["bytes_up"] == paillier_up + by_kind["embedding"]["up"]["bytes"]
+    epochs = [json.loads(line) for line in (tmp_path / cfg.hash() / "metrics.jsonl").read_text().splitlines()]
+    last = next(e for e in reversed(epochs) if "paillier_he.side_bytes_up" in e)
+    assert last["paillier_he.side_bytes_up"] == paillier_up  # the epoch report reads the channel's counter

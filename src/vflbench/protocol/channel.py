@@ -210,3 +210,8 @@ class Endpoint:
     def take(self, kind: str, sender: str) -> Message:
         """The oldest message of ``kind`` from ``sender`` in this party's mailbox (an error if there is none)."""
         return self._channel._take(self.owner, sender, kind)
+
+    @property
+    def stats(self) -> Mapping[str, CommStats]:
+        """The channel's traffic counters by phase (for a party's own reports; read, never written)."""
+        return self._channel.stats
