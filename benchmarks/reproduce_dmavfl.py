@@ -554,7 +554,7 @@ def figure6_png(out: Path, path: Path, dataset: str) -> None:
     detector_scores(runs, panels, path, f"DMAVFL Figure 6 ({dataset}, paper configuration)")
 
 
-def main() -> None:  # noqa: D103
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "datasets"))
     parser.add_argument("--out", default="runs/dmavfl")

@@ -362,7 +362,7 @@ def jobs(args: argparse.Namespace) -> list[tuple[str, tuple[str, ...], str]]:
     return list(dict.fromkeys(todo))
 
 
-def main(argv: list[str] | None = None) -> int:  # noqa: D103
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--out", default="runs/labobf")

@@ -50,7 +50,7 @@ class Centralized(nn.Module):
         self.x_passive = [p.data.x_train for p in fed.passives]
         self.targets = fed.active.objective.targets
 
-    def forward(self, ids: Tensor) -> Tensor:  # noqa: D102
+    def forward(self, ids: Tensor) -> Tensor:
         parts = [self.active_bottom(self.x_active[ids])]
         parts += [b(x[ids]) for b, x in zip(self.passive_bottoms, self.x_passive, strict=True)]
         return self.top(torch.cat(parts, 1))

@@ -427,9 +427,11 @@ def main() -> None:
     except Exception as exc:
         # Usage errors from typer (and click, which older typer versions build on) know how to
         # show themselves; anything else is a bug and keeps its traceback.
-        if hasattr(exc, "show") and isinstance(getattr(exc, "exit_code", None), int):
-            exc.show()
-            sys.exit(exc.exit_code)
+        exit_code = getattr(exc, "exit_code", None)
+        show = getattr(exc, "show", None)
+        if callable(show) and isinstance(exit_code, int):
+            show()
+            sys.exit(exit_code)
         raise
     finally:
         for signum, handler in previous.items():

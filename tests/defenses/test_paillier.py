@@ -24,19 +24,19 @@ from torch import nn
 
 pytest.importorskip("phe", reason="paillier_he needs the optional 'he' extra (pip install 'vflbench[he]')")
 
-from phe import paillier as phe_paillier  # noqa: E402
+from phe import paillier as phe_paillier
 
-import vflbench.defenses.paillier as paillier_module  # noqa: E402
-import vflbench.he as he_package  # noqa: E402
-from vflbench.defenses import DEFENSES, create_defense  # noqa: E402
-from vflbench.defenses.paillier import PaillierHE  # noqa: E402
-from vflbench.errors import CompatibilityError, ConfigError  # noqa: E402
-from vflbench.experiment.config import build_config  # noqa: E402
-from vflbench.experiment.run import run_experiment  # noqa: E402
-from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses  # noqa: E402
-from vflbench.he import KeyHolderLink, PaillierKeyHolder, PaillierLinear, PaillierOps  # noqa: E402
-from vflbench.mpc._service import DisconnectedService  # noqa: E402
-from vflbench.protocol.channel import Channel, Endpoint  # noqa: E402
+import vflbench.defenses.paillier as paillier_module
+import vflbench.he as he_package
+from vflbench.defenses import DEFENSES, create_defense
+from vflbench.defenses.paillier import PaillierHE
+from vflbench.errors import CompatibilityError, ConfigError
+from vflbench.experiment.config import build_config
+from vflbench.experiment.run import run_experiment
+from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
+from vflbench.he import KeyHolderLink, PaillierKeyHolder, PaillierLinear, PaillierOps
+from vflbench.mpc._service import DisconnectedService
+from vflbench.protocol.channel import Channel, Endpoint
 
 TEST_KEY_BITS = 512  # test-only: far below any secure size
 HE = {"name": "paillier_he", "key_bits": TEST_KEY_BITS}

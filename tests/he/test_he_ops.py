@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("phe", reason="vflbench.he needs the optional 'he' extra (pip install 'vflbench[he]')")
 
-from vflbench.he import (  # noqa: E402
+from vflbench.he import (
     EncTensor,
     PaillierKeyHolder,
     PaillierOps,
@@ -18,7 +18,7 @@ from vflbench.he import (  # noqa: E402
     public_key_from_wire,
     public_key_to_wire,
 )
-from vflbench.he.ops import add, scale_by, work_lin, work_obfuscators  # noqa: E402
+from vflbench.he.ops import add, scale_by, work_lin, work_obfuscators
 
 TEST_KEY_BITS = 512
 

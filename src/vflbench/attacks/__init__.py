@@ -18,7 +18,7 @@ from vflbench.attacks.registry import ATTACKS, create_attack
 __all__ = ["ATTACKS", "Attack", "BatchRecord", "KnownLabels", "LabelInference", "PartyView", "Scenario", "Scores",
            "create_attack"]
 
-from vflbench.attacks.label import active, embedding_extension, gradient, mixmatch, model_completion  # noqa: E402,F401,I001  (register)
-from vflbench.attacks.label import vmask_recovery  # noqa: E402,F401,I001  (register)
-from vflbench.attacks.feature import agn, dmavfl, fsha  # noqa: E402,F401,I001  (register)
-from vflbench.attacks.feature import gia, grna, inversion, pcat, sdar  # noqa: E402,F401,I001  (register)
+from vflbench.attacks.label import active, embedding_extension, gradient, mixmatch, model_completion  # noqa: F401, I001  (register)
+from vflbench.attacks.label import vmask_recovery  # noqa: F401  (register)
+from vflbench.attacks.feature import agn, dmavfl, fsha  # noqa: F401  (register)
+from vflbench.attacks.feature import gia, grna, inversion, pcat, sdar  # noqa: F401  (register)

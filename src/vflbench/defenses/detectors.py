@@ -162,7 +162,7 @@ class _Detector(Defense):
         self.threshold = threshold
         self.window = window
 
-    def bind(self, context: BindContext) -> None:  # noqa: D102
+    def bind(self, context: BindContext) -> None:
         super().bind(context)
         self.key_ = _key(context.shared_generator)
         self.count_ = 0
@@ -184,7 +184,7 @@ class _Detector(Defense):
             self.detected_step_ = self.count_
             self.detected_epoch_ = state.epoch
 
-    def on_epoch_end(self, epoch: int) -> dict[str, Any]:  # noqa: D102
+    def on_epoch_end(self, epoch: int) -> dict[str, Any]:
         if not self.passive:
             return {}
         new = [s for _, _, s in self.scores_[self._reported :]]

@@ -194,7 +194,7 @@ class _MIDLayer(nn.Module):
         self.generator = generator
         init_parameters(self, generator)
 
-    def forward(self, h: Tensor) -> tuple[Tensor, Tensor]:  # noqa: D102
+    def forward(self, h: Tensor) -> tuple[Tensor, Tensor]:
         e = F.relu(self.enlarge(h))
         mu, sigma = e[:, : self.k], F.softplus(e[:, self.k :] - self.std_shift)
         z = mu + sigma * _normal(mu.shape, self.generator, mu)  # sampled in evaluation too (VFLAIR)
@@ -212,7 +212,7 @@ class _MIDTop(_StoresLoss):
         self.which = [m is not None for _, _, m in slices]
         self.loss_ = None
 
-    def forward(self, z: Tensor) -> Tensor:  # noqa: D102
+    def forward(self, z: Tensor) -> Tensor:
         parts, kls = [], []
         mids = iter(self.mids)
         for (s, e), through in zip(self.bounds, self.which, strict=True):
@@ -400,6 +400,9 @@ class PassportLayer(nn.Module):
     the same two linear layers, is averaged over the passports, and through an autoencoder
     ``Linear(d -> d/4, no bias) -> LeakyReLU -> Linear(d/4 -> d, no bias)``.
     """
+
+    skey: Tensor
+    bkey: Tensor
 
     def __init__(self, in_dim: int, out_dim: int, *, hidden: int, key_loc: float, key_scale: float,
                  num_passport: int, generator: torch.Generator) -> None:

@@ -16,7 +16,8 @@ from vflbench.errors import ConfigError, DataError
 from vflbench.registry import closest_name
 
 Algorithm = Literal["vlr", "vhnn", "vsnn"]
-AGGREGATIONS: dict[str, tuple[str, ...]] = {
+Aggregation = Literal["concat", "sum", "mean"]
+AGGREGATIONS: dict[str, tuple[Aggregation, ...]] = {
     "vlr": ("sum",),
     "vhnn": ("concat", "sum", "mean"),
     "vsnn": ("concat", "sum", "mean"),

@@ -212,7 +212,7 @@ class _Recorder(PartyHook):
         self.party = party
         self.with_params = with_params
 
-    def after_backward(self, state: StepState, gradient: Tensor) -> None:  # noqa: D102
+    def after_backward(self, state: StepState, gradient: Tensor) -> None:
         grads = None
         if self.with_params:
             assert self.party.bottom is not None

@@ -157,6 +157,7 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
         return part
 
     def bottom_for(name: str, part: PartySlice) -> nn.Module:
+        assert m.bottom is not None
         model = build_bottom(m.bottom, part, embed_dim, generator(seed, name, "init"), **m.bottom_options)
         for d in (*plan.active, *plan.passive.get(name, ())):
             model = d.wrap_bottom(model, name)

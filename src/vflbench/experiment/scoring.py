@@ -104,22 +104,24 @@ def score_inference(inf: LabelInference, y_train: Tensor, y_test: Tensor, metric
             raise CompatibilityError("no batch had both classes, so no AUC could be computed")
         details.update(batches_scored=len(per_batch), batches_seen=len(inf.batches))
         return float(sum(per_batch) / len(per_batch)), details
-    values = {}
+    by_split: dict[str, float | None] = {}
     for split, s, y in (("train", inf.train, y_train), ("test", inf.test, y_test)):
         if s is not None:
-            values[split] = _score(s, y, metric)
-    if not values:
+            by_split[split] = _score(s, y, metric)
+    if not by_split:
         raise CompatibilityError("the attack returned no inference to score")
-    details.update({f"{k}_{metric}": v for k, v in values.items()})
-    split = "test" if values.get("test") is not None else "train"
-    if values.get(split) is None:
+    details.update({f"{k}_{metric}": v for k, v in by_split.items()})
+    split = "test" if by_split.get("test") is not None else "train"
+    if by_split.get(split) is None:
         raise CompatibilityError(f"the attack's {metric} is undefined on every split it returned (one class only)")
     details["scored_split"] = split
-    if split == "train" and "test" in values:
+    if split == "train" and "test" in by_split:
         details["split_fallback"] = (f"the test {metric} is undefined (the test rows hold one class), "
                                      "so the attack is scored on the training split")
         log.warning("attack scored on the training split: %s", details["split_fallback"])
-    return float(values[split]), details
+    chosen = by_split[split]
+    assert chosen is not None
+    return float(chosen), details
 
 
 def random_prior(metric: str, num_classes: int) -> float:
@@ -202,7 +204,8 @@ def _timing_key(seconds: dict[str, float], name: str) -> str:
 
 def run_attacks(plan: AttackPlan, run: TrainedRun) -> tuple[list[AttackResult], dict[str, float]]:
     """Run every planned attack on ``run``; return scored results and seconds per attack."""
-    results, seconds = [], {}
+    results: list[AttackResult] = []
+    seconds: dict[str, float] = {}
     y_train, y_test = run.data.y_train, run.data.y_test
     for planned in plan.attacks:
         attack = planned.attack

@@ -67,7 +67,7 @@ def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: floa
     larger_is_stronger = getattr(cls, "strength_direction", "larger is stronger").startswith("larger")
     from vflbench.attacks import ATTACKS
 
-    features = [s.name for s in cfg.attacks if ATTACKS.get(s.name).factory.target != "labels"]
+    features = [s.name for s in cfg.attacks if getattr(ATTACKS.get(s.name).factory, "target", None) != "labels"]
     if features:
         raise ConfigError(f"tune bounds label leakage (points of AUC or accuracy above the prior) and cannot take "
                           f"the feature attack(s) {', '.join(features)}: their leakage is in points of "
@@ -120,8 +120,8 @@ def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: floa
                 meeting = mid
             else:
                 failing = mid
-    meeting = [t for t in result.trace if t["meets"]]
-    result.chosen = min(meeting, key=lambda t: t["utility_loss"]) if meeting else None
+    met = [t for t in result.trace if t["meets"]]
+    result.chosen = min(met, key=lambda t: t["utility_loss"]) if met else None
     collect(out, points)
     write_json(out / "tune.json", asdict(result))
     return result

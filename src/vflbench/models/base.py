@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
 
 from vflbench.errors import ConfigError
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 LINEAR_TYPES = (nn.Linear, nn.Conv2d, nn.Conv1d)
 
@@ -18,7 +21,7 @@ def linear_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, LINEAR_TYPES)]
 
 
-def init_parameters(model: nn.Module, generator: torch.Generator) -> nn.Module:
+def init_parameters(model: ModuleT, generator: torch.Generator) -> ModuleT:
     """Re-initialise every parameter from ``generator`` with PyTorch's default schemes.
 
     Models are built without touching the global RNG state's role in results: whatever the

@@ -27,6 +27,9 @@ class EmbeddingMLP(nn.Module):
     Linear(hidden) -> ReLU -> Linear(out_dim). Without categorical columns it is an MLP2.
     """
 
+    numeric_index: Tensor
+    categorical_index: Tensor
+
     def __init__(self, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None,
                  embedding_dim: int = 8, hidden: int = 64) -> None:
         super().__init__()

@@ -116,11 +116,12 @@ class PassiveParty(Party):
         assert self._pending is not None and self.optimizer is not None
         h, state = self._pending
         self._pending = None
-        g: Tensor | None = gradient
+        g = gradient
         for d in self.defenses:
-            g = d.on_received_gradient(g, state)
-            if g is None:
+            changed = d.on_received_gradient(g, state)
+            if changed is None:
                 return False
+            g = changed
         regs = [r for d in self.defenses if (r := d.regularizer(state)) is not None]
         self.optimizer.zero_grad(set_to_none=True)
         if regs:

@@ -50,7 +50,7 @@ def _curves(directory: Path, summary: pd.DataFrame) -> pd.DataFrame:
 def _tsne(directory: Path, summary: pd.DataFrame, limit: int = 6) -> list[tuple[str, np.ndarray, np.ndarray]]:
     from sklearn.manifold import TSNE
 
-    panels = []
+    panels: list[tuple[str, np.ndarray, np.ndarray]] = []
     seen: set[str] = set()
     for _, row in summary.drop_duplicates("config_hash").sort_values(["defense", "strength"]).iterrows():
         path = directory / RUNS / str(row["config_hash"]) / "embeddings.npz"

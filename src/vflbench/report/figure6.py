@@ -17,8 +17,8 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
 COLORS = {"honest": "black", "DMAVFL": "tab:blue", "DMAVFL_sync": "tab:cyan", "FSHA": "tab:red", "AGN": "tab:orange"}
 
@@ -33,7 +33,7 @@ class Panel:
     window: int
 
 
-def decision_curve(scores: Sequence[float], window: int) -> np.ndarray:
+def decision_curve(scores: Sequence[float] | np.ndarray, window: int) -> np.ndarray:
     """The mean of the last ``window`` scores at each score from the ``window``-th on."""
     values = np.asarray(scores, dtype=float)
     if window < 1:

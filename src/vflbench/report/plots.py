@@ -7,12 +7,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-from vflbench.experiment.sweep import NO_DEFENSE  # noqa: E402
-from vflbench.metrics.scores import pareto_front  # noqa: E402
+from vflbench.experiment.sweep import NO_DEFENSE
+from vflbench.metrics.scores import pareto_front
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:

@@ -191,7 +191,8 @@ class Takeover(PartyHook):
         self._models = dict(models or {})
 
     def step(self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int, senders: Sequence[str],
-             proceed: StepFn) -> list[Tensor]:  # noqa: D102
+             proceed: StepFn) -> list[Tensor]:
+        """The attacker's step instead of the protocol's (``proceed`` is not called)."""
         return self._step(ids, received, epoch=epoch, step=step, senders=senders)
 
     def predict(self, ids: Tensor, received: Sequence[Tensor], split: str, *, proceed: PredictFn) -> Tensor:  # noqa: D102
@@ -313,7 +314,7 @@ class MaliciousActiveAttack(Attack):
         """f_e: the scenario's bottom architecture for the victim's slice, our own initialisation
         (with several target parties one per party, in a :class:`SplitShadow`)."""
         name = self.shadow_model or self.scenario_.bottom
-        kind = "image" if aux.victim.dim() == 4 else "tabular"
+        kind: Literal["image", "tabular"] = "image" if aux.victim.dim() == 4 else "tabular"
 
         def one(x: Tensor) -> nn.Module:
             part = PartySlice(x, x[:0], kind)

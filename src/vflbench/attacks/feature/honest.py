@@ -234,7 +234,8 @@ class StepObserver(PartyHook):
         self._models = dict(models or {})
 
     def step(self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int, senders: Sequence[str],
-             proceed: StepFn) -> list[Tensor]:  # noqa: D102
+             proceed: StepFn) -> list[Tensor]:
+        """The step as it would run, then the attacker's side computation on what it received."""
         gradients = proceed(ids, received, epoch=epoch, step=step, senders=senders)
         if self.callback is not None:
             self.callback(self.party, ids, received[list(senders).index(self.victim)].detach(), epoch, step)
@@ -273,6 +274,7 @@ class CuriousActiveAttack(Attack):
     threat = THREAT
     party = "active"
     observes_steps: ClassVar[bool] = False
+    victim: str
 
     def __init__(self, *, victim: str, aux_size: int | None, aux_fraction: float | None,
                  aux_classes: Sequence[int] | None, target_split: Literal["train", "test"],

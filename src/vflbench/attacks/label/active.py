@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.optim import lr_scheduler
 
-from vflbench.attacks.base import KnownLabels, LabelMetric, Phase, Prior, require
+from vflbench.attacks.base import AuxData, KnownLabels, LabelMetric, Phase, Prior, require
 from vflbench.attacks.label.model_completion import ModelCompletion
 from vflbench.attacks.registry import ATTACKS
 from vflbench.errors import CompatibilityError
@@ -164,7 +164,8 @@ class ActiveModelCompletion(ModelCompletion):
         if min_ratio > max_ratio:
             raise ValueError(f"min_ratio ({min_ratio}) exceeds max_ratio ({max_ratio})")
 
-    def corrupt(self, party: Any, known: KnownLabels | None) -> None:
+    def corrupt(self, party: Any, known: KnownLabels | None, aux: AuxData | None = None,
+                generator: torch.Generator | None = None) -> None:
         """Replace the attacker's own optimizer by :class:`MaliciousSGD` (and move its schedule).
 
         ``known`` is not used: the malicious optimizer needs no labels.

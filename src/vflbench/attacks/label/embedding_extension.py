@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from vflbench.attacks.base import (
     Attack,
+    AuxData,
     KnownLabels,
     LabelInference,
     LabelMetric,
@@ -137,7 +138,8 @@ class EmbeddingExtension(Attack):
 
     # ------------------------------------------------------------------------------- corruption
 
-    def corrupt(self, party: Any, known: KnownLabels | None) -> None:
+    def corrupt(self, party: Any, known: KnownLabels | None, aux: AuxData | None = None,
+                generator: torch.Generator | None = None) -> None:
         """Wrap the party's bottom model as ``concat(f, g(f))`` and train ``g`` once (Algorithm 1)."""
         require(isinstance(party, PassiveParty) and party.bottom is not None and party.data is not None, self.name,
                 "it corrupts a passive party's own bottom model")
@@ -199,5 +201,5 @@ class _EveryEpoch(PartyHook):
         super().__init__(name)
         self.run = run
 
-    def on_epoch_end(self, epoch: int) -> dict[str, object]:  # noqa: D102
+    def on_epoch_end(self, epoch: int) -> dict[str, object]:
         return self.run(epoch)

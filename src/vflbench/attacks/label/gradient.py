@@ -30,7 +30,7 @@ class _CutGradientAttack(Attack):
         self.party = party
         self.epochs = epochs
 
-    def check(self, scenario: Scenario) -> None:  # noqa: D102
+    def check(self, scenario: Scenario) -> None:
         require(self.party != "active", self.name, "it is run by a passive party")
 
     def messages(self, view: PartyView) -> list[tuple[Tensor, Tensor]]:
@@ -128,7 +128,7 @@ class _ModelGradientAttack(_CutGradientAttack):
     reads = ("model_gradient",)
     requirements = ("VLR (a linear bottom model)",)
 
-    def check(self, scenario: Scenario) -> None:  # noqa: D102
+    def check(self, scenario: Scenario) -> None:
         require(self.party != "active", self.name, "it is run by a passive party")
         require(scenario.algorithm == "vlr", self.name,
                 f"it inverts a linear bottom model's gradients, so it needs VLR (got {scenario.algorithm})")

@@ -59,7 +59,7 @@ class ModelCompletion(Attack):
         if known_per_class < 1 or epochs < 1:
             raise ValueError("known_per_class and epochs must be at least 1")
 
-    def check(self, scenario) -> None:  # noqa: ANN001, D102
+    def check(self, scenario) -> None:  # noqa: D102
         require(self.party != "active", self.name, "it is run by a passive party")
         check_metric(self.name, self.metric, scenario)
 
