@@ -14,7 +14,7 @@ is a linear equation in ``R``:
   it when the output width is at most ``B``; the first layer gets no input gradient).
 
 The attack records these through each masked layer's declared observation point
-(:class:`~vflbench.mpc.layers.ObservationPoint`), folding the first ``max_openings`` openings of
+(:class:`~vflbench.mpc.observation.ObservationPoint`), folding the first ``max_openings`` openings of
 each stage of a layer's final masking episode into normal equations, each equation weighted by
 the inverse square of its rounding step (so both channels are in the same units). It then solves
 both channels jointly by least squares: ``A_b R + R A_f = C`` with ``A_f`` the forward normal
@@ -45,8 +45,8 @@ from torch import Tensor
 from vflbench.attacks.base import LabelInference, LabelMetric, PartyView, Prior
 from vflbench.attacks.label.model_completion import ModelCompletion
 from vflbench.attacks.runner import ATTACKS
-from vflbench.defenses.vmask import AttackerBottom, MaskableLayer, VMaskBottom
-from vflbench.mpc.layers import Opening
+from vflbench.mpc.masking import AttackerBottom, MaskableLayer, VMaskBottom
+from vflbench.mpc.observation import Opening
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def transposed_patches(g: Tensor, kernel: tuple[int, int], stride: tuple[int, in
 class LayerRecorder:
     """P_k's record of one masked layer's final masking episode, as normal equations in ``R``.
 
-    An observer of the layer's :class:`~vflbench.mpc.layers.ObservationPoint`: it keeps P_k's weight
+    An observer of the layer's :class:`~vflbench.mpc.observation.ObservationPoint`: it keeps P_k's weight
     before masking and its share at masking, and folds every forward and backward opening (up to
     ``max_openings`` each) into weighted normal equations. A new masking starts a new episode.
     """
