@@ -16,9 +16,12 @@ many layers as VMask would, chosen at random, ``vmask_alls`` masks every eligibl
 
 Simulation notes (also in docs/decisions.md):
 
-* One active-side object orchestrates the protocol; party state stays separated: P_k's model holds
-  only its own shares (plus zero offsets), the active party's shares live behind the mpc peer
-  handle, and Beaver triples come from a dealer that is neither party.
+* One instance per party (side ``both``), sharing no Python objects: P_k's half masks its own bottom
+  model (:mod:`vflbench.mpc.masking`) and runs every protocol step as a ``vmask.<step>`` request to
+  the active party; the active half answers with its shares (:class:`~vflbench.mpc.parties.ActiveShares`),
+  keeps a shadow of each P_k's bottom model (initial values from P_k's ``vmask.setup`` message,
+  Algorithm 4 line 2) and sends each mask decision as a ``vmask.select`` request. Beaver triples come
+  from the dealer, a third party of the channel (``dealer.*``). All of it is counted by the channel.
 * Each masked layer keeps the same parameter objects throughout (the plaintext weight while
   unmasked, a zero offset that carries P_k's update while masked), so P_k's optimizer, including
   its momentum, is unaffected by (un)masking. A torch optimizer's weight decay does not reach a
@@ -31,7 +34,7 @@ Simulation notes (also in docs/decisions.md):
   each layer masked at the end, a fresh initialisation (``attacker_view="reinit"``, the attacker the
   paper evaluates and Algorithm 2 simulates) or P_k's decoded share (``"share"``, Algorithm 1 line 7).
   Neither is what P_k can know: every masked layer has a declared observation point
-  (:class:`~vflbench.mpc.layers.ObservationPoint`) through which P_k's own code sees its weight
+  (:class:`~vflbench.mpc.observation.ObservationPoint`) through which P_k's own code sees its weight
   before masking and every value reconstructed to it, from which the attack ``vmask_weight_recovery``
   solves for the effective weights (the ``recovered`` view; docs/decisions.md).
 * Before training, the paper's own preconditions (§IV-D: ``B < n_in`` for FC layers,
