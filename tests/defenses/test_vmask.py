@@ -391,3 +391,12 @@ def test_vmask_traffic_is_counted_by_the_channel_as_the_old_mpc_comm_counted_it(
     for kind in ("vmask.forward", "vmask.backward", "dealer.triple", "dealer.take"):
         assert sum(d["bytes"] for d in by_kind[kind].values()) > 0, kind
     assert result.comm["bytes_up"] == sum(d.get("up", {}).get("bytes", 0) for d in by_kind.values())
+
+
+def test_an_active_half_without_passive_halves_is_refused():
+    """Every passive party needs its own VMask half: the active half alone cannot mask P_k's model
+    (the old active-only design did it by reaching into P_k's model)."""
+    cfg = build_config(minimal(model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 1}))
+    vd = load_vertical_data(cfg)
+    with pytest.raises(CompatibilityError, match="its own VMask half"):
+        build_federation(cfg, vd, defenses=DefensePlan([VMask(aux_size=200)], {"passive_1": []}))
