@@ -114,8 +114,8 @@ def layer_conditions(model: nn.Module, x: Tensor, batch_size: int) -> list[Layer
     try:
         model(x)
     finally:
-        for h in handles:
-            h.remove()
+        for handle in handles:
+            handle.remove()
         model.train(was)
     out = []
     rows = len(x)
@@ -274,7 +274,8 @@ class VMask(Defense):
         """The simulated attack's fine-tuning recipe: the ``mc_*`` given, else the configured model
         completion attack's, else (keys left out) :func:`complete`'s defaults, which are model
         completion's."""
-        recipe = {k: attack[k] for k in ("optimizer", "lr", "batch_size", "momentum", "head_hidden") if k in attack}
+        recipe: dict[str, Any] = {k: attack[k] for k in ("optimizer", "lr", "batch_size", "momentum", "head_hidden")
+                                  if k in attack}
         for key, value in (("optimizer", self.mc_optimizer), ("lr", self.mc_lr), ("momentum", self.mc_momentum)):
             if value is not None:
                 recipe[key] = value

@@ -33,10 +33,10 @@ class MaskableLayer(nn.Module):
     def __init__(self, layer: nn.Linear | nn.Conv2d, name: str = "") -> None:
         super().__init__()
         self.conv = isinstance(layer, nn.Conv2d)
-        self.config = ({"stride": layer.stride, "padding": layer.padding} if isinstance(layer, nn.Conv2d)
-                       else {})
-        self.shape = (layer.in_channels, layer.out_channels, layer.kernel_size) if isinstance(layer, nn.Conv2d) \
-            else (layer.in_features, layer.out_features)
+        self.config: dict[str, Any] = ({"stride": layer.stride, "padding": layer.padding}
+                                       if isinstance(layer, nn.Conv2d) else {})
+        self.shape: tuple[Any, ...] = ((layer.in_channels, layer.out_channels, layer.kernel_size)
+                                       if isinstance(layer, nn.Conv2d) else (layer.in_features, layer.out_features))
         self.weight = layer.weight
         self.bias = layer.bias
         self.shared: SharedLayer | None = None
@@ -55,10 +55,10 @@ class MaskableLayer(nn.Module):
             c_in, c_out, k = self.shape
             layer: nn.Linear | nn.Conv2d = nn.Conv2d(c_in, c_out, k, bias=bias is not None, **self.config)
         else:
-            layer = nn.Linear(*self.shape, bias=bias is not None)
+            layer = nn.Linear(self.shape[0], self.shape[1], bias=bias is not None)
         with torch.no_grad():
             layer.weight.copy_(weight)
-            if bias is not None:
+            if bias is not None and layer.bias is not None:
                 layer.bias.copy_(bias)
         return layer
 
@@ -103,7 +103,7 @@ class MaskableLayer(nn.Module):
         plain = unmask(self.shared, sigma=sigma, phase=phase)
         with torch.no_grad():
             self.weight.copy_(plain.weight)
-            if self.bias is not None:
+            if self.bias is not None and plain.bias is not None:
                 self.bias.copy_(plain.bias)
         self.shared = None
 
@@ -148,7 +148,9 @@ def make_maskable(model: nn.Module) -> list[MaskableLayer]:
     names = [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
     layers = []
     for name in names:
-        wrapper = MaskableLayer(model.get_submodule(name), name)
+        layer = model.get_submodule(name)
+        assert isinstance(layer, (nn.Linear, nn.Conv2d))
+        wrapper = MaskableLayer(layer, name)
         _replace(model, name, wrapper)
         layers.append(wrapper)
     return layers
