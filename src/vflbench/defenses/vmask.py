@@ -187,6 +187,13 @@ class VMask(Defense):
     the federation trains on (§IV-A).
     ``shadow_epochs`` (default 1, as Algorithm 6) passes over the auxiliary set per VFL epoch let
     a run shortened to fewer VFL epochs give the shadow model the paper's number of steps.
+
+    One instance runs at every party (side ``both``) and the instances talk only through the
+    channel. At P_k: :meth:`wrap_bottom` makes P_k's own bottom model maskable and sends its initial
+    parameters (``vmask.setup``); the layers masked and unmasked follow the active party's decisions
+    (the reply, then ``vmask.select`` requests). At the active party: it answers P_k's ``vmask.*``
+    requests, trains the shadows, selects the layers and reports. The dealer of Beaver triples is a
+    third party (:func:`start_dealer`).
     """
 
     name = "vmask"
