@@ -400,3 +400,24 @@ def test_an_active_half_without_passive_halves_is_refused():
     vd = load_vertical_data(cfg)
     with pytest.raises(CompatibilityError, match="its own VMask half"):
         build_federation(cfg, vd, defenses=DefensePlan([VMask(aux_size=200)], {"passive_1": []}))
+
+
+def test_vmask_messages_carry_only_tensors_and_scalars():
+    """What the halves exchange can cross a process boundary as bytes: detached tensors and a header
+    of scalars, never an object of the other party (issue 16 builds the network transport on this)."""
+    cfg = build_config(minimal(model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 2},
+                               defenses=[{"name": "vmask_as", "aux_size": 200, "budget": 0.0, "mc_epochs": 1}]))
+    vd = load_vertical_data(cfg)
+    kinds = {*PROTOCOL_KINDS, "vmask.setup", "vmask.select", "dealer.triple", "dealer.take"}
+    fed = build_federation(cfg, vd, defenses=plan_defenses(cfg, ["passive_1"]), keep={"active": kinds,
+                                                                                         "passive_1": kinds})
+    fed.fit(epochs=2, batch_size=64, generator=torch.Generator().manual_seed(0), y_test=vd.y_test)
+    seen = {m.kind for name in ("active", "passive_1") for m in fed.channel.transcript(name).messages}
+    assert {"vmask.setup", "vmask.share", "vmask.forward", "vmask.backward", "vmask.select", "dealer.triple",
+            "dealer.take"} <= seen
+    for name in ("active", "passive_1"):
+        for m in fed.channel.transcript(name).messages:
+            assert all(isinstance(t, torch.Tensor) and not t.requires_grad for t in m.tensors), m.kind
+            assert all(isinstance(v, (int, float, str, bool, type(None))) for v in m.meta.values()), m.kind
+            if m.kind in PROTOCOL_KINDS or m.kind.startswith("dealer."):
+                assert all(t.dtype in (torch.int64, torch.float64) for t in m.tensors if t.numel()), m.kind
