@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import io
 import logging
 
 import pytest
@@ -9,7 +11,7 @@ import torch
 from conftest import Observer, minimal
 from torch import nn
 
-from vflbench.defenses.vmask import VMask, VMaskBottom, layer_conditions
+from vflbench.defenses.vmask import VMask, layer_conditions
 from vflbench.errors import CompatibilityError
 from vflbench.experiment.config import build_config
 from vflbench.experiment.plan import validate_attacks
@@ -19,6 +21,9 @@ from vflbench.experiment.scoring import run_attacks, score_inference
 from vflbench.experiment.views import _view as runner_view
 from vflbench.experiment.views import attacker_copy
 from vflbench.mpc.layers import oracle_effective_weight
+from vflbench.mpc.masking import VMaskBottom
+from vflbench.mpc.parties import PROTOCOL_KINDS
+from vflbench.protocol.channel import Endpoint
 
 SYNTHETIC = {"n_samples": 2000, "n_features": 40, "n_informative": 30, "n_classes": 8, "class_sep": 1.5}
 
@@ -229,7 +234,8 @@ def test_attack_set_is_drawn_once_per_selection():
     cfg = build_config(minimal(model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 3}))
     vd = load_vertical_data(cfg)
     defense = _RecordingVMask(aux_size=200, budget=0.0, mc_epochs=1)
-    fed = build_federation(cfg, vd, defenses=DefensePlan([defense], {"passive_1": []}))
+    half = VMask(aux_size=200, budget=0.0, mc_epochs=1)  # the passive party's half
+    fed = build_federation(cfg, vd, defenses=DefensePlan([defense], {"passive_1": [half]}))
     fed.fit(epochs=3, batch_size=64, generator=torch.Generator().manual_seed(0), y_test=vd.y_test)
     by_epoch = {}
     for epoch, masked, known in defense.calls_:
@@ -295,3 +301,125 @@ def test_each_passive_party_gets_its_own_masks_and_shadow():
     report = defense.on_epoch_end(0)  # shadow update and layer selection for each party
     assert {"passive_1.masked", "passive_2.masked"} <= set(report)
     assert run_experiment(cfg).utility.value > 0.3  # trains well above chance (0.1) with 3 parties
+
+
+# -- the parties' halves talk only through messages ---------------------------------------------------
+
+
+def _reachable(root, stop=(Endpoint, torch.Generator)):
+    """Every object reachable from ``root`` through attributes and containers, not entering the
+    endpoint (the channel is the network between the parties) or generators."""
+    seen, stack = {}, [root]
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or isinstance(o, stop) or isinstance(o, type):
+            continue
+        seen[id(o)] = o
+        if isinstance(o, dict):
+            stack.extend(o.keys())
+            stack.extend(o.values())
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            stack.extend(o)
+        elif hasattr(o, "__dict__"):
+            stack.extend(vars(o).values())
+    return seen
+
+
+def test_the_active_half_holds_no_object_of_a_passive_party():
+    """Issue 18: the active party's VMask instance reaches P_k's bottom model only through messages.
+    The old design kept P_k's VMaskBottom in the active instance's per-party state (and so every
+    shared layer and P_k's shares)."""
+    cfg = build_config(minimal(data={"name": "digits", "parties": 3}, model={"bottom": "mlp3", "top": "mlp2"},
+                               train={"epochs": 2}, defenses=[{"name": "vmask", "aux_size": 200, "mc_epochs": 1}]))
+    vd = load_vertical_data(cfg)
+    fed = build_federation(cfg, vd, defenses=plan_defenses(cfg, ["passive_1", "passive_2"]))
+    fed.fit(epochs=2, batch_size=64, generator=torch.Generator().manual_seed(0), y_test=vd.y_test)
+    active = fed.active.defenses[0]
+    assert active.context_.party == "active" and set(active.parties_) == {"passive_1", "passive_2"}
+    theirs = {}
+    for party in fed.passives:
+        theirs.update({id(m): m for m in party.bottom.modules()})
+        theirs.update({id(t): t for t in (*party.bottom.parameters(), *party.bottom.buffers())})
+        theirs.update({id(d): d for d in party.defenses})
+    reached = _reachable(active)
+    assert not set(reached) & set(theirs), "the active VMask half holds an object of a passive party"
+    assert not any(isinstance(o, VMaskBottom) for o in reached.values())
+    # its shadow starts from P_k's initial parameters, which came in P_k's vmask.setup message
+    assert fed.channel.stats["setup"].by_kind["vmask.setup"]["up"].messages == 2
+
+
+def test_a_passive_halfs_model_copied_or_pickled_holds_no_active_share():
+    """A deep copy or a pickle of P_k's bottom model (what an attack fine-tunes or a checkpoint
+    writes) contains no tensor of the active party's shares."""
+    _, vd, fed = _federation({"name": "vmask_alls"})
+    g = torch.Generator().manual_seed(0)
+    for step in range(3):
+        fed.train_step(torch.randperm(len(vd.y_train), generator=g)[:64], epoch=0, step=step)
+    active_shares = [t for h in fed.active.defenses[0].shares_.holders.values()
+                     for t in (h.weight_share, h.bias_share) if t is not None]
+    assert len(active_shares) == 6
+    bottom = fed.passives[0].bottom
+    buffer = io.BytesIO()
+    torch.save(bottom, buffer)
+    buffer.seek(0)
+    for model in (copy.deepcopy(bottom), torch.load(buffer, weights_only=False)):
+        held = list(_tensors(model))
+        assert held
+        for secret in active_shares:
+            assert not any(t.shape == secret.shape and torch.equal(t, secret) for t in held)
+        ids = set(_reachable(model))
+        assert not ids & {id(t) for t in active_shares}
+
+
+def test_vmask_traffic_is_counted_by_the_channel_as_the_old_mpc_comm_counted_it():
+    """Every VMask protocol message goes through the channel, in the same bytes per direction that
+    mpc.Comm counted when one object held both parties (measured at commit f9660e9 on this run:
+    31307136 bytes to the active party, 35301120 to P_k, all phases). The training phase's share
+    reaches result.json's comm.by_kind."""
+    cfg, vd, fed = _federation({"name": "vmask_as", "budget": 0.0, "mc_epochs": 1}, epochs=2)
+    history = fed.fit(epochs=2, batch_size=64, generator=torch.Generator().manual_seed(0), y_test=vd.y_test)
+    totals = {"up": 0, "down": 0}
+    for phase in fed.channel.stats.values():
+        for kind in PROTOCOL_KINDS:
+            for direction, stats in phase.by_kind.get(kind, {}).items():
+                totals[direction] += stats.bytes
+    assert totals == {"up": 31307136, "down": 35301120}
+    # the epoch report is read before the last evaluation; the old report said the same
+    assert history.epochs[-1]["vmask_as.mpc_bytes"] == 61173888 < 31307136 + 35301120
+    assert history.epochs[-1]["vmask_as.triples"] == 123
+    result = run_experiment(build_config(minimal(model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 1},
+                                                 defenses=[{"name": "vmask_alls", "aux_size": 200}])))
+    by_kind = result.comm["by_kind"]
+    for kind in ("vmask.forward", "vmask.backward", "dealer.triple", "dealer.take"):
+        assert sum(d["bytes"] for d in by_kind[kind].values()) > 0, kind
+    assert result.comm["bytes_up"] == sum(d.get("up", {}).get("bytes", 0) for d in by_kind.values())
+
+
+def test_an_active_half_without_passive_halves_is_refused():
+    """Every passive party needs its own VMask half: the active half alone cannot mask P_k's model
+    (the old active-only design did it by reaching into P_k's model)."""
+    cfg = build_config(minimal(model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 1}))
+    vd = load_vertical_data(cfg)
+    with pytest.raises(CompatibilityError, match="its own VMask half"):
+        build_federation(cfg, vd, defenses=DefensePlan([VMask(aux_size=200)], {"passive_1": []}))
+
+
+def test_vmask_messages_carry_only_tensors_and_scalars():
+    """What the halves exchange can cross a process boundary as bytes: detached tensors and a header
+    of scalars, never an object of the other party (issue 16 builds the network transport on this)."""
+    cfg = build_config(minimal(model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 2},
+                               defenses=[{"name": "vmask_as", "aux_size": 200, "budget": 0.0, "mc_epochs": 1}]))
+    vd = load_vertical_data(cfg)
+    kinds = {*PROTOCOL_KINDS, "vmask.setup", "vmask.select", "dealer.triple", "dealer.take"}
+    fed = build_federation(cfg, vd, defenses=plan_defenses(cfg, ["passive_1"]), keep={"active": kinds,
+                                                                                         "passive_1": kinds})
+    fed.fit(epochs=2, batch_size=64, generator=torch.Generator().manual_seed(0), y_test=vd.y_test)
+    seen = {m.kind for name in ("active", "passive_1") for m in fed.channel.transcript(name).messages}
+    assert {"vmask.setup", "vmask.share", "vmask.forward", "vmask.backward", "vmask.select", "dealer.triple",
+            "dealer.take"} <= seen
+    for name in ("active", "passive_1"):
+        for m in fed.channel.transcript(name).messages:
+            assert all(isinstance(t, torch.Tensor) and not t.requires_grad for t in m.tensors), m.kind
+            assert all(isinstance(v, (int, float, str, bool, type(None))) for v in m.meta.values()), m.kind
+            if m.kind in PROTOCOL_KINDS or m.kind.startswith("dealer."):
+                assert all(t.dtype in (torch.int64, torch.float64) for t in m.tensors if t.numel()), m.kind

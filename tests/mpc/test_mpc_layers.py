@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 
 from vflbench.mpc import (
-    Comm,
     Dealer,
     RingOverflowError,
     SharedConv2d,
@@ -31,6 +30,7 @@ from vflbench.mpc import (
     unmask_submodule,
 )
 from vflbench.mpc._service import DisconnectedService, ServiceHandle
+from vflbench.mpc.parties import PROTOCOL_KINDS, LocalSession, local_session
 
 FAST = settings(max_examples=20, deadline=None)
 F_BITS = 16
@@ -43,18 +43,29 @@ def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def masked(layer: nn.Module, *, sigma: float = 0.0, seed: int = 0, **kw):  # type: ignore[no-untyped-def]
-    dealer, comm = Dealer(gen(seed + 100), name="ttp"), Comm()
-    shared = mask_layer(
-        layer,
-        dealer=dealer,
-        comm=comm,
-        generator_passive=gen(seed + 1),
-        generator_active=gen(seed + 2),
-        sigma=sigma,
-        **kw,
-    )
-    return shared, dealer, comm
+def masked(layer: nn.Module, *, sigma: float = 0.0, seed: int = 0, record_active_inbox: bool = False, **kw):  # type: ignore[no-untyped-def]
+    """A masked layer at passive_1, joined by a channel to the active party and a dealer."""
+    session = local_session(Dealer(gen(seed + 100), name="ttp"), noise=gen(seed + 2),
+                            record_active_inbox=record_active_inbox)
+    shared = mask_layer(layer, link=session.passive, generator_passive=gen(seed + 1), sigma=sigma, **kw)
+    return shared, session
+
+
+def session_kw(seed: int = 0):  # type: ignore[no-untyped-def]
+    """``mask_submodule`` arguments for a fresh session (dealer seeded 0, noise from gen(2))."""
+    session = local_session(Dealer(seed), noise=gen(2))
+    return {"link": session.passive, "generator_passive": gen(1), "sigma": 0.0}
+
+
+def traffic(session: LocalSession, kinds: tuple[str, ...] = PROTOCOL_KINDS) -> dict[str, dict[str, int]]:
+    """Ring elements (8 bytes each) and messages of ``kinds`` per direction, all phases."""
+    out = {d: {"elements": 0, "messages": 0} for d in ("up", "down")}
+    for phase in session.channel.stats.values():
+        for kind in kinds:
+            for direction, stats in phase.by_kind.get(kind, {}).items():
+                out[direction]["elements"] += stats.bytes // 8
+                out[direction]["messages"] += stats.messages
+    return out
 
 
 def uniform_init(layer: nn.Module, mag: float, seed: int) -> None:
@@ -102,7 +113,8 @@ def test_shared_linear_matches_nn_linear(
     torch.manual_seed(0)  # nn.Linear's init; overwritten below from an explicit generator
     lin = nn.Linear(n_in, n_out)
     uniform_init(lin, wmag, seed)
-    shared, dealer, _ = masked(lin, seed=seed, truncation=truncation)
+    shared, session = masked(lin, seed=seed, truncation=truncation)
+    dealer = session.dealer
     g = gen(seed + 7)
     x = ((torch.rand(batch, n_in, generator=g) * 2 - 1) * xmag).requires_grad_(True)
     x_ref = x.detach().double().requires_grad_(True)
@@ -140,7 +152,8 @@ def test_shared_conv2d_matches_nn_conv2d(
 ) -> None:
     conv = nn.Conv2d(c, o, k, stride=s, padding=p, bias=bias)
     uniform_init(conv, mag, seed)
-    shared, dealer, _ = masked(conv, seed=seed)
+    shared, session = masked(conv, seed=seed)
+    dealer = session.dealer
     assert isinstance(shared, SharedConv2d)
     g = gen(seed + 7)
     h, w = k + 4, k + 3
@@ -175,7 +188,7 @@ def test_typical_layer_error_is_well_below_1e_3() -> None:
     """Linear(784 -> 256) at default init, inputs in [0, 1] (MNIST-like), batch 32: measured 3.1e-4."""
     torch.manual_seed(0)
     lin = nn.Linear(784, 256)
-    shared, _, _ = masked(lin)
+    shared, _ = masked(lin)
     x = torch.rand(32, 784, generator=gen(3), requires_grad=True)
     y = shared(x)
     x_ref = x.detach().double().requires_grad_(True)
@@ -196,7 +209,7 @@ def test_small_gradients_keep_their_relative_precision(kind: str, scale: float) 
     torch.manual_seed(0)
     layer = nn.Linear(256, 120) if kind == "linear" else nn.Conv2d(6, 16, 5)
     x = torch.rand((64, 256) if kind == "linear" else (64, 6, 12, 12), generator=gen(5))
-    shared, _, _ = masked(layer)
+    shared, _ = masked(layer)
     xs, xp = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
     ys, yp = shared(xs), layer(xp)
     g = torch.randn(yp.shape, generator=gen(6)) * scale
@@ -207,20 +220,20 @@ def test_small_gradients_keep_their_relative_precision(kind: str, scale: float) 
 
 def test_linear_accepts_leading_dimensions_and_first_layer_inputs() -> None:
     lin = nn.Linear(5, 3)
-    shared, dealer, comm = masked(lin)
+    shared, session = masked(lin)
     x = torch.randn(2, 4, 5)  # does not require grad: the first layer of a bottom model
     y = shared(x)
     assert y.shape == (2, 4, 3)
     torch.testing.assert_close(y, lin(x), atol=1e-3, rtol=0)
-    before = comm.snapshot()
+    before = traffic(session)
     y.sum().backward()
     # the weight gradient still arrives (P_k computes it in plaintext), with no input-gradient protocol
     torch.testing.assert_close(shared.passive.weight_offset.grad, torch.ones(8, 3).t() @ x.reshape(8, 5))
-    assert comm.snapshot() == before and dealer.issued["matmul"] == 1
+    assert traffic(session) == before and session.dealer.issued["matmul"] == 1
 
 
 def test_overflowing_input_raises() -> None:
-    shared, _, _ = masked(nn.Linear(2, 2))
+    shared, _ = masked(nn.Linear(2, 2))
     with pytest.raises(RingOverflowError):
         shared(torch.tensor([[1e15, 0.0]]))
 
@@ -238,39 +251,63 @@ def test_unsupported_layers_raise() -> None:
 
 
 def test_comm_grows_by_the_expected_elements_per_forward_and_backward() -> None:
+    """The channel counts VMask's messages by kind: the same elements as the two-party protocol sends."""
     b, n_in, n_out = 4, 6, 3
-    shared, dealer, comm = masked(nn.Linear(n_in, n_out))
-    setup = comm.snapshot()
-    assert setup["passive_to_active"]["elements"] == n_in * n_out + n_out  # P_K's weight and bias shares
-    comm.reset()
+    shared, session = masked(nn.Linear(n_in, n_out))
+    setup = traffic(session, ("vmask.share",))
+    assert setup["up"]["elements"] == n_in * n_out + n_out  # P_K's weight and bias shares
+    assert session.channel.stats["setup"].by_kind["vmask.share"]["up"].messages == 1
+    before = traffic(session)
     x = torch.randn(b, n_in, requires_grad=True)
     y = shared(x)
-    s = comm.snapshot()
+    s = traffic(session, ("vmask.forward",))
     # P_k -> P_K: its input share (b*n_in), its shares of eps (b*n_in) and delta (n_in*n_out)
-    assert s["passive_to_active"]["elements"] == 2 * b * n_in + n_in * n_out
+    assert s["up"]["elements"] == 2 * b * n_in + n_in * n_out
     # P_K -> P_k: its shares of eps and delta, then its output share (b*n_out) for reconstruction
-    assert s["active_to_passive"]["elements"] == b * n_in + n_in * n_out + b * n_out
-    assert s["passive_to_active"]["rounds"] == 2 and s["active_to_passive"]["rounds"] == 2
-    assert s["active_to_passive"]["bytes"] == 8 * s["active_to_passive"]["elements"]
-    comm.reset()
+    assert s["down"]["elements"] == b * n_in + n_in * n_out + b * n_out
+    assert s["up"]["messages"] == 1 and s["down"]["messages"] == 1  # one request, one reply
+    assert session.channel.train.by_kind["vmask.forward"]["down"].bytes == 8 * s["down"]["elements"]
+    # each party took its own half of one triple from the dealer, in messages of its own
+    assert set(session.channel.train.by_kind["dealer.triple"]) == {"down"}
+    assert session.channel.train.by_kind["dealer.take"]["up"].messages == 1  # the reply to the active party
     y.backward(torch.randn(b, n_out))
-    s = comm.snapshot()
-    assert s["passive_to_active"]["elements"] == 2 * b * n_out + n_out * n_in
-    assert s["active_to_passive"]["elements"] == b * n_out + n_out * n_in + b * n_in
+    s = traffic(session, ("vmask.backward",))
+    assert s["up"]["elements"] == 2 * b * n_out + n_out * n_in
+    assert s["down"]["elements"] == b * n_out + n_out * n_in + b * n_in
+    assert sum(v["elements"] for v in traffic(session).values()) > sum(v["elements"] for v in before.values())
     # every forward / backward gets a fresh triple, consumed once by each party
+    dealer = session.dealer
     assert dealer.issued["matmul"] == 2 and dealer.consumed == 4 and dealer.pending == 0
+    assert session.active.triples == 2
     shared(x)
     assert dealer.issued["matmul"] == 3
 
 
 def test_conv_comm_opens_input_shaped_masks() -> None:
-    shared, _, comm = masked(nn.Conv2d(2, 3, 3, padding=1))
-    comm.reset()
+    shared, session = masked(nn.Conv2d(2, 3, 3, padding=1))
     x = torch.randn(2, 2, 5, 5)
     y = shared(x)
-    s = comm.snapshot()
-    assert s["passive_to_active"]["elements"] == 2 * x.numel() + 3 * 2 * 3 * 3
-    assert s["active_to_passive"]["elements"] == x.numel() + 3 * 2 * 3 * 3 + y.numel()
+    s = traffic(session, ("vmask.forward",))
+    assert s["up"]["elements"] == 2 * x.numel() + 3 * 2 * 3 * 3
+    assert s["down"]["elements"] == x.numel() + 3 * 2 * 3 * 3 + y.numel()
+
+
+def test_messages_of_a_layer_in_evaluation_mode_count_as_eval() -> None:
+    shared, session = masked(nn.Linear(5, 3))
+    shared.eval()
+    with torch.no_grad():
+        shared(torch.randn(2, 5))
+    assert "vmask.forward" in session.channel.eval.by_kind and "vmask.forward" not in session.channel.train.by_kind
+
+
+def test_only_the_active_party_takes_party_1_halves() -> None:
+    """The dealer hands each party its own half: a passive party cannot take the active party's."""
+    shared, session = masked(nn.Linear(5, 3))
+    shared(torch.randn(2, 5))
+    with pytest.raises(PermissionError, match="only the active party"):
+        session.passive.call("dealer.take", "dealer", meta={"triple": 0})
+    with pytest.raises(PermissionError, match="party 1"):
+        session.channel.endpoint("active").call("dealer.triple", "dealer", meta={"op": "mul", "a": "2", "b": "2"})
 
 
 # -- masking noise, unmasking -----------------------------------------------------------------------
@@ -279,12 +316,12 @@ def test_conv_comm_opens_input_shaped_masks() -> None:
 def test_sigma_zero_keeps_the_weight_and_sigma_adds_gaussian_noise() -> None:
     torch.manual_seed(0)
     lin = nn.Linear(300, 200)
-    shared, _, _ = masked(lin, sigma=0.0)
+    shared, _ = masked(lin, sigma=0.0)
     w, b = oracle_effective_weight(shared)
     assert float((w - lin.weight.detach().double()).abs().max()) <= H + 1e-12
     assert float((b - lin.bias.detach().double()).abs().max()) <= H + 1e-12
     sigma = 0.05
-    shared, _, _ = masked(lin, sigma=sigma)
+    shared, _ = masked(lin, sigma=sigma)
     w, _ = oracle_effective_weight(shared)
     noise = w - lin.weight.detach().double()
     assert abs(float(noise.std()) / sigma - 1) < 0.02  # 60000 samples: std of the std estimate ~0.3%
@@ -294,17 +331,17 @@ def test_sigma_zero_keeps_the_weight_and_sigma_adds_gaussian_noise() -> None:
 def test_unmask_adds_fresh_noise_and_ends_the_masking() -> None:
     torch.manual_seed(0)
     lin = nn.Linear(200, 100)
-    shared, _, comm = masked(lin, sigma=0.0)
+    shared, session = masked(lin, sigma=0.0)
     w, b = oracle_effective_weight(shared)
-    comm.reset()
     plain = unmask(shared)
     assert isinstance(plain, nn.Linear) and plain.weight.dtype == torch.float32
     assert float((plain.weight.detach().double() - w).abs().max()) < 1e-6
-    assert comm.snapshot()["active_to_passive"]["elements"] == 200 * 100 + 100
+    release = traffic(session, ("vmask.release",))
+    assert release["down"]["elements"] == 200 * 100 + 100 and release["up"]["elements"] == 1  # the noise scale
     with pytest.raises(RuntimeError, match="no active share"):
         shared(torch.randn(1, 200))
     sigma = 0.03
-    shared, _, _ = masked(lin, sigma=0.0, seed=5)
+    shared, _ = masked(lin, sigma=0.0, seed=5)
     w, _ = oracle_effective_weight(shared)
     plain = unmask(shared, sigma=sigma)
     assert abs(float((plain.weight.detach().double() - w).std()) / sigma - 1) < 0.03
@@ -315,8 +352,7 @@ def test_mask_and_unmask_submodule_in_a_model() -> None:
     model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(2 * 4 * 4, 3))
     x = torch.randn(2, 1, 6, 6)
     ref = model(x)
-    dealer, comm = Dealer(0), Comm()
-    kw = {"dealer": dealer, "comm": comm, "generator_passive": gen(1), "generator_active": gen(2), "sigma": 0.0}
+    kw = session_kw()
     mask_submodule(model, "0", **kw)
     mask_submodule(model, "3", **kw)
     assert [n for n, _ in shared_layers(model)] == ["0", "3"]
@@ -346,9 +382,7 @@ def test_training_with_a_torch_optimizer_tracks_plaintext_training(momentum: flo
     torch.manual_seed(0)
     plain = nn.Sequential(nn.Linear(10, 8), nn.ReLU(), nn.Linear(8, 3))
     model = copy.deepcopy(plain)
-    mask_submodule(
-        model, "0", dealer=Dealer(0), comm=Comm(), generator_passive=gen(1), generator_active=gen(2), sigma=0.0
-    )
+    mask_submodule(model, "0", **session_kw())
     opt_p = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=momentum)
     opt_m = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
     _train(plain, opt_p.step, 30, seed=3)
@@ -364,9 +398,7 @@ def test_adam_works_on_the_offsets() -> None:
     torch.manual_seed(0)
     plain = nn.Sequential(nn.Linear(10, 3))
     model = copy.deepcopy(plain)
-    mask_submodule(
-        model, "0", dealer=Dealer(0), comm=Comm(), generator_passive=gen(1), generator_active=gen(2), sigma=0.0
-    )
+    mask_submodule(model, "0", **session_kw())
     opt_p, opt_m = torch.optim.Adam(plain.parameters(), lr=1e-2), torch.optim.Adam(model.parameters(), lr=1e-2)
     _train(plain, opt_p.step, 20, seed=4)
     _train(model, opt_m.step, 20, seed=4)
@@ -376,7 +408,7 @@ def test_adam_works_on_the_offsets() -> None:
 
 def test_tiny_updates_are_not_lost_below_the_ring_resolution() -> None:
     lin = nn.Linear(4, 2)
-    shared, _, _ = masked(lin)
+    shared, _ = masked(lin)
     w0, _ = oracle_effective_weight(shared)
     for _ in range(1000):
         shared.passive.weight_offset.grad = torch.full((2, 4), 1e-3)
@@ -390,9 +422,7 @@ def test_step_matches_torch_sgd_including_weight_decay(momentum: float) -> None:
     torch.manual_seed(0)
     plain = nn.Sequential(nn.Linear(10, 8), nn.ReLU(), nn.Linear(8, 3))
     model = copy.deepcopy(plain)
-    mask_submodule(
-        model, "0", dealer=Dealer(0), comm=Comm(), generator_passive=gen(1), generator_active=gen(2), sigma=0.0
-    )
+    mask_submodule(model, "0", **session_kw())
     lr, wd = 0.1, 0.05
     rest = [p for p in model.parameters() if all(p is not q for q in offset_parameters(model))]
     opt_rest = torch.optim.SGD(rest, lr=lr, momentum=momentum, weight_decay=wd)
@@ -427,7 +457,7 @@ def test_step_matches_torch_sgd_including_weight_decay(momentum: float) -> None:
 def test_strong_decay_renormalizes_the_shares() -> None:
     torch.manual_seed(0)
     lin = nn.Linear(30, 20)
-    shared, _, comm = masked(lin)
+    shared, session = masked(lin)
     w0, b0 = oracle_effective_weight(shared)
     factor = 1.0
     for _ in range(5):
@@ -437,7 +467,8 @@ def test_strong_decay_renormalizes_the_shares() -> None:
     w, b = oracle_effective_weight(shared)
     assert float((w - factor * w0).abs().max()) < 4 * LSB
     assert float((b - factor * b0).abs().max()) < 4 * LSB
-    assert comm.snapshot()["passive_to_active"]["by_tag"]["control"] > 0
+    assert traffic(session, ("vmask.decay",))["up"]["messages"] == 5
+    assert traffic(session, ("vmask.renormalize",))["up"]["messages"] >= 1
     x = torch.randn(3, 30)
     torch.testing.assert_close(shared(x).double(), x.double() @ w.t() + b, atol=1e-3, rtol=0)
 
@@ -503,9 +534,7 @@ def test_no_tensor_stored_at_the_passive_module_reveals_the_weight(kind: str) ->
     layer = nn.Linear(64, 32) if kind == "linear" else nn.Conv2d(3, 8, 3, padding=1)
     weight, bias = layer.weight.detach().clone(), layer.bias.detach().clone()
     model = nn.Sequential(layer, nn.ReLU())
-    mask_submodule(
-        model, "0", dealer=Dealer(0), comm=Comm(), generator_passive=gen(1), generator_active=gen(2), sigma=0.0
-    )
+    mask_submodule(model, "0", **session_kw())
     shared = model[0]
     assert_hides(model, weight, bias)
     # ... also after training steps (gradients, momentum, residuals populated)
@@ -526,7 +555,7 @@ def test_no_tensor_stored_at_the_passive_module_reveals_the_weight(kind: str) ->
         assert_hides(model, target_w, target_b)
         # a deep copy (what an attack fine-tunes) holds only P_k's share and the same peer
         clone = copy.deepcopy(model)
-        assert clone[0].peer is shared.peer and clone[0].dealer is shared.dealer
+        assert clone[0].peer is shared.peer and clone[0].randomness is shared.randomness
         assert_hides(clone, target_w, target_b)
         # the attacker's copy (masked layers replaced by P_k's own-share view)
         assert_hides(passive_attacker_copy(model), target_w, target_b)
@@ -537,7 +566,7 @@ def test_no_tensor_stored_at_the_passive_module_reveals_the_weight(kind: str) ->
 
 
 def test_the_peer_handle_is_not_copied_or_pickled() -> None:
-    shared, _, _ = masked(nn.Linear(4, 3))
+    shared, _ = masked(nn.Linear(4, 3))
     assert copy.deepcopy(shared.peer) is shared.peer and copy.copy(shared.peer) is shared.peer
     assert copy.deepcopy(shared.randomness) is shared.randomness
     assert not any(isinstance(v, Tensor) for v in vars(shared.peer).values())
@@ -545,7 +574,7 @@ def test_the_peer_handle_is_not_copied_or_pickled() -> None:
     torch.save(shared, buf)  # pickles the whole module
     buf.seek(0)
     loaded = torch.load(buf, weights_only=False)
-    assert isinstance(loaded.peer, DisconnectedService) and isinstance(loaded.dealer, DisconnectedService)
+    assert isinstance(loaded.peer, DisconnectedService) and isinstance(loaded.randomness, DisconnectedService)
     with pytest.raises(RuntimeError, match="disconnected"):
         loaded(torch.randn(1, 4))
     assert torch.equal(loaded.passive.weight_share, shared.passive.weight_share)
@@ -554,12 +583,12 @@ def test_the_peer_handle_is_not_copied_or_pickled() -> None:
 
 def test_a_deep_copy_draws_fresh_input_shares() -> None:
     """The copy shares P_k's random source (not a clone of it), so no input mask is ever reused."""
-    shared, _, _ = masked(nn.Linear(4, 3), record_active_inbox=True)
+    shared, session = masked(nn.Linear(4, 3), record_active_inbox=True)
     clone = copy.deepcopy(shared)
     x = torch.randn(2, 4)
     shared(x)
     clone(x)
-    inbox = shared.peer._oracle_holder().received
+    inbox = session.active.holder("passive_1", "Linear").received
     first, second = [t for tag, t in inbox if tag == "forward"][::3]
     assert not torch.equal(first, second)
 
@@ -567,12 +596,12 @@ def test_a_deep_copy_draws_fresh_input_shares() -> None:
 def test_the_active_party_only_receives_masked_values() -> None:
     torch.manual_seed(0)
     lin = nn.Linear(50, 20)
-    shared, _, _ = masked(lin, record_active_inbox=True, sigma=0.01)
+    shared, session = masked(lin, record_active_inbox=True, sigma=0.01)
     x = torch.randn(40, 50, requires_grad=True)
     y = shared(x)
     gy = torch.randn_like(y)
     y.backward(gy)
-    holder = shared.peer._oracle_holder()
+    holder = session.active.holder("passive_1", "Linear")
     assert holder.received, "nothing was logged"
     targets = [x.detach(), gy, lin.weight.detach(), lin.weight.detach().t(), lin.bias.detach()]
     for tag, t in holder.received:

@@ -16,9 +16,12 @@ many layers as VMask would, chosen at random, ``vmask_alls`` masks every eligibl
 
 Simulation notes (also in docs/decisions.md):
 
-* One active-side object orchestrates the protocol; party state stays separated: P_k's model holds
-  only its own shares (plus zero offsets), the active party's shares live behind the mpc peer
-  handle, and Beaver triples come from a dealer that is neither party.
+* One instance per party (side ``both``), sharing no Python objects: P_k's half masks its own bottom
+  model (:mod:`vflbench.mpc.masking`) and runs every protocol step as a ``vmask.<step>`` request to
+  the active party; the active half answers with its shares (:class:`~vflbench.mpc.parties.ActiveShares`),
+  keeps a shadow of each P_k's bottom model (initial values from P_k's ``vmask.setup`` message,
+  Algorithm 4 line 2) and sends each mask decision as a ``vmask.select`` request. Beaver triples come
+  from the dealer, a third party of the channel (``dealer.*``). All of it is counted by the channel.
 * Each masked layer keeps the same parameter objects throughout (the plaintext weight while
   unmasked, a zero offset that carries P_k's update while masked), so P_k's optimizer, including
   its momentum, is unaffected by (un)masking. A torch optimizer's weight decay does not reach a
@@ -31,7 +34,7 @@ Simulation notes (also in docs/decisions.md):
   each layer masked at the end, a fresh initialisation (``attacker_view="reinit"``, the attacker the
   paper evaluates and Algorithm 2 simulates) or P_k's decoded share (``"share"``, Algorithm 1 line 7).
   Neither is what P_k can know: every masked layer has a declared observation point
-  (:class:`~vflbench.mpc.layers.ObservationPoint`) through which P_k's own code sees its weight
+  (:class:`~vflbench.mpc.observation.ObservationPoint`) through which P_k's own code sees its weight
   before masking and every value reconstructed to it, from which the attack ``vmask_weight_recovery``
   solves for the effective weights (the ``recovered`` view; docs/decisions.md).
 * Before training, the paper's own preconditions (§IV-D: ``B < n_in`` for FC layers,
@@ -46,6 +49,7 @@ import copy
 import logging
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -57,206 +61,18 @@ from vflbench.defenses import DEFENSES
 from vflbench.errors import CompatibilityError
 from vflbench.models import init_parameters
 from vflbench.models.finetune import complete
-from vflbench.mpc.comm import DIRECTIONS, Comm
-from vflbench.mpc.dealer import Dealer
-from vflbench.mpc.layers import (
-    ObservationPoint,
-    SharedLayer,
-    Truncation,
-    _SecureLayerFn,
-    mask_layer,
-    oracle_effective_weight,
-    unmask,
-)
-from vflbench.mpc.ring import RingOverflowError
+from vflbench.mpc.dealer import Dealer, DealerService
+from vflbench.mpc.layers import Truncation
+from vflbench.mpc.masking import VMaskBottom, make_maskable
+from vflbench.mpc.parties import PROTOCOL_KINDS, ActiveShares
+from vflbench.protocol.channel import Endpoint
 from vflbench.protocol.hooks import BindContext, Defense, DefenseAux, TrainSettings
-from vflbench.protocol.messages import ACTIVE
+from vflbench.protocol.messages import ACTIVE, Message, Phase, Scalar
 from vflbench.protocol.party import aggregate
 from vflbench.rng import derive_seed
 
 log = logging.getLogger(__name__)
 ATTACKER_VIEWS = ("reinit", "share")
-
-
-class MaskableLayer(nn.Module):
-    """A Linear or Conv2d of P_k's bottom model that VMask can mask (share) and unmask.
-
-    ``weight``/``bias`` are the plaintext parameters while unmasked; while masked they are zero
-    offsets through which P_k's optimizer moves its share, and ``shared`` runs the protocol.
-    """
-
-    def __init__(self, layer: nn.Linear | nn.Conv2d, name: str = "") -> None:
-        super().__init__()
-        self.conv = isinstance(layer, nn.Conv2d)
-        self.config = ({"stride": layer.stride, "padding": layer.padding} if isinstance(layer, nn.Conv2d)
-                       else {})
-        self.shape = (layer.in_channels, layer.out_channels, layer.kernel_size) if isinstance(layer, nn.Conv2d) \
-            else (layer.in_features, layer.out_features)
-        self.weight = layer.weight
-        self.bias = layer.bias
-        self.shared: SharedLayer | None = None
-        self.attacker_view = "reinit"
-        self.reinit_seed = 0
-        self.observation = ObservationPoint(name or type(layer).__name__)
-
-    @property
-    def masked(self) -> bool:
-        """Whether the layer's weight is currently secret-shared."""
-        return self.shared is not None
-
-    def plain(self, weight: Tensor, bias: Tensor | None) -> nn.Linear | nn.Conv2d:
-        """A plaintext layer of this shape carrying ``weight`` and ``bias``."""
-        if self.conv:
-            c_in, c_out, k = self.shape
-            layer: nn.Linear | nn.Conv2d = nn.Conv2d(c_in, c_out, k, bias=bias is not None, **self.config)
-        else:
-            layer = nn.Linear(*self.shape, bias=bias is not None)
-        with torch.no_grad():
-            layer.weight.copy_(weight)
-            if bias is not None:
-                layer.bias.copy_(bias)
-        return layer
-
-    @torch.no_grad()
-    def _absorb(self) -> None:
-        assert self.shared is not None
-        for which, p in (("weight", self.weight), ("bias", self.bias)):
-            if p is not None and bool(p.any()):
-                self.shared.passive.apply_update(which, p.detach())
-                p.zero_()
-
-    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
-        if self.shared is None:
-            if self.conv:
-                return F.conv2d(x, self.weight, self.bias, **self.config)
-            return F.linear(x, self.weight, self.bias)
-        try:
-            self._absorb()
-            return _SecureLayerFn.apply(x, self.weight, self.bias, self.shared)
-        except RingOverflowError as exc:
-            raise RingOverflowError(
-                f"vmask: a secret-shared layer left the fixed-point range ({exc}); training diverged or the "
-                "inputs are far outside [-2^31, 2^31]: lower train.lr, or set the defense's frac_bits lower") from None
-
-    def mask(self, **kwargs: Any) -> None:
-        """P_k shares the layer (Algorithm 1, lines 2-6) and drops its plaintext weight."""
-        if self.shared is not None:
-            return
-        plain = self.plain(self.weight.detach(), None if self.bias is None else self.bias.detach())
-        self.shared = mask_layer(plain, observation=self.observation, **kwargs)
-        with torch.no_grad():
-            self.weight.zero_()
-            if self.bias is not None:
-                self.bias.zero_()
-
-    def unmask(self, sigma: float) -> None:
-        """Reconstruct the layer to P_k after fresh noise from the active party (lines 7-11)."""
-        if self.shared is None:
-            return
-        self._absorb()
-        plain = unmask(self.shared, sigma=sigma)
-        with torch.no_grad():
-            self.weight.copy_(plain.weight)
-            if self.bias is not None:
-                self.bias.copy_(plain.bias)
-        self.shared = None
-
-    def attacker_module(self) -> nn.Module:
-        """What P_k's copy holds. Unmasked: the plain layer. Masked: a fresh initialisation
-        (``attacker_view="reinit"``, the attacker the paper evaluates and Algorithm 2 simulates) or
-        P_k's decoded share, uniformly random on the ring (``"share"``, Algorithm 1 line 7 read
-        literally). Neither is what P_k can know: it can solve the effective weight from its
-        openings and own updates (the attack ``vmask_weight_recovery``)."""
-        if self.shared is None:
-            return self.plain(self.weight.detach(), None if self.bias is None else self.bias.detach())
-        self._absorb()
-        if self.attacker_view == "share":
-            return self.shared.passive_view_module()
-        fresh = self.plain(self.weight.detach(), None if self.bias is None else self.bias.detach())
-        return init_parameters(fresh, torch.Generator().manual_seed(self.reinit_seed))
-
-    def own_shares(self) -> tuple[Tensor, Tensor | None]:
-        """P_k's own ring shares of the masked layer (its pending update folded in): what P_k stores."""
-        if self.shared is None:
-            raise RuntimeError("the layer is not masked")
-        self._absorb()
-        p = self.shared.passive
-        return p.weight_share.clone(), None if p.bias_share is None else p.bias_share.clone()
-
-    def evaluation_only_effective_weight(self) -> tuple[Tensor, Tensor | None]:
-        """EVALUATION ONLY (not available to either party): the masked layer's effective weight and
-        bias, both shares combined, to score an attack's reconstruction. Never used by an attack's
-        inference."""
-        if self.shared is None:
-            raise RuntimeError("the layer is not masked")
-        return oracle_effective_weight(self.shared)
-
-
-def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, new)
-
-
-def make_maskable(model: nn.Module) -> list[MaskableLayer]:
-    """Replace every Linear/Conv2d of ``model`` in place; return them in forward order."""
-    names = [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
-    layers = []
-    for name in names:
-        wrapper = MaskableLayer(model.get_submodule(name), name)
-        _replace(model, name, wrapper)
-        layers.append(wrapper)
-    return layers
-
-
-class VMaskBottom(nn.Module):
-    """P_k's bottom model with maskable layers."""
-
-    def __init__(self, inner: nn.Module, layers: list[MaskableLayer]) -> None:
-        super().__init__()
-        self.inner = inner
-        self._layer_names = [n for n, m in inner.named_modules() if isinstance(m, MaskableLayer)]
-        assert len(self._layer_names) == len(layers)
-
-    def layers(self) -> list[MaskableLayer]:
-        """The maskable layers in forward order."""
-        return [self.inner.get_submodule(n) for n in self._layer_names]  # type: ignore[misc]
-
-    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
-        return self.inner(x)
-
-    def named_layers(self) -> list[tuple[str, MaskableLayer]]:
-        """The maskable layers with their names in the bottom model, in forward order."""
-        return list(zip(self._layer_names, self.layers(), strict=True))
-
-    def attacker_copy(self) -> AttackerBottom:
-        """A plain model P_k can run alone: masked layers replaced by their ``attacker_module``."""
-        clone = copy.deepcopy(self.inner)
-        masked = []
-        for name, layer in self.named_layers():
-            if layer.masked:
-                masked.append(name)
-            _replace(clone, name, layer.attacker_module())
-        views = {layer.attacker_view for layer in self.layers() if layer.masked}
-        return AttackerBottom(clone, masked=tuple(masked), attacker_view=views.pop() if len(views) == 1 else "plain")
-
-
-class AttackerBottom(nn.Module):
-    """The attacker's copy of its VMask bottom model: ``inner`` (a plain model, the same parameters
-    in the same order as P_k's) and which layers stand in for masked ones.
-
-    ``masked`` names the layers (as in ``inner``) that were masked at the end of training, whose
-    weights here are P_k's stand-ins (``attacker_view``: ``"reinit"`` or ``"share"``; ``"plain"``
-    when nothing is masked). Attacks record ``attacker_view`` in their result details.
-    """
-
-    def __init__(self, inner: nn.Module, *, masked: tuple[str, ...], attacker_view: str) -> None:
-        super().__init__()
-        self.inner = inner
-        self.masked = masked
-        self.attacker_view = attacker_view
-
-    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
-        return self.inner(x)
 
 
 @dataclass(frozen=True)
@@ -298,8 +114,8 @@ def layer_conditions(model: nn.Module, x: Tensor, batch_size: int) -> list[Layer
     try:
         model(x)
     finally:
-        for h in handles:
-            h.remove()
+        for handle in handles:
+            handle.remove()
         model.train(was)
     out = []
     rows = len(x)
@@ -330,16 +146,31 @@ def layer_conditions(model: nn.Module, x: Tensor, batch_size: int) -> list[Layer
 
 @dataclass
 class PartyState:
-    """The active party's VMask state for one passive party."""
+    """The active party's VMask state for one passive party: its shadow of P_k's bottom model, the
+    layers it told P_k to mask (``masked``, every decision in ``history``) and the accumulated norms."""
 
-    bottom: VMaskBottom
     shadow: nn.Module
     shadow_opt: torch.optim.Optimizer
-    comm: Comm
     masked: set[int]
     grad_norm: Tensor
     history: list[list[int]] = field(default_factory=list)
     estimates: list[float] = field(default_factory=list)
+
+
+def _layer_list(text: object) -> set[int]:
+    return {int(i) for i in str(text).split(",") if i}
+
+
+def start_dealer(link: Endpoint, active_generator: torch.Generator) -> DealerService:
+    """Run VMask's trusted dealer at ``link`` (its own party, :data:`~vflbench.protocol.messages.DEALER`).
+
+    Seeded as before the parties were split (from the first draw of the active VMask instance's
+    generator ``active_generator``, a fresh generator on the same seed path), so that runs repeat
+    their earlier numbers; the dealer keeps no other tie to either party (docs/decisions.md).
+    """
+    seed = int(torch.randint(0, 2**62, (1,), generator=active_generator))
+    return DealerService(Dealer(torch.Generator().manual_seed(derive_seed(seed, "dealer")), name="vmask-dealer"),
+                         link)
 
 
 @DEFENSES.register(summary="secret-shared layer masking with shadow-model layer selection under a privacy budget")
@@ -355,10 +186,17 @@ class VMask(Defense):
     the federation trains on (§IV-A).
     ``shadow_epochs`` (default 1, as Algorithm 6) passes over the auxiliary set per VFL epoch let
     a run shortened to fewer VFL epochs give the shadow model the paper's number of steps.
+
+    One instance runs at every party (side ``both``) and the instances talk only through the
+    channel. At P_k: :meth:`wrap_bottom` makes P_k's own bottom model maskable and sends its initial
+    parameters (``vmask.setup``); the layers masked and unmasked follow the active party's decisions
+    (the reply, then ``vmask.select`` requests). At the active party: it answers P_k's ``vmask.*``
+    requests, trains the shadows, selects the layers and reports. The dealer of Beaver triples is a
+    third party (:func:`start_dealer`).
     """
 
     name = "vmask"
-    side = "active"
+    side = "both"
     paper = "Tan et al., VMask: Tunable Label Privacy Protection for VFL via Layer Masking (NDSS 2025)"
     protects = ("labels",)
     adaptive_attacks = ("vmask_weight_recovery",)
@@ -404,13 +242,28 @@ class VMask(Defense):
         super().bind(context)
         if context.algorithm == "vlr":
             raise CompatibilityError("vmask masks layers of neural bottom models; use vhnn or vsnn, not vlr")
-        self.parties_: dict[str, PartyState] = {}
+        if context.link is None:
+            raise CompatibilityError("vmask's halves talk through the channel: bind it with an endpoint "
+                                     "(BindContext.link; build_federation gives it)")
         self.seed_ = int(torch.randint(0, 2**62, (1,), generator=context.generator))
-        self.dealer_ = Dealer(torch.Generator().manual_seed(derive_seed(self.seed_, "dealer")), name="vmask-dealer")
-        self.top_: nn.Module | None = None
-        self.ratios_: list[float] = []
-        self.recipe_ = self._recipe(dict(context.model_completion or {}))
-        self.conditions_: dict[str, list[LayerCondition]] = {}
+        if context.party == ACTIVE:
+            self.parties_: dict[str, PartyState] = {}
+            self.architectures_: dict[str, nn.Module] = {}
+            self.top_: nn.Module | None = None
+            self.ratios_: list[float] = []
+            self.recipe_ = self._recipe(dict(context.model_completion or {}))
+            self.conditions_: dict[str, list[LayerCondition]] = {}
+            self.shares_ = ActiveShares(context.link, noise=self._noise, sigma=self.sigma)
+            context.link.serve("vmask", self._serve_active)
+        else:
+            self.bottom_: VMaskBottom | None = None
+            self.masked_: set[int] = set()
+            self.decisions_ = 0
+            context.link.serve("vmask", self._serve_passive)
+
+    def _link(self) -> Endpoint:
+        assert self.context_.link is not None
+        return self.context_.link
 
     def _train(self) -> TrainSettings:
         if self.context_.train is None:
@@ -427,7 +280,8 @@ class VMask(Defense):
         """The simulated attack's fine-tuning recipe: the ``mc_*`` given, else the configured model
         completion attack's, else (keys left out) :func:`complete`'s defaults, which are model
         completion's."""
-        recipe = {k: attack[k] for k in ("optimizer", "lr", "batch_size", "momentum", "head_hidden") if k in attack}
+        recipe: dict[str, Any] = {k: attack[k] for k in ("optimizer", "lr", "batch_size", "momentum", "head_hidden")
+                                  if k in attack}
         for key, value in (("optimizer", self.mc_optimizer), ("lr", self.mc_lr), ("momentum", self.mc_momentum)):
             if value is not None:
                 recipe[key] = value
@@ -436,7 +290,10 @@ class VMask(Defense):
         return recipe
 
     def details(self) -> dict[str, Any]:
-        """For result.json: the simulated attack's recipe and the paper's preconditions per layer."""
+        """For result.json: the simulated attack's recipe and the paper's preconditions per layer (the
+        active party's instance; a passive party's half reports nothing)."""
+        if self.context_.party != ACTIVE:
+            return {}
         return {"simulated_attack_recipe": dict(self.recipe_),
                 "preconditions": {p: [asdict(c) for c in cs] for p, cs in self.conditions_.items()},
                 "paper_precondition_violations": {p: [c.name for c in cs if not c.paper_secure]
@@ -453,22 +310,65 @@ class VMask(Defense):
                                      f"the bottom model has {n} linear layers (0..{n - 1})")
         return chosen
 
-    def wrap_bottom(self, model: nn.Module, party: str) -> nn.Module:  # noqa: D102
-        if party == ACTIVE:
+    def wrap_bottom(self, model: nn.Module, party: str) -> nn.Module:
+        """At P_k: make its own bottom model maskable, send the active party its initial parameters
+        (``vmask.setup``) and mask the layers the reply names (Algorithm 4 lines 2-3). At the active
+        party: keep only the architecture of P_k's model (public, as the configuration), with its values
+        cleared, for the shadow; the values arrive in P_k's ``vmask.setup`` message."""
+        if self.context_.party == ACTIVE:
+            if party != ACTIVE:
+                architecture = copy.deepcopy(model)
+                with torch.no_grad():
+                    for t in architecture.state_dict().values():
+                        t.zero_()
+                self.architectures_[party] = architecture
             return model
-        shadow = copy.deepcopy(model)  # Algorithm 4 line 2: same initial parameters as P_k's bottom
+        if party != self.context_.party:
+            return model
+        initial = [t.detach().clone() for t in model.state_dict().values()]
         layers = make_maskable(model)
         if not layers:
             raise CompatibilityError("vmask needs a bottom model with Linear or Conv2d layers")
+        self.bottom_ = VMaskBottom(model, layers)
+        reply = self._link().call("vmask.setup", ACTIVE, *initial, meta={"layers": len(layers)}, phase="setup")
+        self._apply_mask(reply.meta, phase="setup")
+        return self.bottom_
+
+    def _setup(self, request: Message) -> Message:
+        """The active party's side of ``vmask.setup``: the shadow of P_k's bottom model with the initial
+        parameters P_k sent (Algorithm 4 line 2), the paper's preconditions, and the first mask."""
+        party = request.sender
+        if party not in self.architectures_:
+            raise CompatibilityError(f"vmask: {party!r} sent its initial parameters, but the active party knows "
+                                     "no bottom model of it")
+        shadow = self.architectures_.pop(party)
+        keys = list(shadow.state_dict())
+        if len(keys) != len(request.tensors):
+            raise CompatibilityError(f"vmask: {party!r} sent {len(request.tensors)} initial tensors for a bottom "
+                                     f"model with {len(keys)}")
+        shadow.load_state_dict(dict(zip(keys, request.tensors, strict=True)))
+        n = sum(isinstance(m, (nn.Linear, nn.Conv2d)) for m in shadow.modules())
+        if int(request.meta["layers"]) != n:  # type: ignore[arg-type]
+            raise CompatibilityError(f"vmask: {party!r} has {request.meta['layers']} maskable layers, its shadow {n}")
         train = self._train()
-        self._check_conditions(party, shadow, len(layers), train.batch_size)
-        state = PartyState(
-            bottom=VMaskBottom(model, layers), shadow=shadow,
-            shadow_opt=torch.optim.SGD(shadow.parameters(), lr=train.lr, momentum=train.momentum),
-            comm=Comm(), masked=set(), grad_norm=torch.zeros(len(layers), dtype=torch.float64))
+        self._check_conditions(party, shadow, n, train.batch_size)
+        state = PartyState(shadow=shadow,
+                           shadow_opt=torch.optim.SGD(shadow.parameters(), lr=train.lr, momentum=train.momentum),
+                           masked=set(), grad_norm=torch.zeros(n, dtype=torch.float64))
         self.parties_[party] = state
-        self._apply_mask(party, state, self._initial(len(layers)))
-        return state.bottom
+        return request.reply(meta=self._decide(party, state, self._initial(n)))
+
+    def _serve_active(self, request: Message) -> Message:
+        if request.kind == "vmask.setup":
+            return self._setup(request)
+        return self.shares_.handle(request)
+
+    def _serve_passive(self, request: Message) -> Message:
+        if request.kind != "vmask.select" or request.sender != ACTIVE:
+            raise ValueError(f"a passive party's VMask half answers vmask.select from the active party only, "
+                             f"got {request.kind!r} from {request.sender!r}")
+        self._apply_mask(request.meta, phase=request.phase)
+        return request.reply()
 
     def _check_conditions(self, party: str, plain: nn.Module, n: int, batch_size: int) -> None:
         """The paper's §IV-D preconditions for the eligible layers (on a copy of P_k's initial model,
@@ -494,25 +394,43 @@ class VMask(Defense):
         return {self._eligible(n)[0]}
 
     def wrap_top(self, model: nn.Module) -> nn.Module:  # noqa: D102
+        if self.architectures_:
+            raise CompatibilityError(f"vmask: {', '.join(sorted(self.architectures_))} sent no initial parameters: "
+                                     "every passive party needs its own VMask half (side 'both')")
         self.top_ = model
         return model
 
     # -- Algorithm 1: layer masking ---------------------------------------------------------------
 
-    def _apply_mask(self, party: str, state: PartyState, target: set[int]) -> None:
-        layers = state.bottom.layers()
-        for i in sorted(target - state.masked):
-            layers[i].attacker_view = self.attacker_view
-            layers[i].reinit_seed = derive_seed(self.seed_, party, "attacker-reinit", i)
-            layers[i].mask(dealer=self.dealer_, comm=state.comm, generator_passive=self._gen(party, "share", i,
-                                                                                           len(state.history)),
-                           generator_active=self._gen(ACTIVE, "noise", party, i, len(state.history)),
-                           sigma=self.sigma, frac_bits=self.frac_bits, truncation=self.truncation,
-                           name=f"{party}.layer{i}")
-        for i in sorted(state.masked - target):
-            layers[i].unmask(self.sigma)
-        state.masked = set(target)
+    def _decide(self, party: str, state: PartyState, target: set[int]) -> dict[str, Scalar]:
+        """Record the active party's decision to mask ``target`` next and the message header telling P_k."""
         state.history.append(sorted(target))
+        state.masked = set(target)
+        meta: dict[str, Scalar] = {"mask": ",".join(str(i) for i in sorted(target))}
+        meta.update({f"reinit_{i}": derive_seed(self.seed_, party, "attacker-reinit", i) for i in sorted(target)})
+        return meta
+
+    def _noise(self, party: str, layer: str) -> torch.Generator:
+        """The active party's noise generator for ``party``'s layer being masked under its latest decision."""
+        return self._gen(ACTIVE, "noise", party, int(layer.removeprefix("layer")),
+                         len(self.parties_[party].history) - 1)
+
+    def _apply_mask(self, meta: Mapping[str, Scalar], *, phase: Phase) -> None:
+        """At P_k: mask the layers the active party's decision names that are not masked, unmask the
+        others (Algorithm 1), each through its own messages to the active party."""
+        assert self.bottom_ is not None
+        target = _layer_list(meta["mask"])
+        layers = self.bottom_.layers()
+        for i in sorted(target - self.masked_):
+            layers[i].attacker_view = self.attacker_view
+            layers[i].reinit_seed = int(meta[f"reinit_{i}"])  # type: ignore[arg-type]
+            layers[i].mask(link=self._link(), generator_passive=self._gen("share", i, self.decisions_),
+                           sigma=self.sigma, frac_bits=self.frac_bits, truncation=self.truncation, name=f"layer{i}",
+                           phase=phase)
+        for i in sorted(self.masked_ - target):
+            layers[i].unmask(self.sigma, phase=phase)
+        self.masked_ = target
+        self.decisions_ += 1
 
     # -- Algorithm 6: shadow model update -------------------------------------------------------------
 
@@ -601,7 +519,7 @@ class VMask(Defense):
     # -- per epoch ------------------------------------------------------------------------------------
 
     def on_epoch_end(self, epoch: int) -> dict[str, Any]:  # noqa: D102
-        if not self.parties_:
+        if self.context_.party != ACTIVE or not self.parties_:
             return {}
         ratios = [len(s.masked) / len(s.grad_norm) for s in self.parties_.values()]
         self.ratios_.append(sum(ratios) / len(ratios))
@@ -615,7 +533,7 @@ class VMask(Defense):
             if party in norms:
                 state.grad_norm += norms[party]
             target = self._next_mask(party, state)
-            self._apply_mask(party, state, target)
+            self._link().call("vmask.select", party, meta=self._decide(party, state, target), epoch=epoch)
             report[f"{party}.masked"] = sorted(target)
             if state.estimates:
                 report[f"{party}.estimated_attack"] = state.estimates[-1]
@@ -626,8 +544,12 @@ class VMask(Defense):
         return self._select(party, state)
 
     def _comm_report(self) -> dict[str, Any]:
-        total = sum(s.comm.bytes(d) for s in self.parties_.values() for d in DIRECTIONS)
-        return {"mpc_bytes": total, "triples": sum(self.dealer_.issued.values())}
+        """Bytes of the secret-sharing protocol (all phases, read from the channel's counter) and the
+        Beaver triples the active party took."""
+        stats = self._link().stats
+        total = sum(s.bytes for phase in stats.values() for kind in PROTOCOL_KINDS
+                    for s in phase.by_kind.get(kind, {}).values())
+        return {"mpc_bytes": total, "triples": self.shares_.triples}
 
 
 @DEFENSES.register(summary="VMask with accumulative layer selection (masked layers stay masked)")
@@ -637,7 +559,7 @@ class VMaskAS(VMask):
     name = "vmask_as"
     selection = "accumulative"
 
-    def _select(self, party: str, state: PartyState) -> set[int]:  # noqa: D102
+    def _select(self, party: str, state: PartyState) -> set[int]:
         eligible = self._eligible(len(state.grad_norm))
         masked = set(state.masked)
         queue = [i for i in sorted(eligible, key=lambda i: -float(state.grad_norm[i])) if i not in masked]
@@ -657,7 +579,7 @@ class VMaskRS(VMask):
     name = "vmask_rs"
     selection = "random"
 
-    def _next_mask(self, party: str, state: PartyState) -> set[int]:  # noqa: D102
+    def _next_mask(self, party: str, state: PartyState) -> set[int]:
         count = len(self._select(party, state))
         rng = random.Random(derive_seed(self.seed_, "random-selection", party, len(state.history)))
         return set(rng.sample(self._eligible(len(state.grad_norm)), count))
@@ -670,8 +592,8 @@ class VMaskALLS(VMask):
     name = "vmask_alls"
     selection = "all"
 
-    def _initial(self, n: int) -> set[int]:  # noqa: D102
+    def _initial(self, n: int) -> set[int]:
         return set(self._eligible(n))
 
-    def _next_mask(self, party: str, state: PartyState) -> set[int]:  # noqa: D102
+    def _next_mask(self, party: str, state: PartyState) -> set[int]:
         return set(self._eligible(len(state.grad_norm)))

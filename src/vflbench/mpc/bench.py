@@ -7,9 +7,19 @@ import time
 import torch
 from torch import nn
 
-from vflbench.mpc.comm import Comm
 from vflbench.mpc.dealer import Dealer
 from vflbench.mpc.layers import mask_layer
+from vflbench.mpc.parties import PROTOCOL_KINDS, LocalSession, local_session
+
+
+def protocol_elements(session: LocalSession) -> tuple[int, int]:
+    """Ring elements (8 bytes each) of VMask's protocol messages counted so far: to P_K, to P_k."""
+    totals = {"up": 0, "down": 0}
+    for phase in session.channel.stats.values():
+        for kind in PROTOCOL_KINDS:
+            for direction, stats in phase.by_kind.get(kind, {}).items():
+                totals[direction] += stats.bytes
+    return totals["up"] // 8, totals["down"] // 8
 
 
 def time_shared_linear(
@@ -22,15 +32,9 @@ def time_shared_linear(
     """
     g = torch.Generator().manual_seed(seed)
     plain = nn.Linear(n_in, n_out)
-    comm = Comm()
-    shared = mask_layer(
-        plain,
-        dealer=Dealer(seed + 1),
-        comm=comm,
-        generator_passive=torch.Generator().manual_seed(seed + 2),
-        generator_active=torch.Generator().manual_seed(seed + 3),
-        sigma=0.01,
-    )
+    session = local_session(Dealer(seed + 1), noise=torch.Generator().manual_seed(seed + 3))
+    shared = mask_layer(plain, link=session.passive, generator_passive=torch.Generator().manual_seed(seed + 2),
+                        sigma=0.01)
     x = torch.rand(batch, n_in, generator=g, requires_grad=True)
     gy = torch.randn(batch, n_out, generator=g)
 
@@ -44,14 +48,15 @@ def time_shared_linear(
         return sorted(times[1:])[len(times[1:]) // 2]
 
     t_plain = run(plain)
-    comm.reset()
+    before = protocol_elements(session)
     t_shared = run(shared)
     steps = repeats + 1
+    up, down = (n - b for n, b in zip(protocol_elements(session), before, strict=True))
     return {
         "plain_s": t_plain,
         "shared_s": t_shared,
         "ratio": t_shared / t_plain,
-        "elements_up": comm.elements["passive_to_active"] // steps,
-        "elements_down": comm.elements["active_to_passive"] // steps,
+        "elements_up": up // steps,
+        "elements_down": down // steps,
         "threads": torch.get_num_threads(),
     }

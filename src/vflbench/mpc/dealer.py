@@ -16,12 +16,17 @@ Triples are single use: reusing ``b`` against a changing weight reveals ``W_t - 
 Every triple has an id; each party takes its half exactly once (:meth:`Dealer.take`) and the
 protocol marks it used exactly once (:meth:`Dealer.consume`); a second use raises
 :class:`TripleReuseError`.
+
+In a federation the dealer is a party of its own (:data:`~vflbench.protocol.messages.DEALER`):
+:class:`DealerService` answers ``dealer.triple`` requests of P_k (a fresh triple described by the
+request's header; the reply is P_k's half and the triple's id) and ``dealer.take`` requests of P_K
+(its half of that triple). Each party receives only its own half, through counted messages.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +34,8 @@ from torch import Tensor
 
 from vflbench.mpc._service import ServiceHandle
 from vflbench.mpc.ring import ring_conv2d, ring_conv2d_input_grad, ring_matmul, uniform
+from vflbench.protocol.channel import Endpoint
+from vflbench.protocol.messages import ACTIVE, Message
 
 FORBIDDEN_DEALER_ROLES = ("active", "passive")
 
@@ -192,3 +199,66 @@ class Dealer(ServiceHandle):
     def consumed(self) -> int:
         """Halves marked used by the protocol."""
         return len(self._used)
+
+
+def _shape(text: object) -> tuple[int, ...]:
+    return tuple(int(n) for n in str(text).split(",") if n)
+
+
+def issue_from_meta(dealer: Dealer, meta: Mapping[str, object]) -> int:
+    """Issue the triple a ``dealer.triple`` request describes (``op``, shapes ``a``/``b`` as ``"4,6"``,
+    and for convolutions ``stride``, ``padding`` and, for the input gradient, the input ``size``)."""
+    op, a, b = meta["op"], _shape(meta["a"]), _shape(meta["b"])
+    if op == "matmul":
+        return dealer.issue_matmul(a, b)
+    if op == "mul":
+        return dealer.issue_mul(a)
+    stride, padding = _shape(meta["stride"]), _shape(meta["padding"])
+    if op == "conv2d":
+        return dealer.issue_conv2d(a, b, stride=(stride[0], stride[1]), padding=(padding[0], padding[1]))
+    if op == "conv2d_input_grad":
+        size = _shape(meta["size"])
+        return dealer.issue_conv2d_input_grad(a, b, (size[0], size[1]), stride=(stride[0], stride[1]),
+                                              padding=(padding[0], padding[1]))
+    raise ValueError(f"unknown triple operation {op!r}; valid: matmul, mul, conv2d, conv2d_input_grad")
+
+
+class DealerService:
+    """The trusted dealer as a party of the channel: serves ``dealer.*`` requests at ``link``.
+
+    ``dealer.triple`` (from a passive party P_k, the product's party 0): issue a triple as the
+    header describes and reply with P_k's half ``(a0, b0, c0)``, the id in the header.
+    ``dealer.take`` (from the active party, party 1): reply with its half of triple ``meta["triple"]``.
+    A half is delivered once, to its own party only, and counts as used when delivered.
+    """
+
+    def __init__(self, dealer: Dealer, link: Endpoint) -> None:
+        self.dealer = dealer
+        self.link = link
+        self._issuer: dict[int, str] = {}
+        link.serve("dealer", self.handle)
+
+    def __repr__(self) -> str:
+        return f"DealerService({self.dealer.name})"
+
+    def handle(self, request: Message) -> Message:
+        """Answer one ``dealer.*`` request."""
+        if request.kind == "dealer.triple":
+            if request.sender == ACTIVE:
+                raise PermissionError("the active party is party 1 of VMask's products; it takes its halves "
+                                      "with dealer.take")
+            tid = issue_from_meta(self.dealer, request.meta)
+            self._issuer[tid] = request.sender
+            half = self.dealer.take(tid, 0)
+        elif request.kind == "dealer.take":
+            if request.sender != ACTIVE:
+                raise PermissionError(f"{request.sender!r} asked for party 1's half of a triple; only the "
+                                      "active party may take it")
+            tid = int(request.meta["triple"])  # type: ignore[arg-type]
+            if tid not in self._issuer:
+                raise KeyError(f"{self.dealer.name}: no triple {tid} was issued")
+            half = self.dealer.take(tid, 1)
+        else:
+            raise ValueError(f"unknown dealer request {request.kind!r}; valid: dealer.triple, dealer.take")
+        self.dealer.consume(half)
+        return request.reply(half.a, half.b, half.c, meta={"triple": half.triple_id, "kind": half.kind})

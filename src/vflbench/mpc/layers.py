@@ -1,5 +1,10 @@
-"""VMask's masked layers: a Linear or Conv2d whose weight is secret-shared between the passive
+"""VMask's masked layers at P_k: a Linear or Conv2d whose weight is secret-shared between the passive
 party P_k (party 0, whose bottom model holds the layer) and the active party P_K (party 1).
+
+Layout of :mod:`vflbench.mpc`'s VMask part: this module holds the ``nn.Module`` P_k runs (the shared
+layers and their autograd); :mod:`vflbench.mpc.parties` the two parties' state and the messages
+between them; :mod:`vflbench.mpc.observation` what P_k's own code can observe; :mod:`vflbench.mpc.masking`
+the maskable layers of a bottom model that the VMask defense masks and unmasks.
 
 Layer masking (VMask, NDSS 2025, Algorithm 1). :func:`mask_layer` encodes the plaintext weight and
 bias in the ring, P_k keeps one share and sends the other to P_K, and P_K adds Gaussian noise
@@ -71,20 +76,24 @@ G R`` (backward, one batch when the output width is at most ``B``). VMask's §IV
 per batch) does not hold against an honest-but-curious P_k that uses its own updates: the attack
 ``vmask_weight_recovery`` recovers the masked layers of the Table II TabMNIST runs to a relative error
 of ~1e-5 and regains the vanilla leakage (docs/reproduction.md, VMask).
-Each masked layer declares the observation point it does this through, :class:`ObservationPoint`:
+Each masked layer declares the observation point it does this through,
+:class:`~vflbench.mpc.observation.ObservationPoint`:
 P_k's own code can attach observers that see the plaintext weight when it is masked and every
 :class:`Opening` (what P_k fed in and what was reconstructed to it), nothing of P_K's state.
 
 Separation of the parties. :class:`SharedLinear` / :class:`SharedConv2d` (the ``nn.Module`` in P_k's
-bottom model) hold only P_k's state (:class:`PassiveShareHolder`) and three service handles:
-an :class:`ActivePeer` (the connection to P_K, through which every protocol message goes and is
-counted in a :class:`~vflbench.mpc.comm.Comm`), the :class:`~vflbench.mpc.dealer.Dealer`, and P_k's
-own random source. P_K's state lives in an :class:`ActiveShareHolder` behind the peer. Handles are
-not copied by ``copy.deepcopy`` (the copy talks to the same peer) and pickle to disconnected stubs,
-so a deep copy or a pickle of P_k's model never contains P_K's share.
+bottom model) hold only P_k's state (:class:`~vflbench.mpc.parties.PassiveShareHolder`) and two
+service handles: an :class:`~vflbench.mpc.parties.ActivePeer` (P_k's endpoint of the channel and the
+layer's name: every protocol step is a ``vmask.<step>`` request to P_K, and every Beaver triple a
+``dealer.triple`` request to the dealer, all counted by the channel) and P_k's own random source.
+P_K's state lives in P_K's :class:`~vflbench.mpc.parties.ActiveShares` service, reached only by
+messages. Handles are not copied by ``copy.deepcopy`` (the copy talks through the same endpoint) and
+pickle to disconnected stubs, so a deep copy or a pickle of P_k's model never contains P_K's share.
+Messages of a layer in training mode are counted in the ``train`` phase, in evaluation mode in ``eval``.
 
 The active party only ever receives shares and Beaver openings (uniformly distributed ring
-elements); set ``record_active_inbox=True`` to log them (``ActiveShareHolder.received``) for tests.
+elements); :func:`~vflbench.mpc.parties.local_session` with ``record_active_inbox=True`` logs them
+(``ActiveShareHolder.received``) for tests.
 """
 
 from __future__ import annotations
@@ -92,28 +101,31 @@ from __future__ import annotations
 import copy
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.nn.grad import conv2d_weight
 
-from vflbench.mpc._service import ServiceHandle
-from vflbench.mpc.comm import Comm
-from vflbench.mpc.dealer import Dealer, TripleShare
-from vflbench.mpc.protocol import party_combine, party_masks, truncate_public, truncate_share
-from vflbench.mpc.ring import (
-    DEFAULT_FRAC_BITS,
-    decode,
-    encode,
-    ring_conv2d,
-    ring_conv2d_input_grad,
-    ring_matmul,
+from vflbench.mpc.observation import ObservationPoint, Opening
+from vflbench.mpc.parties import ActivePeer, PartyRandomness, PassiveShareHolder, on_device
+from vflbench.mpc.protocol import (
+    BilinearSpec,
+    Meta,
+    Stage,
+    add_bias_share,
+    layer_spec,
+    party_combine,
+    party_masks,
+    shape_meta,
+    truncate_public,
+    truncate_share,
 )
+from vflbench.mpc.ring import DEFAULT_FRAC_BITS, decode, encode
 from vflbench.mpc.shares import share
+from vflbench.protocol.channel import Endpoint
+from vflbench.protocol.messages import Phase
 
 Truncation = Literal["reveal", "secureml"]
 TRUNCATIONS: tuple[str, ...] = ("reveal", "secureml")
@@ -131,372 +143,6 @@ def gradient_scale_bits(g: Tensor) -> int:
     if peak == 0.0 or not math.isfinite(peak):
         return 0
     return max(0, min(GRAD_MAX_SCALE_BITS, GRAD_TARGET_BITS - math.ceil(math.log2(peak))))
-
-
-@dataclass(frozen=True)
-class Opening:
-    """One value the protocol reconstructed to P_k for a masked layer, with what P_k fed in.
-
-    ``stage`` ``"forward"``: ``operand`` is the layer input as P_k encoded it (decoded back, float64)
-    and ``opened`` the reconstructed output; ``"backward"``: ``operand`` is the output gradient as P_k
-    encoded it (its ``2^k`` pre-scaling undone) and ``opened`` the reconstructed input gradient. Both
-    in the layer's operand layout (``(rows, features)`` for Linear, ``(B, C, H, W)`` for Conv2d).
-    ``resolution`` is the last bit of ``opened`` (its rounding step). ``weight_share`` /
-    ``bias_share`` are P_k's own ring shares at that moment (live buffers, not copies) and ``scale``
-    the public scale, so an observer can tell how far P_k's own updates moved the weight.
-    """
-
-    stage: Literal["forward", "backward"]
-    operand: Tensor
-    opened: Tensor
-    resolution: float
-    weight_share: Tensor
-    bias_share: Tensor | None
-    frac_bits: int
-    scale: float
-
-
-class LayerObserver(Protocol):
-    """What P_k's own code can attach to a masked layer's :class:`ObservationPoint`."""
-
-    def masked(self, weight: Tensor, bias: Tensor | None, weight_share: Tensor, bias_share: Tensor | None) -> None:
-        """The layer was masked: P_k's plaintext weight and bias just before, and its shares just after."""
-
-    def opened(self, opening: Opening) -> None:
-        """The protocol reconstructed a value to P_k."""
-
-    def unmasked(self) -> None:
-        """The layer was reconstructed to P_k (its masking episode ended)."""
-
-
-class ObservationPoint(ServiceHandle):
-    """P_k's declared observation point of one layer: passes what P_k itself sees to its observers.
-
-    It carries only P_k-side values (its plaintext weight before masking, its own shares, the inputs
-    it fed in and the values reconstructed to it). While the layer is masked it remembers what P_k
-    saw at the masking (its weight just before and its shares just after, copies), and tells an
-    observer attached later: a federation masks the first layer when it is built (Algorithm 4 line
-    3), before an attacker's recorder can be attached, and P_k did see that weight. A service
-    handle: deep copies of P_k's model share it, and a pickle does not carry it.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.observers: list[LayerObserver] = []
-        self._masking: tuple[Tensor, Tensor | None, Tensor, Tensor | None] | None = None
-
-    def __repr__(self) -> str:
-        return f"ObservationPoint({self.name})"
-
-    def attach(self, observer: LayerObserver) -> None:
-        """Add an observer (P_k's own code, e.g. an honest-but-curious attack's recorder)."""
-        self.observers.append(observer)
-        if self._masking is not None:
-            observer.masked(*self._masking)
-
-    def masked(self, weight: Tensor, bias: Tensor | None, weight_share: Tensor, bias_share: Tensor | None) -> None:
-        """Tell the observers that the layer was masked."""
-        self._masking = (weight.detach().clone(), None if bias is None else bias.detach().clone(),
-                         weight_share.clone(), None if bias_share is None else bias_share.clone())
-        for o in self.observers:
-            o.masked(*self._masking)
-
-    def opened(self, opening: Opening) -> None:
-        """Tell the observers what was reconstructed to P_k."""
-        for o in self.observers:
-            o.opened(opening)
-
-    def unmasked(self) -> None:
-        """Tell the observers that the layer was reconstructed to P_k."""
-        self._masking = None
-        for o in self.observers:
-            o.unmasked()
-
-
-class PartyRandomness(ServiceHandle):
-    """A party's private random source (a ``torch.Generator``), shared by all copies of its model.
-
-    Deep-copying a ``torch.Generator`` clones its state; two copies of a model would then draw the
-    same input shares and the other party could subtract them. As a service handle this object is
-    never cloned.
-    """
-
-    def __init__(self, generator: torch.Generator, *, party: str) -> None:
-        self.generator = generator
-        self.party = party
-
-    def __repr__(self) -> str:
-        return f"PartyRandomness({self.party})"
-
-
-@dataclass(frozen=True)
-class _BilinearSpec:
-    """Public description of one shared product ``op(x, weight_operand(W))``."""
-
-    issue: Callable[[Dealer], int]
-    op: Callable[[Tensor, Tensor], Tensor]
-    weight_operand: Callable[[Tensor], Tensor]
-    bias_view: Callable[[Tensor], Tensor] | None  # None: no bias term in this product
-
-
-def _on(t: TripleShare, device: torch.device) -> TripleShare:
-    if t.a.device == device:
-        return t
-    return TripleShare(t.triple_id, t.kind, t.party, t.a.to(device), t.b.to(device), t.c.to(device))
-
-
-def _add_bias_share(
-    z: Tensor, bias: Tensor | None, spec: _BilinearSpec, party: int, truncation: Truncation, f: int
-) -> Tensor:
-    """Truncate (secureml) and add this party's bias share at the right scale (in place into ``z``)."""
-    if truncation == "secureml":
-        z = truncate_share(z, party, f)
-        if bias is not None and spec.bias_view is not None:
-            z += spec.bias_view(bias)
-        return z
-    # reveal: the product carries 2f fractional bits, so the bias share is shifted by f (exact in the ring)
-    if bias is not None and spec.bias_view is not None:
-        z += spec.bias_view(bias) << f
-    return z
-
-
-# ------------------------------------------------------------------------------------------------
-# The active party
-
-
-class ActiveShareHolder:
-    """P_K's state for one masked layer: its weight and bias shares and the public scale.
-
-    The methods are the active party's side of each protocol step; they receive and return only
-    ring tensors (shares and Beaver openings).
-    """
-
-    def __init__(
-        self, *, name: str, frac_bits: int, dealer: Dealer, generator: torch.Generator, record_received: bool = False
-    ) -> None:
-        self.name = name
-        self.frac_bits = frac_bits
-        self.dealer = dealer
-        self.generator = generator
-        self.weight_share: Tensor | None = None
-        self.bias_share: Tensor | None = None
-        self.scale = 1.0
-        self.record_received = record_received
-        self.received: list[tuple[str, Tensor]] = []
-        """What P_K received (tag, ring tensor), logged when ``record_received``."""
-
-    def __repr__(self) -> str:
-        return f"ActiveShareHolder({self.name})"
-
-    def _log(self, tag: str, *tensors: Tensor) -> None:
-        if self.record_received:
-            self.received.extend((tag, t.detach().clone()) for t in tensors)
-
-    def _require(self) -> Tensor:
-        if self.weight_share is None:
-            raise RuntimeError(f"layer {self.name!r} has no active share (not masked, or already unmasked)")
-        return self.weight_share
-
-    def _noise(self, shape: torch.Size, sigma: float) -> Tensor:
-        """Encoded ``N(0, sigma^2)`` noise in the effective weight's units (divided by the scale)."""
-        if sigma == 0:
-            return torch.zeros(shape, dtype=torch.int64)
-        r = torch.randn(tuple(shape), generator=self.generator, dtype=torch.float64) * sigma / self.scale
-        return encode(r, self.frac_bits)
-
-    def accept_shares(self, w1: Tensor, b1: Tensor | None, *, sigma: float) -> None:
-        """Algorithm 1 lines 4-6: keep P_K's share of the weight (and bias) plus Gaussian noise."""
-        self._log("weight_share", w1, *(() if b1 is None else (b1,)))
-        self.weight_share = w1 + self._noise(w1.shape, sigma).to(w1.device)
-        self.bias_share = None if b1 is None else b1 + self._noise(b1.shape, sigma).to(b1.device)
-
-    def bilinear(
-        self,
-        spec: _BilinearSpec,
-        x1: Tensor,
-        e0: Tensor,
-        d0: Tensor,
-        triple_id: int,
-        *,
-        with_bias: bool,
-        truncation: Truncation,
-        tag: str,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """P_K's side of a shared product: returns its openings ``(e1, d1)`` and its output share."""
-        self._log(tag, x1, e0, d0)
-        w1 = self._require().to(x1.device)
-        t1 = _on(self.dealer.take(triple_id, 1), x1.device)
-        self.dealer.consume(t1)
-        e1, d1 = party_masks(x1, spec.weight_operand(w1), t1)
-        eps, delta = e0 + e1, d0 + d1
-        z1 = party_combine(1, eps, delta, t1, spec.op)
-        b1 = self.bias_share.to(x1.device) if (with_bias and self.bias_share is not None) else None
-        z1 = _add_bias_share(z1, b1, spec, 1, truncation, self.frac_bits)
-        return e1, d1, z1
-
-    def decay(self, factor: float) -> None:
-        """Public decay of the effective weight: the scale is multiplied by ``factor``."""
-        self.scale *= factor
-
-    def renormalize(self, bits: int) -> None:
-        """Divide P_K's shares by ``2^bits`` (SecureML local truncation) as the scale grows by it."""
-        self.weight_share = truncate_share(self._require(), 1, bits)
-        if self.bias_share is not None:
-            self.bias_share = truncate_share(self.bias_share, 1, bits)
-        self.scale *= 2.0**bits
-
-    def release(self, *, sigma: float) -> tuple[Tensor, Tensor | None]:
-        """Algorithm 1 lines 9-10: add fresh noise to P_K's shares, hand them over and forget them."""
-        w1 = self._require()
-        w1 = w1 + self._noise(w1.shape, sigma).to(w1.device)
-        b1 = (
-            None
-            if self.bias_share is None
-            else self.bias_share + self._noise(self.bias_share.shape, sigma).to(w1.device)
-        )
-        self.weight_share, self.bias_share = None, None
-        return w1, b1
-
-
-class ActivePeer(ServiceHandle):
-    """P_k's opaque handle to the active party for one masked layer.
-
-    Every call is a protocol exchange: arguments are messages from P_k to P_K and return values
-    messages back, all counted in ``comm``. Deep copy returns the same handle; pickling yields a
-    disconnected stub. The active party's share is not reachable through public attributes.
-    """
-
-    def __init__(self, holder: ActiveShareHolder, comm: Comm) -> None:
-        self.__holder = holder
-        self.comm = comm
-
-    def __repr__(self) -> str:
-        return f"ActivePeer({self.__holder.name})"
-
-    def share_weights(self, w1: Tensor, b1: Tensor | None, *, sigma: float) -> None:
-        """P_k sends P_K its weight (and bias) share; P_K adds noise (Algorithm 1)."""
-        self.comm.send("passive_to_active", w1, *(() if b1 is None else (b1,)), tag="share_weight")
-        self.__holder.accept_shares(w1, b1, sigma=sigma)
-
-    def bilinear(
-        self,
-        spec: _BilinearSpec,
-        x1: Tensor,
-        e0: Tensor,
-        d0: Tensor,
-        triple_id: int,
-        *,
-        with_bias: bool,
-        truncation: Truncation,
-        stage: str,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """One shared product: P_k sends its share ``x1`` of the operand and its Beaver openings."""
-        self.comm.send("passive_to_active", x1, tag=f"{stage}_share")
-        self.comm.send("passive_to_active", e0, d0, tag=f"{stage}_open")
-        e1, d1, z1 = self.__holder.bilinear(
-            spec, x1, e0, d0, triple_id, with_bias=with_bias, truncation=truncation, tag=stage
-        )
-        self.comm.send("active_to_passive", e1, d1, tag=f"{stage}_open")
-        self.comm.send("active_to_passive", z1, tag=f"{stage}_reconstruct")
-        return e1, d1, z1
-
-    def decay(self, factor: float) -> None:
-        """Tell P_K the public decay factor (a control message)."""
-        self.comm.send("passive_to_active", 1, tag="control")
-        self.__holder.decay(factor)
-
-    def renormalize(self, bits: int) -> None:
-        """Ask P_K to divide its shares by ``2^bits`` (a control message)."""
-        self.comm.send("passive_to_active", 1, tag="control")
-        self.__holder.renormalize(bits)
-
-    def release(self, *, sigma: float) -> tuple[Tensor, Tensor | None]:
-        """Unmasking: P_K adds fresh noise and sends its shares to P_k."""
-        self.comm.send("passive_to_active", 1, tag="control")
-        w1, b1 = self.__holder.release(sigma=sigma)
-        self.comm.send("active_to_passive", w1, *(() if b1 is None else (b1,)), tag="unmask")
-        return w1, b1
-
-    def _oracle_holder(self) -> ActiveShareHolder:
-        """Simulation oracle access to P_K's state (tests and evaluation only; not part of the protocol)."""
-        return self.__holder
-
-
-# ------------------------------------------------------------------------------------------------
-# The passive party
-
-
-class PassiveShareHolder(nn.Module):
-    """P_k's state for one masked layer.
-
-    Buffers: ``weight_share`` / ``bias_share`` (int64 ring shares of the weight divided by the
-    public ``scale``), ``scale`` (float64, public), ``residual_*`` (the part of past updates below
-    the ring's resolution, float64, |.| <= 2^-(f+1)), ``momentum_*`` (the momentum of the plaintext
-    gradients, used by :meth:`SharedLayer.step`). Parameters: ``weight_offset`` / ``bias_offset``,
-    P_k's plaintext additive part of the weight, zero except between a torch optimizer's step and
-    the next forward (see the module docstring).
-    """
-
-    weight_share: Tensor
-    bias_share: Tensor | None
-    scale: Tensor
-    residual_weight: Tensor
-    residual_bias: Tensor | None
-    momentum_weight: Tensor | None
-    momentum_bias: Tensor | None
-    weight_offset: nn.Parameter
-    bias_offset: nn.Parameter | None
-
-    def __init__(self, weight_share: Tensor, bias_share: Tensor | None, *, frac_bits: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.frac_bits = frac_bits
-        self.register_buffer("weight_share", weight_share)
-        self.register_buffer("bias_share", bias_share)
-        self.register_buffer("scale", torch.tensor(1.0, dtype=torch.float64, device=weight_share.device))
-        self.register_buffer(
-            "residual_weight", torch.zeros(weight_share.shape, dtype=torch.float64, device=weight_share.device)
-        )
-        self.register_buffer(
-            "residual_bias",
-            None
-            if bias_share is None
-            else torch.zeros(bias_share.shape, dtype=torch.float64, device=bias_share.device),
-        )
-        self.register_buffer("momentum_weight", None)
-        self.register_buffer("momentum_bias", None)
-        self.weight_offset = nn.Parameter(torch.zeros(weight_share.shape, dtype=dtype, device=weight_share.device))
-        self.bias_offset = (
-            None
-            if bias_share is None
-            else nn.Parameter(torch.zeros(bias_share.shape, dtype=dtype, device=bias_share.device))
-        )
-
-    def entries(self) -> Iterator[tuple[str, Tensor | None, nn.Parameter | None]]:
-        """``(suffix, share, offset)`` for the weight and the bias."""
-        yield "weight", self.weight_share, self.weight_offset
-        yield "bias", self.bias_share, self.bias_offset
-
-    @torch.no_grad()
-    def apply_update(self, which: str, delta: Tensor) -> None:
-        """Add ``delta`` (float, in effective-weight units) to the shared weight via P_k's share only."""
-        share_t: Tensor = getattr(self, f"{which}_share")
-        resid: Tensor = getattr(self, f"residual_{which}")
-        scale = float(self.scale)
-        # float32 + float64 promotes exactly, so ``resid + delta`` needs no separate cast
-        r = resid + (delta if scale == 1.0 else delta.to(torch.float64) / scale)
-        q = encode(r, self.frac_bits)
-        share_t.add_(q)
-        # the residual r - q 2^-f is exactly representable, so computing it in one op changes nothing
-        torch.sub(r, q.to(torch.float64), alpha=2.0**-self.frac_bits, out=resid)
-
-    @torch.no_grad()
-    def absorb(self) -> None:
-        """Fold the plaintext offsets into P_k's share and zero them."""
-        for which, share_t, off in self.entries():
-            if share_t is None or off is None or not bool(off.any()):
-                continue
-            self.apply_update(which, off)
-            off.zero_()
 
 
 class _SecureLayerFn(torch.autograd.Function):
@@ -520,7 +166,11 @@ class _SecureLayerFn(torch.autograd.Function):
 
 
 class SharedLayer(nn.Module, ABC):
-    """Common machinery of :class:`SharedLinear` and :class:`SharedConv2d` (P_k's side)."""
+    """Common machinery of :class:`SharedLinear` and :class:`SharedConv2d` (P_k's side).
+
+    ``geometry``: the layer's public description (sent to P_K when it is masked), from which each
+    party derives the shared products (:func:`~vflbench.mpc.protocol.layer_spec`).
+    """
 
     passive: PassiveShareHolder
 
@@ -529,8 +179,8 @@ class SharedLayer(nn.Module, ABC):
         passive: PassiveShareHolder,
         *,
         peer: ActivePeer,
-        dealer: Dealer,
         randomness: PartyRandomness,
+        geometry: Meta,
         sigma: float,
         frac_bits: int,
         truncation: Truncation,
@@ -541,26 +191,22 @@ class SharedLayer(nn.Module, ABC):
             raise ValueError(f"unknown truncation {truncation!r}; valid: {', '.join(TRUNCATIONS)}")
         self.passive = passive
         self.peer = peer
-        self.dealer = dealer
         self.randomness = randomness
+        self.geometry = dict(geometry)
         self.sigma = float(sigma)
         self.frac_bits = frac_bits
         self.truncation: Truncation = truncation
         self.observation = observation
 
-    # -- specs, defined by subclasses -------------------------------------------------------------
-
-    @abstractmethod
-    def _forward_spec(self, x_shape: torch.Size) -> _BilinearSpec:
-        """The bilinear product of the forward pass (weight times input) for inputs of ``x_shape``."""
-
-    @abstractmethod
-    def _backward_spec(self, g_shape: torch.Size, x_shape: torch.Size) -> _BilinearSpec:
-        """The bilinear product of the input gradient for output gradients of ``g_shape``."""
+    # -- defined by subclasses ----------------------------------------------------------------------
 
     @abstractmethod
     def _plain_weight_grads(self, x: Tensor, g: Tensor) -> tuple[Tensor, Tensor | None]:
         """Plaintext weight and bias gradients from the input ``x`` and output gradient ``g``."""
+
+    @abstractmethod
+    def _plain_layer(self, weight: Tensor, bias: Tensor | None) -> nn.Module:
+        """A plaintext layer of the same shape carrying ``weight`` and ``bias``."""
 
     def _to_operand(self, x: Tensor) -> Tensor:
         return x
@@ -568,10 +214,18 @@ class SharedLayer(nn.Module, ABC):
     def _from_output(self, y: Tensor, x: Tensor) -> Tensor:
         return y
 
+    def _input_size(self, x_shape: torch.Size) -> tuple[int, int] | None:
+        return None
+
+    @property
+    def phase(self) -> Phase:
+        """The phase this layer's messages are counted in (``train`` in training mode, else ``eval``)."""
+        return "train" if self.training else "eval"
+
     # -- protocol -----------------------------------------------------------------------------------
 
     def _secure_product(
-        self, v_ring: Tensor, spec: _BilinearSpec, *, with_bias: bool, stage: str, out_factor: float = 1.0
+        self, v_ring: Tensor, stage: Stage, *, input_size: tuple[int, int] | None = None, out_factor: float = 1.0
     ) -> Tensor:
         """P_k's side: share the encoded ``v_ring``, Beaver against the shared weight, reconstruct to P_k.
 
@@ -580,18 +234,16 @@ class SharedLayer(nn.Module, ABC):
         f = self.frac_bits
         p = self.passive
         dev = v_ring.device
+        phase = self.phase
+        spec: BilinearSpec = layer_spec(self.geometry, stage, v_ring.shape, p.weight_share.shape, input_size)
         v0, v1 = share(v_ring, self.randomness.generator)
-        tid = spec.issue(self.dealer)
-        t0 = _on(self.dealer.take(tid, 0), dev)
-        self.dealer.consume(t0)
+        t0 = on_device(self.peer.triple(spec, phase=phase), dev)
         e0, d0 = party_masks(v0, spec.weight_operand(p.weight_share.to(dev)), t0)
-        e1, d1, z1 = self.peer.bilinear(
-            spec, v1, e0, d0, tid, with_bias=with_bias, truncation=self.truncation, stage=stage
-        )
+        e1, d1, z1 = self.peer.bilinear(stage, v1, e0, d0, t0.triple_id, phase=phase, input_size=input_size)
         eps, delta = e0 + e1, d0 + d1
         z0 = party_combine(0, eps, delta, t0, spec.op)
-        b0 = p.bias_share.to(dev) if (with_bias and p.bias_share is not None) else None
-        z = _add_bias_share(z0, b0, spec, 0, self.truncation, f)
+        b0 = p.bias_share.to(dev) if (spec.bias_view is not None and p.bias_share is not None) else None
+        z = add_bias_share(z0, b0, spec, 0, self.truncation, f)
         z += z1  # Reconstruct, at P_k only
         if self.truncation == "reveal":
             z = truncate_public(z, f)
@@ -602,7 +254,7 @@ class SharedLayer(nn.Module, ABC):
     def _secure_forward(self, x: Tensor) -> Tensor:
         xo = self._to_operand(x)
         x_ring = encode(xo, self.frac_bits)
-        y = self._secure_product(x_ring, self._forward_spec(xo.shape), with_bias=True, stage="forward")
+        y = self._secure_product(x_ring, "forward")
         if self.observation is not None and self.observation.observers:
             self._emit("forward", decode(x_ring, self.frac_bits), y, 2.0**-self.frac_bits)
         return self._from_output(y, x).to(x.dtype)
@@ -611,15 +263,12 @@ class SharedLayer(nn.Module, ABC):
         bits = gradient_scale_bits(g)
         go = self._to_operand(g)
         g_ring = encode(go, self.frac_bits + bits)  # = encode(g * 2^bits): the scaling is exact
-        xo_shape = self._to_operand(x).shape
-        gx = self._secure_product(
-            g_ring, self._backward_spec(go.shape, xo_shape), with_bias=False, stage="backward", out_factor=2.0**-bits
-        )
+        gx = self._secure_product(g_ring, "backward", input_size=self._input_size(x.shape), out_factor=2.0**-bits)
         if self.observation is not None and self.observation.observers:
             self._emit("backward", decode(g_ring, self.frac_bits + bits), gx, 2.0 ** -(self.frac_bits + bits))
         return gx.reshape(x.shape).to(g.dtype)
 
-    def _emit(self, stage: Literal["forward", "backward"], operand: Tensor, opened: Tensor, step: float) -> None:
+    def _emit(self, stage: Stage, operand: Tensor, opened: Tensor, step: float) -> None:
         """Pass one opening to P_k's observers (only what P_k itself fed in and received)."""
         assert self.observation is not None
         p = self.passive
@@ -628,6 +277,7 @@ class SharedLayer(nn.Module, ABC):
                                         self.frac_bits, scale))
 
     def forward(self, x: Tensor) -> Tensor:
+        """The layer's output for ``x``, computed with P_K by the secret-shared protocol."""
         self.passive.absorb()
         return _SecureLayerFn.apply(x, self.passive.weight_offset, self.passive.bias_offset, self)
 
@@ -647,7 +297,7 @@ class SharedLayer(nn.Module, ABC):
         self.passive.absorb()
         p = self.passive
         p.scale.mul_(factor)
-        self.peer.decay(factor)
+        self.peer.decay(factor, phase=self.phase)
         if float(p.scale) < RENORMALIZE_BELOW:
             bits = int(math.floor(-math.log2(float(p.scale))))
             p.weight_share.copy_(truncate_share(p.weight_share, 0, bits))
@@ -656,7 +306,7 @@ class SharedLayer(nn.Module, ABC):
                 p.bias_share.copy_(truncate_share(p.bias_share, 0, bits))
                 p.residual_bias.div_(2.0**bits)
             p.scale.mul_(2.0**bits)
-            self.peer.renormalize(bits)
+            self.peer.renormalize(bits, phase=self.phase)
 
     @torch.no_grad()
     def step(
@@ -712,10 +362,6 @@ class SharedLayer(nn.Module, ABC):
         b = self.passive.bias_share
         return None if b is None else decode(b, self.frac_bits) * float(self.passive.scale)
 
-    @abstractmethod
-    def _plain_layer(self, weight: Tensor, bias: Tensor | None) -> nn.Module:
-        """A plaintext layer of the same shape carrying ``weight`` and ``bias``."""
-
     def passive_view_module(self) -> nn.Module:
         """A plaintext layer carrying P_k's own-share view of the weights (see :meth:`passive_view_weight`)."""
         return self._plain_layer(self.passive_view_weight(), self.passive_view_bias())
@@ -729,7 +375,7 @@ class SharedLinear(SharedLayer):
         self.in_features = in_features
         self.out_features = out_features
 
-    def extra_repr(self) -> str:
+    def extra_repr(self) -> str:  # noqa: D102
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.passive.bias_share is not None}, frac_bits={self.frac_bits}, "
@@ -741,21 +387,6 @@ class SharedLinear(SharedLayer):
 
     def _from_output(self, y: Tensor, x: Tensor) -> Tensor:
         return y.reshape(*x.shape[:-1], self.out_features)
-
-    def _forward_spec(self, x_shape: torch.Size) -> _BilinearSpec:
-        a_shape, b_shape = tuple(x_shape), (self.in_features, self.out_features)
-        return _BilinearSpec(
-            issue=lambda d: d.issue_matmul(a_shape, b_shape),
-            op=ring_matmul,
-            weight_operand=lambda w: w.t(),
-            bias_view=lambda b: b,
-        )
-
-    def _backward_spec(self, g_shape: torch.Size, x_shape: torch.Size) -> _BilinearSpec:
-        a_shape, b_shape = tuple(g_shape), (self.out_features, self.in_features)
-        return _BilinearSpec(
-            issue=lambda d: d.issue_matmul(a_shape, b_shape), op=ring_matmul, weight_operand=lambda w: w, bias_view=None
-        )
 
     def _plain_weight_grads(self, x: Tensor, g: Tensor) -> tuple[Tensor, Tensor | None]:
         g2 = g.reshape(-1, self.out_features)
@@ -807,31 +438,15 @@ class SharedConv2d(SharedLayer):
         self.stride = stride
         self.padding = padding
 
-    def extra_repr(self) -> str:
+    def extra_repr(self) -> str:  # noqa: D102
         return (
             f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
             f"padding={self.padding}, bias={self.passive.bias_share is not None}, frac_bits={self.frac_bits}, "
             f"truncation={self.truncation}, sigma={self.sigma}"
         )
 
-    def _forward_spec(self, x_shape: torch.Size) -> _BilinearSpec:
-        xs, ws, st, pd = tuple(x_shape), tuple(self.passive.weight_share.shape), self.stride, self.padding
-        return _BilinearSpec(
-            issue=lambda d: d.issue_conv2d(xs, ws, stride=st, padding=pd),
-            op=lambda a, b: ring_conv2d(a, b, stride=st, padding=pd),
-            weight_operand=lambda w: w,
-            bias_view=lambda b: b.view(1, -1, 1, 1),
-        )
-
-    def _backward_spec(self, g_shape: torch.Size, x_shape: torch.Size) -> _BilinearSpec:
-        gs, ws, st, pd = tuple(g_shape), tuple(self.passive.weight_share.shape), self.stride, self.padding
-        size = (int(x_shape[2]), int(x_shape[3]))
-        return _BilinearSpec(
-            issue=lambda d: d.issue_conv2d_input_grad(gs, ws, size, stride=st, padding=pd),
-            op=lambda a, b: ring_conv2d_input_grad(a, b, size, stride=st, padding=pd),
-            weight_operand=lambda w: w,
-            bias_view=None,
-        )
+    def _input_size(self, x_shape: torch.Size) -> tuple[int, int] | None:
+        return (int(x_shape[2]), int(x_shape[3]))
 
     def _plain_weight_grads(self, x: Tensor, g: Tensor) -> tuple[Tensor, Tensor | None]:
         w_shape = list(self.passive.weight_share.shape)
@@ -865,51 +480,51 @@ class SharedConv2d(SharedLayer):
 def mask_layer(
     layer: nn.Linear | nn.Conv2d,
     *,
-    dealer: Dealer,
-    comm: Comm,
+    link: Endpoint,
     generator_passive: torch.Generator,
-    generator_active: torch.Generator,
     sigma: float = 0.01,
     frac_bits: int = DEFAULT_FRAC_BITS,
     truncation: Truncation = "reveal",
     name: str = "",
-    record_active_inbox: bool = False,
     observation: ObservationPoint | None = None,
+    phase: Phase = "setup",
 ) -> SharedLinear | SharedConv2d:
     """Mask a plaintext layer of P_k's bottom model (VMask Algorithm 1, lines 2-6).
 
-    P_k encodes the weight and bias, shares them with ``generator_passive`` and sends P_K's share
-    (counted in ``comm``); P_K adds ``N(0, sigma^2)`` noise from ``generator_active``. The returned
-    module holds only P_k's share. The plaintext ``layer`` is not modified: the caller (P_k) must drop
-    it, e.g. by replacing it in the model (see :func:`mask_submodule`). ``observation``: P_k's
-    observation point of the layer (told about the masking, then about every opening).
+    P_k (whose endpoint is ``link``) encodes the weight and bias, shares them with
+    ``generator_passive`` and sends P_K its share in a ``vmask.share`` request (with the layer's
+    public geometry); P_K adds ``N(0, sigma^2)`` noise. The returned module holds only P_k's share.
+    The plaintext ``layer`` is not modified: the caller (P_k) must drop it, e.g. by replacing it in
+    the model (see :func:`mask_submodule`). ``name`` identifies the layer in P_k's requests (unique per
+    party); ``observation``: P_k's observation point of the layer (told about the masking, then about
+    every opening); ``phase``: the phase the masking's messages are counted in.
     """
     if sigma < 0:
         raise ValueError(f"sigma must be >= 0, got {sigma}")
+    if truncation not in TRUNCATIONS:
+        raise ValueError(f"unknown truncation {truncation!r}; valid: {', '.join(TRUNCATIONS)}")
+    geometry: Meta
     if isinstance(layer, nn.Conv2d):
         if layer.dilation != (1, 1) or layer.groups != 1 or layer.padding_mode != "zeros":
             raise ValueError("SharedConv2d supports dilation 1, groups 1 and zero padding only")
-    elif not isinstance(layer, nn.Linear):
+        geometry = {"kind": "conv", "stride": shape_meta(layer.stride), "padding": shape_meta(_conv_padding(layer))}
+    elif isinstance(layer, nn.Linear):
+        geometry = {"kind": "linear"}
+    else:
         raise TypeError(f"only nn.Linear and nn.Conv2d can be masked, got {type(layer).__name__}")
     with torch.no_grad():
         w_ring = encode(layer.weight, frac_bits)
         b_ring = None if layer.bias is None else encode(layer.bias, frac_bits)
     w0, w1 = share(w_ring, generator_passive)
     b0, b1 = (None, None) if b_ring is None else share(b_ring, generator_passive)
-    holder = ActiveShareHolder(
-        name=name or type(layer).__name__,
-        frac_bits=frac_bits,
-        dealer=dealer,
-        generator=generator_active,
-        record_received=record_active_inbox,
-    )
-    peer = ActivePeer(holder, comm)
-    peer.share_weights(w1, b1, sigma=sigma)
+    peer = ActivePeer(link, name or type(layer).__name__)
+    peer.share_weights(w1, b1, geometry=geometry, sigma=sigma, frac_bits=frac_bits, truncation=truncation,
+                       phase=phase)
     passive = PassiveShareHolder(w0, b0, frac_bits=frac_bits, dtype=layer.weight.dtype)
     common = {
         "peer": peer,
-        "dealer": dealer,
-        "randomness": PartyRandomness(generator_passive, party="passive"),
+        "randomness": PartyRandomness(generator_passive, party=link.owner),
+        "geometry": geometry,
         "sigma": sigma,
         "frac_bits": frac_bits,
         "truncation": truncation,
@@ -932,16 +547,16 @@ def mask_layer(
 
 
 @torch.no_grad()
-def unmask(layer: SharedLayer, *, sigma: float | None = None) -> nn.Linear | nn.Conv2d:
+def unmask(layer: SharedLayer, *, sigma: float | None = None, phase: Phase | None = None) -> nn.Linear | nn.Conv2d:
     """Reconstruct a masked layer to P_k for plaintext use (VMask Algorithm 1, lines 7-11).
 
-    P_K adds fresh ``N(0, sigma^2)`` noise (default: the layer's ``sigma``) to its share and sends it;
-    P_k reconstructs. P_K forgets its share, so ``layer`` can no longer be used.
+    P_K adds fresh ``N(0, sigma^2)`` noise (default: the layer's ``sigma``) to its share and sends it
+    (``vmask.release``); P_k reconstructs. P_K forgets its share, so ``layer`` can no longer be used.
     """
     layer.passive.absorb()
     if layer.observation is not None:
         layer.observation.unmasked()
-    w1, b1 = layer.peer.release(sigma=layer.sigma if sigma is None else float(sigma))
+    w1, b1 = layer.peer.release(sigma=layer.sigma if sigma is None else float(sigma), phase=phase or layer.phase)
     p = layer.passive
     scale = float(p.scale)
     w = decode(p.weight_share + w1.to(p.weight_share.device), layer.frac_bits) * scale + p.residual_weight * scale
@@ -956,18 +571,18 @@ def oracle_effective_weight(layer: SharedLayer) -> tuple[Tensor, Tensor | None]:
     """The effective plaintext (weight, bias) the forward pass uses: both shares combined, as float64.
 
     Excludes P_k's sub-resolution update residual (|.| <= 2^-(f+1), applied with later updates and
-    by :func:`unmask`). A simulation oracle for tests and evaluation (e.g. the attacker's upper bound); it bypasses
-    the protocol, is not counted and is not available to either party.
+    by :func:`unmask`). A simulation oracle for tests and evaluation (e.g. the attacker's upper bound):
+    it asks P_K for its shares in a ``vmask.oracle`` request of the ``eval`` phase, which is not part
+    of the protocol and is available to neither party's inference.
     """
     layer.passive.absorb()
-    holder = layer.peer._oracle_holder()
+    w1, b1 = layer.peer.oracle_shares()
     p = layer.passive
     scale = float(p.scale)
-    w1 = holder._require().to(p.weight_share.device)
-    w = decode(p.weight_share + w1, layer.frac_bits) * scale
+    w = decode(p.weight_share + w1.to(p.weight_share.device), layer.frac_bits) * scale
     b = None
-    if p.bias_share is not None and holder.bias_share is not None:
-        b = decode(p.bias_share + holder.bias_share.to(p.bias_share.device), layer.frac_bits) * scale
+    if p.bias_share is not None and b1 is not None:
+        b = decode(p.bias_share + b1.to(p.bias_share.device), layer.frac_bits) * scale
     return w, b
 
 

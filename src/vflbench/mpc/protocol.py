@@ -20,13 +20,18 @@ bound ``2^(l + 1 - 64)``), when the two shares wrap around the ring and the resu
 
 The ``party_*`` helpers below are what one party computes locally; the ``beaver_*`` functions
 run both parties in one process (a simulation for tests and benchmarks), counting the opening
-in a :class:`~vflbench.mpc.comm.Comm`. :mod:`vflbench.mpc.layers` uses the party-local helpers
-with each party's state held in separate objects.
+in a :class:`~vflbench.mpc.comm.Comm`. VMask's masked layers (:mod:`vflbench.mpc.layers` at P_k,
+:mod:`vflbench.mpc.parties` at P_K) use the party-local helpers, each party on its own state, and
+exchange messages through the channel. :class:`BilinearSpec` is the public description of one
+shared product of a layer, which each party derives on its own from the layer's geometry (sent
+when the layer is masked), the stage and the operand's shape.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -37,6 +42,80 @@ from vflbench.mpc.ring import DEFAULT_FRAC_BITS, ring_conv2d, ring_conv2d_input_
 from vflbench.mpc.shares import SharePair
 
 BilinearOp = Callable[[Tensor, Tensor], Tensor]
+Stage = Literal["forward", "backward"]
+Meta = dict[str, int | float | str | bool | None]
+
+
+def shape_meta(shape: tuple[int, ...] | torch.Size) -> str:
+    """A shape as a header scalar (``"4,6"``)."""
+    return ",".join(str(int(n)) for n in shape)
+
+
+def meta_shape(text: object) -> tuple[int, ...]:
+    """The shape written by :func:`shape_meta`."""
+    return tuple(int(n) for n in str(text).split(",") if n)
+
+
+@dataclass(frozen=True)
+class BilinearSpec:
+    """Public description of one shared product ``op(x, weight_operand(W))`` of a masked layer.
+
+    ``triple``: the header of the dealer request for its Beaver triple (the operation and the
+    operand shapes, see :func:`vflbench.mpc.dealer.issue_from_meta`); ``bias_view``: how the bias
+    share enters the product's output (``None``: no bias term, the backward pass).
+    """
+
+    triple: Meta
+    op: BilinearOp
+    weight_operand: Callable[[Tensor], Tensor]
+    bias_view: Callable[[Tensor], Tensor] | None
+
+
+Shape = torch.Size | tuple[int, ...]
+
+
+def layer_spec(geometry: Meta, stage: Stage, operand: Shape, weight: Shape,
+               input_size: tuple[int, int] | None = None) -> BilinearSpec:
+    """The shared product of a masked layer's ``stage`` for an operand of shape ``operand``.
+
+    ``geometry``: ``{"kind": "linear"}`` or ``{"kind": "conv", "stride": "h,w", "padding": "h,w"}``;
+    ``weight``: the weight's shape; ``input_size``: the layer input's spatial size (conv backward).
+    """
+    a = tuple(int(n) for n in operand)
+    w = tuple(int(n) for n in weight)
+    if geometry["kind"] == "linear":
+        out_features, in_features = w
+        if stage == "forward":
+            return BilinearSpec({"op": "matmul", "a": shape_meta(a), "b": shape_meta((in_features, out_features))},
+                                ring_matmul, lambda m: m.t(), lambda b: b)
+        return BilinearSpec({"op": "matmul", "a": shape_meta(a), "b": shape_meta((out_features, in_features))},
+                            ring_matmul, lambda m: m, None)
+    st, pd = meta_shape(geometry["stride"]), meta_shape(geometry["padding"])
+    stride, padding = (st[0], st[1]), (pd[0], pd[1])
+    conv = {"a": shape_meta(a), "b": shape_meta(w), "stride": shape_meta(stride), "padding": shape_meta(padding)}
+    if stage == "forward":
+        return BilinearSpec({"op": "conv2d", **conv}, lambda x, m: ring_conv2d(x, m, stride=stride, padding=padding),
+                            lambda m: m, lambda b: b.view(1, -1, 1, 1))
+    if input_size is None:
+        raise ValueError("the backward product of a convolution needs the input's spatial size")
+    size = (int(input_size[0]), int(input_size[1]))
+    return BilinearSpec({"op": "conv2d_input_grad", **conv, "size": shape_meta(size)},
+                        lambda g, m: ring_conv2d_input_grad(g, m, size, stride=stride, padding=padding),
+                        lambda m: m, None)
+
+
+def add_bias_share(z: Tensor, bias: Tensor | None, spec: BilinearSpec, party: int, truncation: str,
+                   frac_bits: int) -> Tensor:
+    """Truncate (``"secureml"``) and add this party's bias share at the right scale (in place into ``z``)."""
+    if truncation == "secureml":
+        z = truncate_share(z, party, frac_bits)
+        if bias is not None and spec.bias_view is not None:
+            z += spec.bias_view(bias)
+        return z
+    # reveal: the product carries 2f fractional bits, so the bias share is shifted by f (exact in the ring)
+    if bias is not None and spec.bias_view is not None:
+        z += spec.bias_view(bias) << frac_bits
+    return z
 
 
 # -- party-local steps ---------------------------------------------------------------------------

@@ -191,6 +191,11 @@ class Endpoint:
         return Message(kind, self.owner, receiver, first, NO_IDS if ids is None else ids, epoch, step, phase,
                        tuple(rest), dict(meta or {}), role)  # type: ignore[arg-type]
 
+    @property
+    def stats(self) -> Mapping[str, CommStats]:
+        """The traffic counted so far, per phase (read only; e.g. a defense reporting its own kinds)."""
+        return self._channel.stats
+
     def call(self, kind: str, receiver: str, *tensors: Tensor, meta: Mapping[str, Scalar] | None = None,
              ids: Tensor | None = None, epoch: int = -1, step: int = -1, phase: Phase = "train") -> Message:
         """Send a request to ``receiver`` and return its reply (its handler for ``kind``'s namespace answers)."""
@@ -210,8 +215,3 @@ class Endpoint:
     def take(self, kind: str, sender: str) -> Message:
         """The oldest message of ``kind`` from ``sender`` in this party's mailbox (an error if there is none)."""
         return self._channel._take(self.owner, sender, kind)
-
-    @property
-    def stats(self) -> Mapping[str, CommStats]:
-        """The channel's traffic counters by phase (for a party's own reports; read, never written)."""
-        return self._channel.stats

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
@@ -32,7 +32,7 @@ class ModelCompletion(Attack):
     """
 
     name = "model_completion"
-    reads = ("bottom_model",)
+    reads: ClassVar[tuple[str, ...]] = ("bottom_model",)
     phase = "post_training"
     paper = "Fu et al., Label Inference Attacks Against VFL (USENIX Security 2022); VMask Alg. 3; Kang et al. §6.2"
     threat = "honest-but-curious passive party holding a few labelled samples (T1)"

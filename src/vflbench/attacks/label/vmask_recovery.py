@@ -14,7 +14,7 @@ is a linear equation in ``R``:
   it when the output width is at most ``B``; the first layer gets no input gradient).
 
 The attack records these through each masked layer's declared observation point
-(:class:`~vflbench.mpc.layers.ObservationPoint`), folding the first ``max_openings`` openings of
+(:class:`~vflbench.mpc.observation.ObservationPoint`), folding the first ``max_openings`` openings of
 each stage of a layer's final masking episode into normal equations, each equation weighted by
 the inverse square of its rounding step (so both channels are in the same units). It then solves
 both channels jointly by least squares: ``A_b R + R A_f = C`` with ``A_f`` the forward normal
@@ -36,17 +36,17 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from vflbench.attacks.base import LabelInference, LabelMetric, PartyView, Prior
 from vflbench.attacks.label.model_completion import ModelCompletion
 from vflbench.attacks.registry import ATTACKS
-from vflbench.defenses.vmask import AttackerBottom, MaskableLayer, VMaskBottom
-from vflbench.mpc.layers import Opening
+from vflbench.mpc.masking import AttackerBottom, MaskableLayer, VMaskBottom
+from vflbench.mpc.observation import Opening
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def transposed_patches(g: Tensor, kernel: tuple[int, int], stride: tuple[int, in
 class LayerRecorder:
     """P_k's record of one masked layer's final masking episode, as normal equations in ``R``.
 
-    An observer of the layer's :class:`~vflbench.mpc.layers.ObservationPoint`: it keeps P_k's weight
+    An observer of the layer's :class:`~vflbench.mpc.observation.ObservationPoint`: it keeps P_k's weight
     before masking and its share at masking, and folds every forward and backward opening (up to
     ``max_openings`` each) into weighted normal equations. A new masking starts a new episode.
     """
@@ -170,7 +170,9 @@ class LayerRecorder:
             return g, dx - g @ w
         stride, padding = self.config["stride"], self.config["padding"]
         resid = dx - torch.nn.grad.conv2d_input(dx.shape, w, g, stride=stride, padding=padding)
-        design = transposed_patches(g, tuple(w.shape[2:]), stride, padding, tuple(dx.shape[2:]))
+        kh, kw = w.shape[2:]
+        height, width = dx.shape[2:]
+        design = transposed_patches(g, (kh, kw), stride, padding, (height, width))
         return design, resid.permute(0, 2, 3, 1).reshape(-1, dx.shape[1])
 
 
@@ -190,7 +192,7 @@ class LayerRecovery:
     determined_fraction: float
     solvable: bool
     used: str
-    evaluation_only: dict[str, float] | None = None
+    evaluation_only: dict[str, float | None] | None = None
 
 
 def _threshold(*eigs: Tensor) -> float:
@@ -278,7 +280,7 @@ class VMaskWeightRecovery(ModelCompletion):
     """
 
     name = "vmask_weight_recovery"
-    reads = ("bottom_model", "masked_layer_openings")
+    reads: ClassVar[tuple[str, ...]] = ("bottom_model", "masked_layer_openings")
     shares_draws_with = "model_completion"
     paper = ("adaptive attack on Tan et al., VMask (NDSS 2025), Algorithm 5 / §IV-D; then Fu et al. model "
              "completion (USENIX Security 2022)")
@@ -318,7 +320,7 @@ class VMaskWeightRecovery(ModelCompletion):
     def infer(self, view: PartyView) -> LabelInference:  # noqa: D102
         bottom = view.bottom()
         masked = bottom.masked if isinstance(bottom, AttackerBottom) else ()
-        reports = [self._recover(bottom, name) for name in masked]
+        reports = [self._recover(bottom, name) for name in masked] if isinstance(bottom, AttackerBottom) else []
         result = self.complete(view, bottom)
         result.details.update(attacker_view="recovered" if masked else "plain",
                               layers=[asdict(r) for r in reports],
@@ -330,6 +332,7 @@ class VMaskWeightRecovery(ModelCompletion):
         """Replace the stand-in of masked layer ``name`` by the recovered weights; report it."""
         layer, rec = self.recorders_[name]
         target = bottom.inner.get_submodule(name)
+        assert isinstance(target, (nn.Linear, nn.Conv2d))
         shares = layer.own_shares()
         frac = layer.shared.frac_bits if layer.shared is not None else 16
         if not rec.open:
