@@ -13,7 +13,7 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 TORCH_INDEX_ARGS := $(if $(strip $(TORCH_INDEX)),--index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple,)
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test test-fast lint typecheck venv clean
 
 venv: $(STAMP)
 
@@ -30,8 +30,15 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
+# The core tests (everything not marked slow), for a developer's edit loop: under a minute.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy src
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
