@@ -35,6 +35,8 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
                   help="Train, attack, defend and evaluate vertical federated learning.")
 datasets_app = typer.Typer(no_args_is_help=True, help="Dataset utilities.")
 app.add_typer(datasets_app, name="datasets")
+net_app = typer.Typer(no_args_is_help=True, help="Parties across processes and machines (the `net` extra).")
+app.add_typer(net_app, name="net")
 out = Console()
 err = Console(stderr=True)
 
@@ -383,6 +385,26 @@ def datasets_verify(
     out.print(table)
     if any(s.status == "corrupt" for s in statuses):
         raise typer.Exit(1)
+
+
+@net_app.command("provision")
+def net_provision(
+    directory: Annotated[Path, typer.Argument(help="new directory for the CA and the parties' certificates")],
+    parties: Annotated[str, typer.Option("--parties", help="party names, e.g. active,passive_1,dealer")],
+    project: Annotated[str, typer.Option("--project", help="project name written into the certificates")] = "vflbench",
+    days: Annotated[int, typer.Option("--days", help="validity of the certificates in days")] = 365,
+) -> None:
+    """Write a per-project CA and one certificate and key per party, for mutual TLS between parties."""
+    try:
+        from vflbench.net.provision import provision
+    except ImportError as exc:
+        raise VFLBenchError(f"`vflbench net` needs the net extra ({exc.name} is missing): "
+                            "pip install 'vflbench[net]'") from None
+    names = [p.strip() for p in parties.split(",") if p.strip()]
+    provision(directory, names, project=project, days=days)
+    out.print(f"wrote the CA of project {project!r} to {directory / 'ca.pem'} (its key, ca-key.pem, stays with you) "
+              f"and one directory per party: {', '.join(str(directory / n) for n in names)}; give each party only "
+              "its own directory", soft_wrap=True)
 
 
 class Interrupted(BaseException):
