@@ -5,7 +5,7 @@ A frame is ``magic | version | header length | msgpack header | raw tensor buffe
     b"VFLB"  u8 version  u32 header length (little-endian)  header  ids buffer  tensor buffers...
 
 The header is a msgpack map with exactly these keys: ``type`` (``message``, or the control
-frames ``hello``, ``abort`` and ``bye``), ``kind``, ``receiver``, ``run``, ``epoch``, ``step``,
+frames ``hello``, ``ready``, ``abort`` and ``bye``), ``kind``, ``receiver``, ``run``, ``epoch``, ``step``,
 ``phase``, ``role``, ``call`` (the caller's number of a request, echoed by its reply), ``meta``
 (a flat map of scalars), ``ids`` and ``tensors`` (per tensor its ``dtype``, ``shape`` and
 ``nbytes``). Buffers are the tensors' bytes in little-endian order, back to back.
@@ -47,7 +47,7 @@ MAX_TENSORS = 64
 MAX_NDIM = 8
 MAX_META = 64
 MAX_STR = 4096
-FRAME_TYPES = ("message", "hello", "abort", "bye")
+FRAME_TYPES = ("message", "hello", "ready", "abort", "bye")
 PHASES = ("train", "eval", "setup")
 ROLES = ("send", "request", "reply")
 #: The dtypes a tensor may have on the wire (name -> torch dtype); anything else is refused.

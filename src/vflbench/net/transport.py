@@ -171,6 +171,7 @@ class NetChannel:
         self._links: dict[str, _Link] = {}
         self._greeted: set[str] = set()
         self._said_bye: set[str] = set()
+        self._ready: set[str] = set()
         self._refused: dict[str, str] = {}
         self._mailbox: dict[tuple[str, str], deque[Message]] = defaultdict(deque)
         self._replies: dict[tuple[str, int], Message] = {}
@@ -240,27 +241,36 @@ class NetChannel:
         return self._address
 
     def start(self) -> NetChannel:
-        """Listen, dial, and wait at the start-up barrier until every peer has greeted (``start_timeout``)."""
+        """Listen, dial, and wait at the start-up barrier (``start_timeout``): until every peer has greeted and every
+        listener this party dialled has reported all of its own peers linked (a ``ready`` frame), so that no party
+        starts work while another is still missing."""
         try:
             self.listen()
             for peer in self.dials:
                 self._dial(peer)
             deadline = time.monotonic() + self.options.start_timeout
+            announced = False
             with self._cond:
-                while set(self.peers) - self._greeted and self._failure is None:
+                while self._failure is None:
+                    if not announced and set(self.accepts) <= self._greeted:
+                        for peer in self.accepts:
+                            self._put(self._links[peer], Frame("ready", receiver=peer, run=self.run))
+                        announced = True
+                    if set(self.peers) <= self._greeted and set(self.dials) <= self._ready:
+                        break
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
                     self._cond.wait(remaining)
                 if self._failure is not None:
                     raise self._failure
-                missing = [p for p in self.peers if p not in self._greeted]
+                missing = [f"{p} ({self._expectation(p)})" for p in self.peers if p not in self._greeted]
+                missing += [f"{p} (linked, but {p} still waits for its other peers)" for p in self.dials
+                            if p in self._greeted and p not in self._ready]
             if missing:
-                raise BarrierTimeout(f"start-up barrier of {self.name}: no greeting within "
-                                     f"{self.options.start_timeout:g} s from " + "; ".join(
-                                         f"{p} ({self._expectation(p)}"
-                                         f"{', refused: ' + self._refused[p] if p in self._refused else ''})"
-                                         for p in missing))
+                refused = "".join(f"; refused a link from {who}: {why}" for who, why in self._refused.items())
+                raise BarrierTimeout(f"start-up barrier of {self.name}: not ready within "
+                                     f"{self.options.start_timeout:g} s: " + "; ".join(missing) + refused)
         except BaseException as exc:
             self.abort(f"start-up failed: {exc}")
             raise
@@ -269,8 +279,8 @@ class NetChannel:
 
     def _expectation(self, peer: str) -> str:
         if peer in self.dials:
-            return f"dialled at {self.addresses[peer]}"
-        return f"expected to dial in at {self._address}"
+            return f"no greeting; dialled at {self.addresses[peer]}"
+        return f"no greeting; expected to dial in at {self._address}"
 
     def _dial(self, peer: str) -> None:
         link = _Link(peer)
@@ -301,8 +311,10 @@ class NetChannel:
             first = next(frames)
         except (StopIteration, grpc.RpcError):
             return
+        claimed: Any = None
         try:
             hello = decode(first, max_bytes=self.options.max_frame_bytes)
+            claimed = hello.meta.get("party")
             peer = self._check_hello(hello, certified)
             if peer not in self.accepts:
                 raise ProtocolError(f"{self.name} accepts links from {', '.join(self.accepts)}, not from {peer}")
@@ -310,17 +322,20 @@ class NetChannel:
                 if peer in self._links:
                     raise ProtocolError(f"{peer} is already linked to {self.name}")
                 link = _Link(peer)
+                # the greeting goes out first: once the link is listed, this party's thread may send on it
+                self._put(link, Frame("hello", receiver=peer, run=self.run,
+                                      meta={"party": self.name, "version": VERSION}))
                 self._links[peer] = link
+                self._greeted.add(peer)
+                self._cond.notify_all()
         except (ProtocolError, ConfigError) as exc:
-            who = certified or "an unnamed peer"
+            who = certified or (claimed if isinstance(claimed, str) else "an unnamed peer")
             log.error("party %s refused a link from %s: %s", self.name, who, exc)
             with self._cond:
-                self._refused[who] = str(exc)
+                self._refused[who[:64]] = str(exc)
             context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
             return
         self._count_in(peer, len(first))
-        self._greet(peer)
-        self._put(link, Frame("hello", receiver=peer, run=self.run, meta={"party": self.name, "version": VERSION}))
         context.add_callback(lambda: link.outbox.put(None))
         threading.Thread(target=self._read, args=(link, frames), name=f"vfl-{self.name}-from-{peer}",
                          daemon=True).start()
@@ -377,8 +392,11 @@ class NetChannel:
             return
         except grpc.RpcError as exc:
             details = exc.details() if hasattr(exc, "details") else str(exc)  # type: ignore[attr-defined]
-            code = exc.code().name if hasattr(exc, "code") else "?"  # type: ignore[attr-defined]
-            self._lost(peer, f"link lost ({code}: {details})")
+            code = exc.code() if hasattr(exc, "code") else None  # type: ignore[attr-defined]
+            if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+                self._fail(ProtocolError(f"{peer} refused the link from {self.name}: {details}"))
+            else:
+                self._lost(peer, f"link lost ({getattr(code, 'name', '?')}: {details})")
             return
         except Exception as exc:  # a bug here must not leave the party's thread waiting forever
             log.exception("party %s: reading from %s failed", self.name, peer)
@@ -424,6 +442,13 @@ class NetChannel:
         with self._cond:
             if peer not in self._greeted:
                 raise ProtocolError(f"{peer} sent a {frame.type!r} frame before its greeting")
+        if frame.type == "ready":
+            if peer not in self.dials:
+                raise ProtocolError(f"{peer} dialled {self.name}, so only {self.name} reports the links ready")
+            with self._cond:
+                self._ready.add(peer)
+                self._cond.notify_all()
+            return
         if frame.type == "bye":
             with self._cond:
                 self._said_bye.add(peer)
