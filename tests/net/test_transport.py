@@ -243,6 +243,7 @@ def test_a_failing_party_aborts_its_peers_naming_itself_and_its_step(certs):
         err = r[name]
         assert isinstance(err, PeerFailed) and err.party == "passive_1" and (err.epoch, err.step) == (0, 1), err
         assert "passive_1 failed at epoch 0 step 1: RuntimeError: out of memory in the bottom model" in str(err)
+    assert str(r["dealer"]).endswith("model, passed on by active (noticed by dealer)"), r["dealer"]
 
 
 KILLED_PASSIVE = textwrap.dedent("""

@@ -667,8 +667,9 @@ class NetChannel:
         if self._closed:
             return
         origin, epoch, step = self.name, *self._position
-        if isinstance(self._failure, PeerFailed):
-            origin, epoch, step = self._failure.party, self._failure.epoch, self._failure.step
+        if isinstance(self._failure, PeerFailed):  # pass on the first failure, not this party's report of it
+            failure = self._failure
+            origin, epoch, step, reason = failure.party, failure.epoch, failure.step, failure.reason
         log.error("party %s aborts: %s", self.name, reason)
         with self._cond:
             links = list(self._links.values())
