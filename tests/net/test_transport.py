@@ -217,7 +217,7 @@ def test_the_sender_checks_the_policy_too_and_the_dealer_only_replies(certs):
 
 
 def test_a_failing_party_aborts_its_peers_naming_itself_and_its_step(certs):
-    ch = build(certs, ["active", "passive_1", "dealer"])
+    ch = build(certs, ["active", "passive_1", "passive_2", "dealer"])
 
     def dealer():
         with ch["dealer"] as c:
@@ -229,21 +229,29 @@ def test_a_failing_party_aborts_its_peers_naming_itself_and_its_step(certs):
             for step in range(3):
                 c.receive("embedding", "passive_1", epoch=0, step=step)
 
-    def passive():
+    def passive_1():
         with ch["passive_1"] as c:
             for step in range(2):
                 c.send(Message("embedding", "passive_1", "active", torch.ones(1), torch.arange(1), 0, step))
             raise RuntimeError("out of memory in the bottom model")
 
+    def passive_2():
+        with ch["passive_2"] as c:
+            c.receive("cut_gradient", "active", epoch=0, step=0)
+
     tic = time.monotonic()
-    r = run_parties({"dealer": dealer, "active": active, "passive_1": passive})
+    r = run_parties({"dealer": dealer, "active": active, "passive_1": passive_1, "passive_2": passive_2})
     assert time.monotonic() - tic < 5
     assert isinstance(r["passive_1"], RuntimeError)
-    for name in ("active", "dealer"):  # the dealer hears it from the active party, which passes it on
+    for name in ("active", "dealer", "passive_2"):
         err = r[name]
         assert isinstance(err, PeerFailed) and err.party == "passive_1" and (err.epoch, err.step) == (0, 1), err
         assert "passive_1 failed at epoch 0 step 1: RuntimeError: out of memory in the bottom model" in str(err)
-    assert str(r["dealer"]).endswith("model, passed on by active (noticed by dealer)"), r["dealer"]
+    # passive_2 has no link to passive_1: it hears of the failure from the active party or the dealer, which pass
+    # it on (whichever is first)
+    text = str(r["passive_2"])
+    assert text.endswith(("model, passed on by active (noticed by passive_2)",
+                          "model, passed on by dealer (noticed by passive_2)")), text
 
 
 KILLED_PASSIVE = textwrap.dedent("""

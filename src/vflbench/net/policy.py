@@ -16,6 +16,9 @@ kinds                          from                  to                      as
 ``dealer.*``                   passive, active       dealer                  request
 ``dealer.*``                   dealer                passive, active         reply
 =============================  ====================  ======================  ====================
+
+:data:`vflbench.net.party.REMOTE_PASSIVE_RULES` adds the requests with which the active party drives
+a passive party in another process (``passive.*``: requests active -> passive, replies back).
 """
 
 from __future__ import annotations

@@ -540,9 +540,10 @@ class NetChannel:
 
     def _put(self, link: _Link, frame: Frame) -> None:
         data = encode(frame)
-        w = self.wire[link.peer]
-        w.frames_sent += 1
-        w.bytes_sent += len(data)
+        with self._cond:  # the party's thread and a server thread may both send (a greeting, a refusal)
+            w = self.wire[link.peer]
+            w.frames_sent += 1
+            w.bytes_sent += len(data)
         link.outbox.put(data)
 
     def _transmit(self, message: Message, call: int = 0) -> Message:
