@@ -116,7 +116,7 @@ def _tensor_bytes(t: Tensor) -> tuple[dict[str, Any], memoryview]:
     if name is None:
         raise NetError(f"a tensor of dtype {t.dtype} cannot be sent; the wire carries {', '.join(DTYPES)}")
     raw = t.reshape(-1).view(torch.uint8).numpy()
-    return {"dtype": name, "shape": list(t.shape), "nbytes": int(raw.nbytes)}, memoryview(raw)
+    return {"dtype": name, "shape": list(t.shape), "nbytes": int(raw.nbytes)}, raw.data
 
 
 def encode(frame: Frame) -> bytes:

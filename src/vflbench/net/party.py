@@ -88,14 +88,14 @@ class _Served:
     def __call__(self, request: Message) -> Message:
         if request.kind == "passive.forward":
             split, train = request.meta.get("split"), request.meta.get("train")
-            if split not in self.rows or not isinstance(train, bool):
+            if not isinstance(split, str) or split not in self.rows or not isinstance(train, bool):
                 raise ProtocolError(f"passive.forward needs meta split in {sorted(self.rows)} and a bool train, got "
                                     f"{request.meta}")
             ids = request.ids
             if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.rows[split]):
                 raise ProtocolError(f"passive.forward asks for rows outside 0..{self.rows[split] - 1} of {split}")
-            out = self.party.forward(ids, epoch=request.epoch, step=request.step, split=split,  # type: ignore[arg-type]
-                                     train=train)
+            out = self.party.forward(ids, epoch=request.epoch, step=request.step,
+                                     split="train" if split == "train" else "test", train=train)
             self.pending = tuple(out.shape) if train else self.pending
             return request.reply(out)
         if request.kind == "passive.backward":
