@@ -87,3 +87,16 @@ def test_party_run_refuses_what_it_cannot_run_yet():
     cfg = build_config({**RAW, "defenses": [{"name": "vmask"}]})
     with pytest.raises(ConfigError, match="cannot run defenses .vmask."):
         check_party_config(cfg)
+
+
+def test_party_run_reports_bad_input_in_one_paragraph(tmp_path, cli):
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump({**RAW, "defenses": [{"name": "vmask"}]}))
+    proc = cli("party", "run", str(tmp_path / "exp.yaml"), "--party", "active", "--address", "active=127.0.0.1:0",
+               "--insecure")
+    assert proc.returncode == 2 and "cannot run defenses (vmask) yet" in proc.stderr
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(RAW))
+    proc = cli("party", "run", str(tmp_path / "exp.yaml"), "--party", "active", "--address", "active", "--insecure")
+    assert proc.returncode == 2 and "--address takes NAME=HOST:PORT, got 'active'" in proc.stderr
+    proc = cli("party", "run", str(tmp_path / "exp.yaml"), "--party", "passive_1", "--address",
+               "active=10.0.0.1:7000", "--insecure")
+    assert proc.returncode == 2 and "loopback addresses only" in proc.stderr
