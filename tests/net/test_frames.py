@@ -232,3 +232,15 @@ def test_hostile_frames_never_reach_the_unpickler():
     assert "REFUSED 8 8 NET 3 FOUND 0" in lines, proc.stdout + proc.stderr[-3000:]
     assert sum("refused a frame from passive_1" in line for line in lines) == 3, proc.stdout
     assert "CONTROL 1" in lines, proc.stdout
+
+
+def test_the_sender_refuses_what_the_receiver_would_refuse_and_sends_numpy_scalars_as_numbers():
+    import numpy as np
+
+    ok = Message("embedding", "passive_1", "active", torch.ones(1), meta={"loss": np.float64(0.5), "n": np.int64(3)})
+    meta = decode(encode(Frame.of(ok, run="r"))).meta
+    assert meta == {"loss": 0.5, "n": 3} and type(meta["loss"]) is float and type(meta["n"]) is int
+    with pytest.raises(ProtocolError, match="cannot send this frame: 'meta' value 'x'"):
+        encode(Frame.of(Message("embedding", "passive_1", "active", torch.ones(1), meta={"x": [1]}), run="r"))
+    with pytest.raises(ProtocolError, match="cannot send this frame: frame header field 'kind'"):
+        encode(Frame.of(Message("bad kind!", "passive_1", "active", torch.ones(1)), run="r"))

@@ -23,11 +23,12 @@ are built from raw buffers.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 import struct
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgpack
@@ -119,6 +120,17 @@ def _tensor_bytes(t: Tensor) -> tuple[dict[str, Any], memoryview]:
     return {"dtype": name, "shape": list(t.shape), "nbytes": int(raw.nbytes)}, raw.data
 
 
+def _plain(value: Any) -> Any:
+    """A numpy integer or float (or a subclass of int or float) as the plain Python number the header allows."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
+
+
 def encode(frame: Frame) -> bytes:
     """The bytes of ``frame``."""
     _check_byte_order()
@@ -128,11 +140,18 @@ def encode(frame: Frame) -> bytes:
         spec, buf = _tensor_bytes(t)
         specs.append(spec)
         bufs.append(buf)
-    header = msgpack.packb({
-        "type": frame.type, "kind": frame.kind, "receiver": frame.receiver, "run": frame.run,
-        "epoch": int(frame.epoch), "step": int(frame.step), "phase": frame.phase, "role": frame.role,
-        "call": int(frame.call), "meta": dict(frame.meta), "ids": ids_spec, "tensors": specs,
-    }, use_bin_type=True)
+    fields = {"type": frame.type, "kind": frame.kind, "receiver": frame.receiver, "run": frame.run,
+              "epoch": _plain(frame.epoch), "step": _plain(frame.step), "phase": frame.phase, "role": frame.role,
+              "call": _plain(frame.call), "meta": {k: _plain(v) for k, v in frame.meta.items()}, "ids": ids_spec,
+              "tensors": specs}
+    try:  # the receiver would refuse it: fail here, naming the field, before anything is sent
+        _check_header(fields)
+    except ProtocolError as exc:
+        raise ProtocolError(f"cannot send this frame: {exc}") from None
+    header = msgpack.packb(fields, use_bin_type=True)
+    if len(header) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"cannot send this frame: its header takes {len(header)} bytes, over the limit of "
+                            f"{MAX_HEADER_BYTES}")
     return b"".join([_PREFIX.pack(MAGIC, VERSION, len(header)), header, ids_buf, *bufs])
 
 
@@ -206,6 +225,36 @@ def _spec(value: Any, what: str) -> tuple[torch.dtype, tuple[int, ...], int]:
     return dtype, tuple(shape), nbytes
 
 
+_Spec = tuple[torch.dtype, tuple[int, ...], int]
+
+
+def _check_header(header: Any) -> tuple[Frame, list[_Spec]]:
+    """The header's fields (as a frame without tensors) and its tensor descriptions (ids first), after every check
+    of the schema; :class:`ProtocolError` otherwise."""
+    if type(header) is not dict or set(header) != _HEADER_KEYS:
+        keys = sorted(map(str, header)) if type(header) is dict else _show(header)
+        raise ProtocolError(f"frame header must be a map with exactly the keys {', '.join(sorted(_HEADER_KEYS))}; "
+                            f"got {keys}")
+    ftype = _choice(header, "type", FRAME_TYPES)
+    kind = _str(header, "kind", _KIND if ftype == "message" else _KIND_OR_EMPTY)
+    receiver = _str(header, "receiver", _NAME, limit=64)
+    run = _str(header, "run", _RUN)
+    epoch, step = _int(header, "epoch", _POSITION), _int(header, "step", _POSITION)
+    phase, role = _choice(header, "phase", PHASES), _choice(header, "role", ROLES)
+    call = _int(header, "call", (0, 2**62))
+    meta = _meta(header["meta"])
+    specs = header["tensors"]
+    if type(specs) is not list or len(specs) > MAX_TENSORS or (ftype == "message" and not specs):
+        raise ProtocolError(f"frame header field 'tensors' must list 1 to {MAX_TENSORS} tensor descriptions for a "
+                            f"message (0 or more for control frames), got {_show(specs)}")
+    ids_spec = _spec(header["ids"], "ids")
+    if ids_spec[0] != torch.int64 or len(ids_spec[1]) != 1:
+        raise ProtocolError(f"ids must be a 1-d int64 tensor, got {ids_spec[0]} of shape {ids_spec[1]}")
+    parsed = [ids_spec, *(_spec(s, f"tensor {i}") for i, s in enumerate(specs))]
+    frame = Frame(ftype, kind, receiver, run, epoch, step, phase, role, call, meta)
+    return frame, parsed
+
+
 def decode(data: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Frame:
     """The frame in ``data``, after every check (see the module docstring); :class:`ProtocolError` otherwise."""
     _check_byte_order()
@@ -230,26 +279,7 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX
         raise
     except Exception as exc:  # msgpack raises several types for malformed input; all mean the same here
         raise ProtocolError(f"frame header is not valid msgpack: {type(exc).__name__}: {exc}") from None
-    if type(header) is not dict or set(header) != _HEADER_KEYS:
-        keys = sorted(map(str, header)) if type(header) is dict else _show(header)
-        raise ProtocolError(f"frame header must be a map with exactly the keys {', '.join(sorted(_HEADER_KEYS))}; "
-                            f"got {keys}")
-    ftype = _choice(header, "type", FRAME_TYPES)
-    kind = _str(header, "kind", _KIND if ftype == "message" else _KIND_OR_EMPTY)
-    receiver = _str(header, "receiver", _NAME, limit=64)
-    run = _str(header, "run", _RUN)
-    epoch, step = _int(header, "epoch", _POSITION), _int(header, "step", _POSITION)
-    phase, role = _choice(header, "phase", PHASES), _choice(header, "role", ROLES)
-    call = _int(header, "call", (0, 2**62))
-    meta = _meta(header["meta"])
-    specs = header["tensors"]
-    if type(specs) is not list or len(specs) > MAX_TENSORS or (ftype == "message" and not specs):
-        raise ProtocolError(f"frame header field 'tensors' must list 1 to {MAX_TENSORS} tensor descriptions for a "
-                            f"message (0 or more for control frames), got {_show(specs)}")
-    ids_spec = _spec(header["ids"], "ids")
-    if ids_spec[0] != torch.int64 or len(ids_spec[1]) != 1:
-        raise ProtocolError(f"ids must be a 1-d int64 tensor, got {ids_spec[0]} of shape {ids_spec[1]}")
-    parsed = [ids_spec, *(_spec(s, f"tensor {i}") for i, s in enumerate(specs))]
+    base, parsed = _check_header(header)
     offset = _PREFIX.size + header_len
     if offset + sum(p[2] for p in parsed) != len(view):
         raise ProtocolError(f"frame of {len(view)} bytes does not match its header ({header_len} header bytes and "
@@ -265,4 +295,4 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX
                                     "than 0 and 1")
         tensors.append(t)
         offset += nbytes
-    return Frame(ftype, kind, receiver, run, epoch, step, phase, role, call, meta, tensors[0], tuple(tensors[1:]))
+    return replace(base, ids=tensors[0], tensors=tuple(tensors[1:]))
