@@ -367,3 +367,57 @@ def test_the_dealer_never_plays_the_active_party_and_passive_parties_only_dial_o
         c.abort("test over")
     with pytest.raises(ProtocolError, match=r"active \(active\) may not send 'dealer.triple' as a reply"):
         Policy().check("dealer.triple", "active", "passive_1", "reply")
+
+
+def two_party_protocol(active: Endpoint, passive: Endpoint) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """A protocol written once against Endpoint (post/take, call/serve with a nested request): the active party's
+    and the passive party's code."""
+    def active_code() -> None:
+        def secure(request: Message) -> Message:
+            inner = active.call("vmask.mask", "passive_1", request.payload * 2, epoch=request.epoch,
+                                step=request.step)
+            return request.reply(inner.payload + 1, meta={"layer": request.meta["layer"]})
+
+        active.serve("vmask", secure)
+        active.post("gradient_scrutinizer.labels", "passive_1", torch.tensor([1, 0, 1]))
+
+    def passive_code() -> tuple[Any, ...]:
+        passive.serve("vmask", lambda r: r.reply(r.payload - 3))
+        labels = passive.take("gradient_scrutinizer.labels", "active").payload
+        outs = [passive.call("vmask.layer", "active", torch.full((2, 2), float(step)), meta={"layer": step},
+                             epoch=0, step=step) for step in range(3)]
+        return labels, [(o.payload, dict(o.meta)) for o in outs]
+
+    return active_code, passive_code
+
+
+def test_code_written_against_endpoint_runs_the_same_in_one_process_and_over_the_network(certs):
+    from vflbench.protocol.channel import Channel
+
+    local = Channel(["active", "passive_1"])
+    active_code, passive_code = two_party_protocol(local.endpoint("active"), local.endpoint("passive_1"))
+    active_code()
+    expected = passive_code()
+
+    ch = build(certs, ["active", "passive_1"])
+    active_code, passive_code = two_party_protocol(ch["active"].endpoint("active"),
+                                                   ch["passive_1"].endpoint("passive_1"))
+
+    def active() -> None:
+        with ch["active"] as c:
+            active_code()
+            c.serve_forever(timeout=10)
+
+    def passive() -> Any:
+        with ch["passive_1"]:
+            return passive_code()
+
+    r = run_parties({"active": active, "passive_1": passive})
+    assert r["active"] is None, r
+    labels, outs = r["passive_1"]
+    assert torch.equal(labels, expected[0])
+    assert len(outs) == 3 and all(torch.equal(a[0], b[0]) and a[1] == b[1] for a, b in zip(outs, expected[1],
+                                                                                                 strict=True))
+    # each party's network counters equal the one-process channel's (a 2-party run: every message involves both)
+    for name in ("active", "passive_1"):
+        assert {k: v.as_dict() for k, v in ch[name].stats.items()} == {k: v.as_dict() for k, v in local.stats.items()}
