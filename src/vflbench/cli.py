@@ -432,7 +432,7 @@ def party_run(
     except ImportError as exc:
         raise VFLBenchError(f"`vflbench party` needs the net extra ({exc.name} is missing): "
                             "pip install 'vflbench[net]'") from None
-    from vflbench.config import load_config
+    from vflbench.experiment.config import load_config
 
     cfg = load_config(config, set_ or []).resolved()
     check_party_config(cfg)

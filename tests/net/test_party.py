@@ -15,10 +15,10 @@ import yaml
 pytest.importorskip("grpc")
 pytest.importorskip("cryptography")
 
-from vflbench.config import build_config  # noqa: E402
 from vflbench.errors import ConfigError  # noqa: E402
-from vflbench.eval.run import train_run  # noqa: E402
-from vflbench.eval.scenario import load_vertical_data  # noqa: E402
+from vflbench.experiment.config import build_config  # noqa: E402
+from vflbench.experiment.run import train_run  # noqa: E402
+from vflbench.experiment.scenario import load_vertical_data  # noqa: E402
 from vflbench.net import provision  # noqa: E402
 from vflbench.net.party import check_party_config  # noqa: E402
 

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vflbench.config import ExperimentConfig
 from vflbench.errors import ConfigError
+from vflbench.experiment.config import ExperimentConfig
 from vflbench.net.errors import ProtocolError
 from vflbench.net.policy import DEFAULT_RULES, Policy, Rule
 from vflbench.net.transport import NetChannel
@@ -146,9 +146,9 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
     """Run ``party``'s side of ``cfg`` over ``channel`` (started here, and closed -- or aborted on an error -- before
     returning); returns (and writes to ``out_dir/<party>.json``) its summary with the channel's final counts, and
     saves its models' state dicts under ``out_dir/checkpoints``."""
-    from vflbench.eval.results import write_json
-    from vflbench.eval.run import utility_of
-    from vflbench.eval.scenario import build_federation, load_vertical_data
+    from vflbench.experiment.results import write_json
+    from vflbench.experiment.run import utility_of
+    from vflbench.experiment.scenario import build_federation, load_vertical_data
     from vflbench.rng import generator
 
     cfg = cfg.resolved()
