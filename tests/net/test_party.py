@@ -6,6 +6,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,33 @@ def test_party_run_reports_bad_input_in_one_paragraph(tmp_path, cli):
     proc = cli("party", "run", str(tmp_path / "exp.yaml"), "--party", "passive_1", "--address",
                "active=10.0.0.1:7000", "--insecure")
     assert proc.returncode == 2 and "loopback addresses only" in proc.stderr
+
+
+def test_killing_a_party_mid_training_ends_the_other_within_seconds_naming_it(tmp_path):
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump({**RAW, "train": {**RAW["train"], "epochs": 200}}))
+    port = free_port()
+    env = {"PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+
+    def party(name: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "vflbench.cli", "party", "run", "exp.yaml", "--party", name,
+                                 "--address", f"active=127.0.0.1:{port}", "--insecure", "--start-timeout", "60"],
+                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    active, passive = party("active"), party("passive_1")
+    try:
+        assert active.stderr is not None
+        for line in active.stderr:  # wait until training runs
+            if "links up to passive_1" in line:
+                break
+        time.sleep(1.0)
+        assert active.poll() is None, "the run ended before the kill"
+        passive.kill()
+        tic = time.monotonic()
+        _, err = active.communicate(timeout=30)
+        waited = time.monotonic() - tic
+    finally:
+        active.kill()
+        passive.kill()
+    assert active.returncode == 3, err[-2000:]
+    assert waited < 5, waited
+    assert "error: passive_1 failed at epoch " in err and " step " in err, err[-2000:]
