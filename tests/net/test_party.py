@@ -34,6 +34,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_two_party_processes_over_mtls_train_exactly_the_in_process_model(tmp_path):
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(RAW))
     provision(tmp_path / "certs", ["active", "passive_1"])
@@ -103,6 +104,7 @@ def test_party_run_reports_bad_input_in_one_paragraph(tmp_path, cli):
     assert proc.returncode == 2 and "loopback addresses only" in proc.stderr
 
 
+@pytest.mark.slow
 def test_killing_a_party_mid_training_ends_the_other_within_seconds_naming_it(tmp_path):
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump({**RAW, "train": {**RAW["train"], "epochs": 200}}))
     port = free_port()
