@@ -421,3 +421,56 @@ def test_code_written_against_endpoint_runs_the_same_in_one_process_and_over_the
     # each party's network counters equal the one-process channel's (a 2-party run: every message involves both)
     for name in ("active", "passive_1"):
         assert {k: v.as_dict() for k, v in ch[name].stats.items()} == {k: v.as_dict() for k, v in local.stats.items()}
+
+
+def test_a_listener_with_another_partys_certificate_is_not_taken_for_the_active_party(certs):
+    from concurrent import futures
+
+    import grpc
+
+    released = threading.Event()
+
+    def fake_listener(owner: str) -> tuple[grpc.Server, int, list[bytes]]:
+        """A bare gRPC server presenting ``owner``'s valid project certificate; records what it receives."""
+        seen: list[bytes] = []
+
+        def handler(frames, context):
+            seen.append(next(frames))
+            context.add_callback(released.set)
+            released.wait(5)  # keep the stream open (silent) until the test ends
+            yield from ()
+
+        creds = Credentials.load(certs / "project" / owner)
+        server = grpc.server(futures.ThreadPoolExecutor(2))
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("vflbench.Link", {
+            "Open": grpc.stream_stream_rpc_method_handler(handler)})])
+        port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials(
+            [(creds.key, creds.cert)], root_certificates=creds.ca, require_client_auth=True))
+        server.start()
+        return server, port, seen
+
+    def dial(port: int) -> None:
+        passive = NetChannel(name="passive_1", run=RUN, parties=["active", "passive_1"],
+                             addresses={"active": f"127.0.0.1:{port}"},
+                             credentials=Credentials.load(certs / "project" / "passive_1"),
+                             options=NetOptions(start_timeout=1.5, close_timeout=1))
+        with pytest.raises(BarrierTimeout, match="active .*dialled at 127.0.0.1"):
+            passive.start()
+
+    # the control: a listener with the active party's certificate gets passive_1's greeting
+    server, port, seen = fake_listener("active")
+    try:
+        dial(port)
+    finally:
+        released.set()
+        server.stop(0)
+    released.clear()
+    assert len(seen) == 1 and b"passive_1" in seen[0]
+    # an impostor with passive_2's certificate (valid, same CA) fails the handshake: the dialler pins the name
+    # 'active', so nothing is sent to it
+    server, port, seen = fake_listener("passive_2")
+    try:
+        dial(port)
+    finally:
+        server.stop(0)
+    assert seen == []
