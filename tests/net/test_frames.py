@@ -15,9 +15,9 @@ import torch
 
 pytest.importorskip("msgpack")
 
-from vflbench.net.errors import ProtocolError  # noqa: E402
-from vflbench.net.frames import DTYPES, MAGIC, VERSION, Frame, decode, encode  # noqa: E402
-from vflbench.protocol.messages import Message  # noqa: E402
+from vflbench.net.errors import ProtocolError
+from vflbench.net.frames import DTYPES, MAGIC, VERSION, Frame, decode, encode
+from vflbench.protocol.messages import Message
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 

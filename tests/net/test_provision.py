@@ -12,11 +12,11 @@ import pytest
 
 pytest.importorskip("cryptography")
 
-from cryptography import x509  # noqa: E402
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: E402
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from vflbench.errors import ConfigError  # noqa: E402
-from vflbench.net.provision import Credentials, provision  # noqa: E402
+from vflbench.errors import ConfigError
+from vflbench.net.provision import Credentials, provision
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 

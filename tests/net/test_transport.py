@@ -22,8 +22,8 @@ import torch
 pytest.importorskip("grpc")
 pytest.importorskip("cryptography")
 
-from vflbench.errors import ConfigError  # noqa: E402
-from vflbench.net import (  # noqa: E402
+from vflbench.errors import ConfigError
+from vflbench.net import (
     DEFAULT_RULES,
     BarrierTimeout,
     Credentials,
@@ -35,8 +35,8 @@ from vflbench.net import (  # noqa: E402
     Rule,
     provision,
 )
-from vflbench.protocol.channel import Endpoint  # noqa: E402
-from vflbench.protocol.messages import Message  # noqa: E402
+from vflbench.protocol.channel import Endpoint
+from vflbench.protocol.messages import Message
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 FAST = NetOptions(keepalive_ms=1000, keepalive_timeout_ms=1000, receive_timeout=10, start_timeout=10,
@@ -76,7 +76,7 @@ def run_parties(parties: dict[str, Callable[[], Any]], timeout: float = 20) -> d
     def wrap(name: str, fn: Callable[[], Any]) -> None:
         try:
             results[name] = fn()
-        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+        except BaseException as exc:
             results[name] = exc
 
     threads = [threading.Thread(target=wrap, args=item, daemon=True) for item in parties.items()]
