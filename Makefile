@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH_INDEX_ARGS) "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e ".[dev,cluster,he]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,cluster,he,net]"
 	touch $(STAMP)
 
 demo: $(STAMP)

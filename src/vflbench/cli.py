@@ -35,6 +35,10 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
                   help="Train, attack, defend and evaluate vertical federated learning.")
 datasets_app = typer.Typer(no_args_is_help=True, help="Dataset utilities.")
 app.add_typer(datasets_app, name="datasets")
+net_app = typer.Typer(no_args_is_help=True, help="Parties across processes and machines (the `net` extra).")
+app.add_typer(net_app, name="net")
+party_app = typer.Typer(no_args_is_help=True, help="Run one party of an experiment in this process (the `net` extra).")
+app.add_typer(party_app, name="party")
 out = Console()
 err = Console(stderr=True)
 
@@ -383,6 +387,74 @@ def datasets_verify(
     out.print(table)
     if any(s.status == "corrupt" for s in statuses):
         raise typer.Exit(1)
+
+
+@net_app.command("provision")
+def net_provision(
+    directory: Annotated[Path, typer.Argument(help="new directory for the CA and the parties' certificates")],
+    parties: Annotated[str, typer.Option("--parties", help="party names, e.g. active,passive_1,dealer")],
+    project: Annotated[str, typer.Option("--project", help="project name written into the certificates")] = "vflbench",
+    days: Annotated[int, typer.Option("--days", help="validity of the certificates in days")] = 365,
+) -> None:
+    """Write a per-project CA and one certificate and key per party, for mutual TLS between parties."""
+    try:
+        from vflbench.net.provision import provision
+    except ImportError as exc:
+        raise VFLBenchError(f"`vflbench net` needs the net extra ({exc.name} is missing): "
+                            "pip install 'vflbench[net]'") from None
+    names = [p.strip() for p in parties.split(",") if p.strip()]
+    provision(directory, names, project=project, days=days)
+    out.print(f"wrote the CA of project {project!r} to {directory / 'ca.pem'} (its key, ca-key.pem, stays with you) "
+              f"and one directory per party: {', '.join(str(directory / n) for n in names)}; give each party only "
+              "its own directory", soft_wrap=True)
+
+
+@party_app.command("run")
+def party_run(
+    config: Annotated[Path, typer.Argument(help="experiment YAML (the same file for every party)")],
+    party: Annotated[str, typer.Option("--party", help="this process's party: active or passive_<k>")],
+    address: Annotated[list[str], typer.Option("--address", help="NAME=HOST:PORT of a listening party (the active "
+                                                                 "party's own listening address on its side)")],
+    certs: Annotated[Path | None, typer.Option("--certs", help="this party's directory from `net provision`")] = None,
+    insecure: Annotated[bool, typer.Option("--insecure", help="no TLS (loopback addresses only)")] = False,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override, e.g. train.epochs=5")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="where to write <party>.json and checkpoints")] = None,
+    data_root: Annotated[Path | None, typer.Option("--data-root", help="datasets root")] = None,
+    start_timeout: Annotated[float, typer.Option("--start-timeout", help="seconds to wait for the peers")] = 60.0,
+    receive_timeout: Annotated[float, typer.Option("--receive-timeout", help="seconds a wait may go without "
+                                                                             "progress")] = 120.0,
+) -> None:
+    """Run one party of an experiment, talking to the others over mutual-TLS gRPC (VLR and VHNN without defenses
+    or attacks for now; see docs/deployment.md)."""
+    try:
+        from vflbench.net import Credentials, NetChannel, NetError, NetOptions
+        from vflbench.net.party import check_party_config, party_names, party_policy, run_party
+    except ImportError as exc:
+        raise VFLBenchError(f"`vflbench party` needs the net extra ({exc.name} is missing): "
+                            "pip install 'vflbench[net]'") from None
+    from vflbench.experiment.config import load_config
+
+    cfg = load_config(config, set_ or []).resolved()
+    check_party_config(cfg)
+    addresses = {}
+    for item in address:
+        name, sep, where = item.partition("=")
+        if not sep or not where:
+            raise VFLBenchError(f"--address takes NAME=HOST:PORT, got {item!r}")
+        addresses[name.strip()] = where.strip()
+    channel = NetChannel(name=party, run=cfg.hash(), parties=party_names(cfg), addresses=addresses,
+                         credentials=Credentials.load(certs) if certs is not None else None, insecure=insecure,
+                         policy=party_policy(), options=NetOptions(start_timeout=start_timeout,
+                                                                   receive_timeout=receive_timeout))
+    try:
+        summary = run_party(cfg, party=party, channel=channel, out_dir=out_dir, data_root=data_root)
+    except NetError as exc:
+        err.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(3) from None
+    if "utility" in summary:
+        out.print(f"{party}: test {summary['utility']['metric']} {summary['utility']['value']:.4f}")
+    out.print(f"{party}: done; frames per link: " + ", ".join(
+        f"{k} {v['frames_sent']} sent / {v['frames_received']} received" for k, v in summary["net"]["wire"].items()))
 
 
 class Interrupted(BaseException):
