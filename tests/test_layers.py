@@ -1,7 +1,7 @@
 """The import graph runs one way down the layers (issue 18): a module may import only from its own
 layer or the layers below it. Lazy imports inside functions count too: they are dependencies all the same.
 
-    base (errors, rng, registry) < data, metrics < models < protocol < mpc, he < defenses, attacks
+    base (errors, rng, registry) < data, metrics < models < protocol < mpc, he, net < defenses, attacks
     < experiment < report < api, cli
 """
 
@@ -16,7 +16,7 @@ LAYERS: dict[str, int] = {
     "data": 1, "metrics": 1,
     "models": 2,
     "protocol": 3,
-    "mpc": 4, "he": 4,
+    "mpc": 4, "he": 4, "net": 4,
     "defenses": 5, "attacks": 5,
     "experiment": 6,
     "report": 7,

@@ -427,8 +427,8 @@ def party_run(
     """Run one party of an experiment, talking to the others over mutual-TLS gRPC (VLR and VHNN without defenses
     or attacks for now; see docs/deployment.md)."""
     try:
+        from vflbench.experiment.party import check_party_config, party_names, party_policy, run_party
         from vflbench.net import Credentials, NetChannel, NetError, NetOptions
-        from vflbench.net.party import check_party_config, party_names, party_policy, run_party
     except ImportError as exc:
         raise VFLBenchError(f"`vflbench party` needs the net extra ({exc.name} is missing): "
                             "pip install 'vflbench[net]'") from None

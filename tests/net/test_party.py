@@ -18,10 +18,10 @@ pytest.importorskip("cryptography")
 
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import build_config
+from vflbench.experiment.party import check_party_config
 from vflbench.experiment.run import train_run
 from vflbench.experiment.scenario import load_vertical_data
 from vflbench.net import provision
-from vflbench.net.party import check_party_config
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 RAW = {"data": {"name": "digits", "parties": 2}, "model": {"bottom": "mlp2", "top": "mlp2"},

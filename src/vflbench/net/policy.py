@@ -17,7 +17,7 @@ kinds                          from                  to                      as
 ``dealer.*``                   dealer                passive, active         reply
 =============================  ====================  ======================  ====================
 
-:data:`vflbench.net.party.REMOTE_PASSIVE_RULES` adds the requests with which the active party drives
+:data:`vflbench.experiment.party.REMOTE_PASSIVE_RULES` adds the requests with which the active party drives
 a passive party in another process (``passive.*``: requests active -> passive, replies back).
 """
 
