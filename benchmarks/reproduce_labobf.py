@@ -37,13 +37,13 @@ from vflbench.attacks.base import LabelInference, Scores
 from vflbench.attacks.label.embedding_extension import original_bottom
 from vflbench.attacks.label.mixmatch import MixMatchCompletion
 from vflbench.attacks.label.model_completion import ModelCompletion
-from vflbench.defenses.regularizers import distance_correlation
 from vflbench.experiment.config import load_config
 from vflbench.experiment.plan import validate_attacks
 from vflbench.experiment.run import train_run
 from vflbench.experiment.scenario import load_vertical_data
 from vflbench.experiment.scoring import score_inference
 from vflbench.experiment.views import _view, scratch_models
+from vflbench.metrics.correlation import distance_correlation
 from vflbench.rng import generator
 
 ROOT = Path(__file__).resolve().parents[1]

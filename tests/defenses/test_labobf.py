@@ -16,13 +16,13 @@ from vflbench.defenses.labobf import (
     sum_distribution,
     validate_soft_labels,
 )
-from vflbench.defenses.regularizers import distance_correlation
 from vflbench.errors import CompatibilityError, ConfigError
 from vflbench.experiment.config import build_config
 from vflbench.experiment.plan import validate_attacks
 from vflbench.experiment.run import run_experiment, train_run
 from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
 from vflbench.experiment.scoring import run_attacks
+from vflbench.metrics.correlation import distance_correlation
 from vflbench.protocol import ACTIVE, BindContext
 from vflbench.protocol.objective import default_objective
 

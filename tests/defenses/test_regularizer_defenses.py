@@ -10,15 +10,13 @@ import torch
 from conftest import minimal
 
 from vflbench.defenses import DEFENSES, create_defense
-from vflbench.defenses.regularizers import (
-    PassportLayer,
-    VariationalBottleneck,
-    distance_correlation,
-)
+from vflbench.defenses.bottlenecks import VariationalBottleneck
+from vflbench.defenses.embedding import PassportLayer
 from vflbench.errors import CompatibilityError, ConfigError
 from vflbench.experiment.config import build_config
 from vflbench.experiment.run import run_experiment, train_run
 from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
+from vflbench.metrics.correlation import distance_correlation
 from vflbench.protocol.hooks import BindContext, StepState
 
 NAMES = ["dcor", "mid", "nopeek", "embedding_noise", "fedpass", "precode"]

@@ -41,7 +41,7 @@ def create_defense(name: str, **params: Any) -> Defense:
 
 
 from vflbench.defenses import gradient  # noqa: E402,F401,I001  (register)
-from vflbench.defenses import regularizers  # noqa: E402,F401  (register)
+from vflbench.defenses import correlation, bottlenecks, embedding  # noqa: E402,F401  (register)
 from vflbench.defenses import labels  # noqa: E402,F401  (register)
 from vflbench.defenses import labobf  # noqa: E402,F401  (register)
 from vflbench.defenses import detectors  # noqa: E402,F401  (register)

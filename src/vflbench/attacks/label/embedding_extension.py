@@ -23,7 +23,7 @@ Following Algorithm 1:
   there to fool the host's correlation term).
 
 ``Corr`` is the same distance correlation the ``dcor`` defense uses
-(:func:`vflbench.defenses.regularizers.distance_correlation`, labels one-hot). ``g`` is
+(:func:`vflbench.metrics.correlation.distance_correlation`, labels one-hot). ``g`` is
 initialised from the attacker's own party generator (its own randomness).
 """
 
@@ -50,7 +50,7 @@ from vflbench.attacks.base import (
 )
 from vflbench.attacks.label.model_completion import ModelCompletion
 from vflbench.attacks.registry import ATTACKS
-from vflbench.defenses.regularizers import distance_correlation
+from vflbench.metrics.correlation import distance_correlation
 from vflbench.models import init_parameters
 from vflbench.protocol import PassiveParty
 from vflbench.protocol.hooks import PartyHook
