@@ -88,6 +88,7 @@ def test_init_writes_the_packaged_examples_and_refuses_to_overwrite(tmp_path):
     assert CliRunner().invoke(app, ["init", str(target), "--force"]).exit_code == 0
 
 
+@pytest.mark.slow
 def test_readme_feature_example_leaks_and_embedding_noise_lowers_it(tmp_path):
     """The README's feature-reconstruction example (configs/feature_demo.yaml): both attacks beat the
     mean guess without a defense, and embedding noise (sigma 1) moves both towards it."""

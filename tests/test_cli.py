@@ -29,6 +29,7 @@ def write(tmp_path: Path, raw: dict) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_run_prints_a_table_and_writes_the_run_directory(tmp_path):
     cfg = write(tmp_path, minimal(train={"epochs": 2}, baselines=["alone"]))
     proc = vflbench("run", str(cfg), "--out", str(tmp_path / "runs"), "--set", "seed=3")
@@ -77,6 +78,7 @@ def test_missing_config_file(tmp_path, cli):
     assert proc.returncode == 2 and "does not exist" in proc.stderr
 
 
+@pytest.mark.slow
 def test_list_and_describe(cli):
     proc = cli("list", "datasets")
     assert proc.returncode == 0 and "breast_cancer" in proc.stdout and "mnist" in proc.stdout
@@ -182,6 +184,7 @@ def _alive(pid: int) -> bool:
 linux_only = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
 
 
+@pytest.mark.slow
 def test_sigint_stops_the_sweep_writes_the_summary_and_resume_finishes(tmp_path, cli, sweeps):
     """Old behaviour: the sweep ran every remaining point, wrote no summary of the finished ones and exited 0."""
     cfg, out = _slow_sweep(tmp_path, points=4), tmp_path / "s"
@@ -201,6 +204,7 @@ def test_sigint_stops_the_sweep_writes_the_summary_and_resume_finishes(tmp_path,
     assert len(_finished(out)) == 4 and len(set(pd.read_csv(out / "summary.csv")["config_hash"])) == 4
 
 
+@pytest.mark.slow
 @linux_only
 def test_sigterm_ends_the_workers_and_exits_143(tmp_path, sweeps):
     """Old behaviour: the pool went on with every queued point and the sweep exited 0."""
@@ -215,6 +219,7 @@ def test_sigterm_ends_the_workers_and_exits_143(tmp_path, sweeps):
     assert _all_gone(workers, within=10.0)
 
 
+@pytest.mark.slow
 @linux_only
 def test_workers_exit_when_the_sweep_is_killed(tmp_path, sweeps):
     """Old behaviour: after `kill -9` of the sweep its workers (~500 MB each) lived on forever."""
@@ -256,6 +261,7 @@ def test_output_files_follow_the_umask(tmp_path, umask, mode):
     assert stat.S_IMODE((tmp_path / "result.json").stat().st_mode) == mode
 
 
+@pytest.mark.slow
 def test_sigint_during_run_exits_130(tmp_path, sweeps):
     """Old behaviour: Ctrl-C on `vflbench run` exited 0."""
     cfg = write(tmp_path, minimal(train={"epochs": 200, "batch_size": 16}))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import minimal
 
 from vflbench.experiment.config import build_config
@@ -64,6 +65,7 @@ def test_run_directory_follows_the_results_contract(tmp_path):
         "active.bottom.final.pt", "active.top.final.pt", "passive_1.bottom.final.pt"]
 
 
+@pytest.mark.slow
 def test_mnist_lenet5_one_epoch(real_data_root):
     cfg = build_config(minimal(data={"name": "mnist"}, model={"bottom": "lenet5", "top": "mlp2"},
                                train={"epochs": 1, "batch_size": 128, "threads": 1}))

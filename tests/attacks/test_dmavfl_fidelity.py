@@ -53,6 +53,7 @@ def test_tanh_decoder_is_urvfls_tanh_mapped_onto_the_pixel_range():
         ImageDecoder(16, (1, 8, 4), 8, output="relu")
 
 
+@pytest.mark.slow
 def test_dmavfl_decodes_with_tanh_by_default_and_builds_a_cnn_dac_on_the_embedding_map():
     attack, vd = _attack(dac_map=[1, 4, 4])
     state = attack.state_

@@ -54,6 +54,7 @@ def dmavfl_and_agn():
     return out
 
 
+@pytest.mark.slow
 def test_dmavfl_reconstructs_better_than_agn(dmavfl_and_agn):
     dm, _ = dmavfl_and_agn["dmavfl"]
     agn, _ = dmavfl_and_agn["agn"]
@@ -68,6 +69,7 @@ def test_dmavfl_reconstructs_better_than_agn(dmavfl_and_agn):
     assert dm.details["n_targets"] == 360 and dm.details["split"] == "test"
 
 
+@pytest.mark.slow
 def test_malicious_active_party_never_trains_its_top_model(dmavfl_and_agn):
     for name in ("dmavfl", "agn"):
         _, run = dmavfl_and_agn[name]
@@ -101,6 +103,7 @@ def test_other_malicious_attacks_run_and_report(name):
 # trained alongside reach 0.70-0.75 of the aux-mean guess's MSE (seeds 0-2); with the attack's defaults
 # (aux 1/11 = 131 rows, Adam 1e-4, aux batch 128) 0.83, 0.74, 0.81, 0.93 (seeds 0-3). With 2-4 epochs
 # both are still worse than the guess (the decoder has had only ~100-150 steps).
+@pytest.mark.slow
 @pytest.mark.parametrize(("params", "bound"), [(SMALL, 0.85), ({}, 1.0)], ids=["small", "defaults"])
 def test_dmavfl_sync_reconstructs_better_than_its_aux_mean_prior(params, bound):
     cfg = _cfg({"name": "dmavfl_sync", **params}, {"epochs": 15})
@@ -309,6 +312,7 @@ def _three_parties(attack: dict, name: str = "digits", train: dict | None = None
 
 # the aux rows are held out of training: digits keeps 1,137 training rows (8 epochs: about the steps 6 epochs
 # gave before), breast_cancer's 455 would keep only 155 with 300 aux rows, so it gets 100 (355 train)
+@pytest.mark.slow
 @pytest.mark.parametrize(("dataset", "aux", "train"), [("digits", {}, {"epochs": 8}),
                                                        ("breast_cancer", {"aux_size": 100}, {})])
 def test_dmavfl_attacks_two_target_parties_at_once(dataset, aux, train):

@@ -67,6 +67,7 @@ def suite():
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", ["pcat", "sdar", "gia", "mi_black_box"])
 def test_attack_reconstructs_better_than_the_aux_mean_guess(suite, key):
     r = suite[key][2]
@@ -77,6 +78,7 @@ def test_attack_reconstructs_better_than_the_aux_mean_guess(suite, key):
 
 # SDAR was here too while its aux rows were trained on (0.77 of the prior at seed 0); with them held out it
 # gets 0.84, 0.95, 0.85 at seeds 0-2 (0.77, 0.81, 0.84 trained on), so it only has to beat the prior above
+@pytest.mark.slow
 @pytest.mark.parametrize("key", ["mi_black_box"])
 def test_strong_attacks_beat_the_prior_clearly(suite, key):
     r = suite[key][2]
@@ -164,6 +166,7 @@ def test_views_carry_nothing_of_the_victim_beyond_the_threat_model(suite):
                 assert not same_storage and not (t.shape == f.shape and torch.equal(t, f))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("defense", [{"name": "mixup", "n_mix": 4}, {"name": "precode"}], ids=["mixup4", "precode"])
 def test_model_inversion_ssim_drops_with_mixup_and_precode(defense):
     """Kang et al. Table 16: MixUp and PRECODE lower the SSIM of model inversion."""

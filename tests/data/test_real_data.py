@@ -36,6 +36,7 @@ def mnist() -> Dataset:
     return load_dataset("mnist", root=ROOT)
 
 
+@pytest.mark.slow
 def test_mnist(mnist: Dataset) -> None:
     assert mnist.x_train.shape == (60000, 1, 28, 28) and mnist.x_test.shape == (10000, 1, 28, 28)
     assert mnist.x_train.dtype == torch.float32 and mnist.y_train.dtype == torch.int64

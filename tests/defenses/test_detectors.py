@@ -53,6 +53,7 @@ def _run(attack: str, defense: dict, *, epochs: int, lr: float):
     return run, plan, detector
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("attack", "flagged"), [("honest", False), ("dmavfl", False), ("fsha", True)])
 def test_splitguard_flags_fsha_but_not_honest_training_or_dmavfl(attack, flagged):
     run, plan, sg = _run(attack, SG, epochs=8 if attack != "fsha" else 6, lr=1e-3)  # FSHA: halted from epoch 5
@@ -74,6 +75,7 @@ def test_splitguard_flags_fsha_but_not_honest_training_or_dmavfl(attack, flagged
     assert "splitguard.passive_1.detected" in record and isinstance(record["splitguard.passive_1.scores"], list)
 
 
+@pytest.mark.slow
 def test_gradient_scrutinizer_flags_fsha_but_not_honest_training():
     _, _, honest = _run("honest", GS, epochs=7, lr=3e-4)
     _, _, fsha = _run("fsha", GS, epochs=3, lr=3e-4)
@@ -82,6 +84,7 @@ def test_gradient_scrutinizer_flags_fsha_but_not_honest_training():
     assert fsha.detected_step_ == 51 and fsha.scores_[0][2] < 0.1  # no same/different-label gap at all
 
 
+@pytest.mark.slow
 def test_gradient_scrutinizer_scores_dmavfl_far_above_fsha():
     """DMAVFL's label-dependent gradients keep a same/different-label gap that FSHA lacks.
 

@@ -138,6 +138,7 @@ def coae_objective():
     return coae, y, coae.transform_labels(default_objective(y, 10, single_logit=False))
 
 
+@pytest.mark.slow
 def test_coae_decodes_its_own_confusing_codes(coae_objective):
     coae, y, obj = coae_objective
     codes = coae.codes_
@@ -220,6 +221,7 @@ def test_training_with_mixup_still_learns_digits():
     assert result.utility.value > 0.6
 
 
+@pytest.mark.slow
 def test_label_dp_at_small_epsilon_reduces_model_completion():
     def mc(defenses):
         cfg = build_config(minimal(train={"epochs": 10}, defenses=defenses,

@@ -171,6 +171,7 @@ def _run(defenses, attacks=(), train=FAST, **data):
                                                attacks=list(attacks))))
 
 
+@pytest.mark.slow
 def test_labobf_trains_well_and_lowers_model_completion_leakage():
     mc = {"name": "model_completion", "known_per_class": 20, "prior": "local"}
     raw = _run([], [mc])
@@ -181,6 +182,7 @@ def test_labobf_trains_well_and_lowers_model_completion_leakage():
     assert obf.attacks[0].leakage < raw.attacks[0].leakage - 3
 
 
+@pytest.mark.slow
 def test_false_attribute_costs_main_accuracy():
     honest = _run([{"name": "labobf"}])
     false = _run([{"name": "labobf", "false_attribute": True}])
@@ -201,6 +203,7 @@ def _attacked(defenses, attack, train):
     return result, float(distance_correlation(v, F.one_hot(vd.y_test, 2).float()))
 
 
+@pytest.mark.slow
 def test_embedding_extension_defeats_dcor(one_thread):
     """Table 3: dCor lowers model completion; with the extension attack it leaks again."""
     kw = {"known_per_class": 20, "prior": "local"}

@@ -94,6 +94,7 @@ def test_registered_with_parameters_and_validation():
         create_defense("paillier_he", precision=3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("train", [{}, {"momentum": 0.9, "weight_decay": 0.01}, {"lr": 0.05, "schedule": "step",
                                                                                  "step_size": 1, "gamma": 0.5}],
                          ids=["sgd", "momentum_wd_rescaling", "lr_schedule"])

@@ -98,6 +98,7 @@ def test_attacker_copy_reinitialises_masked_layers():
     assert shares[0].weight.abs().max() > 1e6  # a uniformly random ring element decodes to garbage
 
 
+@pytest.mark.slow
 def test_alls_with_sigma_zero_trains_like_vanilla():
     """Secret-shared training equals plaintext training up to fixed-point rounding (<= 5e-4 per step,
     see tests/mpc); SGD then amplifies such differences like any 1e-4 perturbation of the initial
@@ -115,6 +116,7 @@ def _metrics(defense, epochs=4):
     return history.epochs
 
 
+@pytest.mark.slow
 def test_variants_select_as_the_paper_says():
     alls = _metrics({"name": "vmask_alls"})
     assert all(e["vmask_alls.mask_ratio_epoch"] == 1.0 for e in alls)
@@ -127,6 +129,7 @@ def test_variants_select_as_the_paper_says():
     assert vm[-1]["vmask.mpc_bytes"] > 0
 
 
+@pytest.mark.slow
 def test_vmask_holds_the_reinit_attacker_near_scratch():
     """Against the paper's attacker only (``attacker_view: reinit``: masked layers re-initialised).
     This holds by construction whenever layers end masked, whatever the protocol does; the attacker
@@ -150,6 +153,7 @@ def _trained_with_attacks(defense, attacks, epochs=4, **sections):
     return plan, run, run_attacks(plan, run)[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sigma", [0.0, 0.01])
 def test_recovered_attacker_solves_the_effective_weights(sigma):
     """The passive party solves every masked layer from its openings and own updates to ~1e-5, so
@@ -282,6 +286,7 @@ def test_vmask_is_rejected_in_vlr():
         run_experiment(cfg)
 
 
+@pytest.mark.slow
 def test_each_passive_party_gets_its_own_masks_and_shadow():
     """K-1 passive parties (VMask Tables V-VI): per-party shared layers, shadows and mask reports."""
     cfg = build_config(minimal(data={"name": "digits", "parties": 3}, model={"bottom": "mlp3", "top": "mlp2"},

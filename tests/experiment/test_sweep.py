@@ -39,6 +39,7 @@ def test_strength_grid_skips_parameter_free_defenses():
     assert names == ["isotropic_noise", "isotropic_noise", "max_norm", "none"]
 
 
+@pytest.mark.slow
 def test_sweep_tables_report_and_resume(tmp_path, monkeypatch):
     cfg = _sweep_config()
     table = run_sweep(cfg, tmp_path)
@@ -90,6 +91,7 @@ def test_killed_sweep_resumes_without_losing_finished_runs(tmp_path):
     assert len(pd.read_csv(tmp_path / "summary.csv")["config_hash"].unique()) == 3
 
 
+@pytest.mark.slow
 def test_sweep_cli_with_two_workers(tmp_path):
     import subprocess
     import sys
@@ -134,6 +136,7 @@ def test_tune_averages_over_the_sweep_seeds_and_plots_by_strength(tmp_path):
     assert "seeds [0, 1]" in (tmp_path / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_ray_executor_runs_and_resumes_a_sweep_on_a_local_instance(tmp_path):
     ray = pytest.importorskip("ray", reason="the Ray executor needs the `cluster` extra (installed by make test)")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -171,6 +174,7 @@ def test_ray_executor_without_ray_says_how_to_install(tmp_path, monkeypatch):
         run_sweep(_sweep_config(seeds=[0], executor="ray"), tmp_path)
 
 
+@pytest.mark.slow
 def test_budget_sweep_reports_the_mask_ratio_and_plots_it(tmp_path):
     """VMask Fig. 8 in a report: a smaller budget masks more layers (budget 0 masks every layer
     after the first epoch, budget 1 nothing after the first epoch's initial mask of layer 1)."""

@@ -221,6 +221,7 @@ HOSTILE_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_hostile_frames_never_reach_the_unpickler():
     """Decoding hostile frames (and feeding them through a live link) never calls pickle.find_class.
 

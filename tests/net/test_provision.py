@@ -68,6 +68,7 @@ def test_incomplete_credentials_are_named(tmp_path):
         Credentials.load(tmp_path / "p" / "active")
 
 
+@pytest.mark.slow
 def test_the_cli_provisions_and_refuses_clearly(tmp_path):
     def cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "vflbench.cli", "net", "provision", *args], capture_output=True,

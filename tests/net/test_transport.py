@@ -147,6 +147,7 @@ def test_nested_requests_mailboxes_and_one_way_messages_over_mutual_tls(certs):
     assert wire["passive_1"].bytes_sent == ch["passive_1"].wire["active"].bytes_received
 
 
+@pytest.mark.slow
 def test_a_certificate_from_another_ca_is_refused(certs):
     short = NetOptions(start_timeout=2, receive_timeout=2, close_timeout=1)
     ch = build(certs, ["active", "passive_1"], options=short, creds={"passive_1": certs / "rogue" / "passive_1"})
@@ -155,6 +156,7 @@ def test_a_certificate_from_another_ca_is_refused(certs):
     assert isinstance(r["passive_1"], BarrierTimeout) and "active (no greeting; dialled at" in str(r["passive_1"])
 
 
+@pytest.mark.slow
 def test_a_certified_party_cannot_take_another_partys_link(certs):
     short = NetOptions(start_timeout=2, receive_timeout=2, close_timeout=1)
     # passive_2's valid certificate, presented by a process configured as passive_1 of a 2-party run
@@ -271,6 +273,7 @@ KILLED_PASSIVE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_killed_party_makes_its_peer_fail_within_seconds_naming_it(certs):
     options = NetOptions(keepalive_ms=1000, keepalive_timeout_ms=1000, receive_timeout=30, start_timeout=20,
                          close_timeout=1)
@@ -335,6 +338,7 @@ def test_the_start_up_barrier_has_a_deadline_and_names_the_missing_party(certs):
         r["passive_1"].party == "active" and "start-up barrier of active" in text)
 
 
+@pytest.mark.slow
 def test_a_party_of_another_run_is_refused(certs):
     short = NetOptions(start_timeout=2, close_timeout=1)
     ch = build(certs, ["active", "passive_1"], options=short, runs={"passive_1": "other-run"})
@@ -423,6 +427,7 @@ def test_code_written_against_endpoint_runs_the_same_in_one_process_and_over_the
         assert {k: v.as_dict() for k, v in ch[name].stats.items()} == {k: v.as_dict() for k, v in local.stats.items()}
 
 
+@pytest.mark.slow
 def test_a_listener_with_another_partys_certificate_is_not_taken_for_the_active_party(certs):
     from concurrent import futures
 
