@@ -11,7 +11,7 @@ from torch import nn
 
 from vflbench.experiment.config import build_config
 from vflbench.experiment.scenario import DefensePlan, build_federation, load_vertical_data
-from vflbench.protocol import Defense, aggregate
+from vflbench.protocol import Channel, Defense, aggregate
 
 
 def _federation(**sections):
@@ -134,3 +134,37 @@ def test_channel_counts_messages_and_bytes_and_transcript_keeps_what_is_asked():
     assert len(kept) == steps and kept[0].payload.shape == (64, 16)
     assert fed.passives[0].transcript.of_kind("embedding") == []
     assert fed.active.transcript.messages == []
+
+
+def test_requests_replies_and_mailboxes_are_counted_per_kind_and_direction():
+    """Every way of talking goes through the one counter (issue 18): a request and its reply, a posted
+    message, per phase, direction (up = towards the active party) and kind."""
+    channel = Channel(("active", "passive_1"))
+    active, passive = channel.endpoint("active"), channel.endpoint("passive_1")
+    active.serve("demo", lambda request: request.reply(request.payload * 2, meta={"seen": True}))
+    reply = passive.call("demo.double", "active", torch.ones(3, dtype=torch.float32), meta={"layer": 1})
+    assert torch.equal(reply.payload, torch.full((3,), 2.0)) and reply.meta == {"seen": True}
+    assert reply.sender == "active" and reply.receiver == "passive_1" and reply.role == "reply"
+    active.post("demo.labels", "passive_1", torch.arange(4))
+    assert torch.equal(passive.take("demo.labels", "active").payload, torch.arange(4))
+    train, setup = channel.stats["train"].as_dict(), channel.stats["setup"].as_dict()
+    assert train["by_kind"]["demo.double"] == {"down": {"messages": 1, "bytes": 12}, "up": {"messages": 1, "bytes": 12}}
+    assert (train["messages"], train["bytes_up"], train["bytes_down"]) == (2, 12, 12)
+    assert setup["by_kind"]["demo.labels"] == {"down": {"messages": 1, "bytes": 32}}
+
+
+def test_a_party_cannot_take_what_was_not_sent_nor_reach_what_nobody_serves():
+    channel = Channel(("active", "passive_1"))
+    passive = channel.endpoint("passive_1")
+    with pytest.raises(RuntimeError, match="expected a 'demo.labels' message from 'active'"):
+        passive.take("demo.labels", "active")
+    with pytest.raises(RuntimeError, match="serves no 'demo' requests"):
+        passive.call("demo.double", "active", torch.ones(1))
+    with pytest.raises(ValueError, match="unregistered party 'dealer'"):
+        passive.call("dealer.triple", "dealer")
+    channel.endpoint("active").serve("demo", lambda request: request.reply())
+    with pytest.raises(ValueError, match="already serves 'demo'"):
+        channel.endpoint("active").serve("demo", lambda request: request.reply())
+    channel.endpoint("active").serve("bad", lambda request: request)  # answers with the request itself
+    with pytest.raises(RuntimeError, match="did not answer its request"):
+        passive.call("bad.echo", "active")

@@ -142,14 +142,17 @@ class Channel:
 
     def send(self, message: Message) -> Message:
         """Deliver ``message``: count it and record it in both parties' transcripts."""
-        for name in (message.sender, message.receiver):
-            if name not in self._transcripts:
-                raise ValueError(f"{message.kind!r} message between unregistered party {name!r}; "
-                                 f"registered: {', '.join(sorted(self._transcripts))}")
+        self._check_parties(message)
         self.stats[message.phase].count(message)
         self._transcripts[message.sender].record(message)
         self._transcripts[message.receiver].record(message)
         return message
+
+    def _check_parties(self, message: Message) -> None:
+        for name in (message.sender, message.receiver):
+            if name not in self._transcripts:
+                raise ValueError(f"{message.kind!r} message between unregistered party {name!r}; "
+                                 f"registered: {', '.join(sorted(self._transcripts))}")
 
     def _serve(self, owner: str, namespace: str, handler: Handler) -> None:
         key = (owner, namespace)
@@ -158,6 +161,7 @@ class Channel:
         self._handlers[key] = handler
 
     def _call(self, request: Message) -> Message:
+        self._check_parties(request)
         namespace = request.kind.split(".", 1)[0]
         handler = self._handlers.get((request.receiver, namespace))
         if handler is None:
