@@ -36,6 +36,15 @@ class Entry(Generic[T]):
     info: dict[str, Any] = field(default_factory=dict)
 
 
+class Params:
+    """Components whose keyword-only constructor parameters are stored unmodified as attributes (scikit-learn
+    style); attributes ending or starting with ``_`` are state, not parameters."""
+
+    def get_params(self) -> dict[str, Any]:
+        """The constructor parameters, as given (for results and hashing)."""
+        return {k: v for k, v in vars(self).items() if not k.endswith("_") and not k.startswith("_")}
+
+
 class Registry(Generic[T]):
     """A registry of named factories of one kind (``"dataset"``, ``"model"``, ...)."""
 

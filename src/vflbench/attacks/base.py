@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from vflbench.data.base import PartySlice
 from vflbench.errors import CompatibilityError, ConfigError
 from vflbench.protocol.channel import Transcript
+from vflbench.registry import Params
 
 Target = Literal["labels", "features"]
 Phase = Literal["observer", "post_training", "malicious"]
@@ -168,7 +169,7 @@ class FeatureInference:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-class Attack(ABC):
+class Attack(Params, ABC):
     """Base class of attacks: declare the threat model, implement :meth:`infer`.
 
     Parameters are keyword-only constructor arguments stored unmodified. Class attributes
@@ -245,9 +246,6 @@ class Attack(ABC):
         """
         raise CompatibilityError(f"attack {self.name!r} has no 'local' prior; use prior: random or scratch")
 
-    def get_params(self) -> dict[str, Any]:
-        """The constructor parameters, as given."""
-        return {k: v for k, v in vars(self).items() if not k.endswith("_") and not k.startswith("_")}
 
 
 def require(condition: bool, attack: str, message: str) -> None:

@@ -15,6 +15,13 @@ from vflbench.models.base import linear_layers
 DcorForm = Literal["dcor", "log"]
 
 
+def require(condition: bool, message: str) -> None:
+    """Refuse a defense parameter: ``ValueError(message)`` unless ``condition`` (the registry turns it into
+    a ConfigError naming the defense)."""
+    if not condition:
+        raise ValueError(message)
+
+
 def check_form(form: str) -> None:
     """Refuse a dCor form other than ``dcor`` (plain) or ``log``."""
     if form not in ("dcor", "log"):

@@ -26,17 +26,13 @@ import torch
 from torch import Tensor
 
 from vflbench.defenses import DEFENSES
+from vflbench.defenses.building import require
 from vflbench.errors import CompatibilityError
 from vflbench.protocol.hooks import BindContext, Defense, StepState
 
 FU = "Fu et al., Label Inference Attacks Against Vertical Federated Learning (USENIX Security 2022)"
 LI = "Li et al., Label Leakage and Protection in Two-party Split Learning (ICLR 2022)"
 LABEL_THREAT = "label inference from the cut-layer gradients a passive party receives (NS, DS, DL, RR, GI, MC)"
-
-
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
 
 
 def _randn(shape: tuple[int, ...], generator: torch.Generator, like: Tensor) -> Tensor:
@@ -72,7 +68,7 @@ class DPLaplace(_CutGradientDefense):
     strength_direction = "larger is stronger"
 
     def __init__(self, *, scale: float = 1e-3) -> None:
-        _check(scale >= 0, f"scale must be >= 0, got {scale}")
+        require(scale >= 0, f"scale must be >= 0, got {scale}")
         self.scale = scale
 
     def transform_cut_gradient(self, gradient: Tensor, state: StepState) -> Tensor:  # noqa: D102
@@ -97,7 +93,7 @@ class IsotropicNoise(_CutGradientDefense):
     strength_direction = "larger is stronger"
 
     def __init__(self, *, alpha: float = 1.0) -> None:
-        _check(alpha >= 0, f"alpha must be >= 0, got {alpha}")
+        require(alpha >= 0, f"alpha must be >= 0, got {alpha}")
         self.alpha = alpha
 
     def transform_cut_gradient(self, gradient: Tensor, state: StepState) -> Tensor:  # noqa: D102
@@ -287,7 +283,7 @@ class Marvell(_CutGradientDefense):
     strength_direction = "larger is stronger"
 
     def __init__(self, *, init_scale: float = 1.0) -> None:
-        _check(init_scale >= 0, f"init_scale must be >= 0, got {init_scale}")
+        require(init_scale >= 0, f"init_scale must be >= 0, got {init_scale}")
         self.init_scale = init_scale
 
     def bind(self, context: BindContext) -> None:  # noqa: D102
@@ -356,7 +352,7 @@ class GradientCompression(_CutGradientDefense):
     strength_direction = "smaller is stronger"
 
     def __init__(self, *, ratio: float = 0.75) -> None:
-        _check(0 < ratio <= 1, f"ratio must be in (0, 1], got {ratio}")
+        require(0 < ratio <= 1, f"ratio must be in (0, 1], got {ratio}")
         self.ratio = ratio
 
     def transform_cut_gradient(self, gradient: Tensor, state: StepState) -> Tensor:  # noqa: D102
@@ -389,10 +385,10 @@ class DiscreteSGD(_CutGradientDefense):
     strength_direction = "smaller is stronger"
 
     def __init__(self, *, bins: int = 6, mode: Literal["kang", "fu"] = "kang", bound: float = 3e-2) -> None:
-        _check(isinstance(bins, (int, float)) and not isinstance(bins, bool) and float(bins).is_integer()
-               and bins >= 1, f"bins must be an integer >= 1, got {bins!r}")
-        _check(mode in ("kang", "fu"), f"mode must be 'kang' or 'fu', got {mode!r}")
-        _check(bound > 0, f"bound must be > 0, got {bound}")
+        require(isinstance(bins, (int, float)) and not isinstance(bins, bool) and float(bins).is_integer()
+                and bins >= 1, f"bins must be an integer >= 1, got {bins!r}")
+        require(mode in ("kang", "fu"), f"mode must be 'kang' or 'fu', got {mode!r}")
+        require(bound > 0, f"bound must be > 0, got {bound}")
         self.bins = bins
         self.mode = mode
         self.bound = bound

@@ -29,19 +29,16 @@ from torch import Tensor, nn
 
 from vflbench.data.base import PartySlice
 from vflbench.defenses import DEFENSES
+from vflbench.defenses.building import require
 from vflbench.errors import ConfigError
 from vflbench.models import build_bottom
+from vflbench.models.finetune import predict
 from vflbench.protocol.hooks import BindContext, Defense
 from vflbench.protocol.messages import ACTIVE
 from vflbench.protocol.objective import Objective, argmax_decode, soft_cross_entropy, softmax_scores
 
 LABEL_THREAT = ("label inference by a passive party: model completion on its trained bottom model and "
                 "gradient-based attacks (NS, DS, DL, RR, GI)")
-
-
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
 
 
 def _class_labels(objective: Objective, defense: str) -> Tensor:
@@ -128,8 +125,8 @@ class LabelDP(Defense):
     strength_direction = "smaller is stronger"
 
     def __init__(self, *, epsilon: float = 3.0, prior: Literal["empirical", "uniform"] = "empirical") -> None:
-        _check(epsilon >= 0, f"epsilon must be >= 0 (inf: no protection), got {epsilon}")
-        _check(prior in ("empirical", "uniform"), f"prior must be 'empirical' or 'uniform', got {prior!r}")
+        require(epsilon >= 0, f"epsilon must be >= 0 (inf: no protection), got {epsilon}")
+        require(prior in ("empirical", "uniform"), f"prior must be 'empirical' or 'uniform', got {prior!r}")
         self.epsilon = epsilon
         self.prior = prior
 
@@ -214,10 +211,10 @@ class KDk(Defense):
 
     def __init__(self, *, epsilon: float = 0.45, k: int = 3, teacher_model: str | None = None,
                  teacher_epochs: int = 20, teacher_lr: float = 1e-4, teacher_batch_size: int = 64) -> None:
-        _check(0 <= epsilon < 1, f"epsilon must be in [0, 1), got {epsilon}")
-        _check(k >= 2, f"k must be at least 2, got {k}")
-        _check(teacher_epochs >= 1 and teacher_batch_size >= 1, "teacher_epochs and teacher_batch_size must be >= 1")
-        _check(teacher_lr > 0, f"teacher_lr must be > 0, got {teacher_lr}")
+        require(0 <= epsilon < 1, f"epsilon must be in [0, 1), got {epsilon}")
+        require(k >= 2, f"k must be at least 2, got {k}")
+        require(teacher_epochs >= 1 and teacher_batch_size >= 1, "teacher_epochs and teacher_batch_size must be >= 1")
+        require(teacher_lr > 0, f"teacher_lr must be > 0, got {teacher_lr}")
         self.epsilon = epsilon
         self.k = k
         self.teacher_model = teacher_model
@@ -274,13 +271,6 @@ class KDk(Defense):
         if epoch == 0 and self.teacher_accuracy_ is not None:
             return {"teacher_accuracy": self.teacher_accuracy_}
         return {}
-
-
-def predict(model: nn.Module, x: Tensor, batch: int = 4096) -> Tensor:
-    """Outputs of ``model`` on ``x`` in evaluation mode, in chunks, without gradients."""
-    model.eval()
-    with torch.no_grad():
-        return torch.cat([model(x[i : i + batch]) for i in range(0, len(x), batch)])
 
 
 def train_classifier(model: nn.Module, x: Tensor, y: Tensor, *, epochs: int, lr: float, batch_size: int,
@@ -402,8 +392,8 @@ class CoAE(Defense):
 
     def __init__(self, *, entropy_weight: float = 1.0, epochs: int | None = None, samples: int = 30000,
                  batch_size: int = 128) -> None:
-        _check(epochs is None or epochs >= 1, f"epochs must be >= 1, got {epochs}")
-        _check(samples >= 1 and batch_size >= 1, "samples and batch_size must be >= 1")
+        require(epochs is None or epochs >= 1, f"epochs must be >= 1, got {epochs}")
+        require(samples >= 1 and batch_size >= 1, "samples and batch_size must be >= 1")
         self.entropy_weight = entropy_weight
         self.epochs = epochs
         self.samples = samples
@@ -516,8 +506,8 @@ class MixUp(Defense):
     strength_direction = "larger is stronger"
 
     def __init__(self, *, n_mix: int = 2, alpha: float = 1.0) -> None:
-        _check(int(n_mix) == n_mix and n_mix >= 1, f"n_mix must be an integer >= 1, got {n_mix}")
-        _check(alpha > 0, f"alpha must be > 0, got {alpha}")
+        require(int(n_mix) == n_mix and n_mix >= 1, f"n_mix must be an integer >= 1, got {n_mix}")
+        require(alpha > 0, f"alpha must be > 0, got {alpha}")
         self.n_mix = n_mix
         self.alpha = alpha
 

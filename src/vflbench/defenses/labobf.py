@@ -65,6 +65,7 @@ from torch import Tensor
 
 from vflbench.data.base import PartySlice
 from vflbench.defenses import DEFENSES
+from vflbench.defenses.building import require
 from vflbench.errors import CompatibilityError, ConfigError
 from vflbench.protocol.hooks import BindContext, Defense
 from vflbench.protocol.messages import ACTIVE
@@ -74,11 +75,6 @@ PAPER = ("He et al., LabObf: A Label Protection Scheme for Vertical Federated Le
          "Obfuscation (2024), §5 Algorithm 2, §6.3, §7.2")
 THREAT = ("label inference by a passive party from its bottom model / embeddings (model completion, "
           "Fu et al.'s label inference attack)")
-
-
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
 
 
 def party_index(party: str) -> int:
@@ -181,9 +177,10 @@ class LabObf(Defense):
                  false_attribute: bool = False, normalise: bool = True) -> None:
         number = isinstance(per_class, int | float) and not isinstance(per_class, bool) and math.isfinite(per_class)
         integral = number and per_class == int(per_class)
-        _check(integral and per_class >= 1, f"per_class must be an integer >= 1 (2-4 advised, §7.2), got {per_class!r}")
-        _check(isinstance(rand_max, int) and not isinstance(rand_max, bool) and rand_max >= 1,
-               f"rand_max must be an integer >= 1, got {rand_max!r}")
+        require(integral and per_class >= 1,
+                f"per_class must be an integer >= 1 (2-4 advised, §7.2), got {per_class!r}")
+        require(isinstance(rand_max, int) and not isinstance(rand_max, bool) and rand_max >= 1,
+                f"rand_max must be an integer >= 1, got {rand_max!r}")
         if soft_labels is not None:
             validate_soft_labels(soft_labels)
         self.soft_labels = soft_labels

@@ -30,6 +30,7 @@ from vflbench.experiment.config import ExperimentConfig
 from vflbench.experiment.scenario import DEFAULT_EMBED_DIM
 from vflbench.protocol import Federation, PassiveParty, StepState
 from vflbench.protocol.hooks import PartyHook
+from vflbench.protocol.messages import ACTIVE, passive_index, passive_names
 from vflbench.rng import generator
 
 if TYPE_CHECKING:
@@ -138,11 +139,6 @@ def _check_victims(name: str, attack: Attack, victims: tuple[str, ...], vd: Vert
                           f"reconstructed together; their shapes are {shapes}")
 
 
-def passive_index(name: str) -> int:
-    """0-based index of passive party ``passive_<k>``."""
-    return int(name.removeprefix("passive_")) - 1
-
-
 @dataclass
 class AttackPlan:
     """Validated attacks of a config and what each party's transcript must retain."""
@@ -227,7 +223,7 @@ def validate_attacks(cfg: ExperimentConfig, vd: VerticalData) -> AttackPlan:
     """Check every configured attack against the scenario before any training."""
     scenario = scenario_of(cfg, vd)
     plan = AttackPlan(scenario, seed=cfg.seed, y_train=vd.y_train, data=vd)
-    valid_parties = [f"passive_{i + 1}" for i in range(len(vd.passive))] + ["active"]
+    valid_parties = [*passive_names(len(vd.passive)), ACTIVE]
     for spec in cfg.attacks:
         attack = create_attack(spec.name, **spec.params())
         if attack.party not in valid_parties:

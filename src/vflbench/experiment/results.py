@@ -1,4 +1,4 @@
-"""Typed results and their atomic writing (the results contract of DESIGN.md)."""
+"""Typed results and their atomic writing: what result.json, metrics.jsonl and a sweep's summary hold."""
 
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ from vflbench.experiment.scenario import build_federation, load_vertical_data, p
 from vflbench.experiment.scoring import run_attacks
 from vflbench.metrics.scores import attack_leakage, leaks
 from vflbench.protocol import Federation, History, Progress
+from vflbench.protocol.messages import passive_names
 from vflbench.rng import generator
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ def train_run(cfg: ExperimentConfig, vd: VerticalData, *, with_defenses: bool = 
     ``held_out``: training rows no party trains on; by default the attacks' auxiliary rows that
     their threat models keep disjoint from the training set (:meth:`AttackPlan.held_out`).
     """
-    names = [f"passive_{i + 1}" for i in range(0 if alone else len(vd.passive))]
+    names = passive_names(0 if alone else len(vd.passive))
     plan = plan_defenses(cfg, names) if with_defenses else None
     if held_out is None and attacks is not None:
         held_out = attacks.held_out()

@@ -34,13 +34,14 @@ from vflbench.attacks.base import (
     victims_of,
 )
 from vflbench.errors import CompatibilityError
-from vflbench.experiment.plan import AttackPlan, passive_index, victim_features
+from vflbench.experiment.plan import AttackPlan, victim_features
 from vflbench.experiment.results import AttackResult
 from vflbench.experiment.views import _view, scratch_models
 from vflbench.metrics.auc import batched_binary_auc
 from vflbench.metrics.scores import direction_of, leakage_points
+from vflbench.models.finetune import EVAL_BATCH
 from vflbench.protocol import PassiveParty
-from vflbench.protocol.federation import EVAL_BATCH
+from vflbench.protocol.messages import passive_index
 
 if TYPE_CHECKING:
     from vflbench.experiment.run import TrainedRun

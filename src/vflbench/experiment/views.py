@@ -20,8 +20,8 @@ from vflbench.attacks.base import (
 from vflbench.data import VerticalData
 from vflbench.experiment.plan import PlannedAttack, attacker_copy, aux_data, known_labels, scenario_of, wants_aux
 from vflbench.models import build_bottom
+from vflbench.models.finetune import EVAL_BATCH
 from vflbench.protocol import ACTIVE, Federation, Message
-from vflbench.protocol.federation import EVAL_BATCH
 from vflbench.rng import generator
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from vflbench.models import inference_head, init_parameters
 
-EVAL_BATCH = 4096
+EVAL_BATCH = 4096  #: rows per chunk whenever a model is evaluated without gradients (the loop, fine-tuning, defenses)
 
 
 def predict(model: nn.Module, x: Tensor) -> Tensor:

@@ -13,12 +13,12 @@ import torch
 from sklearn.metrics import roc_auc_score
 from torch import Tensor
 
+from vflbench.models.finetune import EVAL_BATCH
 from vflbench.protocol.channel import Channel
 from vflbench.protocol.messages import ACTIVE, Message
 from vflbench.protocol.party import ActiveParty, PassiveParty, Split
 
 log = logging.getLogger(__name__)
-EVAL_BATCH = 4096
 
 
 class Progress(Protocol):

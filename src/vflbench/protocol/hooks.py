@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from vflbench.data.base import PartySlice
 from vflbench.protocol.channel import Endpoint
 from vflbench.protocol.objective import Objective
+from vflbench.registry import Params
 
 Side = Literal["active", "passive", "both"]
 Aggregation = Literal["concat", "sum", "mean"]
@@ -104,7 +105,7 @@ class StepState:
     targets: Tensor | None = None
 
 
-class Defense:
+class Defense(Params):
     """A protection attached at hook points (see the module docstring).
 
     Subclasses set ``name`` and ``side`` (``"active"``, ``"passive"``: one instance per passive
@@ -174,9 +175,6 @@ class Defense:
         """Facts this defense reports once, after training, in result.json's defense entry."""
         return {}
 
-    def get_params(self) -> dict[str, Any]:
-        """The constructor parameters, as given (for results and hashing)."""
-        return {k: v for k, v in vars(self).items() if not k.endswith("_") and not k.startswith("_")}
 
 
 StepFn = Callable[..., list[Tensor]]

@@ -34,6 +34,16 @@ def passive_name(index: int) -> str:
     return f"passive_{index}"
 
 
+def passive_names(count: int) -> list[str]:
+    """The names of ``count`` passive parties, ``passive_1`` first."""
+    return [passive_name(i + 1) for i in range(count)]
+
+
+def passive_index(name: str) -> int:
+    """0-based index of passive party ``passive_<k>`` (the inverse of :func:`passive_name`)."""
+    return int(name.removeprefix("passive_")) - 1
+
+
 @dataclass(frozen=True)
 class Message:
     """Tensors sent from one party to another.

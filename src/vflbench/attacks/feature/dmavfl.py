@@ -68,6 +68,7 @@ from vflbench.attacks.feature.common import (
 from vflbench.attacks.registry import ATTACKS
 from vflbench.errors import ConfigError
 from vflbench.protocol import ActiveParty
+from vflbench.protocol.messages import passive_names
 
 #: URVFL's pretraining (config_cifar.json): 20 epochs of 4,545 aux rows in batches of 128 (36 per epoch).
 URVFL_PRETRAIN_EPOCHS = 20
@@ -236,7 +237,7 @@ class DMAVFL(MaliciousActiveAttack):
 
 def _senders(n: int) -> list[str]:
     """Names of the senders of ``n`` received embeddings (passive parties in order)."""
-    return [f"passive_{i + 1}" for i in range(n)]
+    return passive_names(n)
 
 
 @ATTACKS.register(summary="DMAVFL_sync: DMAVFL with encoder/decoder trained alongside (Algorithm 3)")
