@@ -81,6 +81,20 @@ def test_launched_vmask_with_its_dealer_process_equals_one_process(tmp_path):
     assert {"active-passive_1", "active-dealer", "passive_1-dealer"} <= net["wire_total"].keys()
 
 
+@pytest.mark.slow
+def test_launched_attacks_run_in_their_parties_processes_and_equal_one_process(tmp_path):
+    raw = {"data": {"name": "digits", "parties": 2, "train_size": 600, "test_size": 200},
+           "model": {"bottom": "mlp2", "top": "mlp2"},
+           "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1},
+           "attacks": [{"name": "model_completion", "known_per_class": 4, "epochs": 2},
+                       {"name": "dmavfl", "aux_size": 100, "aux_batch_size": 100}], "seed": 2}
+    result, _ = check_same(raw, tmp_path)
+    # model completion ran in the passive process (its bottom model), DMAVFL in the active one (its shadow,
+    # compared with the victim's real model through the scorer's oracle)
+    assert [a["name"] for a in result["attacks"]] == ["model_completion", "dmavfl"]
+    assert "emb_mse" in result["attacks"][1]["details"]
+
+
 def test_merged_comm_counts_each_message_once_from_the_counter_that_keeps_its_kind():
     loop, net = CommStats(), CommStats()
     loop.count(Message("embedding", "passive_1", "active", torch.zeros(2, 3), torch.arange(2), 0, 0))
@@ -110,6 +124,6 @@ def test_a_failing_party_is_named_and_the_others_are_ended_after_the_grace(tmp_p
 
 def test_launch_refuses_what_it_cannot_run_yet(tmp_path):
     raw = {"data": {"name": "digits", "parties": 2}, "model": {"bottom": "mlp2", "top": "mlp2"},
-           "train": {"algorithm": "vhnn", "epochs": 1}, "attacks": [{"name": "model_completion"}]}
-    with pytest.raises(ConfigError, match="cannot run attacks"):
+           "train": {"algorithm": "vhnn", "epochs": 1}, "defenses": [{"name": "paillier_he"}]}
+    with pytest.raises(ConfigError, match="cannot run defenses .paillier_he"):
         launch(build_config(raw), out_dir=tmp_path, insecure=True)

@@ -93,10 +93,10 @@ def test_party_run_refuses_what_it_cannot_run_yet():
 
 
 def test_party_run_reports_bad_input_in_one_paragraph(tmp_path, cli):
-    (tmp_path / "exp.yaml").write_text(yaml.safe_dump({**RAW, "attacks": [{"name": "model_completion"}]}))
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump({**RAW, "defenses": [{"name": "paillier_he"}]}))
     proc = cli("party", "run", str(tmp_path / "exp.yaml"), "--party", "active", "--address", "active=127.0.0.1:0",
                "--insecure")
-    assert proc.returncode == 2 and "cannot run attacks (model_completion) yet" in proc.stderr
+    assert proc.returncode == 2 and "cannot run defenses (paillier_he" in proc.stderr
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(RAW))
     proc = cli("party", "run", str(tmp_path / "exp.yaml"), "--party", "active", "--address", "active", "--insecure")
     assert proc.returncode == 2 and "--address takes NAME=HOST:PORT, got 'active'" in proc.stderr

@@ -5,7 +5,9 @@ a temporary per-launch CA (or the given ``certs`` directory), talking over mutua
 TLS with ``insecure``). The active party writes the run directory (``OUT/<config hash>/result.json``,
 atomically), so a launched run is read like a ``vflbench run`` one. Every process has deadlines (the start-up
 barrier, a receive deadline without progress); a process that fails aborts its peers, and the launcher waits
-``grace`` seconds for the others before it kills them, then names the party that failed first.
+``grace`` seconds for the others before it kills them, then names the party that failed first. A config with
+defenses and attacks is first launched without its defenses (unless that run's result is in ``out_dir``), as
+``vflbench run`` does, for the attacks' undefended leakage.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from vflbench.errors import VFLBenchError
 from vflbench.experiment.config import ExperimentConfig
 from vflbench.experiment.party import check_party_config, party_names
+from vflbench.experiment.run import undefended_config
 from vflbench.protocol.messages import ACTIVE, DEALER
 
 
@@ -67,6 +70,10 @@ def launch(cfg: ExperimentConfig, *, out_dir: Path, certs: Path | None = None, i
     """
     cfg = cfg.resolved()
     check_party_config(cfg)
+    if cfg.defenses and cfg.attacks and not (out_dir / undefended_config(cfg).hash() / "result.json").is_file():
+        # the attacks' leakage without the defenses, which result.json reports beside theirs (as `vflbench run`)
+        launch(undefended_config(cfg), out_dir=out_dir, certs=certs, insecure=insecure, data_root=data_root,
+               start_timeout=start_timeout, receive_timeout=receive_timeout, timeout=timeout, grace=grace)
     names = party_names(cfg)
     run_dir = out_dir / cfg.hash()
     logs = run_dir / "logs"
@@ -109,8 +116,10 @@ def launch(cfg: ExperimentConfig, *, out_dir: Path, certs: Path | None = None, i
                 f.close()
     seconds = time.monotonic() - tic
     if failed:
-        first, *others = failed
         text = {n: (logs / f"{n}.log").read_text(errors="replace") for n in failed}
+        # the party whose own error it is, not one that noticed another's failure
+        failed.sort(key=lambda n: "(noticed by" in _error_line(text[n]))
+        first, *others = failed
         detail = "; ".join(f"{n} (exit {procs[n].returncode}): {_error_line(text[n])}" for n in others)
         raise LaunchError(f"party {first} failed first (exit {procs[first].returncode}): {_error_line(text[first])}"
                           + (f"; then {detail}" if detail else "") + f". Logs: {logs}")

@@ -30,6 +30,7 @@ the federation is built). :func:`check_party_config` refuses these.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -43,6 +44,7 @@ from torch import Tensor, nn
 
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import ExperimentConfig
+from vflbench.experiment.plan import AttackPlan
 from vflbench.net.errors import ProtocolError
 from vflbench.net.policy import DEFAULT_RULES, Policy, Rule
 from vflbench.net.transport import NetChannel
@@ -59,6 +61,11 @@ REMOTE_PASSIVE_RULES = (Rule("passive.*", "active", "passive", frozenset({"reque
 #: Defenses that cannot run with the parties in separate processes yet, and why.
 NOT_YET = {"paillier_he": "its key holder sizes the top model from the passive parties' key requests while the "
                           "federation is built"}
+
+
+def own_attacks(plan: AttackPlan, party: str) -> AttackPlan:
+    """The attacks of ``plan`` that run at ``party`` (in its process)."""
+    return dataclasses.replace(plan, attacks=[p for p in plan.attacks if p.attack.party == party])
 
 
 def party_policy() -> Policy:
@@ -78,6 +85,20 @@ def from_bytes_tensor(tensor: Tensor) -> Any:
     return json.loads(bytes(tensor.tolist()).decode())
 
 
+class OracleBottom(nn.Module):
+    """The scorer's access to a remote passive party's real bottom model (``passive.oracle_bottom``): a feature
+    attack's diagnostics compare the attacker's shadow with the victim's model on the true features. This is the
+    experimenter's ground truth, not a protocol step; no party's code can reach it."""
+
+    def __init__(self, name: str, endpoint: Endpoint) -> None:
+        super().__init__()
+        self.name = name
+        self.endpoint = endpoint
+
+    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
+        return self.endpoint.call("passive.oracle_bottom", self.name, x, phase="eval").payload
+
+
 class RemotePassive:
     """The active process's stand-in for passive party ``name``: what the training loop calls on a passive party,
     done by requests to that party's process through ``endpoint``."""
@@ -87,13 +108,14 @@ class RemotePassive:
         self.endpoint = endpoint
         self.transcript = transcript
         self.data = None
-        self.bottom = None
+        self.bottom = OracleBottom(name, endpoint)
         self.defenses: list[Any] = []
         self.wire: list[dict[str, Any]] = []
         self._position = (-1, -1)
 
     def models(self) -> dict[str, nn.Module]:
-        """None here: the passive party's models stay in its process."""
+        """None here: the passive party's models stay in its process (:attr:`bottom` is only the scorer's
+        :class:`OracleBottom`)."""
         return {}
 
     def forward(self, ids: Tensor, *, epoch: int, step: int, split: str = "train", train: bool = True) -> Tensor:
@@ -120,7 +142,9 @@ class RemotePassive:
 class _Served:
     party: PassiveParty
     channel: NetChannel
+    on_epoch_end: Callable[[], None]
     pending: tuple[int, ...] | None = None
+    pending_ids: Tensor | None = None
     rows: Mapping[str, int] = field(default_factory=dict)
 
     def __call__(self, request: Message) -> Message:
@@ -134,20 +158,37 @@ class _Served:
                 raise ProtocolError(f"passive.forward asks for rows outside 0..{self.rows[split] - 1} of {split}")
             out = self.party.forward(ids, epoch=request.epoch, step=request.step,
                                      split="train" if split == "train" else "test", train=train)
-            self.pending = tuple(out.shape) if train else self.pending
+            if train:
+                self.pending, self.pending_ids = tuple(out.shape), ids
+            # the party's own record of what it sent, as the in-process channel keeps it
+            self.party.transcript.record(Message("embedding", self.party.name, ACTIVE, out, ids, request.epoch,
+                                                 request.step, request.phase))
             return request.reply(out)
         if request.kind == "passive.backward":
             g = request.payload
             if self.pending is None or tuple(g.shape) != self.pending or not g.dtype.is_floating_point:
                 raise ProtocolError(f"passive.backward: a cut gradient of shape {tuple(g.shape)} ({g.dtype}) does "
                                     f"not fit the pending embedding ({self.pending})")
-            self.pending = None
+            assert self.pending_ids is not None
+            self.party.transcript.record(Message("cut_gradient", ACTIVE, self.party.name, g, self.pending_ids,
+                                                 request.epoch, request.step))
+            self.pending = self.pending_ids = None
             return request.reply(meta={"applied": self.party.backward(g)})
         if request.kind == "passive.end_epoch":
             report = self.party.end_epoch(request.epoch)
+            self.on_epoch_end()
             return request.reply(to_bytes_tensor({"report": report, "wire": wire_of(self.channel)}))
-        raise ProtocolError(f"{self.party.name} serves passive.forward, passive.backward and passive.end_epoch, "
-                            f"not {request.kind!r}")
+        if request.kind == "passive.oracle_bottom":
+            bottom = self.party.bottom
+            assert bottom is not None
+            was = bottom.training
+            bottom.eval()
+            with torch.no_grad():
+                out = bottom(request.payload)
+            bottom.train(was)
+            return request.reply(out)
+        raise ProtocolError(f"{self.party.name} serves passive.forward, passive.backward, passive.end_epoch and "
+                            f"passive.oracle_bottom, not {request.kind!r}")
 
 
 def wire_of(channel: NetChannel) -> dict[str, dict[str, int]]:
@@ -161,8 +202,6 @@ def check_party_config(cfg: ExperimentConfig) -> None:
     blocked = [d.name for d in cfg.defenses if d.name in NOT_YET]
     if blocked:
         problems.append(f"defenses ({', '.join(blocked)}: {'; '.join(NOT_YET[n] for n in blocked)})")
-    if cfg.attacks:
-        problems.append(f"attacks ({', '.join(a.name for a in cfg.attacks)})")
     if cfg.train.algorithm == "vsnn":
         problems.append("VSNN (the active party holds no features)")
     if problems:
@@ -248,7 +287,7 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
                 models: dict[str, nn.Module] = {}
             elif party == ACTIVE:
                 assert vd is not None
-                models = _run_active(cfg, vd, channel, summary, out_dir)
+                models = _run_active(cfg, vd, channel, summary, out_dir, data_root)
             else:
                 assert vd is not None
                 models = _run_passive(cfg, vd, channel, party)
@@ -276,36 +315,61 @@ def _serve_dealer(cfg: ExperimentConfig, channel: NetChannel) -> None:
 def _run_passive(cfg: ExperimentConfig, vd: Any, channel: NetChannel, party: str) -> dict[str, nn.Module]:
     """A passive party's process: build its side (its defense halves on the network), answer the active party's
     requests until it says ``passive.done``, then report this process's counters."""
+    from vflbench.experiment.plan import validate_attacks
+    from vflbench.experiment.run import TrainedRun
     from vflbench.experiment.scenario import DefensePlan, build_federation, plan_defenses
+    from vflbench.experiment.scoring import run_attacks
+    from vflbench.protocol import History
 
     names = party_names(cfg)[1:cfg.data.parties]
     plan = plan_defenses(cfg, names)
+    attack_plan = validate_attacks(cfg, vd)
+    attacks = own_attacks(attack_plan, party)
     local = Channel()  # the active party's halves, bound here only so that label transforms size the bottom model
     mine = DefensePlan(plan.active, {n: plan.passive[n] if n == party else [] for n in names})
     links: Callable[[str], Endpoint] = channel.endpoint
-    fed = build_federation(cfg, vd, defenses=mine,
+    fed = build_federation(cfg, vd, defenses=mine, keep=attack_plan.keep, extra_dims=attack_plan.extra_dims(),
+                           held_out=attack_plan.held_out(),
                            links=lambda name: links(name) if name == party else local.endpoint(name))
+    attacks.prepare(fed)
     passive = fed.passives[names.index(party)]
     assert passive.data is not None
     endpoint = channel.endpoint(party)
-    endpoint.serve("passive", _Served(passive, channel,
+    endpoint.serve("passive", _Served(passive, channel, lambda: attacks.on_epoch_end(fed),
                                       rows={"train": len(passive.data.x_train), "test": len(passive.data.x_test)}))
     endpoint.post("passive.ready", ACTIVE)
     endpoint.take("passive.done", ACTIVE)
+    results, seconds = run_attacks(attacks, TrainedRun(cfg, vd, fed, History(), 0.0))
     endpoint.post("passive.report", ACTIVE, to_bytes_tensor({
-        "stats": {k: v.as_dict() for k, v in channel.stats.items()}, "wire": wire_of(channel)}))
+        "stats": {k: v.as_dict() for k, v in channel.stats.items()}, "wire": wire_of(channel),
+        "attacks": {str(i): dataclasses.asdict(r) for i, r in zip(_positions(attack_plan, party), results,
+                                                                   strict=True)},
+        "attack_seconds": seconds}))
     return passive.models()
 
 
+def _positions(plan: AttackPlan, party: str) -> list[int]:
+    """Where ``party``'s attacks stand in the config's list of attacks."""
+    return [i for i, p in enumerate(plan.attacks) if p.attack.party == party]
+
+
 def _run_active(cfg: ExperimentConfig, vd: Any, channel: NetChannel, summary: dict[str, Any],
-                out_dir: Path | None) -> dict[str, nn.Module]:
+                out_dir: Path | None, data_root: str | Path | None) -> dict[str, nn.Module]:
     """The active party's process: build its side, wait for every passive party, train, collect the passive
     parties' reports and write the run directory."""
     from vflbench.experiment.config import check_components
     from vflbench.experiment.plan import validate_attacks
-    from vflbench.experiment.results import write_atomic, write_json
-    from vflbench.experiment.run import TrainedRun, check_before_training, environment, utility_of
+    from vflbench.experiment.results import AttackResult, write_atomic, write_json
+    from vflbench.experiment.run import (
+        TrainedRun,
+        _undefended_result,
+        check_before_training,
+        environment,
+        mark_undefended,
+        utility_of,
+    )
     from vflbench.experiment.scenario import DefensePlan, build_federation, plan_defenses
+    from vflbench.experiment.scoring import run_attacks
     from vflbench.rng import generator
 
     check_components(cfg)
@@ -314,14 +378,16 @@ def _run_active(cfg: ExperimentConfig, vd: Any, channel: NetChannel, summary: di
     names = party_names(cfg)[1:cfg.data.parties]
     plan = plan_defenses(cfg, names)
     held_out = attack_plan.held_out()
+    attacks = own_attacks(attack_plan, ACTIVE)
     fed = build_federation(cfg, vd, defenses=DefensePlan(plan.active, {n: [] for n in names}), held_out=held_out,
-                           links=channel.endpoint)
+                           keep=attack_plan.keep, extra_dims=attack_plan.extra_dims(), links=channel.endpoint)
     endpoint = channel.endpoint(ACTIVE)
     for p in fed.passives:  # while waiting, the active party answers the passive halves' set-up requests
         endpoint.take("passive.ready", p.name)
     log.info("active: %s ready; training", ", ".join(p.name for p in fed.passives))
     remotes = [RemotePassive(p.name, endpoint=endpoint, transcript=p.transcript) for p in fed.passives]
     fed.passives = remotes  # type: ignore[assignment]
+    attacks.prepare(fed)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(out_dir / "config.yaml", cfg.to_yaml())
@@ -333,6 +399,7 @@ def _run_active(cfg: ExperimentConfig, vd: Any, channel: NetChannel, summary: di
     def on_epoch_end(epoch: int, record: dict[str, Any]) -> None:
         walls.append(time.perf_counter())
         active_wire.append(wire_of(channel))
+        attacks.on_epoch_end(fed)
         if out_dir is not None:
             metrics_lines.append(json.dumps(record))
             write_atomic(out_dir / "metrics.jsonl", "\n".join(metrics_lines) + "\n")
@@ -343,16 +410,27 @@ def _run_active(cfg: ExperimentConfig, vd: Any, channel: NetChannel, summary: di
                       generator=generator(cfg.seed, "active", "batches"), y_test=vd.y_test,
                       eval_every=cfg.train.eval_every, on_epoch_end=on_epoch_end)
     run = TrainedRun(cfg, vd, fed, history, time.perf_counter() - tic)
+    found, attack_seconds = run_attacks(attacks, run)  # before passive.done: it may query the passive parties
     reports = {}
     for p in remotes:
         endpoint.post("passive.done", p.name)
         reports[p.name] = from_bytes_tensor(endpoint.take("passive.report", p.name).payload)
     utility = utility_of(cfg, history)
+    results: dict[int, AttackResult] = dict(zip(_positions(attack_plan, ACTIVE), found, strict=True))
+    for report in reports.values():
+        results.update({int(i): AttackResult(**r) for i, r in report["attacks"].items()})
+        attack_seconds.update(report["attack_seconds"])
+    attack_results = [results[i] for i in range(len(attack_plan.attacks))]
+    undefended = (_undefended_result(cfg, out_dir=out_dir.parent if out_dir else None,
+                                      data_root=data_root)
+                  if cfg.defenses and cfg.attacks else None)
+    mark_undefended(attack_results, None if undefended is None else undefended["attacks"])
     comm = merged_comm([(fed.channel.train, lambda kind: True),
                         (channel.train, lambda kind: not kind.startswith("passive.")),
                         *((comm_from_dict(r["stats"]["train"]), lambda kind: kind.startswith("dealer."))
                           for r in reports.values())])
-    result = active_result(run, utility=utility, comm=comm, held_out=held_out)
+    result = active_result(run, utility=utility, comm=comm, held_out=held_out, attacks=attack_results,
+                           attack_seconds=attack_seconds)
     summary.update(utility=utility.__dict__, epochs=history.epochs, comm=comm)
     if out_dir is not None:
         epoch_walls = [b - a for a, b in zip(walls, walls[1:], strict=False)]
@@ -364,7 +442,8 @@ def _run_active(cfg: ExperimentConfig, vd: Any, channel: NetChannel, summary: di
     return fed.active.models()
 
 
-def active_result(run: Any, *, utility: Any, comm: dict[str, Any], held_out: Tensor | None) -> dict[str, Any]:
+def active_result(run: Any, *, utility: Any, comm: dict[str, Any], held_out: Tensor | None, attacks: list[Any],
+                  attack_seconds: dict[str, float]) -> dict[str, Any]:
     """``result.json`` of a run whose parties ran in separate processes, as
     :func:`~vflbench.experiment.run.run_experiment` writes it. Baselines: ``alone`` is trained in the active
     party's process (its own data only); ``vanilla`` is this run's utility when the run has no defenses, and is
@@ -389,7 +468,8 @@ def active_result(run: Any, *, utility: Any, comm: dict[str, Any], held_out: Ten
               "n_held_out": 0 if held_out is None else len(held_out)},
         utility=utility,
         defense=[{"name": s.name, "params": s.params(), **defense_details(run, s.name)} for s in cfg.defenses],
-        attacks=[], timing=Timing(run.train_seconds, run.history.epoch_seconds, {}), comm=comm, baselines=baselines)
+        attacks=attacks, timing=Timing(run.train_seconds, run.history.epoch_seconds, attack_seconds), comm=comm,
+        baselines=baselines)
     return result.to_dict()
 
 
