@@ -412,9 +412,9 @@ def _run_active(cfg: ExperimentConfig, vd: Any, channel: NetChannel, summary: di
     run = TrainedRun(cfg, vd, fed, history, time.perf_counter() - tic)
     found, attack_seconds = run_attacks(attacks, run)  # before passive.done: it may query the passive parties
     reports = {}
-    for p in remotes:
-        endpoint.post("passive.done", p.name)
-        reports[p.name] = from_bytes_tensor(endpoint.take("passive.report", p.name).payload)
+    for remote in remotes:
+        endpoint.post("passive.done", remote.name)
+        reports[remote.name] = from_bytes_tensor(endpoint.take("passive.report", remote.name).payload)
     utility = utility_of(cfg, history)
     results: dict[int, AttackResult] = dict(zip(_positions(attack_plan, ACTIVE), found, strict=True))
     for report in reports.values():
