@@ -120,8 +120,9 @@ def launch(cfg: ExperimentConfig, *, out_dir: Path, certs: Path | None = None, i
         # the party whose own error it is, not one that noticed another's failure
         failed.sort(key=lambda n: "(noticed by" in _error_line(text[n]))
         first, *others = failed
-        detail = "; ".join(f"{n} (exit {procs[n].returncode}): {_error_line(text[n])}" for n in others)
-        raise LaunchError(f"party {first} failed first (exit {procs[first].returncode}): {_error_line(text[first])}"
+        detail = "; ".join(f"{n} (exit {procs[n].returncode}): {_error_line(text[n]).rstrip('.')}" for n in others)
+        raise LaunchError(f"party {first} failed first (exit {procs[first].returncode}): "
+                          f"{_error_line(text[first]).rstrip('.')}"
                           + (f"; then {detail}" if detail else "") + f". Logs: {logs}")
     return Launched(run_dir, json.loads((run_dir / "result.json").read_text()),
                     json.loads((run_dir / "net.json").read_text()), seconds)

@@ -429,8 +429,9 @@ def _run_active(cfg: ExperimentConfig, vd: Any, channel: NetChannel, summary: di
                         (channel.train, lambda kind: not kind.startswith("passive.")),
                         *((comm_from_dict(r["stats"]["train"]), lambda kind: kind.startswith("dealer."))
                           for r in reports.values())])
+    honest = not any(p.attack.phase == "malicious" for p in attack_plan.attacks)
     result = active_result(run, utility=utility, comm=comm, held_out=held_out, attacks=attack_results,
-                           attack_seconds=attack_seconds)
+                           attack_seconds=attack_seconds, undefended=undefended if honest else None)
     summary.update(utility=utility.__dict__, epochs=history.epochs, comm=comm)
     if out_dir is not None:
         epoch_walls = [b - a for a, b in zip(walls, walls[1:], strict=False)]
@@ -443,11 +444,12 @@ def _run_active(cfg: ExperimentConfig, vd: Any, channel: NetChannel, summary: di
 
 
 def active_result(run: Any, *, utility: Any, comm: dict[str, Any], held_out: Tensor | None, attacks: list[Any],
-                  attack_seconds: dict[str, float]) -> dict[str, Any]:
+                  attack_seconds: dict[str, float], undefended: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``result.json`` of a run whose parties ran in separate processes, as
     :func:`~vflbench.experiment.run.run_experiment` writes it. Baselines: ``alone`` is trained in the active
-    party's process (its own data only); ``vanilla`` is this run's utility when the run has no defenses, and is
-    skipped otherwise (it would need a second federation)."""
+    party's process (its own data only); ``vanilla`` is this run's utility when the run has no defenses, the
+    undefended run's (``undefended``, launched before) when the attackers only observe, and is skipped otherwise
+    (it would need a second federation)."""
     from vflbench.experiment.results import RunResult, Timing
     from vflbench.experiment.run import defense_details, train_run, utility_of
 
@@ -456,6 +458,8 @@ def active_result(run: Any, *, utility: Any, comm: dict[str, Any], held_out: Ten
     for name in cfg.baselines:
         if name == "vanilla" and not cfg.defenses:
             baselines["vanilla"] = utility.__dict__
+        elif name == "vanilla" and undefended is not None:
+            baselines["vanilla"] = dict(undefended["utility"])  # honest attackers: it trained exactly vanilla
         elif name == "vanilla":
             baselines["vanilla"] = {"skipped": "a run with defenses across processes trains no second, undefended "
                                                "federation; run the config without defenses, or use `vflbench run`"}
