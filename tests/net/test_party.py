@@ -86,17 +86,17 @@ def test_two_party_processes_over_mtls_train_exactly_the_in_process_model(tmp_pa
 
 
 def test_party_run_refuses_what_it_cannot_run_yet():
-    cfg = build_config({**RAW, "defenses": [{"name": "paillier_he"}]})
-    with pytest.raises(ConfigError, match="cannot run defenses .paillier_he: its key holder"):
+    cfg = build_config({**RAW, "train": {**RAW["train"], "algorithm": "vsnn"}})
+    with pytest.raises(ConfigError, match="cannot run VSNN"):
         check_party_config(cfg)
-    check_party_config(build_config({**RAW, "defenses": [{"name": "vmask"}]}))
+    check_party_config(build_config({**RAW, "defenses": [{"name": "vmask"}, {"name": "paillier_he"}]}))
 
 
 def test_party_run_reports_bad_input_in_one_paragraph(tmp_path, cli):
-    (tmp_path / "exp.yaml").write_text(yaml.safe_dump({**RAW, "defenses": [{"name": "paillier_he"}]}))
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump({**RAW, "train": {**RAW["train"], "algorithm": "vsnn"}}))
     proc = cli("party", "run", str(tmp_path / "exp.yaml"), "--party", "active", "--address", "active=127.0.0.1:0",
                "--insecure")
-    assert proc.returncode == 2 and "cannot run defenses (paillier_he" in proc.stderr
+    assert proc.returncode == 2 and "cannot run VSNN" in proc.stderr
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(RAW))
     proc = cli("party", "run", str(tmp_path / "exp.yaml"), "--party", "active", "--address", "active", "--insecure")
     assert proc.returncode == 2 and "--address takes NAME=HOST:PORT, got 'active'" in proc.stderr
