@@ -23,9 +23,9 @@ crossed each link (frames and bytes) per epoch and the measured epoch times.
 
 Limits: every process loads the whole dataset and builds every party's models from the shared seeds,
 then uses only its own (a passive process also binds the active party's defense halves to a local
-channel of its own, so that label transforms size its bottom model as in one process); no attacks, no
-VSNN, no ``paillier_he`` (its key holder sizes the top model from the passive parties' key requests while
-the federation is built). :func:`check_party_config` refuses these.
+channel of its own, so that label transforms size its bottom model as in one process); no VSNN, which
+:func:`check_party_config` refuses. Attacks run in their party's process; a passive party sends its attack
+results (scored in its process, which has the ground truth) in its report.
 """
 
 from __future__ import annotations
@@ -58,8 +58,6 @@ log = logging.getLogger(__name__)
 #: ``passive.ready`` and ``passive.report``, the active party ``passive.done``.
 REMOTE_PASSIVE_RULES = (Rule("passive.*", "active", "passive", frozenset({"request", "send"})),
                         Rule("passive.*", "passive", "active", frozenset({"reply", "send"})))
-#: Defenses that cannot run with the parties in separate processes yet, and why.
-NOT_YET: dict[str, str] = {}
 
 
 def own_attacks(plan: AttackPlan, party: str) -> AttackPlan:
@@ -201,9 +199,6 @@ def wire_of(channel: NetChannel) -> dict[str, dict[str, int]]:
 def check_party_config(cfg: ExperimentConfig) -> None:
     """Refuse what :func:`run_party` cannot run yet (see the module docstring)."""
     problems = []
-    blocked = [d.name for d in cfg.defenses if d.name in NOT_YET]
-    if blocked:
-        problems.append(f"defenses ({', '.join(blocked)}: {'; '.join(NOT_YET[n] for n in blocked)})")
     if cfg.train.algorithm == "vsnn":
         problems.append("VSNN (the active party holds no features)")
     if problems:
