@@ -140,3 +140,14 @@ def test_launch_refuses_what_it_cannot_run_yet(tmp_path):
            "train": {"algorithm": "vsnn", "epochs": 1}}
     with pytest.raises(ConfigError, match="cannot run VSNN"):
         launch(build_config(raw), out_dir=tmp_path, insecure=True)
+
+
+def test_the_launch_command_refuses_clearly(tmp_path, cli):
+    raw = {"data": {"name": "digits", "parties": 2}, "model": {"bottom": "mlp2", "top": "mlp2"},
+           "train": {"algorithm": "vsnn", "epochs": 1}}
+    (tmp_path / "exp.yaml").write_text(json.dumps(raw))
+    proc = cli("launch", str(tmp_path / "exp.yaml"), "--certs", str(tmp_path), "--insecure-localhost")
+    assert proc.returncode == 2 and "give --certs or --insecure-localhost, not both" in proc.stderr
+    proc = cli("launch", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2 and "cannot run VSNN" in proc.stderr
+    assert not (tmp_path / "out").exists()  # refused before any process or directory
