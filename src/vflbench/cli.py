@@ -412,7 +412,7 @@ def net_provision(
 @party_app.command("run")
 def party_run(
     config: Annotated[Path, typer.Argument(help="experiment YAML (the same file for every party)")],
-    party: Annotated[str, typer.Option("--party", help="this process's party: active or passive_<k>")],
+    party: Annotated[str, typer.Option("--party", help="this process's party: active, passive_<k> or dealer")],
     address: Annotated[list[str], typer.Option("--address", help="NAME=HOST:PORT of a listening party (the active "
                                                                  "party's own listening address on its side)")],
     certs: Annotated[Path | None, typer.Option("--certs", help="this party's directory from `net provision`")] = None,
@@ -424,8 +424,8 @@ def party_run(
     receive_timeout: Annotated[float, typer.Option("--receive-timeout", help="seconds a wait may go without "
                                                                              "progress")] = 120.0,
 ) -> None:
-    """Run one party of an experiment, talking to the others over mutual-TLS gRPC (VLR and VHNN without defenses
-    or attacks for now; see docs/deployment.md)."""
+    """Run one party of an experiment (or VMask's dealer: --party dealer), talking to the others over mutual-TLS
+    gRPC (VLR and VHNN, with defenses but no attacks for now; see docs/deployment.md)."""
     try:
         from vflbench.experiment.party import check_party_config, party_names, party_policy, run_party
         from vflbench.net import Credentials, NetChannel, NetError, NetOptions
@@ -455,6 +455,55 @@ def party_run(
         out.print(f"{party}: test {summary['utility']['metric']} {summary['utility']['value']:.4f}")
     out.print(f"{party}: done; frames per link: " + ", ".join(
         f"{k} {v['frames_sent']} sent / {v['frames_received']} received" for k, v in summary["net"]["wire"].items()))
+
+
+@app.command()
+def launch(
+    config: Annotated[Path, typer.Argument(help="experiment YAML")],
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override, e.g. train.epochs=5")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="directory for run directories")] = Path("runs"),
+    certs: Annotated[Path | None, typer.Option("--certs", help="a `net provision` directory with one subdirectory "
+                                                               "per party (default: a temporary CA)")] = None,
+    insecure: Annotated[bool, typer.Option("--insecure-localhost", help="no TLS between the local processes")] = False,
+    data_root: Annotated[Path | None, typer.Option("--data-root", help="datasets root")] = None,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="seconds for the whole run")] = None,
+    receive_timeout: Annotated[float, typer.Option("--receive-timeout", help="seconds a party may wait without "
+                                                                             "progress")] = 120.0,
+) -> None:
+    """Run every party (and VMask's dealer) as its own local process over loopback mutual-TLS gRPC; the active party
+    writes OUT/<config hash>/result.json, as `vflbench run` does, and net.json (time per epoch, traffic, projection
+    onto a LAN and a WAN)."""
+    try:
+        from vflbench.experiment.launch import launch as launch_run
+    except ImportError as exc:
+        raise VFLBenchError(f"`vflbench launch` needs the net extra ({exc.name} is missing): "
+                            "pip install 'vflbench[net]'") from None
+    from vflbench.experiment.config import load_config
+    from vflbench.experiment.results import RunResult
+
+    cfg = load_config(config, set_ or [])
+    if certs is not None and insecure:
+        raise VFLBenchError("give --certs or --insecure-localhost, not both")
+    done = launch_run(cfg, out_dir=out_dir, certs=certs, insecure=insecure, data_root=data_root, timeout=timeout,
+                      receive_timeout=receive_timeout)
+    out.print(_result_table(RunResult.from_dict(done.result)))
+    out.print(_net_table(done.net))
+    out.print(f"results in {done.run_dir} (party logs in {done.run_dir / 'logs'})")
+
+
+def _net_table(net: dict[str, Any]) -> Table:
+    table = Table(title="time per epoch (s, lower is better) and traffic")
+    table.add_column("epoch")
+    table.add_column("measured (loopback)")
+    for name in net["projected"]:
+        table.add_column(f"projected: {name}")
+    table.add_column("frames")
+    table.add_column("MB on the wire")
+    for e, seconds in enumerate(net["epoch_seconds"]):
+        frames, nbytes = net["wire_per_epoch"]["frames"], net["wire_per_epoch"]["bytes"]
+        table.add_row(str(e), f"{seconds:.3f}", *(f"{p['epoch_seconds'][e]:.3f}" for p in net["projected"].values()),
+                      str(frames[e]) if e < len(frames) else "", f"{nbytes[e] / 1e6:.3f}" if e < len(nbytes) else "")
+    return table
 
 
 class Interrupted(BaseException):

@@ -402,11 +402,13 @@ def test_vmask_traffic_is_counted_by_the_channel_as_the_old_mpc_comm_counted_it(
 
 def test_an_active_half_without_passive_halves_is_refused():
     """Every passive party needs its own VMask half: the active half alone cannot mask P_k's model
-    (the old active-only design did it by reaching into P_k's model)."""
+    (the old active-only design did it by reaching into P_k's model). Refused by the first epoch's end at the
+    latest (with parties in separate processes the halves' setups arrive after the active party is built)."""
     cfg = build_config(minimal(model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 1}))
     vd = load_vertical_data(cfg)
+    fed = build_federation(cfg, vd, defenses=DefensePlan([VMask(aux_size=200)], {"passive_1": []}))
     with pytest.raises(CompatibilityError, match="its own VMask half"):
-        build_federation(cfg, vd, defenses=DefensePlan([VMask(aux_size=200)], {"passive_1": []}))
+        fed.fit(epochs=1, batch_size=64, generator=torch.Generator().manual_seed(0), y_test=vd.y_test)
 
 
 def test_vmask_messages_carry_only_tensors_and_scalars():

@@ -71,7 +71,7 @@ def test_two_party_processes_over_mtls_train_exactly_the_in_process_model(tmp_pa
     models = {"active.top": reference.federation.active.top, "active.bottom": reference.federation.active.bottom,
               "passive_1.bottom": reference.federation.passives[0].bottom}
     for name, model in models.items():
-        saved = torch.load(tmp_path / "out" / "checkpoints" / f"{name}.pt", weights_only=True)
+        saved = torch.load(tmp_path / "out" / "checkpoints" / f"{name}.final.pt", weights_only=True)
         assert saved.keys() == model.state_dict().keys()
         for key, value in model.state_dict().items():
             assert torch.equal(saved[key], value), (name, key)
@@ -86,16 +86,17 @@ def test_two_party_processes_over_mtls_train_exactly_the_in_process_model(tmp_pa
 
 
 def test_party_run_refuses_what_it_cannot_run_yet():
-    cfg = build_config({**RAW, "defenses": [{"name": "vmask"}]})
-    with pytest.raises(ConfigError, match="cannot run defenses .vmask."):
+    cfg = build_config({**RAW, "train": {**RAW["train"], "algorithm": "vsnn"}})
+    with pytest.raises(ConfigError, match="cannot run VSNN"):
         check_party_config(cfg)
+    check_party_config(build_config({**RAW, "defenses": [{"name": "vmask"}, {"name": "paillier_he"}]}))
 
 
 def test_party_run_reports_bad_input_in_one_paragraph(tmp_path, cli):
-    (tmp_path / "exp.yaml").write_text(yaml.safe_dump({**RAW, "defenses": [{"name": "vmask"}]}))
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump({**RAW, "train": {**RAW["train"], "algorithm": "vsnn"}}))
     proc = cli("party", "run", str(tmp_path / "exp.yaml"), "--party", "active", "--address", "active=127.0.0.1:0",
                "--insecure")
-    assert proc.returncode == 2 and "cannot run defenses (vmask) yet" in proc.stderr
+    assert proc.returncode == 2 and "cannot run VSNN" in proc.stderr
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(RAW))
     proc = cli("party", "run", str(tmp_path / "exp.yaml"), "--party", "active", "--address", "active", "--insecure")
     assert proc.returncode == 2 and "--address takes NAME=HOST:PORT, got 'active'" in proc.stderr
@@ -119,7 +120,7 @@ def test_killing_a_party_mid_training_ends_the_other_within_seconds_naming_it(tm
     try:
         assert active.stderr is not None
         for line in active.stderr:  # wait until training runs
-            if "links up to passive_1" in line:
+            if "passive_1 ready; training" in line:
                 break
         time.sleep(1.0)
         assert active.poll() is None, "the run ended before the kill"

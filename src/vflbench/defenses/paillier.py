@@ -96,7 +96,7 @@ from vflbench.he.keys import load_phe
 from vflbench.he.layers import HolderRef, KeyHolderLink, PaillierLinear, ShareCombiningTop, replace_last_linear
 from vflbench.protocol.channel import Endpoint
 from vflbench.protocol.hooks import BindContext, Defense, StepState
-from vflbench.protocol.messages import ACTIVE, passive_name
+from vflbench.protocol.messages import ACTIVE, Message, passive_name
 
 
 @DEFENSES.register(summary="Paillier-encrypted interactive layer (ACML/BlindFL-style HE baseline): the "
@@ -144,9 +144,24 @@ class PaillierHE(Defense):
         self.layer_: PaillierLinear | None = None
         self.own_bottom_: bool = False
         self.own_width_: int | None = None
+        self.layout_: list[tuple[str, int, int]] | None = None  # the top model's, shared (not the model itself)
+        self.top_in_dim_: int | None = None
         if context.party == ACTIVE:
             self.holder_ = PaillierKeyHolder(self.key_bits, pool=self.pool)
-            self._link().serve(NAMESPACE, self.holder_.handle)
+            self._link().serve(NAMESPACE, self._handle)
+
+    def _handle(self, request: Message) -> Message:
+        """The key holder answers; a passive party's key request that arrives after the top model was built (its
+        party in another process) completes the top model's layout."""
+        assert self.holder_ is not None
+        reply = self.holder_.handle(request)
+        if self.layout_ is not None and request.sender not in {p for p, _, _ in self.layout_}:
+            layout, how, _ = self._layout(self.top_in_dim_)
+            if how == "mean":
+                raise CompatibilityError("paillier_he with passive parties in other processes supports concat and "
+                                         "sum aggregation, not mean (the share count is fixed when the top is built)")
+            self.layout_[:] = layout
+        return reply
 
     def _link(self) -> Endpoint:
         if self.context_.link is None:
@@ -192,7 +207,18 @@ class PaillierHE(Defense):
         return model
 
     def wrap_top(self, model: nn.Module) -> nn.Module:
-        """The active party's top model behind the addition of its decrypted embedding shares."""
+        """The active party's top model behind the addition of its decrypted embedding shares (laid out by the
+        passive parties' key requests so far; the later ones complete the layout, see :meth:`_handle`)."""
+        assert self.holder_ is not None
+        layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
+        self.top_in_dim_ = layers[0].in_features if layers else None
+        layout, how, parts = self._layout(self.top_in_dim_)
+        self.layout_ = layout
+        return ShareCombiningTop(model, HolderRef(self.holder_), layout, how, parts)
+
+    def _layout(self, in_dim: int | None) -> tuple[list[tuple[str, int, int]], str, int]:
+        """The columns of each passive party's embedding share in the top model's input, the aggregation and the
+        number of embeddings aggregated."""
         holder = self.holder_
         assert holder is not None
         known = [passive_name(i) for i in range(1, self.context_.num_parties)]
@@ -205,8 +231,6 @@ class PaillierHE(Defense):
         order = list(widths)
         how = self.context_.aggregation or ("sum" if self.context_.algorithm == "vlr" else None)
         if how is None:
-            layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
-            in_dim = layers[0].in_features if layers else None
             if (in_dim is not None and None not in widths.values() and in_dim == sum(w or 0 for w in widths.values())) \
                     or len(order) == 1:
                 how = "concat"
@@ -220,7 +244,7 @@ class PaillierHE(Defense):
             if party != ACTIVE:
                 layout.append((party, start, start + width) if how == "concat" else (party, 0, 0))
             start += width
-        return ShareCombiningTop(model, HolderRef(holder), layout, how, len(order))
+        return layout, how, len(order)
 
     def transform_cut_gradient(self, gradient: Tensor, state: StepState) -> Tensor:  # noqa: D102
         if self.holder_ is None or state.receiver not in self.holder_.widths:

@@ -361,6 +361,7 @@ class VMask(Defense):
     def _serve_active(self, request: Message) -> Message:
         if request.kind == "vmask.setup":
             return self._setup(request)
+        self._check_set_up()
         return self.shares_.handle(request)
 
     def _serve_passive(self, request: Message) -> Message:
@@ -394,11 +395,16 @@ class VMask(Defense):
         return {self._eligible(n)[0]}
 
     def wrap_top(self, model: nn.Module) -> nn.Module:  # noqa: D102
+        self.top_ = model
+        return model
+
+    def _check_set_up(self) -> None:
+        """Every passive party's half has sent its initial parameters (``vmask.setup``). Checked at every
+        other ``vmask.*`` request and at each epoch's end, not when the top model is built: with the parties in
+        separate processes the setups arrive after the active party has built its models, before training."""
         if self.architectures_:
             raise CompatibilityError(f"vmask: {', '.join(sorted(self.architectures_))} sent no initial parameters: "
                                      "every passive party needs its own VMask half (side 'both')")
-        self.top_ = model
-        return model
 
     # -- Algorithm 1: layer masking ---------------------------------------------------------------
 
@@ -519,7 +525,10 @@ class VMask(Defense):
     # -- per epoch ------------------------------------------------------------------------------------
 
     def on_epoch_end(self, epoch: int) -> dict[str, Any]:  # noqa: D102
-        if self.context_.party != ACTIVE or not self.parties_:
+        if self.context_.party != ACTIVE:
+            return {}
+        self._check_set_up()
+        if not self.parties_:
             return {}
         ratios = [len(s.masked) / len(s.grad_norm) for s in self.parties_.values()]
         self.ratios_.append(sum(ratios) / len(ratios))

@@ -1,21 +1,40 @@
-"""One party of an experiment in its own process: a first, limited step (see docs/deployment.md).
+"""One party of an experiment in its own process (see docs/deployment.md).
 
 The active party's process runs the usual training loop (:class:`~vflbench.protocol.Federation`),
 in which each passive party is a :class:`RemotePassive`: its ``forward``, ``backward`` and
-``end_epoch`` are requests over the transport, answered by :func:`serve_passive` in the passive
-party's process. The loop's own in-process channel still counts the embeddings and cut gradients
-exactly as in a one-process run; the :class:`~vflbench.net.NetChannel` counts what really crossed
-the wire (the requests that carry the row ids down and the replies).
+``end_epoch`` are requests over the transport, answered by the passive party's process. The dealer
+of VMask's Beaver triples, when the config needs one, is a process of its own that answers
+``dealer.*`` requests. Each process binds only its own party's defense halves to its
+:class:`~vflbench.net.NetChannel` endpoint, so what crosses the wire between the halves is exactly
+what they send with ``link.call``/``serve``/``post``/``take``.
 
-Limits of this step: every process loads the whole dataset and builds every party's models (from
-the same seeds), then uses only its own; no defenses, no attacks, no VSNN (the active party must
-hold features). :func:`run_party` refuses configs outside these limits.
+Sequence: every process starts its channel (the start-up barrier), builds its federation (a passive
+party's VMask half sends ``vmask.setup`` to the active party while doing so), then each passive party
+posts ``passive.ready`` and answers requests; the active party waits for every ``passive.ready``,
+trains, posts ``passive.done``, takes each passive party's ``passive.report`` (its counters), writes
+the run directory (``result.json`` atomically) and says goodbye; the dealer answers until every peer
+has said goodbye.
+
+The loop's embeddings and cut gradients are counted by the active process's in-process channel, as in
+one process. ``result.json``'s ``comm`` adds the defense halves' messages as the network channels
+counted them (the active party's, and each passive party's ``dealer.*`` traffic from its report),
+leaving out the ``passive.*`` requests that drive the remote party. ``net.json`` records what
+crossed each link (frames and bytes) per epoch and the measured epoch times.
+
+Limits: every process loads the whole dataset and builds every party's models from the shared seeds,
+then uses only its own (a passive process also binds the active party's defense halves to a local
+channel of its own, so that label transforms size its bottom model as in one process); no VSNN, which
+:func:`check_party_config` refuses. Attacks run in their party's process; a passive party sends its attack
+results (scored in its process, which has the ground truth) in its report.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,23 +44,56 @@ from torch import Tensor, nn
 
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import ExperimentConfig
+from vflbench.experiment.plan import AttackPlan
 from vflbench.net.errors import ProtocolError
 from vflbench.net.policy import DEFAULT_RULES, Policy, Rule
 from vflbench.net.transport import NetChannel
-from vflbench.protocol.channel import Endpoint, Transcript
-from vflbench.protocol.messages import ACTIVE, Message, Scalar, passive_name
+from vflbench.protocol.channel import Channel, CommStats, Endpoint, KindStats, Transcript
+from vflbench.protocol.messages import ACTIVE, DEALER, Message, passive_name
 from vflbench.protocol.party import PassiveParty
 
 log = logging.getLogger(__name__)
 
-#: The active party drives a remote passive party: requests down, replies up.
-REMOTE_PASSIVE_RULES = (Rule("passive.*", "active", "passive", frozenset({"request"})),
-                        Rule("passive.*", "passive", "active", frozenset({"reply"})))
+#: The active party drives a remote passive party: requests down, replies up; a passive party posts
+#: ``passive.ready`` and ``passive.report``, the active party ``passive.done``.
+REMOTE_PASSIVE_RULES = (Rule("passive.*", "active", "passive", frozenset({"request", "send"})),
+                        Rule("passive.*", "passive", "active", frozenset({"reply", "send"})))
+
+
+def own_attacks(plan: AttackPlan, party: str) -> AttackPlan:
+    """The attacks of ``plan`` that run at ``party`` (in its process)."""
+    return dataclasses.replace(plan, attacks=[p for p in plan.attacks if p.attack.party == party])
 
 
 def party_policy() -> Policy:
     """The protocol's table plus the remote passive party's requests."""
     return Policy((*DEFAULT_RULES, *REMOTE_PASSIVE_RULES))
+
+
+def to_bytes_tensor(value: Any) -> Tensor:
+    """``value`` as JSON in a uint8 tensor (a report of any size; a frame's ``meta`` strings are capped)."""
+    return torch.tensor(list(json.dumps(value).encode()), dtype=torch.uint8)
+
+
+def from_bytes_tensor(tensor: Tensor) -> Any:
+    """The JSON value :func:`to_bytes_tensor` wrote (parsed as JSON: nothing received is unpickled)."""
+    if tensor.dtype != torch.uint8 or tensor.dim() != 1:
+        raise ProtocolError(f"a report must be a 1-d uint8 tensor of JSON, got {tensor.dtype} {tuple(tensor.shape)}")
+    return json.loads(bytes(tensor.tolist()).decode())
+
+
+class OracleBottom(nn.Module):
+    """The scorer's access to a remote passive party's real bottom model (``passive.oracle_bottom``): a feature
+    attack's diagnostics compare the attacker's shadow with the victim's model on the true features. This is the
+    experimenter's ground truth, not a protocol step; no party's code can reach it."""
+
+    def __init__(self, name: str, endpoint: Endpoint) -> None:
+        super().__init__()
+        self.name = name
+        self.endpoint = endpoint
+
+    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
+        return self.endpoint.call("passive.oracle_bottom", self.name, x, phase="eval").payload
 
 
 class RemotePassive:
@@ -53,12 +105,14 @@ class RemotePassive:
         self.endpoint = endpoint
         self.transcript = transcript
         self.data = None
-        self.bottom = None
+        self.bottom = OracleBottom(name, endpoint)
         self.defenses: list[Any] = []
+        self.wire: list[dict[str, Any]] = []
         self._position = (-1, -1)
 
     def models(self) -> dict[str, nn.Module]:
-        """None here: the passive party's models stay in its process."""
+        """None here: the passive party's models stay in its process (:attr:`bottom` is only the scorer's
+        :class:`OracleBottom`)."""
         return {}
 
     def forward(self, ids: Tensor, *, epoch: int, step: int, split: str = "train", train: bool = True) -> Tensor:
@@ -75,14 +129,19 @@ class RemotePassive:
         return bool(reply.meta.get("applied"))
 
     def end_epoch(self, epoch: int) -> dict[str, object]:
-        """The remote party's end-of-epoch report."""
-        return dict(self.endpoint.call("passive.end_epoch", self.name, epoch=epoch).meta)
+        """The remote party's end-of-epoch report (its link counters at that point are kept in :attr:`wire`)."""
+        reply = from_bytes_tensor(self.endpoint.call("passive.end_epoch", self.name, epoch=epoch).payload)
+        self.wire.append(reply["wire"])
+        return dict(reply["report"])
 
 
 @dataclass
 class _Served:
     party: PassiveParty
+    channel: NetChannel
+    on_epoch_end: Callable[[], None]
     pending: tuple[int, ...] | None = None
+    pending_ids: Tensor | None = None
     rows: Mapping[str, int] = field(default_factory=dict)
 
     def __call__(self, request: Message) -> Message:
@@ -96,60 +155,119 @@ class _Served:
                 raise ProtocolError(f"passive.forward asks for rows outside 0..{self.rows[split] - 1} of {split}")
             out = self.party.forward(ids, epoch=request.epoch, step=request.step,
                                      split="train" if split == "train" else "test", train=train)
-            self.pending = tuple(out.shape) if train else self.pending
+            if train:
+                self.pending, self.pending_ids = tuple(out.shape), ids
+            # the party's own record of what it sent, as the in-process channel keeps it
+            self.party.transcript.record(Message("embedding", self.party.name, ACTIVE, out, ids, request.epoch,
+                                                 request.step, request.phase))
             return request.reply(out)
         if request.kind == "passive.backward":
             g = request.payload
-            if self.pending is None or tuple(g.shape) != self.pending or not g.dtype.is_floating_point:
+            # a plaintext cut gradient has the embedding's shape; an encrypted one (paillier_he) is its ciphertexts'
+            # bytes, which the party's defense checks
+            plain = g.dtype.is_floating_point and tuple(g.shape) == self.pending
+            if self.pending is None or not (plain or g.dtype == torch.uint8):
                 raise ProtocolError(f"passive.backward: a cut gradient of shape {tuple(g.shape)} ({g.dtype}) does "
                                     f"not fit the pending embedding ({self.pending})")
-            self.pending = None
+            assert self.pending_ids is not None
+            self.party.transcript.record(Message("cut_gradient", ACTIVE, self.party.name, g, self.pending_ids,
+                                                 request.epoch, request.step))
+            self.pending = self.pending_ids = None
             return request.reply(meta={"applied": self.party.backward(g)})
         if request.kind == "passive.end_epoch":
             report = self.party.end_epoch(request.epoch)
-            meta: dict[str, Scalar] = {k: v for k, v in report.items()
-                                       if v is None or isinstance(v, bool | int | float | str)}
-            return request.reply(meta=meta)
-        raise ProtocolError(f"{self.party.name} serves passive.forward, passive.backward and passive.end_epoch, "
-                            f"not {request.kind!r}")
+            self.on_epoch_end()
+            return request.reply(to_bytes_tensor({"report": report, "wire": wire_of(self.channel)}))
+        if request.kind == "passive.oracle_bottom":
+            bottom = self.party.bottom
+            assert bottom is not None
+            was = bottom.training
+            bottom.eval()
+            with torch.no_grad():
+                out = bottom(request.payload)
+            bottom.train(was)
+            return request.reply(out)
+        raise ProtocolError(f"{self.party.name} serves passive.forward, passive.backward, passive.end_epoch and "
+                            f"passive.oracle_bottom, not {request.kind!r}")
 
 
-def serve_passive(party: PassiveParty, channel: NetChannel) -> None:
-    """Answer the active party's requests for ``party`` until it says goodbye."""
-    assert party.data is not None
-    served = _Served(party, rows={"train": len(party.data.x_train), "test": len(party.data.x_test)})
-    channel.endpoint(party.name).serve("passive", served)
-    channel.serve_forever()
+def wire_of(channel: NetChannel) -> dict[str, dict[str, int]]:
+    """The channel's frame counters per peer."""
+    return {k: v.as_dict() for k, v in channel.wire.items()}
 
 
 def check_party_config(cfg: ExperimentConfig) -> None:
     """Refuse what :func:`run_party` cannot run yet (see the module docstring)."""
     problems = []
-    if cfg.defenses:
-        problems.append(f"defenses ({', '.join(d.name for d in cfg.defenses)})")
-    if cfg.attacks:
-        problems.append(f"attacks ({', '.join(a.name for a in cfg.attacks)})")
     if cfg.train.algorithm == "vsnn":
         problems.append("VSNN (the active party holds no features)")
     if problems:
-        raise ConfigError(f"`vflbench party run` cannot run {' or '.join(problems)} yet; it runs VLR and VHNN "
-                          "without defenses or attacks. Use `vflbench run` for everything in one process")
+        raise ConfigError(f"parties in separate processes cannot run {' or '.join(problems)} yet; use `vflbench run` "
+                          "for everything in one process")
+
+
+def needs_dealer(cfg: ExperimentConfig) -> str | None:
+    """The name of the configured defense whose Beaver triples come from a dealer (VMask and its variants), if any."""
+    from vflbench.defenses import create_defense
+    from vflbench.defenses.vmask import VMask
+
+    return next((s.name for s in cfg.defenses if isinstance(create_defense(s.name, **s.params()), VMask)), None)
 
 
 def party_names(cfg: ExperimentConfig) -> list[str]:
-    """The parties of ``cfg``'s run: the active party and its passive parties."""
-    return [ACTIVE, *(passive_name(i + 1) for i in range(cfg.data.parties - 1))]
+    """The parties of ``cfg``'s run: the active party, its passive parties and the dealer when one is needed."""
+    names = [ACTIVE, *(passive_name(i + 1) for i in range(cfg.data.parties - 1))]
+    return names + [DEALER] * (needs_dealer(cfg) is not None)
+
+
+def merged_comm(parts: list[tuple[CommStats, Callable[[str], bool]]]) -> dict[str, Any]:
+    """One ``comm`` from several counters, each contributing the kinds its filter keeps (so that no message is
+    counted twice); the totals are the sums over the kinds, as :class:`CommStats` counts them."""
+    merged = CommStats()
+    for stats, keep in parts:
+        for kind, directions in stats.by_kind.items():
+            if not keep(kind):
+                continue
+            for direction, s in directions.items():
+                into = merged.by_kind[kind].setdefault(direction, KindStats())
+                into.messages += s.messages
+                into.bytes += s.bytes
+                merged.messages += s.messages
+                if direction == "up":
+                    merged.messages_up += s.messages
+                    merged.bytes_up += s.bytes
+                else:
+                    merged.messages_down += s.messages
+                    merged.bytes_down += s.bytes
+    return merged.as_dict()
+
+
+def comm_from_dict(raw: Mapping[str, Any]) -> CommStats:
+    """A :class:`CommStats` from its :meth:`~CommStats.as_dict` (a passive party's report)."""
+    stats = CommStats()
+    for kind, directions in raw["by_kind"].items():
+        for direction, s in directions.items():
+            stats.by_kind[kind][direction] = KindStats(int(s["messages"]), int(s["bytes"]))
+    return stats
+
+
+def _save_models(models: Mapping[str, nn.Module], party: str, out_dir: Path) -> None:
+    for role, model in models.items():
+        path = out_dir / "checkpoints" / f"{party}.{role}.final.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(model.state_dict(), tmp)
+        tmp.replace(path)
 
 
 def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir: Path | None = None,
               data_root: str | Path | None = None) -> dict[str, Any]:
     """Run ``party``'s side of ``cfg`` over ``channel`` (started here, and closed -- or aborted on an error -- before
     returning); returns (and writes to ``out_dir/<party>.json``) its summary with the channel's final counts, and
-    saves its models' state dicts under ``out_dir/checkpoints``."""
+    saves its models' state dicts under ``out_dir/checkpoints``. The active party also writes the run directory's
+    ``result.json``, ``metrics.jsonl``, ``config.yaml``, ``env.json`` and ``net.json`` in ``out_dir``."""
     from vflbench.experiment.results import write_json
-    from vflbench.experiment.run import utility_of
-    from vflbench.experiment.scenario import build_federation, load_vertical_data
-    from vflbench.rng import generator
+    from vflbench.experiment.scenario import load_vertical_data
 
     cfg = cfg.resolved()
     check_party_config(cfg)
@@ -158,33 +276,235 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.train.threads)
     try:
-        vd = load_vertical_data(cfg, data_root)
-        fed = build_federation(cfg, vd)
+        vd = load_vertical_data(cfg, data_root) if party != DEALER else None
         summary: dict[str, Any] = {"party": party, "run": channel.run}
         with channel:
-            if party == ACTIVE:
-                endpoint = channel.endpoint(ACTIVE)
-                fed.passives = [RemotePassive(p.name, endpoint=endpoint,  # type: ignore[misc]
-                                              transcript=p.transcript) for p in fed.passives]
-                history = fed.fit(epochs=cfg.train.epochs, batch_size=cfg.train.batch_size,
-                                  generator=generator(cfg.seed, "active", "batches"), y_test=vd.y_test,
-                                  eval_every=cfg.train.eval_every)
-                summary.update(utility=utility_of(cfg, history).__dict__, epochs=history.epochs,
-                               comm=fed.channel.train.as_dict())
-                models = fed.active.models()
+            if party == DEALER:
+                _serve_dealer(cfg, channel)
+                models: dict[str, nn.Module] = {}
+            elif party == ACTIVE:
+                assert vd is not None
+                models = _run_active(cfg, vd, channel, summary, out_dir, data_root)
             else:
-                mine = next(p for p in fed.passives if p.name == party)
-                serve_passive(mine, channel)
-                models = mine.models()
-        summary["net"] = {"stats": {k: v.as_dict() for k, v in channel.stats.items()},
-                          "wire": {k: v.as_dict() for k, v in channel.wire.items()}}
+                assert vd is not None
+                models = _run_passive(cfg, vd, channel, party)
+        summary["net"] = {"stats": {k: v.as_dict() for k, v in channel.stats.items()}, "wire": wire_of(channel)}
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
-            for role, model in models.items():
-                path = out_dir / "checkpoints" / f"{party}.{role}.pt"
-                path.parent.mkdir(exist_ok=True)
-                torch.save(model.state_dict(), path)
+            _save_models(models, party, out_dir)
             write_json(out_dir / f"{party}.json", summary)
         return summary
     finally:
         torch.set_num_threads(previous_threads)
+
+
+def _serve_dealer(cfg: ExperimentConfig, channel: NetChannel) -> None:
+    """The dealer's process: VMask's dealer, seeded as in one process, answering until every peer said goodbye."""
+    from vflbench.defenses.vmask import start_dealer
+    from vflbench.rng import generator
+
+    name = needs_dealer(cfg)
+    assert name is not None
+    start_dealer(channel.endpoint(DEALER), generator(cfg.seed, "defense", name, ACTIVE))
+    channel.serve_forever()
+
+
+def _run_passive(cfg: ExperimentConfig, vd: Any, channel: NetChannel, party: str) -> dict[str, nn.Module]:
+    """A passive party's process: build its side (its defense halves on the network), answer the active party's
+    requests until it says ``passive.done``, then report this process's counters."""
+    from vflbench.experiment.plan import validate_attacks
+    from vflbench.experiment.run import TrainedRun
+    from vflbench.experiment.scenario import DefensePlan, build_federation, plan_defenses
+    from vflbench.experiment.scoring import run_attacks
+    from vflbench.protocol import History
+
+    names = party_names(cfg)[1:cfg.data.parties]
+    plan = plan_defenses(cfg, names)
+    attack_plan = validate_attacks(cfg, vd)
+    attacks = own_attacks(attack_plan, party)
+    local = Channel()  # the active party's halves, bound here only so that label transforms size the bottom model
+    mine = DefensePlan(plan.active, {n: plan.passive[n] if n == party else [] for n in names})
+    links: Callable[[str], Endpoint] = channel.endpoint
+    fed = build_federation(cfg, vd, defenses=mine, keep=attack_plan.keep, extra_dims=attack_plan.extra_dims(),
+                           held_out=attack_plan.held_out(),
+                           links=lambda name: links(name) if name == party else local.endpoint(name))
+    attacks.prepare(fed)
+    passive = fed.passives[names.index(party)]
+    assert passive.data is not None
+    endpoint = channel.endpoint(party)
+    endpoint.serve("passive", _Served(passive, channel, lambda: attacks.on_epoch_end(fed),
+                                      rows={"train": len(passive.data.x_train), "test": len(passive.data.x_test)}))
+    endpoint.post("passive.ready", ACTIVE)
+    endpoint.take("passive.done", ACTIVE)
+    results, seconds = run_attacks(attacks, TrainedRun(cfg, vd, fed, History(), 0.0))
+    endpoint.post("passive.report", ACTIVE, to_bytes_tensor({
+        "stats": {k: v.as_dict() for k, v in channel.stats.items()}, "wire": wire_of(channel),
+        "attacks": {str(i): dataclasses.asdict(r) for i, r in zip(_positions(attack_plan, party), results,
+                                                                   strict=True)},
+        "attack_seconds": seconds}))
+    return passive.models()
+
+
+def _positions(plan: AttackPlan, party: str) -> list[int]:
+    """Where ``party``'s attacks stand in the config's list of attacks."""
+    return [i for i, p in enumerate(plan.attacks) if p.attack.party == party]
+
+
+def _run_active(cfg: ExperimentConfig, vd: Any, channel: NetChannel, summary: dict[str, Any],
+                out_dir: Path | None, data_root: str | Path | None) -> dict[str, nn.Module]:
+    """The active party's process: build its side, wait for every passive party, train, collect the passive
+    parties' reports and write the run directory."""
+    from vflbench.experiment.config import check_components
+    from vflbench.experiment.plan import validate_attacks
+    from vflbench.experiment.results import AttackResult, write_atomic, write_json
+    from vflbench.experiment.run import (
+        TrainedRun,
+        _undefended_result,
+        check_before_training,
+        environment,
+        mark_undefended,
+        utility_of,
+    )
+    from vflbench.experiment.scenario import DefensePlan, build_federation, plan_defenses
+    from vflbench.experiment.scoring import run_attacks
+    from vflbench.rng import generator
+
+    check_components(cfg)
+    attack_plan = validate_attacks(cfg, vd)
+    check_before_training(cfg, vd, attack_plan)
+    names = party_names(cfg)[1:cfg.data.parties]
+    plan = plan_defenses(cfg, names)
+    held_out = attack_plan.held_out()
+    attacks = own_attacks(attack_plan, ACTIVE)
+    fed = build_federation(cfg, vd, defenses=DefensePlan(plan.active, {n: [] for n in names}), held_out=held_out,
+                           keep=attack_plan.keep, extra_dims=attack_plan.extra_dims(), links=channel.endpoint)
+    endpoint = channel.endpoint(ACTIVE)
+    for p in fed.passives:  # while waiting, the active party answers the passive halves' set-up requests
+        endpoint.take("passive.ready", p.name)
+    log.info("active: %s ready; training", ", ".join(p.name for p in fed.passives))
+    remotes = [RemotePassive(p.name, endpoint=endpoint, transcript=p.transcript) for p in fed.passives]
+    fed.passives = remotes  # type: ignore[assignment]
+    attacks.prepare(fed)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(out_dir / "config.yaml", cfg.to_yaml())
+        write_json(out_dir / "env.json", environment(cfg.train.threads))
+    metrics_lines: list[str] = []
+    active_wire: list[dict[str, Any]] = []
+    walls: list[float] = []
+
+    def on_epoch_end(epoch: int, record: dict[str, Any]) -> None:
+        walls.append(time.perf_counter())
+        active_wire.append(wire_of(channel))
+        attacks.on_epoch_end(fed)
+        if out_dir is not None:
+            metrics_lines.append(json.dumps(record))
+            write_atomic(out_dir / "metrics.jsonl", "\n".join(metrics_lines) + "\n")
+
+    tic = time.perf_counter()
+    walls.append(tic)
+    history = fed.fit(epochs=cfg.train.epochs, batch_size=cfg.train.batch_size,
+                      generator=generator(cfg.seed, "active", "batches"), y_test=vd.y_test,
+                      eval_every=cfg.train.eval_every, on_epoch_end=on_epoch_end)
+    run = TrainedRun(cfg, vd, fed, history, time.perf_counter() - tic)
+    found, attack_seconds = run_attacks(attacks, run)  # before passive.done: it may query the passive parties
+    reports = {}
+    for remote in remotes:
+        endpoint.post("passive.done", remote.name)
+        reports[remote.name] = from_bytes_tensor(endpoint.take("passive.report", remote.name).payload)
+    utility = utility_of(cfg, history)
+    results: dict[int, AttackResult] = dict(zip(_positions(attack_plan, ACTIVE), found, strict=True))
+    for report in reports.values():
+        results.update({int(i): AttackResult(**r) for i, r in report["attacks"].items()})
+        attack_seconds.update(report["attack_seconds"])
+    attack_results = [results[i] for i in range(len(attack_plan.attacks))]
+    undefended = (_undefended_result(cfg, out_dir=out_dir.parent if out_dir else None,
+                                      data_root=data_root)
+                  if cfg.defenses and cfg.attacks else None)
+    mark_undefended(attack_results, None if undefended is None else undefended["attacks"])
+    comm = merged_comm([(fed.channel.train, lambda kind: True),
+                        (channel.train, lambda kind: not kind.startswith("passive.")),
+                        *((comm_from_dict(r["stats"]["train"]), lambda kind: kind.startswith("dealer."))
+                          for r in reports.values())])
+    honest = not any(p.attack.phase == "malicious" for p in attack_plan.attacks)
+    result = active_result(run, utility=utility, comm=comm, held_out=held_out, attacks=attack_results,
+                           attack_seconds=attack_seconds, undefended=undefended if honest else None)
+    summary.update(utility=utility.__dict__, epochs=history.epochs, comm=comm)
+    if out_dir is not None:
+        epoch_walls = [b - a for a, b in zip(walls, walls[1:], strict=False)]
+        write_json(out_dir / "net.json", net_report(epoch_walls, comm, active_wire,
+                                                    {n: p.wire for n, p in zip(names, remotes, strict=True)},
+                                                    {ACTIVE: wire_of(channel), **{n: r["wire"] for n, r in
+                                                                                  reports.items()}}))
+        write_json(out_dir / "result.json", result)
+    return fed.active.models()
+
+
+def active_result(run: Any, *, utility: Any, comm: dict[str, Any], held_out: Tensor | None, attacks: list[Any],
+                  attack_seconds: dict[str, float], undefended: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``result.json`` of a run whose parties ran in separate processes, as
+    :func:`~vflbench.experiment.run.run_experiment` writes it. Baselines: ``alone`` is trained in the active
+    party's process (its own data only); ``vanilla`` is this run's utility when the run has no defenses, the
+    undefended run's (``undefended``, launched before) when the attackers only observe, and is skipped otherwise
+    (it would need a second federation)."""
+    from vflbench.experiment.results import RunResult, Timing
+    from vflbench.experiment.run import defense_details, train_run, utility_of
+
+    cfg, vd = run.config, run.data
+    baselines: dict[str, Any] = {}
+    for name in cfg.baselines:
+        if name == "vanilla" and not cfg.defenses:
+            baselines["vanilla"] = utility.__dict__
+        elif name == "vanilla" and undefended is not None:
+            baselines["vanilla"] = dict(undefended["utility"])  # honest attackers: it trained exactly vanilla
+        elif name == "vanilla":
+            baselines["vanilla"] = {"skipped": "a run with defenses across processes trains no second, undefended "
+                                               "federation; run the config without defenses, or use `vflbench run`"}
+        else:
+            baselines["alone"] = utility_of(cfg, train_run(cfg, vd, with_defenses=False, alone=True,
+                                                           held_out=held_out).history).__dict__
+    result = RunResult(
+        config_hash=cfg.hash(), seed=cfg.seed,
+        data={**vd.info, "n_train": len(vd.y_train), "n_test": len(vd.y_test),
+              "n_held_out": 0 if held_out is None else len(held_out)},
+        utility=utility,
+        defense=[{"name": s.name, "params": s.params(), **defense_details(run, s.name)} for s in cfg.defenses],
+        attacks=attacks, timing=Timing(run.train_seconds, run.history.epoch_seconds, attack_seconds), comm=comm,
+        baselines=baselines)
+    return result.to_dict()
+
+
+def net_report(epoch_seconds: list[float], comm: dict[str, Any], active_wire: list[dict[str, Any]],
+               passive_wire: dict[str, list[dict[str, Any]]], final: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``net.json``: the measured wall time per epoch (training, the end-of-epoch reports and the evaluation), what
+    the channels counted, and what crossed each link per epoch (frames and bytes, counted at one end of each link:
+    the active party's links at the active party, a passive party's link to the dealer at that party), with the
+    time projected on each :data:`~vflbench.net.linkmodel.LINK_PROFILES` network."""
+    from vflbench.net.linkmodel import LINK_PROFILES, project
+
+    def links(active: Mapping[str, Any], passives: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+        out = {f"active-{peer}": {"frames": w["frames_sent"] + w["frames_received"],
+                                  "bytes": w["bytes_sent"] + w["bytes_received"]} for peer, w in active.items()}
+        for name, wire in passives.items():
+            if DEALER in wire:
+                w = wire[DEALER]
+                out[f"{name}-{DEALER}"] = {"frames": w["frames_sent"] + w["frames_received"],
+                                           "bytes": w["bytes_sent"] + w["bytes_received"]}
+        return out
+
+    per_epoch: list[dict[str, dict[str, int]]] = []
+    previous: dict[str, dict[str, int]] = {}
+    for epoch, snapshot in enumerate(active_wire):
+        now = links(snapshot, {n: w[epoch] for n, w in passive_wire.items() if epoch < len(w)})
+        per_epoch.append({k: {m: v[m] - previous.get(k, {}).get(m, 0) for m in v} for k, v in now.items()})
+        previous = now
+    frames = [sum(v["frames"] for v in e.values()) for e in per_epoch]
+    nbytes = [sum(v["bytes"] for v in e.values()) for e in per_epoch]
+    return {"epoch_seconds": epoch_seconds,
+            "counted": {"messages": comm["messages"], "bytes": comm["bytes_up"] + comm["bytes_down"]},
+            "wire_per_epoch": {"frames": frames, "bytes": nbytes, "links": per_epoch},
+            "wire_total": links(final.get(ACTIVE, {}), {n: w for n, w in final.items() if n != ACTIVE}),
+            "projected": {name: {**profile.as_dict(),
+                                 "epoch_seconds": [project(s, f, b, profile) for s, f, b in
+                                                   zip(epoch_seconds, frames, nbytes, strict=False)]}
+                          for name, profile in LINK_PROFILES.items()}}

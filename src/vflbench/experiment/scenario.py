@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +22,7 @@ from vflbench.protocol import (
     Channel,
     Defense,
     DefenseAux,
+    Endpoint,
     Federation,
     PassiveParty,
     TrainSettings,
@@ -97,14 +98,18 @@ def plan_defenses(cfg: ExperimentConfig, passive_names: Sequence[str]) -> Defens
 
 def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: DefensePlan | None = None,
                      alone: bool = False, keep: dict[str, set[str]] | None = None,
-                     extra_dims: dict[str, int] | None = None, held_out: Tensor | None = None) -> Federation:
+                     extra_dims: dict[str, int] | None = None, held_out: Tensor | None = None,
+                     links: Callable[[str], Endpoint] | None = None) -> Federation:
     """Build the parties of ``cfg`` over ``vd`` (``alone``: the active party by itself).
 
     ``extra_dims`` widens a party's uploaded embedding (a malicious passive party appending
     dimensions); the top model is sized by what it receives, as in a deployment. ``held_out``:
     training rows no party trains on (an attacker's auxiliary set that its threat model keeps
     disjoint from the training set, :meth:`AttackPlan.held_out`). Every defense instance is bound
-    with its party's endpoint of the federation's channel (its only way to reach other parties).
+    with its party's endpoint of the federation's channel (its only way to reach other parties), or
+    with ``links(party)`` when given: a party's endpoint of a network channel, in a process that runs
+    one party (:mod:`vflbench.experiment.party`); VMask's dealer is then a process of its own, not
+    started here.
     """
     cfg = cfg.resolved()
     m, t, seed = cfg.model, cfg.train, cfg.seed
@@ -120,7 +125,7 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
     transcripts = {n: Transcript(n, keep.get(n, ())) for n in (*names, ACTIVE)}
     for transcript in transcripts.values():
         channel.register(transcript)
-    for d in plan.active:
+    for d in plan.active if links is None else ():
         if isinstance(d, VMask):  # VMask's Beaver triples come from a dealer that is neither party
             start_dealer(channel.endpoint(DEALER), generator(seed, "defense", d.name, ACTIVE))
     defense_held_out: list[Tensor] = []
@@ -131,7 +136,7 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
     def bind(d: Defense, party: str) -> None:
         d.bind(BindContext(party, t.algorithm, vd.num_classes, holders + (vd.active is None),
                            generator(seed, "defense", d.name, party), generator(seed, "defense", d.name, "shared"),
-                           link=channel.endpoint(party), train=settings, aggregation=t.aggregation,
+                           link=(links or channel.endpoint)(party), train=settings, aggregation=t.aggregation,
                            active_has_features=vd.active is not None, model_completion=completion,
                            aux=defense_aux(d, party)))
 

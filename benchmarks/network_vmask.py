@@ -1,0 +1,99 @@
+"""VMask vs vanilla VFL with every party in its own process (``vflbench launch``: loopback, mutual TLS), per epoch,
+and projected onto the VMask paper's LAN (836 Mbit/s) and a 100 Mbit/s, 50 ms WAN.
+
+MLP3 bottoms on TabMNIST (784 pixels split between 2 parties), MLP2 top, batch 128, lr 0.1, plain SGD, as the
+paper's Table III column MLP3/TM; VMask with budget 0.25, 640 auxiliary rows, 20 simulated model-completion
+epochs. Reduced rows (``--train-size``, default 6,400 rows: 45 training steps once VMask's 640 auxiliary rows are
+held out; vanilla trains on all 50 steps' rows, so the comparison is per step) and ``--epochs`` epochs (default 2).
+Each variant is run both ways:
+as one process (``vflbench run``) and as separate processes (``vflbench launch``: active party, passive party and,
+for VMask, the dealer). Per step: the training time (``timing.epoch_seconds`` / steps, the training steps only) and
+the frames and bytes that crossed the links per epoch (evaluation and end-of-epoch messages included) divided by the
+steps. The projection of a full 60,000-row epoch (469 steps) on a network: 469 x (measured ms per step + frames per
+step x one-way latency + 8 x bytes per step / bandwidth); VMask's end-of-epoch work and the evaluation are left out.
+
+    VFLBENCH_DATA=../shared/datasets OMP_NUM_THREADS=1 python benchmarks/network_vmask.py --out network_vmask.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from vflbench.experiment.config import build_config
+from vflbench.experiment.launch import launch
+from vflbench.experiment.run import run_experiment
+from vflbench.net.linkmodel import LINK_PROFILES
+
+#: VMask (NDSS 2025) Table III, MLP3 / TM, seconds per epoch (GPU servers on 836 Mbit/s Ethernet).
+PAPER = {"vanilla": 1.9, "vmask": 6.2}
+FULL_EPOCH_STEPS = math.ceil(60_000 / 128)
+
+
+def config(variant: str, *, train_size: int, epochs: int) -> dict:
+    defenses = [] if variant == "vanilla" else [{"name": "vmask", "budget": 0.25, "aux_size": 640, "sigma": 0.01,
+                                                 "mc_epochs": 20}]
+    return {"data": {"name": "tabmnist", "parties": 2, "train_size": train_size, "test_size": 1000},
+            "model": {"bottom": "mlp3", "top": "mlp2"},
+            "train": {"algorithm": "vhnn", "aggregation": "concat", "epochs": epochs, "batch_size": 128, "lr": 0.1,
+                      "optimizer": "sgd", "momentum": 0.0, "threads": 1},
+            "defenses": defenses, "seed": 0}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--train-size", type=int, default=6400)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("network_vmask.json"))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    report: dict = {"load_before": os.getloadavg(), "cpus": os.cpu_count(), "train_size": args.train_size,
+                    "epochs": args.epochs, "full_epoch_steps": FULL_EPOCH_STEPS, "paper_table3_mlp3_tm": PAPER,
+                    "profiles": {k: v.as_dict() for k, v in LINK_PROFILES.items()}, "variants": {}}
+    with tempfile.TemporaryDirectory(prefix="network-vmask-") as tmp:
+        for variant in ("vanilla", "vmask"):
+            cfg = build_config(config(variant, train_size=args.train_size, epochs=args.epochs))
+            one = run_experiment(cfg).to_dict()
+            tic = time.perf_counter()
+            many = launch(cfg, out_dir=Path(tmp), receive_timeout=300)
+            rows = one["data"]["n_train"] - (640 if variant == "vmask" else 0)
+            steps = math.ceil(rows / 128)
+            net = many.net
+            per_step = {
+                "one_process_ms": [1e3 * s / steps for s in one["timing"]["epoch_seconds"]],
+                "processes_ms": [1e3 * s / steps for s in many.result["timing"]["epoch_seconds"]],
+                "frames": [f / steps for f in net["wire_per_epoch"]["frames"]],
+                "bytes": [b / steps for b in net["wire_per_epoch"]["bytes"]],
+            }
+            last = -1  # the last epoch: no warm-up, and VMask's mask is the selected one
+            projected = {name: FULL_EPOCH_STEPS * (per_step["processes_ms"][last] / 1e3
+                                                   + per_step["frames"][last] * p.latency_ms / 1e3
+                                                   + 8 * per_step["bytes"][last] / (p.bandwidth_mbit_s * 1e6))
+                         for name, p in LINK_PROFILES.items()}
+            report["variants"][variant] = {
+                "steps_per_epoch": steps, "launch_seconds": time.perf_counter() - tic, "per_step": per_step,
+                "epoch_wall_seconds_processes": net["epoch_seconds"],
+                "full_epoch_seconds": {"one_process": FULL_EPOCH_STEPS * per_step["one_process_ms"][last] / 1e3,
+                                       "processes_loopback": FULL_EPOCH_STEPS * per_step["processes_ms"][last] / 1e3,
+                                       **{f"projected_{k}": v for k, v in projected.items()}},
+                "accuracy": many.result["utility"]["value"],
+                "identical_to_one_process": {k: v for k, v in many.result.items() if k != "timing"}
+                == {k: v for k, v in one.items() if k != "timing"}}
+    report["load_after"] = os.getloadavg()
+    full = {v: r["full_epoch_seconds"] for v, r in report["variants"].items()}
+    report["ratio_vmask_over_vanilla"] = {k: full["vmask"][k] / full["vanilla"][k] for k in full["vanilla"]}
+    report["ratio_paper"] = PAPER["vmask"] / PAPER["vanilla"]
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({"full_epoch_seconds": full, "ratio": report["ratio_vmask_over_vanilla"],
+                      "load": [report["load_before"], report["load_after"]]}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

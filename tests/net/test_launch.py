@@ -1,0 +1,153 @@
+"""`vflbench launch`: every party (and VMask's dealer) as its own process over loopback mutual TLS gives the
+in-process run's result.json (apart from timing) and metrics (apart from seconds)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("grpc")
+pytest.importorskip("cryptography")
+
+from vflbench.errors import ConfigError
+from vflbench.experiment.config import build_config
+from vflbench.experiment.launch import _wait, launch
+from vflbench.experiment.party import merged_comm, party_names
+from vflbench.experiment.run import run_experiment
+from vflbench.net.linkmodel import LINK_PROFILES, project
+from vflbench.protocol.channel import CommStats
+from vflbench.protocol.messages import Message
+
+
+def metrics(run_dir) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if not k.endswith("seconds")} for line in lines]
+
+
+def in_process(raw: dict, tmp_path) -> tuple[dict, list[dict]]:
+    cfg = build_config(raw)
+    torch.set_num_threads(1)
+    result = run_experiment(cfg, out_dir=tmp_path / "one")
+    return result.to_dict(), metrics(tmp_path / "one" / cfg.hash())
+
+
+def check_same(raw: dict, tmp_path) -> tuple[dict, dict]:
+    launched = launch(build_config(raw), out_dir=tmp_path / "many", timeout=120, receive_timeout=60)
+    reference, records = in_process(raw, tmp_path)
+    assert {k: v for k, v in launched.result.items() if k != "timing"} == \
+        {k: v for k, v in reference.items() if k != "timing"}
+    assert metrics(launched.run_dir) == records
+    assert len(launched.net["epoch_seconds"]) == raw["train"]["epochs"]
+    return launched.result, launched.net
+
+
+@pytest.mark.slow
+def test_launched_demo_vhnn_three_parties_equals_one_process(tmp_path):
+    raw = {"data": {"name": "digits", "parties": 3}, "model": {"bottom": "mlp2", "top": "mlp2"},
+           "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1},
+           "baselines": ["vanilla", "alone"], "seed": 0}
+    result, net = check_same(raw, tmp_path)
+    assert result["comm"]["by_kind"].keys() == {"embedding", "cut_gradient"}
+    assert set(net["wire_total"]) == {"active-passive_1", "active-passive_2"}
+    # the wire carries more than the loop's messages (row ids, headers, acknowledgements)
+    assert sum(net["wire_per_epoch"]["bytes"]) > result["comm"]["bytes_up"] + result["comm"]["bytes_down"]
+
+
+@pytest.mark.slow
+def test_launched_vlr_breast_cancer_three_parties_equals_one_process(tmp_path):
+    raw = {"data": {"name": "breast_cancer", "parties": 3}, "model": {"bottom": "logreg", "top": "identity"},
+           "train": {"algorithm": "vlr", "epochs": 2, "batch_size": 64, "lr": 0.05}, "seed": 1}
+    check_same(raw, tmp_path)
+
+
+@pytest.mark.slow
+def test_launched_vmask_with_its_dealer_process_equals_one_process(tmp_path):
+    raw = {"data": {"name": "digits", "parties": 2, "train_size": 600, "test_size": 200},
+           "model": {"bottom": "mlp2", "top": "mlp2"},
+           "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1},
+           "defenses": [{"name": "vmask", "aux_size": 100, "mc_epochs": 2}], "seed": 1}
+    assert party_names(build_config(raw)) == ["active", "passive_1", "dealer"]
+    result, net = check_same(raw, tmp_path)
+    kinds = result["comm"]["by_kind"]
+    # VMask's own messages and the dealer's triples (counted at the passive party's process) are in comm
+    assert {"vmask.forward", "dealer.triple", "dealer.take"} <= kinds.keys()
+    # each triple: P_k's request and the dealer's reply (neither to the active party), one take by the active party
+    assert kinds["dealer.triple"]["down"]["messages"] == 2 * kinds["dealer.take"]["down"]["messages"] > 0
+    assert {"active-passive_1", "active-dealer", "passive_1-dealer"} <= net["wire_total"].keys()
+
+
+@pytest.mark.slow
+def test_launched_attacks_run_in_their_parties_processes_and_equal_one_process(tmp_path):
+    raw = {"data": {"name": "digits", "parties": 2, "train_size": 600, "test_size": 200},
+           "model": {"bottom": "mlp2", "top": "mlp2"},
+           "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1},
+           "attacks": [{"name": "model_completion", "known_per_class": 4, "epochs": 2},
+                       {"name": "dmavfl", "aux_size": 100, "aux_batch_size": 100}], "seed": 2}
+    result, _ = check_same(raw, tmp_path)
+    # model completion ran in the passive process (its bottom model), DMAVFL in the active one (its shadow,
+    # compared with the victim's real model through the scorer's oracle)
+    assert [a["name"] for a in result["attacks"]] == ["model_completion", "dmavfl"]
+    assert "emb_mse" in result["attacks"][1]["details"]
+
+
+@pytest.mark.slow
+def test_launched_paillier_keeps_its_keys_in_the_active_process_and_equals_one_process(tmp_path):
+    pytest.importorskip("phe")
+    raw = {"data": {"name": "breast_cancer", "parties": 3, "train_size": 128, "test_size": 64},
+           "model": {"bottom": "mlp2", "top": "mlp2", "embed_dim": 4},
+           "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.05},
+           "defenses": [{"name": "paillier_he", "key_bits": 512}], "seed": 1}
+    result, _ = check_same(raw, tmp_path)
+    # the passive parties' key requests arrive after the active party built its top model: the layout of both
+    # parties' shares is completed then (a top without their shares would train another model)
+    assert "paillier.share" in result["comm"]["by_kind"]
+
+
+def test_merged_comm_counts_each_message_once_from_the_counter_that_keeps_its_kind():
+    loop, net = CommStats(), CommStats()
+    loop.count(Message("embedding", "passive_1", "active", torch.zeros(2, 3), torch.arange(2), 0, 0))
+    net.count(Message("passive.forward", "active", "passive_1", torch.zeros(0), torch.arange(2), 0, 0))
+    net.count(Message("vmask.forward", "passive_1", "active", torch.zeros(4), torch.arange(0), 0, 0))
+    merged = merged_comm([(loop, lambda k: True), (net, lambda k: not k.startswith("passive."))])
+    assert merged["messages"] == 2 and merged["bytes_up"] == 24 + 16 and merged["bytes_down"] == 0
+    assert set(merged["by_kind"]) == {"embedding", "vmask.forward"}
+
+
+def test_link_model_projects_latency_per_frame_and_bytes_over_bandwidth():
+    lan = LINK_PROFILES["lan_836mbit"]
+    assert project(1.0, 10, 836_000_000 // 8, lan) == pytest.approx(1.0 + 10 * 1e-4 + 1.0)
+    assert project(0.0, 4, 0, LINK_PROFILES["wan_100mbit_50ms"]) == pytest.approx(0.2)
+
+
+def test_a_failing_party_is_named_and_the_others_are_ended_after_the_grace(tmp_path):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    failing = subprocess.Popen([sys.executable, "-c", "import sys; print('error: boom'); sys.exit(3)"],
+                               stdout=subprocess.DEVNULL)
+    tic = time.monotonic()
+    failed = _wait({"active": sleeper, "passive_1": failing}, timeout=60, grace=0.5, started=tic)
+    assert failed == ["passive_1", "active"]
+    assert time.monotonic() - tic < 10
+    assert sleeper.poll() is not None
+
+
+def test_launch_refuses_what_it_cannot_run_yet(tmp_path):
+    raw = {"data": {"name": "digits", "parties": 2}, "model": {"bottom": "mlp2", "top": "mlp2"},
+           "train": {"algorithm": "vsnn", "epochs": 1}}
+    with pytest.raises(ConfigError, match="cannot run VSNN"):
+        launch(build_config(raw), out_dir=tmp_path, insecure=True)
+
+
+def test_the_launch_command_refuses_clearly(tmp_path, cli):
+    raw = {"data": {"name": "digits", "parties": 2}, "model": {"bottom": "mlp2", "top": "mlp2"},
+           "train": {"algorithm": "vsnn", "epochs": 1}}
+    (tmp_path / "exp.yaml").write_text(json.dumps(raw))
+    proc = cli("launch", str(tmp_path / "exp.yaml"), "--certs", str(tmp_path), "--insecure-localhost")
+    assert proc.returncode == 2 and "give --certs or --insecure-localhost, not both" in proc.stderr
+    proc = cli("launch", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2 and "cannot run VSNN" in proc.stderr
+    assert not (tmp_path / "out").exists()  # refused before any process or directory
