@@ -69,3 +69,40 @@ def test_resume_refuses_configs_whose_defense_state_is_not_checkpointed(tmp_path
     raw = {**RAW, "defenses": [{"name": "vmask", "aux_size": 100, "mc_epochs": 2}]}
     with pytest.raises(ConfigError, match="covers configs without defenses and attacks for now"):
         launch(build_config(raw), out_dir=tmp_path, insecure=True, resume=True)
+
+
+def test_a_restored_dealer_continues_its_counters_and_refuses_every_triple_issued_before_the_checkpoint():
+    from vflbench.mpc.dealer import Dealer, DealerService, TripleReuseError
+    from vflbench.protocol.channel import Channel
+    from vflbench.protocol.messages import ACTIVE, DEALER
+
+    def dealt(dealer: Dealer) -> list[int]:
+        return [dealer.issue_matmul((4, 3), (3, 2)) for _ in range(3)]
+
+    whole = Dealer(7)
+    first = dealt(whole)
+    for tid in first:
+        whole.pair(tid)
+    state = whole.state_dict()
+    after = dealt(whole)
+
+    restored = Dealer(12345)  # a fresh process: its generator is replaced by the checkpoint's
+    restored.load_state_dict(state)
+    assert dealt(restored) == after == [3, 4, 5] and dict(restored.issued) == {"matmul": 6}
+    for tid in after:  # the same triples as the uninterrupted dealer's
+        assert all(torch.equal(x, y) for h, k in zip(restored.pair(tid), whole.pair(tid), strict=True)
+                   for x, y in ((h.a, k.a), (h.b, k.b), (h.c, k.c)))
+    for tid in first:
+        with pytest.raises(TripleReuseError, match=f"triple {tid} was issued before the checkpoint"):
+            restored.take(tid, 1)
+    # over the channel: the active party's request for a triple issued before the checkpoint is refused
+    channel = Channel([ACTIVE, "passive_1", DEALER])
+    again = Dealer(1)
+    again.load_state_dict(state)
+    DealerService(again, channel.endpoint(DEALER))
+    with pytest.raises(TripleReuseError, match="issued before the checkpoint"):
+        channel.endpoint(ACTIVE).call("dealer.take", DEALER, meta={"triple": 1})
+    # a checkpoint between a triple's issue and its take is refused (a pending half would be lost or dealt twice)
+    again.issue_mul((2,))
+    with pytest.raises(RuntimeError, match="issued but not taken"):
+        again.state_dict()
