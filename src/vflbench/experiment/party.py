@@ -535,8 +535,12 @@ def _commit_epoch(out_dir: Path, epoch: int, fed: Any, channel: NetChannel, batc
                   active_wire: list[dict[str, Any]]) -> None:
     """The checkpoint of ``epoch``: each passive party writes its own and reports it, then the active party writes
     its own and, once every party committed ``epoch``, the manifest."""
-    committed = {r.name: int(r.endpoint.call("passive.checkpoint", r.name, epoch=epoch).meta.get("committed", -1))
-                 for r in remotes}
+    committed: dict[str, int] = {}
+    for r in remotes:
+        answer = r.endpoint.call("passive.checkpoint", r.name, epoch=epoch).meta.get("committed")
+        if not isinstance(answer, int):
+            raise ProtocolError(f"{r.name} answered passive.checkpoint without an int 'committed', got {answer!r}")
+        committed[r.name] = answer
     extra = {"batches": batches.get_state(), "metrics": list(metrics_lines), "walls": list(epoch_walls),
              "active_wire": json.dumps(active_wire), "passive_wire": json.dumps({r.name: r.wire for r in remotes}),
              "comm": json.dumps({"loop": fed.channel.train.as_dict(), "net": channel.train.as_dict()})}
