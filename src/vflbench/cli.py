@@ -423,6 +423,10 @@ def party_run(
     start_timeout: Annotated[float, typer.Option("--start-timeout", help="seconds to wait for the peers")] = 60.0,
     receive_timeout: Annotated[float, typer.Option("--receive-timeout", help="seconds a wait may go without "
                                                                              "progress")] = 120.0,
+    resume: Annotated[bool, typer.Option("--resume", help="continue from the last epoch every party "
+                                                          "committed")] = False,
+    stop_after: Annotated[int | None, typer.Option("--stop-after", help="(active party) stop once this many epochs "
+                                                                        "are committed, to resume later")] = None,
 ) -> None:
     """Run one party of an experiment (or VMask's dealer: --party dealer), talking to the others over mutual-TLS
     gRPC (VLR and VHNN, with defenses but no attacks for now; see docs/deployment.md)."""
@@ -447,7 +451,8 @@ def party_run(
                          policy=party_policy(), options=NetOptions(start_timeout=start_timeout,
                                                                    receive_timeout=receive_timeout))
     try:
-        summary = run_party(cfg, party=party, channel=channel, out_dir=out_dir, data_root=data_root)
+        summary = run_party(cfg, party=party, channel=channel, out_dir=out_dir, data_root=data_root, resume=resume,
+                            stop_after=stop_after)
     except NetError as exc:
         err.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(3) from None
@@ -469,6 +474,10 @@ def launch(
     timeout: Annotated[float | None, typer.Option("--timeout", help="seconds for the whole run")] = None,
     receive_timeout: Annotated[float, typer.Option("--receive-timeout", help="seconds a party may wait without "
                                                                              "progress")] = 120.0,
+    resume: Annotated[bool, typer.Option("--resume", help="continue from the last epoch every party committed "
+                                                          "(OUT/<hash>/checkpoints)")] = False,
+    stop_after: Annotated[int | None, typer.Option("--stop-after", help="stop once this many epochs are committed, "
+                                                                        "to continue later with --resume")] = None,
 ) -> None:
     """Run every party (and VMask's dealer) as its own local process over loopback mutual-TLS gRPC; the active party
     writes OUT/<config hash>/result.json, as `vflbench run` does, and net.json (time per epoch, traffic, projection
@@ -485,7 +494,10 @@ def launch(
     if certs is not None and insecure:
         raise VFLBenchError("give --certs or --insecure-localhost, not both")
     done = launch_run(cfg, out_dir=out_dir, certs=certs, insecure=insecure, data_root=data_root, timeout=timeout,
-                      receive_timeout=receive_timeout)
+                      receive_timeout=receive_timeout, resume=resume, stop_after=stop_after)
+    if done.stopped_after is not None:
+        out.print(f"stopped after {done.stopped_after} committed epochs in {done.run_dir}; continue with --resume")
+        return
     out.print(_result_table(RunResult.from_dict(done.result)))
     out.print(_net_table(done.net))
     out.print(f"results in {done.run_dir} (party logs in {done.run_dir / 'logs'})")

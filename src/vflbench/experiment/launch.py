@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vflbench.errors import VFLBenchError
+from vflbench.errors import ConfigError, VFLBenchError
 from vflbench.experiment.config import ExperimentConfig
 from vflbench.experiment.party import check_party_config, party_names
+from vflbench.experiment.resume import check_resumable, committed_epoch
 from vflbench.experiment.run import undefended_config
 from vflbench.protocol.messages import ACTIVE, DEALER
 
@@ -36,12 +37,14 @@ class LaunchError(VFLBenchError):
 
 @dataclass
 class Launched:
-    """A finished launch: the run directory, its ``result.json`` and ``net.json``, and the wall time (s)."""
+    """A finished launch: the run directory, its ``result.json`` and ``net.json``, and the wall time (s);
+    ``stopped_after``: the epochs after which ``stop_after`` stopped it (then ``result`` and ``net`` are empty)."""
 
     run_dir: Path
     result: dict[str, Any]
     net: dict[str, Any]
     seconds: float
+    stopped_after: int | None = None
 
 
 def free_port() -> int:
@@ -61,15 +64,24 @@ def _error_line(log: str) -> str:
 
 def launch(cfg: ExperimentConfig, *, out_dir: Path, certs: Path | None = None, insecure: bool = False,
            data_root: Path | None = None, start_timeout: float = 60.0, receive_timeout: float = 120.0,
-           timeout: float | None = None, grace: float = 10.0) -> Launched:
+           timeout: float | None = None, grace: float = 10.0, resume: bool = False,
+           stop_after: int | None = None) -> Launched:
     """Run ``cfg`` with every party in its own process on this machine; returns when all have exited.
 
     ``certs``: a directory from ``vflbench net provision`` holding one subdirectory per party (a temporary CA is
     provisioned when ``None``); ``insecure``: no TLS (loopback only). ``timeout``: seconds for the whole run
     (``None``: no limit beyond the parties' own deadlines). Raises :class:`LaunchError` naming the failed party.
+    ``resume``: every party continues from the last epoch all of them committed in ``out_dir/<hash>/checkpoints``
+    (a :class:`ConfigError` when there is none); ``stop_after``: stop once that many epochs are committed (to be
+    resumed; see :func:`~vflbench.experiment.party.run_party`).
     """
     cfg = cfg.resolved()
     check_party_config(cfg)
+    if resume:
+        check_resumable(cfg)
+        committed_epoch(out_dir / cfg.hash())  # refuse before any process starts
+    if stop_after is not None and stop_after < 1:
+        raise ConfigError(f"stop_after takes a number of epochs of at least 1, got {stop_after}")
     if cfg.defenses and cfg.attacks and not (out_dir / undefended_config(cfg).hash() / "result.json").is_file():
         # the attacks' leakage without the defenses, which result.json reports beside theirs (as `vflbench run`)
         launch(undefended_config(cfg), out_dir=out_dir, certs=certs, insecure=insecure, data_root=data_root,
@@ -104,6 +116,7 @@ def launch(cfg: ExperimentConfig, *, out_dir: Path, certs: Path | None = None, i
                 command += ["--insecure"] if insecure else ["--certs", str(Path(certs or "") / name)]
                 if data_root is not None:
                     command += ["--data-root", str(data_root)]
+                command += ["--resume"] * resume + (["--stop-after", str(stop_after)] if stop_after else [])
                 files[name] = (logs / f"{name}.log").open("wb")
                 procs[name] = subprocess.Popen(command, stdout=files[name], stderr=subprocess.STDOUT, env=env)
             failed = _wait(procs, timeout=timeout, grace=grace, started=tic)
@@ -124,6 +137,8 @@ def launch(cfg: ExperimentConfig, *, out_dir: Path, certs: Path | None = None, i
         raise LaunchError(f"party {first} failed first (exit {procs[first].returncode}): "
                           f"{_error_line(text[first]).rstrip('.')}"
                           + (f"; then {detail}" if detail else "") + f". Logs: {logs}")
+    if stop_after is not None and stop_after < cfg.train.epochs:
+        return Launched(run_dir, {}, {}, seconds, stopped_after=stop_after)
     return Launched(run_dir, json.loads((run_dir / "result.json").read_text()),
                     json.loads((run_dir / "net.json").read_text()), seconds)
 

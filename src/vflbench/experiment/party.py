@@ -45,6 +45,16 @@ from torch import Tensor, nn
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import ExperimentConfig
 from vflbench.experiment.plan import AttackPlan
+from vflbench.experiment.resume import (
+    check_resumable,
+    committed_epoch,
+    load_checkpoint,
+    load_party_state,
+    party_state,
+    resumable,
+    save_checkpoint,
+    write_manifest,
+)
 from vflbench.net.errors import ProtocolError
 from vflbench.net.policy import DEFAULT_RULES, Policy, Rule
 from vflbench.net.transport import NetChannel
@@ -140,6 +150,8 @@ class _Served:
     party: PassiveParty
     channel: NetChannel
     on_epoch_end: Callable[[], None]
+    out_dir: Path | None = None
+    resume: bool = False
     pending: tuple[int, ...] | None = None
     pending_ids: Tensor | None = None
     rows: Mapping[str, int] = field(default_factory=dict)
@@ -178,6 +190,19 @@ class _Served:
             report = self.party.end_epoch(request.epoch)
             self.on_epoch_end()
             return request.reply(to_bytes_tensor({"report": report, "wire": wire_of(self.channel)}))
+        if request.kind == "passive.checkpoint":
+            # this party's own state after the epoch, written by this process; -1: it keeps no checkpoints (no --out)
+            if self.out_dir is None:
+                return request.reply(meta={"committed": -1})
+            save_checkpoint(self.out_dir, self.party.name, request.epoch, party_state(self.party))
+            return request.reply(meta={"committed": request.epoch})
+        if request.kind == "passive.resume":
+            if not self.resume or self.out_dir is None:
+                raise ProtocolError(f"{self.party.name} was asked to resume from epoch {request.epoch} but was "
+                                    "started without --resume and --out")
+            load_party_state(self.party, load_checkpoint(self.out_dir, self.party.name, request.epoch))
+            log.info("%s: resumed from its checkpoint of epoch %d", self.party.name, request.epoch)
+            return request.reply(meta={"resumed": request.epoch})
         if request.kind == "passive.oracle_bottom":
             bottom = self.party.bottom
             assert bottom is not None
@@ -187,8 +212,8 @@ class _Served:
                 out = bottom(request.payload)
             bottom.train(was)
             return request.reply(out)
-        raise ProtocolError(f"{self.party.name} serves passive.forward, passive.backward, passive.end_epoch and "
-                            f"passive.oracle_bottom, not {request.kind!r}")
+        raise ProtocolError(f"{self.party.name} serves passive.forward, passive.backward, passive.end_epoch, "
+                            f"passive.checkpoint, passive.resume and passive.oracle_bottom, not {request.kind!r}")
 
 
 def wire_of(channel: NetChannel) -> dict[str, dict[str, int]]:
@@ -261,11 +286,18 @@ def _save_models(models: Mapping[str, nn.Module], party: str, out_dir: Path) -> 
 
 
 def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir: Path | None = None,
-              data_root: str | Path | None = None) -> dict[str, Any]:
+              data_root: str | Path | None = None, resume: bool = False,
+              stop_after: int | None = None) -> dict[str, Any]:
     """Run ``party``'s side of ``cfg`` over ``channel`` (started here, and closed -- or aborted on an error -- before
     returning); returns (and writes to ``out_dir/<party>.json``) its summary with the channel's final counts, and
     saves its models' state dicts under ``out_dir/checkpoints``. The active party also writes the run directory's
-    ``result.json``, ``metrics.jsonl``, ``config.yaml``, ``env.json`` and ``net.json`` in ``out_dir``."""
+    ``result.json``, ``metrics.jsonl``, ``config.yaml``, ``env.json`` and ``net.json`` in ``out_dir``.
+
+    Configs without defenses and attacks are checkpointed after every epoch (:mod:`vflbench.experiment.resume`);
+    ``resume``: continue from the last epoch every party committed (the active party's manifest says which; a
+    passive party loads its own checkpoint of that epoch when the active party asks). ``stop_after``: the active
+    party stops the run after that many epochs, once they are committed (``summary["stopped_after"]``; no
+    ``result.json``), as if the run had been cut off there."""
     from vflbench.experiment.results import write_json
     from vflbench.experiment.scenario import load_vertical_data
 
@@ -273,6 +305,14 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
     check_party_config(cfg)
     if party not in party_names(cfg):
         raise ConfigError(f"party {party!r} is not in this config's run ({', '.join(party_names(cfg))})")
+    if resume:
+        check_resumable(cfg)
+        if out_dir is None:
+            raise ConfigError("--resume needs --out: the directory that holds this party's checkpoints")
+        if party == ACTIVE:
+            committed_epoch(out_dir)  # before anything starts: nothing to resume is an error of its own
+    if stop_after is not None and stop_after < 1:
+        raise ConfigError(f"--stop-after takes a number of epochs of at least 1, got {stop_after}")
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.train.threads)
     try:
@@ -284,10 +324,11 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
                 models: dict[str, nn.Module] = {}
             elif party == ACTIVE:
                 assert vd is not None
-                models = _run_active(cfg, vd, channel, summary, out_dir, data_root)
+                models = _run_active(cfg, vd, channel, summary, out_dir, data_root, resume=resume,
+                                     stop_after=stop_after)
             else:
                 assert vd is not None
-                models = _run_passive(cfg, vd, channel, party)
+                models = _run_passive(cfg, vd, channel, party, out_dir=out_dir, resume=resume)
         summary["net"] = {"stats": {k: v.as_dict() for k, v in channel.stats.items()}, "wire": wire_of(channel)}
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -309,7 +350,8 @@ def _serve_dealer(cfg: ExperimentConfig, channel: NetChannel) -> None:
     channel.serve_forever()
 
 
-def _run_passive(cfg: ExperimentConfig, vd: Any, channel: NetChannel, party: str) -> dict[str, nn.Module]:
+def _run_passive(cfg: ExperimentConfig, vd: Any, channel: NetChannel, party: str, *, out_dir: Path | None,
+                 resume: bool) -> dict[str, nn.Module]:
     """A passive party's process: build its side (its defense halves on the network), answer the active party's
     requests until it says ``passive.done``, then report this process's counters."""
     from vflbench.experiment.plan import validate_attacks
@@ -333,9 +375,11 @@ def _run_passive(cfg: ExperimentConfig, vd: Any, channel: NetChannel, party: str
     assert passive.data is not None
     endpoint = channel.endpoint(party)
     endpoint.serve("passive", _Served(passive, channel, lambda: attacks.on_epoch_end(fed),
+                                      out_dir=out_dir if resumable(cfg) else None, resume=resume,
                                       rows={"train": len(passive.data.x_train), "test": len(passive.data.x_test)}))
     endpoint.post("passive.ready", ACTIVE)
-    endpoint.take("passive.done", ACTIVE)
+    if endpoint.take("passive.done", ACTIVE).meta.get("stopped"):
+        return passive.models()  # the active party stopped the run after a committed epoch: nothing to report
     results, seconds = run_attacks(attacks, TrainedRun(cfg, vd, fed, History(), 0.0))
     endpoint.post("passive.report", ACTIVE, to_bytes_tensor({
         "stats": {k: v.as_dict() for k, v in channel.stats.items()}, "wire": wire_of(channel),
@@ -351,9 +395,11 @@ def _positions(plan: AttackPlan, party: str) -> list[int]:
 
 
 def _run_active(cfg: ExperimentConfig, vd: Any, channel: NetChannel, summary: dict[str, Any],
-                out_dir: Path | None, data_root: str | Path | None) -> dict[str, nn.Module]:
-    """The active party's process: build its side, wait for every passive party, train, collect the passive
-    parties' reports and write the run directory."""
+                out_dir: Path | None, data_root: str | Path | None, *, resume: bool = False,
+                stop_after: int | None = None) -> dict[str, nn.Module]:
+    """The active party's process: build its side, wait for every passive party, train (checkpointing each epoch
+    with every party, or continuing from the last committed one), collect the passive parties' reports and write
+    the run directory."""
     from vflbench.experiment.config import check_components
     from vflbench.experiment.plan import validate_attacks
     from vflbench.experiment.results import AttackResult, write_atomic, write_json
@@ -367,6 +413,7 @@ def _run_active(cfg: ExperimentConfig, vd: Any, channel: NetChannel, summary: di
     )
     from vflbench.experiment.scenario import DefensePlan, build_federation, plan_defenses
     from vflbench.experiment.scoring import run_attacks
+    from vflbench.protocol import History
     from vflbench.rng import generator
 
     check_components(cfg)
@@ -391,21 +438,49 @@ def _run_active(cfg: ExperimentConfig, vd: Any, channel: NetChannel, summary: di
         write_json(out_dir / "env.json", environment(cfg.train.threads))
     metrics_lines: list[str] = []
     active_wire: list[dict[str, Any]] = []
-    walls: list[float] = []
+    epoch_walls: list[float] = []
+    batches = generator(cfg.seed, "active", "batches")
+    checkpoints = out_dir is not None and resumable(cfg)
+    start, history = 0, History()
+    if resume:
+        assert out_dir is not None
+        start = committed_epoch(out_dir) + 1
+        restored = _resume_active(out_dir, start - 1, fed, channel, batches, remotes)
+        metrics_lines, epoch_walls, active_wire = restored["metrics"], restored["walls"], restored["active_wire"]
+        history = History(epochs=[json.loads(line) for line in metrics_lines],
+                          epoch_seconds=[json.loads(line)["seconds"] for line in metrics_lines],
+                          refused_updates=sum(json.loads(line).get("refused_updates", 0) for line in metrics_lines))
+        log.info("active: resuming after epoch %d, which every party committed", start - 1)
+    # a resumed process's link counters start at zero: what crossed before adds the last snapshot's counts
+    wire_base = active_wire[-1] if active_wire else {}
+    last = [time.perf_counter()]
 
     def on_epoch_end(epoch: int, record: dict[str, Any]) -> None:
-        walls.append(time.perf_counter())
-        active_wire.append(wire_of(channel))
+        now = time.perf_counter()
+        epoch_walls.append(now - last[0])
+        last[0] = now
+        active_wire.append(_plus(wire_base, wire_of(channel)))
         attacks.on_epoch_end(fed)
         if out_dir is not None:
             metrics_lines.append(json.dumps(record))
             write_atomic(out_dir / "metrics.jsonl", "\n".join(metrics_lines) + "\n")
+        if checkpoints:
+            assert out_dir is not None
+            _commit_epoch(out_dir, epoch, fed, channel, batches, remotes, metrics_lines, epoch_walls, active_wire)
+        if stop_after is not None and epoch + 1 == stop_after and epoch + 1 < cfg.train.epochs:
+            raise _Stopped(epoch + 1)
 
     tic = time.perf_counter()
-    walls.append(tic)
-    history = fed.fit(epochs=cfg.train.epochs, batch_size=cfg.train.batch_size,
-                      generator=generator(cfg.seed, "active", "batches"), y_test=vd.y_test,
-                      eval_every=cfg.train.eval_every, on_epoch_end=on_epoch_end)
+    try:
+        history = fed.fit(epochs=cfg.train.epochs, batch_size=cfg.train.batch_size, generator=batches,
+                          y_test=vd.y_test, eval_every=cfg.train.eval_every, on_epoch_end=on_epoch_end,
+                          start_epoch=start, history=history)
+    except _Stopped as stopped:
+        for remote in remotes:
+            endpoint.post("passive.done", remote.name, meta={"stopped": True})
+        summary["stopped_after"] = stopped.epochs
+        log.info("active: stopped after epoch %d as asked; continue with --resume", stopped.epochs - 1)
+        return fed.active.models()
     run = TrainedRun(cfg, vd, fed, history, time.perf_counter() - tic)
     found, attack_seconds = run_attacks(attacks, run)  # before passive.done: it may query the passive parties
     reports = {}
@@ -431,13 +506,77 @@ def _run_active(cfg: ExperimentConfig, vd: Any, channel: NetChannel, summary: di
                            attack_seconds=attack_seconds, undefended=undefended if honest else None)
     summary.update(utility=utility.__dict__, epochs=history.epochs, comm=comm)
     if out_dir is not None:
-        epoch_walls = [b - a for a, b in zip(walls, walls[1:], strict=False)]
         write_json(out_dir / "net.json", net_report(epoch_walls, comm, active_wire,
                                                     {n: p.wire for n, p in zip(names, remotes, strict=True)},
                                                     {ACTIVE: wire_of(channel), **{n: r["wire"] for n, r in
                                                                                   reports.items()}}))
         write_json(out_dir / "result.json", result)
     return fed.active.models()
+
+
+class _Stopped(Exception):
+    """The active party stops the run after ``epochs`` committed epochs (``stop_after``)."""
+
+    def __init__(self, epochs: int) -> None:
+        super().__init__(f"stopped after {epochs} epochs")
+        self.epochs = epochs
+
+
+def _plus(base: Mapping[str, Mapping[str, int]], now: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
+    """Per-peer link counters ``now`` plus ``base`` (those of the run before it was resumed)."""
+    out = {peer: dict(counts) for peer, counts in base.items()}
+    for peer, counts in now.items():
+        out[peer] = {k: int(v) + int(base.get(peer, {}).get(k, 0)) for k, v in counts.items()}
+    return out
+
+
+def _commit_epoch(out_dir: Path, epoch: int, fed: Any, channel: NetChannel, batches: torch.Generator,
+                  remotes: list[RemotePassive], metrics_lines: list[str], epoch_walls: list[float],
+                  active_wire: list[dict[str, Any]]) -> None:
+    """The checkpoint of ``epoch``: each passive party writes its own and reports it, then the active party writes
+    its own and, once every party committed ``epoch``, the manifest."""
+    committed: dict[str, int] = {}
+    for r in remotes:
+        answer = r.endpoint.call("passive.checkpoint", r.name, epoch=epoch).meta.get("committed")
+        if not isinstance(answer, int):
+            raise ProtocolError(f"{r.name} answered passive.checkpoint without an int 'committed', got {answer!r}")
+        committed[r.name] = answer
+    extra = {"batches": batches.get_state(), "metrics": list(metrics_lines), "walls": list(epoch_walls),
+             "active_wire": json.dumps(active_wire), "passive_wire": json.dumps({r.name: r.wire for r in remotes}),
+             "comm": json.dumps({"loop": fed.channel.train.as_dict(), "net": channel.train.as_dict()})}
+    save_checkpoint(out_dir, ACTIVE, epoch, {**party_state(fed.active), **extra})
+    committed[ACTIVE] = epoch
+    if all(e == epoch for e in committed.values()):
+        write_manifest(out_dir, epoch, committed)
+    else:
+        log.warning("epoch %d is not committed by every party (%s): a resume would start from an earlier one",
+                    epoch, ", ".join(f"{n} {e}" for n, e in committed.items()))
+
+
+def _resume_active(out_dir: Path, epoch: int, fed: Any, channel: NetChannel, batches: torch.Generator,
+                   remotes: list[RemotePassive]) -> dict[str, Any]:
+    """Load the active party's checkpoint of ``epoch``, have every passive party load its own, and return what the
+    loop's bookkeeping continues from."""
+    state = load_checkpoint(out_dir, ACTIVE, epoch)
+    for remote in remotes:
+        remote.endpoint.call("passive.resume", remote.name, epoch=epoch)
+    load_party_state(fed.active, state)
+    batches.set_state(state["batches"])
+    comm = json.loads(state["comm"])
+    fed.channel.stats["train"] = _comm_restored(comm["loop"])
+    channel.stats["train"] = _comm_restored(comm["net"])
+    for remote in remotes:
+        remote.wire = list(json.loads(state["passive_wire"]).get(remote.name, []))
+    return {"metrics": list(state["metrics"]), "walls": [float(w) for w in state["walls"]],
+            "active_wire": json.loads(state["active_wire"])}
+
+
+def _comm_restored(raw: Mapping[str, Any]) -> CommStats:
+    """:func:`comm_from_dict` with the totals too."""
+    stats = comm_from_dict(raw)
+    for key in ("messages", "bytes_up", "bytes_down", "messages_up", "messages_down"):
+        setattr(stats, key, int(raw[key]))
+    return stats
 
 
 def active_result(run: Any, *, utility: Any, comm: dict[str, Any], held_out: Tensor | None, attacks: list[Any],

@@ -86,6 +86,7 @@ class Dealer(ServiceHandle):
         self.device = torch.device(device) if device is not None else None
         self._gen = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(int(seed))
         self._next_id = 0
+        self._retired = 0  # ids below this were issued before a checkpoint this dealer was restored from
         self._pending: dict[tuple[int, int], TripleShare] = {}
         self._taken: set[tuple[int, int]] = set()
         self._used: set[tuple[int, int]] = set()
@@ -168,6 +169,9 @@ class Dealer(ServiceHandle):
     def take(self, triple_id: int, party: int) -> TripleShare:
         """Deliver ``party``'s half of triple ``triple_id`` (each half can be taken once)."""
         key = (int(triple_id), int(party))
+        if 0 <= key[0] < self._retired:
+            raise TripleReuseError(f"{self.name}: triple {triple_id} was issued before the checkpoint this dealer "
+                                   "resumed from; a triple is never dealt twice")
         if key in self._taken:
             raise TripleReuseError(f"{self.name}: party {party} already took its half of triple {triple_id}")
         try:
@@ -189,6 +193,30 @@ class Dealer(ServiceHandle):
     def pair(self, triple_id: int) -> tuple[TripleShare, TripleShare]:
         """Both halves of a triple (for the one-function simulations in :mod:`vflbench.mpc.protocol`)."""
         return self.take(triple_id, 0), self.take(triple_id, 1)
+
+    def state_dict(self) -> dict[str, object]:
+        """The dealer's generator and counters, for a checkpoint between products (no half may be pending)."""
+        if self._pending:
+            raise RuntimeError(f"{self.name}: {len(self._pending)} triple halves are issued but not taken; a "
+                               "checkpoint is taken between products (at an epoch boundary)")
+        return {"generator": self._gen.get_state(), "next_id": self._next_id, "issued": dict(self.issued),
+                "issued_elements": self.issued_elements}
+
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
+        """Continue from :meth:`state_dict`: new triples get fresh ids, and every id issued before the checkpoint
+        is refused (:class:`TripleReuseError`) if asked for again."""
+        self._gen.set_state(state["generator"])  # type: ignore[arg-type]
+        self._next_id = self._retired = int(state["next_id"])  # type: ignore[call-overload]
+        self.issued = defaultdict(int, {str(k): int(v) for k, v in state["issued"].items()})  # type: ignore[attr-defined]
+        self.issued_elements = int(state["issued_elements"])  # type: ignore[call-overload]
+        self._pending.clear()
+        self._taken.clear()
+        self._used.clear()
+
+    @property
+    def retired_below(self) -> int:
+        """Ids below this were issued before the checkpoint this dealer was restored from (0: none)."""
+        return self._retired
 
     @property
     def pending(self) -> int:
@@ -255,6 +283,9 @@ class DealerService:
                 raise PermissionError(f"{request.sender!r} asked for party 1's half of a triple; only the "
                                       "active party may take it")
             tid = int(request.meta["triple"])  # type: ignore[arg-type]
+            if tid < self.dealer.retired_below:
+                raise TripleReuseError(f"{self.dealer.name}: triple {tid} was issued before the checkpoint this "
+                                       "dealer resumed from; a triple is never dealt twice")
             if tid not in self._issuer:
                 raise KeyError(f"{self.dealer.name}: no triple {tid} was issued")
             half = self.dealer.take(tid, 1)

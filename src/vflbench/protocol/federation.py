@@ -126,15 +126,19 @@ class Federation:
 
     def fit(self, *, epochs: int, batch_size: int, generator: torch.Generator, y_test: Tensor,
             eval_every: int = 1, progress: Progress | None = None,
-            on_epoch_end: Callable[[int, dict[str, Any]], None] | None = None) -> History:
-        """THE training loop: shuffled batches of aligned ids, evaluation every ``eval_every``."""
+            on_epoch_end: Callable[[int, dict[str, Any]], None] | None = None, start_epoch: int = 0,
+            history: History | None = None) -> History:
+        """THE training loop: shuffled batches of aligned ids, evaluation every ``eval_every``.
+
+        ``start_epoch`` and ``history``: continue a run restored after its epoch ``start_epoch - 1`` (with the
+        ``generator`` and every party's state as they were then), adding to that run's ``history``."""
         rows = self.train_rows
         n = len(self.active.objective.targets) if rows is None else len(rows)
         steps = int(np.ceil(n / batch_size))
-        history = History()
+        history = history if history is not None else History()
         if progress is not None:
             progress.start(epochs, steps)
-        for epoch in range(epochs):
+        for epoch in range(start_epoch, epochs):
             order = torch.randperm(n, generator=generator)
             if rows is not None:
                 order = rows[order]
