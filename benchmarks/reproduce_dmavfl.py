@@ -158,8 +158,20 @@ for _ds, _paper_values in (("mnist", {"dmavfl": 0.0152, "dmavfl_sync": 0.0137, "
                                                               attack_params={"pretrain_epochs": 0}
                                                               if who == "dmavfl_sync" else {})
                         for who in ("honest", "dmavfl", "dmavfl_sync", "fsha", "agn")})
+# Cause of the MNIST gap (issue 14, comparison row 1): the same reduced setting as mnist_dmavfl, with URVFL's kind
+# of embedding (conv_map: a pixel-aligned 16 x 28 x 14 map, no pooling/Linear; map decoder; CNN DAC on the map)
+_CONVMAP = "dmavfl_mnist_convmap"
+EXPERIMENTS.update({
+    "cause_mnist_conv_map": Experiment(_CONVMAP, "dmavfl", paper=0.0152),
+    "cause_mnist_conv_map_seed1": Experiment(_CONVMAP, "dmavfl", paper=0.0152, seed=1),
+    "cause_mnist_conv_map_honest": Experiment(_CONVMAP, None, paper_acc=99.11),
+    "cause_mnist_conv_map_mlp_dac": Experiment(_CONVMAP, "dmavfl", paper=0.0152,
+                                               attack_params={"dac": "mlp", "dac_map": None}),
+    "cause_mnist_conv2_cnn_dac": Experiment("dmavfl_mnist", "dmavfl", paper=0.0152,
+                                            attack_params={"dac": "cnn", "dac_map": [4, 4, 4]}),
+})
 #: options only DMAVFL and DMAVFL_sync take (dropped when a config's attack is swapped for AGN or FSHA)
-DMAVFL_ONLY = ("pretrain_epochs", "decoder_output", "dac", "dac_map", "dac_update")
+DMAVFL_ONLY = ("pretrain_epochs", "decoder_output", "dac", "dac_map", "dac_update", "decoder_map")
 
 #: Seed groups for the spread table: label -> the seed-0 experiment and its other seeds.
 SEED_GROUPS = {"DMAVFL, no defense": "mnist_dmavfl", "DMAVFL, DP epsilon 10": "mnist_dmavfl_dp_10",
