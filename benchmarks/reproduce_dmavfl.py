@@ -167,8 +167,14 @@ EXPERIMENTS.update({
     "cause_mnist_conv_map_honest": Experiment(_CONVMAP, None, paper_acc=99.11),
     "cause_mnist_conv_map_mlp_dac": Experiment(_CONVMAP, "dmavfl", paper=0.0152,
                                                attack_params={"dac": "mlp", "dac_map": None}),
+    "cause_mnist_conv_map_flat_decoder": Experiment(_CONVMAP, "dmavfl", paper=0.0152,
+                                                    attack_params={"decoder_map": None, "decoder_width": 64}),
     "cause_mnist_conv2_cnn_dac": Experiment("dmavfl_mnist", "dmavfl", paper=0.0152,
                                             attack_params={"dac": "cnn", "dac_map": [4, 4, 4]}),
+    # the paper's configuration with URVFL's kind of bottom (configs/repro/dmavfl_mnist_paper_convmap.yaml)
+    "paper_mnist_conv_map_dmavfl": Experiment("dmavfl_mnist_paper_convmap", "dmavfl", paper=0.0152),
+    "paper_mnist_conv_map_dmavfl_sync": Experiment("dmavfl_mnist_paper_convmap", "dmavfl_sync", paper=0.0137),
+    "paper_mnist_conv_map_honest": Experiment("dmavfl_mnist_paper_convmap", None, paper_acc=99.11),
 })
 #: options only DMAVFL and DMAVFL_sync take (dropped when a config's attack is swapped for AGN or FSHA)
 DMAVFL_ONLY = ("pretrain_epochs", "decoder_output", "dac", "dac_map", "dac_update", "decoder_map")
@@ -381,7 +387,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             lines.append(f"| {name} | {_fmt(paper)} | {NOT_RUN} | | | | | | | | | {_fmt(paper_acc, 2)} | | |")
             continue
         d = r.get("details", {})
-        mnist = r["config"] == "dmavfl_mnist"
+        mnist = r["config"].startswith("dmavfl_mnist")
         value = r.get("value")
         scaled = "–" if value is None else (_fmt(PIXEL_SCALE * value) if mnist else "(same)")
         lines.append(f"| {name} | {_fmt(paper)} | {_fmt(value)} | {scaled} | {_fmt(r.get('prior'))} | "
