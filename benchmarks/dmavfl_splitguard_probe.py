@@ -57,19 +57,19 @@ class ProbedSplitGuard(SplitGuard):
         super().record(state, score)
 
 
-def run(attack: bool, data_root: str) -> dict[str, Any]:
-    """One Credit run with SplitGuard watching; its probe's records."""
+def run(attack: bool, data_root: str, vector: str = "parameter") -> dict[str, Any]:
+    """One Credit run with SplitGuard watching (``vector``: its gradient vector); its probe's records."""
     raw = load_config(CONFIG).model_dump(mode="json")
     if not attack:
         raw["attacks"] = []
-    raw["defenses"] = [{"name": "splitguard", "threshold": 0.0}]
+    raw["defenses"] = [{"name": "splitguard", "threshold": 0.0, "vector": vector}]
     cfg = build_config(raw)
     torch.set_num_threads(cfg.train.threads)
     vd = load_vertical_data(cfg, data_root)
     plan = validate_attacks(cfg, vd)
     names = [f"passive_{i + 1}" for i in range(len(vd.passive))]
     defenses = plan_defenses(cfg, names)
-    probe = ProbedSplitGuard(threshold=0.0)
+    probe = ProbedSplitGuard(threshold=0.0, vector=vector)
     defenses.passive["passive_1"][0] = probe
     fed = build_federation(cfg, vd, defenses=defenses, keep=plan.keep, extra_dims=plan.extra_dims(),
                            held_out=plan.held_out())
@@ -103,13 +103,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "datasets"))
     parser.add_argument("--out", default="runs/sg_probe")
+    parser.add_argument("--vector", choices=("parameter", "embedding"), default="parameter",
+                        help="SplitGuard's gradient vector: the first layer's weights (original) or the cut "
+                             "gradient (URVFL's port)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name, attack in (("honest", False), ("dmavfl", True)):
-        path = out / f"{name}.json"
+        path = out / (f"{name}.json" if args.vector == "parameter" else f"{name}_{args.vector}.json")
         if not path.exists():
-            path.write_text(json.dumps(run(attack, args.data_root)))
+            path.write_text(json.dumps(run(attack, args.data_root, args.vector)))
         print(summary(name, json.loads(path.read_text())))
 
 
