@@ -54,6 +54,7 @@ class Experiment:
     attack_params: dict[str, Any] = field(default_factory=dict)
     seed: int | None = None  # None: the base config's (0)
     data: dict[str, Any] = field(default_factory=dict)  # keys of the base config's data section replaced
+    model: dict[str, Any] = field(default_factory=dict)  # keys of the base config's model section replaced
 
 
 def _mnist(attack: str | None, defenses: list[dict[str, Any]] | None = None, paper: float | None = None,
@@ -171,6 +172,8 @@ EXPERIMENTS.update({
                                                     attack_params={"decoder_map": None, "decoder_width": 64}),
     "cause_mnist_conv2_cnn_dac": Experiment("dmavfl_mnist", "dmavfl", paper=0.0152,
                                             attack_params={"dac": "cnn", "dac_map": [4, 4, 4]}),
+    # conv2 with as wide an embedding as conv_map's (6,272 values through its Linear layer): width without alignment
+    "cause_mnist_conv2_wide": Experiment("dmavfl_mnist", "dmavfl", paper=0.0152, model={"embed_dim": 6272}),
     # the paper's configuration with URVFL's kind of bottom (configs/repro/dmavfl_mnist_paper_convmap.yaml)
     "paper_mnist_conv_map_dmavfl": Experiment("dmavfl_mnist_paper_convmap", "dmavfl", paper=0.0152),
     "paper_mnist_conv_map_dmavfl_sync": Experiment("dmavfl_mnist_paper_convmap", "dmavfl_sync", paper=0.0137),
@@ -201,6 +204,7 @@ def build(exp: Experiment):
         raw["attacks"] = [spec]
     raw["defenses"] = exp.defenses
     raw["data"] = {**raw["data"], **exp.data}
+    raw["model"] = {**raw["model"], **exp.model}
     if exp.seed is not None:
         raw["seed"] = exp.seed
     raw.pop("sweep", None)
