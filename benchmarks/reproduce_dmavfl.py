@@ -164,7 +164,7 @@ for _ds, _paper_values in (("mnist", {"dmavfl": 0.0152, "dmavfl_sync": 0.0137, "
 _CONVMAP = "dmavfl_mnist_convmap"
 EXPERIMENTS.update({
     "cause_mnist_conv_map": Experiment(_CONVMAP, "dmavfl", paper=0.0152),
-    "cause_mnist_conv_map_seed1": Experiment(_CONVMAP, "dmavfl", paper=0.0152, seed=1),
+    **{f"cause_mnist_conv_map_seed{s}": Experiment(_CONVMAP, "dmavfl", paper=0.0152, seed=s) for s in (1, 2)},
     "cause_mnist_conv_map_honest": Experiment(_CONVMAP, None, paper_acc=99.11),
     "cause_mnist_conv_map_mlp_dac": Experiment(_CONVMAP, "dmavfl", paper=0.0152,
                                                attack_params={"dac": "mlp", "dac_map": None}),
