@@ -74,10 +74,46 @@ def run(attack: bool, data_root: str, vector: str = "parameter") -> dict[str, An
     fed = build_federation(cfg, vd, defenses=defenses, keep=plan.keep, extra_dims=plan.extra_dims(),
                            held_out=plan.held_out())
     plan.prepare(fed)
+    dac_stats: list[dict[str, float]] = []
+
+    def epoch_end(epoch: int, record: dict[str, Any]) -> None:
+        if plan.attacks:
+            dac_stats.append(dac_answers(plan.attacks[0].attack.state_, fed, vd, epoch))
+
     tic = time.perf_counter()
     fed.fit(epochs=cfg.train.epochs, batch_size=cfg.train.batch_size,
-            generator=generator(cfg.seed, "active", "batches"), y_test=vd.y_test, eval_every=cfg.train.eval_every)
-    return {"components": probe.components_, "norms": probe.norms_, "seconds": time.perf_counter() - tic}
+            generator=generator(cfg.seed, "active", "batches"), y_test=vd.y_test, eval_every=cfg.train.eval_every,
+            on_epoch_end=epoch_end)
+    return {"components": probe.components_, "norms": probe.norms_, "dac": dac_stats,
+            "seconds": time.perf_counter() - tic}
+
+
+def dac_answers(state: Any, fed: Any, vd: Any, epoch: int, rows: int = 1024) -> dict[str, float]:
+    """The DAC on the victim's embeddings of the first ``rows`` test rows: its probability of the "real"
+    (shadow) classes, of the true class's pair, and the mean per-row norm of the malicious gradient
+    ``dCE(D(h), 2y+1)/dh`` for the true label y and for a shifted label (what a SplitGuard fake batch gets)."""
+    ids = torch.arange(min(rows, len(vd.y_test)))
+    victim = fed.passives[0]
+    with torch.no_grad():
+        h = victim.forward(ids, epoch=-1, step=-1, split="test", train=False)
+    y = vd.y_test[ids].long()
+    c = state.discriminator(h).shape[1] // 2
+    shifted = (y + 1) % c
+    dac = state.discriminator
+    mode = dac.training
+    dac.eval()
+    out: dict[str, float] = {"epoch": epoch}
+    with torch.no_grad():
+        p = torch.softmax(dac(h), 1).view(-1, c, 2)
+    out["p_real"] = float(p[:, :, 1].sum(1).mean())
+    out["p_true_class"] = float(p[torch.arange(len(y)), y].sum(1).mean())
+    for name, labels in (("true", y), ("shifted", shifted)):
+        hh = h.clone().requires_grad_()
+        loss = torch.nn.functional.cross_entropy(dac(hh), 2 * labels + 1, reduction="sum")
+        (g,) = torch.autograd.grad(loss, hh)
+        out[f"grad_norm_{name}"] = float(g.norm(dim=1).mean())
+    dac.train(mode)
+    return out
 
 
 def summary(name: str, rec: dict[str, Any], window: int = 10, threshold: float = 0.9) -> str:
@@ -113,7 +149,11 @@ def main() -> None:
         path = out / (f"{name}.json" if args.vector == "parameter" else f"{name}_{args.vector}.json")
         if not path.exists():
             path.write_text(json.dumps(run(attack, args.data_root, args.vector)))
-        print(summary(name, json.loads(path.read_text())))
+        rec = json.loads(path.read_text())
+        print(summary(name, rec))
+        for d in rec.get("dac", []):
+            print("  epoch {epoch}: DAC p(real) {p_real:.3f}, p(true class) {p_true_class:.3f}; per-row |grad| true "
+                  "label {grad_norm_true:.4f}, shifted label {grad_norm_shifted:.4f}".format(**d))
 
 
 if __name__ == "__main__":
