@@ -172,6 +172,11 @@ EXPERIMENTS.update({
                                                     attack_params={"decoder_map": None, "decoder_width": 64}),
     "cause_mnist_conv2_cnn_dac": Experiment("dmavfl_mnist", "dmavfl", paper=0.0152,
                                             attack_params={"dac": "cnn", "dac_map": [4, 4, 4]}),
+    # Figure 6 detectors (watching only) on the reduced setting, with each bottom
+    "cause_mnist_conv_map_fig6_dmavfl": Experiment(_CONVMAP, "dmavfl", FIG6_DETECTORS, paper=0.0152),
+    "cause_mnist_conv_map_fig6_honest": Experiment(_CONVMAP, None, FIG6_DETECTORS),
+    "cause_mnist_conv2_fig6_dmavfl": Experiment("dmavfl_mnist", "dmavfl", FIG6_DETECTORS, paper=0.0152),
+    "cause_mnist_conv2_fig6_honest": Experiment("dmavfl_mnist", None, FIG6_DETECTORS),
     # conv2 with as wide an embedding as conv_map's (6,272 values through its Linear layer): width without alignment
     "cause_mnist_conv2_wide": Experiment("dmavfl_mnist", "dmavfl", paper=0.0152, model={"embed_dim": 6272}),
     # the paper's configuration with URVFL's kind of bottom (configs/repro/dmavfl_mnist_paper_convmap.yaml)
