@@ -166,6 +166,7 @@ EXPERIMENTS.update({
     "cause_mnist_conv_map": Experiment(_CONVMAP, "dmavfl", paper=0.0152),
     **{f"cause_mnist_conv_map_seed{s}": Experiment(_CONVMAP, "dmavfl", paper=0.0152, seed=s) for s in (1, 2)},
     "cause_mnist_conv_map_honest": Experiment(_CONVMAP, None, paper_acc=99.11),
+    "cause_mnist_conv_map_sync": Experiment(_CONVMAP, "dmavfl_sync", paper=0.0137),
     "cause_mnist_conv_map_mlp_dac": Experiment(_CONVMAP, "dmavfl", paper=0.0152,
                                                attack_params={"dac": "mlp", "dac_map": None}),
     "cause_mnist_conv_map_flat_decoder": Experiment(_CONVMAP, "dmavfl", paper=0.0152,
