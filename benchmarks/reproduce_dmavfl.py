@@ -54,6 +54,7 @@ class Experiment:
     attack_params: dict[str, Any] = field(default_factory=dict)
     seed: int | None = None  # None: the base config's (0)
     data: dict[str, Any] = field(default_factory=dict)  # keys of the base config's data section replaced
+    model: dict[str, Any] = field(default_factory=dict)  # keys of the base config's model section replaced
 
 
 def _mnist(attack: str | None, defenses: list[dict[str, Any]] | None = None, paper: float | None = None,
@@ -158,8 +159,34 @@ for _ds, _paper_values in (("mnist", {"dmavfl": 0.0152, "dmavfl_sync": 0.0137, "
                                                               attack_params={"pretrain_epochs": 0}
                                                               if who == "dmavfl_sync" else {})
                         for who in ("honest", "dmavfl", "dmavfl_sync", "fsha", "agn")})
+# Cause of the MNIST gap (issue 14, comparison row 1): the same reduced setting as mnist_dmavfl, with URVFL's kind
+# of embedding (conv_map: a pixel-aligned 16 x 28 x 14 map, no pooling/Linear; map decoder; CNN DAC on the map)
+_CONVMAP = "dmavfl_mnist_convmap"
+EXPERIMENTS.update({
+    "cause_mnist_conv_map": Experiment(_CONVMAP, "dmavfl", paper=0.0152),
+    **{f"cause_mnist_conv_map_seed{s}": Experiment(_CONVMAP, "dmavfl", paper=0.0152, seed=s) for s in (1, 2)},
+    "cause_mnist_conv_map_honest": Experiment(_CONVMAP, None, paper_acc=99.11),
+    "cause_mnist_conv_map_sync": Experiment(_CONVMAP, "dmavfl_sync", paper=0.0137),
+    "cause_mnist_conv_map_mlp_dac": Experiment(_CONVMAP, "dmavfl", paper=0.0152,
+                                               attack_params={"dac": "mlp", "dac_map": None}),
+    "cause_mnist_conv_map_flat_decoder": Experiment(_CONVMAP, "dmavfl", paper=0.0152,
+                                                    attack_params={"decoder_map": None, "decoder_width": 64}),
+    "cause_mnist_conv2_cnn_dac": Experiment("dmavfl_mnist", "dmavfl", paper=0.0152,
+                                            attack_params={"dac": "cnn", "dac_map": [4, 4, 4]}),
+    # Figure 6 detectors (watching only) on the reduced setting, with each bottom
+    "cause_mnist_conv_map_fig6_dmavfl": Experiment(_CONVMAP, "dmavfl", FIG6_DETECTORS, paper=0.0152),
+    "cause_mnist_conv_map_fig6_honest": Experiment(_CONVMAP, None, FIG6_DETECTORS),
+    "cause_mnist_conv2_fig6_dmavfl": Experiment("dmavfl_mnist", "dmavfl", FIG6_DETECTORS, paper=0.0152),
+    "cause_mnist_conv2_fig6_honest": Experiment("dmavfl_mnist", None, FIG6_DETECTORS),
+    # conv2 with as wide an embedding as conv_map's (6,272 values through its Linear layer): width without alignment
+    "cause_mnist_conv2_wide": Experiment("dmavfl_mnist", "dmavfl", paper=0.0152, model={"embed_dim": 6272}),
+    # the paper's configuration with URVFL's kind of bottom (configs/repro/dmavfl_mnist_paper_convmap.yaml)
+    "paper_mnist_conv_map_dmavfl": Experiment("dmavfl_mnist_paper_convmap", "dmavfl", paper=0.0152),
+    "paper_mnist_conv_map_dmavfl_sync": Experiment("dmavfl_mnist_paper_convmap", "dmavfl_sync", paper=0.0137),
+    "paper_mnist_conv_map_honest": Experiment("dmavfl_mnist_paper_convmap", None, paper_acc=99.11),
+})
 #: options only DMAVFL and DMAVFL_sync take (dropped when a config's attack is swapped for AGN or FSHA)
-DMAVFL_ONLY = ("pretrain_epochs", "decoder_output", "dac", "dac_map", "dac_update")
+DMAVFL_ONLY = ("pretrain_epochs", "decoder_output", "dac", "dac_map", "dac_update", "decoder_map")
 
 #: Seed groups for the spread table: label -> the seed-0 experiment and its other seeds.
 SEED_GROUPS = {"DMAVFL, no defense": "mnist_dmavfl", "DMAVFL, DP epsilon 10": "mnist_dmavfl_dp_10",
@@ -183,6 +210,7 @@ def build(exp: Experiment):
         raw["attacks"] = [spec]
     raw["defenses"] = exp.defenses
     raw["data"] = {**raw["data"], **exp.data}
+    raw["model"] = {**raw["model"], **exp.model}
     if exp.seed is not None:
         raw["seed"] = exp.seed
     raw.pop("sweep", None)
@@ -369,7 +397,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             lines.append(f"| {name} | {_fmt(paper)} | {NOT_RUN} | | | | | | | | | {_fmt(paper_acc, 2)} | | |")
             continue
         d = r.get("details", {})
-        mnist = r["config"] == "dmavfl_mnist"
+        mnist = r["config"].startswith("dmavfl_mnist")
         value = r.get("value")
         scaled = "–" if value is None else (_fmt(PIXEL_SCALE * value) if mnist else "(same)")
         lines.append(f"| {name} | {_fmt(paper)} | {_fmt(value)} | {scaled} | {_fmt(r.get('prior'))} | "

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from conftest import minimal
 
-from vflbench.attacks.feature.common import ConvDAC, ImageDecoder
+from vflbench.attacks.feature.common import ConvDAC, ImageDecoder, MapDecoder
 from vflbench.defenses import create_defense
 from vflbench.defenses.detectors import GradientScrutinizer, GradientScrutinizerDMAVFL
 from vflbench.errors import ConfigError
@@ -96,6 +96,48 @@ def test_dac_steps_on_eq5_or_on_eq5_plus_the_malicious_loss_like_urvfl(update):
     got = [p.grad for p in state.discriminator.parameters()]
     for e, a in zip(expected, got, strict=True):
         assert torch.allclose(e, a, atol=1e-6)
+
+
+CONV_MAP = {"bottom": "conv_map", "top": "mlp2", "embed_dim": 64, "bottom_options": {"channels": [4, 2]}}
+MAP_ATTACK = {"shadow_options": {"channels": [4, 2]}, "decoder_map": [2, 8, 4], "dac_map": [2, 8, 4],
+              "decoder_width": 8}
+
+
+def test_pixel_aligned_maps_get_urvfls_local_map_decoder_and_a_cnn_dac():
+    """Before decoder_map, every image decoder started with a Linear layer over the whole embedding: a
+    change of one map position reached every output pixel. URVFL's fullDecoder is three 3x3 convs."""
+    cfg = build_config(minimal(model=CONV_MAP, train=TRAIN, attacks=[{**SMALL, **MAP_ATTACK}]))
+    vd = load_vertical_data(cfg)
+    plan = validate_attacks(cfg, vd)
+    train_run(cfg, vd, attacks=plan)
+    state = plan.attacks[0].attack.state_
+    dec = state.decoder.eval()
+    assert isinstance(dec, MapDecoder) and isinstance(state.discriminator, ConvDAC)
+    assert dec.own_width == 64 and not any(isinstance(m, torch.nn.Linear) for m in dec.modules())
+    x_own, x_vic = vd.active.x_test[:3], vd.passive[0].x_test[:3]
+    with torch.no_grad():
+        z = torch.cat([state.own.eval()(x_own), state.shadow.eval()(x_vic)], 1)
+        out = dec(z)
+        assert out.shape == (3, 1, 8, 4)
+        maps = torch.cat([z[:, 64:].view(3, 2, 8, 4), z[:, :64].view(3, 2, 8, 4)], 3)  # victim left, own right
+        assert torch.allclose(out, (1 + torch.tanh(dec.net(maps)[..., :4])) / 2)
+        # locality: the victim's map value at (7, 0) reaches output pixels within 3 rows/columns only
+        z2 = z.clone()
+        z2[:, 64 + 7 * 4] += 5.0
+        moved = (dec(z2) - out).abs()
+    assert moved[:, :, 4:, :].sum() > 0 and moved[:, :, :4, :].sum() == 0
+
+
+@pytest.mark.parametrize(("model", "params", "message"), [
+    (CONV_MAP, {**MAP_ATTACK, "decoder_map": [2, 4, 8]}, "aligned with the victim's 8x4 strip"),
+    (CONV_MAP, {**MAP_ATTACK, "decoder_map": [1, 8, 4]}, "holds 32 values"),
+    ({}, {"decoder_map": [1, 4, 4]}, "aligned with the victim's 8x4 strip"),
+])
+def test_bad_decoder_maps_fail_early(model, params, message):
+    cfg = build_config(minimal(model=model, train=TRAIN, attacks=[{**SMALL, **params}]))
+    vd = load_vertical_data(cfg)
+    with pytest.raises(ConfigError, match=message):
+        train_run(cfg, vd, attacks=validate_attacks(cfg, vd))
 
 
 # -- Gradients Scrutinizer in DMAVFL's configuration ------------------------------------------

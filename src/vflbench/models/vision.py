@@ -1,4 +1,5 @@
-"""Bottom models for image strips: vgg13, resnet18 (CIFAR variants) and conv2 (Kang et al.).
+"""Bottom models for image strips: vgg13, resnet18 (CIFAR variants), conv2 (Kang et al.) and conv_map
+(URVFL's pixel-aligned embedding).
 
 Every model takes one party's strip of shape (C, H, W), e.g. (3, 32, 16) for half a CIFAR
 image, and registers its Conv/Linear layers in the order the forward pass uses them, so that
@@ -197,3 +198,45 @@ def conv2(*, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | No
           channels: Sequence[int] = (32, 64)) -> nn.Module:
     """Two 5x5 conv + ReLU + max-pool stages and a Linear projection for a strip (C, H, W)."""
     return Conv2(input_shape, out_dim, channels)
+
+
+class ConvMap(nn.Module):
+    """A pixel-aligned convolutional embedding, URVFL's ``ClientNet`` in spirit (duanyiyao/URVFL,
+    ``cifar10/models.py``: conv3x3 + BN + ReLU and residual blocks, no pooling and no Linear layer).
+
+    One 3x3 convolution (padding 1, stride 1) + BatchNorm + ReLU per entry of ``channels``; the
+    output is the last ``channels[-1] x H x W`` map of the strip, flattened in (C, H, W) order, so
+    each embedding value belongs to one pixel position of the strip (over-complete: a 1x28x14
+    MNIST half with 16 channels gives 6,272 values). ``out_dim`` must equal ``channels[-1] * H * W``;
+    ``map_shape`` is the (C, H, W) map a decoder or a CNN discriminator reads the embedding as.
+    """
+
+    def __init__(self, input_shape: Sequence[int], out_dim: int, channels: Sequence[int] = (16, 16)) -> None:
+        super().__init__()
+        in_channels, height, width = _image_shape(input_shape, "conv_map")
+        if len(channels) < 1 or min(int(c) for c in channels) < 1:
+            raise ValueError(f"conv_map: channels must be one or more positive counts, got {tuple(channels)}")
+        last = int(channels[-1])
+        if out_dim != last * height * width:
+            raise ValueError(f"conv_map outputs channels[-1] x H x W = {last} x {height} x {width} = "
+                             f"{last * height * width} values per row, so model.embed_dim must be "
+                             f"{last * height * width}, got {out_dim}")
+        layers: list[nn.Module] = []
+        c = in_channels
+        for ch in (int(x) for x in channels):
+            layers += [nn.Conv2d(c, ch, 3, padding=1), nn.BatchNorm2d(ch), nn.ReLU()]
+            c = ch
+        self.features = nn.Sequential(*layers)
+        self.map_shape = (last, height, width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Map (N, C, H, W) strips to (N, channels[-1] * H * W)."""
+        return self.features(x).flatten(1)
+
+
+@MODELS.register("conv_map", summary="3x3 conv + BN + ReLU layers, no pooling/Linear: a pixel-aligned map "
+                                     "(URVFL's ClientNet)")
+def conv_map(*, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None = None,
+             channels: Sequence[int] = (16, 16)) -> nn.Module:
+    """Pixel-aligned embedding of a strip (C, H, W): ``out_dim`` must be ``channels[-1] * H * W``."""
+    return ConvMap(input_shape, out_dim, channels)

@@ -18,6 +18,7 @@ Models (DMAVFL Appendix B, Table 10, adapted to our flat embeddings):
   a quarter of the strip's height and width, two (2x nearest upsampling, 3x3 conv, BatchNorm,
   ReLU) stages with 32 and 16 channels, a 3x3 conv to the strip's channels and a sigmoid
   (images are in [0, 1]; DMAVFL: URVFL's tanh, mapped onto [0, 1]), cropped to the strip; for
+  pixel-aligned embedding maps (``conv_map``) URVFL's three-convolution :class:`MapDecoder`; for
   tabular slices an MLP with two hidden layers of ``hidden`` units and a linear output
   ("MLP layer * 3");
 * discriminators: MLPs on the (flat) embeddings with two hidden layers of ``hidden`` units and
@@ -136,10 +137,61 @@ class ConvDAC(nn.Module):
         return self.fc(self.features(z.view(-1, *self.shape)).flatten(1))
 
 
+class MapDecoder(nn.Module):
+    """Pixel-aligned embedding maps -> the victim's image strip, URVFL's ``fullDecoder``.
+
+    For bottoms whose embedding is a (C, H, W) map aligned with the strip's pixels (``conv_map``,
+    URVFL's ``ClientNet``). The decoder input ``f_a(x_a) || h`` is split back into the adversary's
+    map (its first ``own_width`` values, ``own_width / (C * H)`` columns wide) and the victim's map
+    ``victim_map``; the two are joined along the width, the victim's on the left (as the MNIST
+    halves lie), and go through URVFL's three 3x3 convolutions (stride 1, padding 1): C ->
+    ``width`` and ``width`` -> ``width // 2`` with BatchNorm and ReLU, then -> the strip's channels,
+    and the output (``"tanh"`` mapped onto [0, 1] as ``(1 + tanh z) / 2``, or ``"sigmoid"``). The
+    victim's columns are returned: Eq. (1) scores the target features only (URVFL decodes the full
+    image and scores the target half).
+    """
+
+    def __init__(self, victim_map: Sequence[int], own_width: int, shape: Sequence[int], width: int = 32,
+                 output: Literal["sigmoid", "tanh"] = "tanh") -> None:
+        super().__init__()
+        if output not in ("sigmoid", "tanh"):
+            raise ValueError(f"decoder output must be 'sigmoid' or 'tanh', got {output!r}")
+        cm, hm, wm = (int(s) for s in victim_map)
+        c, h, w = (int(s) for s in shape)
+        if (hm, wm) != (h, w):
+            raise ValueError(f"a map decoder needs an embedding map aligned with the victim's {h}x{w} strip, "
+                             f"got a {hm}x{wm} map (use a pixel-aligned bottom such as conv_map)")
+        if own_width % (cm * hm):
+            raise ValueError(f"the adversary's embedding ({own_width} values) is not a {cm} x {hm} x W map")
+        self.victim_map = (cm, hm, wm)
+        self.own_width = own_width
+        self.own_columns = own_width // (cm * hm)
+        self.output = output
+        half = max(1, width // 2)
+        self.net = nn.Sequential(
+            nn.Conv2d(cm, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(width, half, 3, padding=1), nn.BatchNorm2d(half), nn.ReLU(),
+            nn.Conv2d(half, c, 3, padding=1),
+        )
+
+    def forward(self, z: Tensor) -> Tensor:  # noqa: D102
+        cm, hm, wm = self.victim_map
+        maps = [z[:, self.own_width:].reshape(-1, cm, hm, wm)]
+        if self.own_width:
+            maps.append(z[:, : self.own_width].reshape(-1, cm, hm, self.own_columns))
+        out = self.net(torch.cat(maps, 3))[:, :, :, :wm]
+        return torch.sigmoid(out) if self.output == "sigmoid" else (1 + torch.tanh(out)) / 2
+
+
 def decoder_for(in_dim: int, sample: Tensor, *, hidden: int, width: int,
-                output: Literal["sigmoid", "tanh"] = "sigmoid") -> nn.Module:
+                output: Literal["sigmoid", "tanh"] = "sigmoid", victim_map: Sequence[int] | None = None,
+                own_width: int = 0) -> nn.Module:
     """The decoder f_d from ``in_dim`` values to one sample shaped like ``sample`` (one row);
-    ``output`` is the image decoder's output (tabular decoders are linear)."""
+    ``output`` is the image decoder's output (tabular decoders are linear). With ``victim_map``
+    (the (C, H, W) map the victim's embedding is) an image decoder is a :class:`MapDecoder` whose
+    input starts with the adversary's ``own_width`` embedding values."""
+    if sample.dim() == 3 and victim_map is not None:
+        return MapDecoder(victim_map, own_width, tuple(sample.shape), width, output)
     if sample.dim() == 3:
         return ImageDecoder(in_dim, tuple(sample.shape), width, output)
     out = int(math.prod(sample.shape))

@@ -95,7 +95,10 @@ class DMAVFL(MaliciousActiveAttack):
     (C, H, W) map ``dac_map``; ``"mlp"``: two hidden layers of ``hidden``; ``None``: cnn when
     ``dac_map`` is given, else mlp), ``dac_update`` (``"paper"``: the DAC steps on Eq. (5);
     ``"urvfl"``: on Eq. (5) + L_M, as URVFL's code does, whose L_M backward also fills the DAC's
-    gradients and is not zeroed before the DAC step).
+    gradients and is not zeroed before the DAC step), ``decoder_map`` (the (C, H, W) map a
+    pixel-aligned victim embedding is, e.g. ``conv_map``'s: the decoder is then URVFL's
+    three-convolution :class:`~vflbench.attacks.feature.common.MapDecoder` on the adversary's and
+    the victim's maps side by side; ``None``: the upsampling decoder of a flat embedding).
     """
 
     name = "dmavfl"
@@ -111,7 +114,8 @@ class DMAVFL(MaliciousActiveAttack):
                  lr: float = 1e-4, disc_lr: float = 1e-4, shadow_model: str | None = None,
                  shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64,
                  decoder_output: Literal["tanh", "sigmoid"] = "tanh", dac: Literal["mlp", "cnn"] | None = None,
-                 dac_map: Sequence[int] | None = None, dac_update: Literal["paper", "urvfl"] = "paper") -> None:
+                 dac_map: Sequence[int] | None = None, dac_update: Literal["paper", "urvfl"] = "paper",
+                 decoder_map: Sequence[int] | None = None) -> None:
         super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
                          target_split=target_split, n_targets=n_targets, aux_batch_size=aux_batch_size, lr=lr,
                          shadow_model=shadow_model, shadow_options=shadow_options, hidden=hidden,
@@ -133,7 +137,10 @@ class DMAVFL(MaliciousActiveAttack):
         self.decoder_output = decoder_output
         self.dac = dac
         self.dac_map = dac_map
+        if decoder_map is not None and (len(decoder_map) != 3 or min(decoder_map) < 1):
+            raise ConfigError(f"dmavfl: decoder_map must be three positive sizes (C, H, W), got {decoder_map!r}")
         self.dac_update = dac_update
+        self.decoder_map = decoder_map
 
     def check(self, scenario: Scenario) -> None:
         """Refuse tasks whose objective has no output per class (binary VLR's single logit): the
@@ -150,8 +157,19 @@ class DMAVFL(MaliciousActiveAttack):
         own = party.bottom if aux.own is not None else None
         shadow = self.make_shadow(aux, generator)
         embed = self.victim_width()
-        decoder = seeded(decoder_for(self.own_width(party, aux) + embed, aux.victim[0], hidden=self.hidden,
-                                      width=self.decoder_width, output=self.decoder_output), generator)
+        own_width = self.own_width(party, aux)
+        if self.decoder_map is not None:
+            require(len(victims_of(self)) == 1 and aux.victim.dim() == 4, self.name,
+                    "decoder_map (a decoder of pixel-aligned embedding maps) needs one victim with an image strip")
+            if math.prod(self.decoder_map) != embed:
+                raise ConfigError(f"dmavfl: decoder_map {tuple(self.decoder_map)} holds "
+                                  f"{math.prod(self.decoder_map)} values, the victim's embedding {embed}")
+        try:
+            decoder = seeded(decoder_for(own_width + embed, aux.victim[0], hidden=self.hidden,
+                                          width=self.decoder_width, output=self.decoder_output,
+                                          victim_map=self.decoder_map, own_width=own_width), generator)
+        except ValueError as exc:
+            raise ConfigError(f"dmavfl: decoder_map {tuple(self.decoder_map or ())}: {exc}") from None
         classes = 2 * self.scenario_.num_classes
         if (self.dac or ("cnn" if self.dac_map is not None else "mlp")) == "cnn":
             assert self.dac_map is not None
@@ -260,7 +278,7 @@ class DMAVFLSync(DMAVFL):
                  shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64,
                  decoder_output: Literal["tanh", "sigmoid"] = "tanh", dac: Literal["mlp", "cnn"] | None = None,
                  dac_map: Sequence[int] | None = None, dac_update: Literal["paper", "urvfl"] = "paper",
-                 hybrid: bool = False) -> None:
+                 decoder_map: Sequence[int] | None = None, hybrid: bool = False) -> None:
         if pretrain_epochs > 0 and not hybrid:
             raise ValueError(f"dmavfl_sync (Algorithm 3) trains f_a, f_e, f_d alongside and has no pretraining, got "
                              f"pretrain_epochs={pretrain_epochs}; set pretrain_epochs: 0 (or leave it out), use "
@@ -269,6 +287,7 @@ class DMAVFLSync(DMAVFL):
                          target_split=target_split, n_targets=n_targets, pretrain_epochs=pretrain_epochs,
                          aux_batch_size=aux_batch_size, lr=lr, disc_lr=disc_lr, shadow_model=shadow_model,
                          shadow_options=shadow_options, hidden=hidden, decoder_width=decoder_width,
-                         decoder_output=decoder_output, dac=dac, dac_map=dac_map, dac_update=dac_update)
+                         decoder_output=decoder_output, dac=dac, dac_map=dac_map, dac_update=dac_update,
+                         decoder_map=decoder_map)
         self.hybrid = hybrid
 
