@@ -224,9 +224,9 @@ class _RecordingVMask(VMask):
         super().__init__(**kwargs)
         self.calls_ = []
 
-    def _simulated_attack(self, party, shadow, masked, known):
-        self.calls_.append((len(self.ratios_), frozenset(masked), known.clone()))
-        return super()._simulated_attack(party, shadow, masked, known)
+    def _simulated_attacks(self, party, shadow, candidates, known):
+        self.calls_ += [(len(self.ratios_), frozenset(masked), known.clone()) for masked in candidates]
+        return super()._simulated_attacks(party, shadow, candidates, known)
 
 
 def test_attack_set_is_drawn_once_per_selection():
