@@ -111,9 +111,13 @@ def complete_stacked(bottoms: list[nn.Module], x: Tensor, y: Tensor, x_eval: Ten
         if not isinstance(module, nn.Linear):
             layers.append(("flatten" if isinstance(module, nn.Flatten) else "relu", None, None))
             continue
-        weight = torch.stack([c[j].weight.detach() for c in chains])
-        bias = (torch.stack([c[j].bias.detach() for c in chains]).unsqueeze(1)
-                if module.bias is not None else None)
+        linears: list[nn.Linear] = []
+        for chain in chains:
+            layer = chain[j]
+            assert isinstance(layer, nn.Linear)  # one architecture: the same layer at every position
+            linears.append(layer)
+        weight = torch.stack([m.weight.detach() for m in linears])
+        bias = (torch.stack([m.bias.detach() for m in linears]).unsqueeze(1) if module.bias is not None else None)
         for t in (weight, bias):
             if t is not None and (finetune_bottom or not head or j >= n_bottom):
                 trained.append(t.requires_grad_(True))
