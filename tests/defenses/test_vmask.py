@@ -228,9 +228,9 @@ class _RecordingVMask(VMask):
         super().__init__(**kwargs)
         self.calls_ = []
 
-    def _simulated_attack(self, party, shadow, masked, known):
-        self.calls_.append((len(self.ratios_), frozenset(masked), known.clone()))
-        return super()._simulated_attack(party, shadow, masked, known)
+    def _simulated_attacks(self, party, shadow, candidates, known):
+        self.calls_ += [(len(self.ratios_), frozenset(masked), known.clone()) for masked in candidates]
+        return super()._simulated_attacks(party, shadow, candidates, known)
 
 
 def test_attack_set_is_drawn_once_per_selection():
@@ -430,3 +430,18 @@ def test_vmask_messages_carry_only_tensors_and_scalars():
             assert all(isinstance(v, (int, float, str, bool, type(None))) for v in m.meta.values()), m.kind
             if m.kind in PROTOCOL_KINDS or m.kind.startswith("dealer."):
                 assert all(t.dtype in (torch.int64, torch.float64) for t in m.tensors if t.numel()), m.kind
+
+
+def test_selection_simulates_only_the_candidates_it_forecasts():
+    """Stacked rounds: the first selection simulates the empty set and one layer (the initial mask's
+    size); once the loop stopped at the empty set, the next selection simulates only it. Simulating
+    every reachable candidate at once (the first stacked version) ran 4 per selection here."""
+    cfg = build_config(minimal(model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 3}))
+    vd = load_vertical_data(cfg)
+    defense = _RecordingVMask(aux_size=200, budget=1.0, mc_epochs=1)
+    half = VMask(aux_size=200, budget=1.0, mc_epochs=1)
+    fed = build_federation(cfg, vd, defenses=DefensePlan([defense], {"passive_1": [half]}))
+    fed.fit(epochs=3, batch_size=64, generator=torch.Generator().manual_seed(0), y_test=vd.y_test)
+    epochs = [epoch for epoch, _, _ in defense.calls_]
+    assert [epochs.count(e) for e in sorted(set(epochs))] == [2, 1]
+    assert all(not masked for masked in defense.parties_["passive_1"].history[1:])

@@ -205,3 +205,27 @@ def test_tradeoff_labels_strengths_that_land_on_one_point_together():
     group = pd.DataFrame({"strength": [0.05, 0.1, 0.5, None], "eps_u": [-0.15, -0.15, -0.06, 0.0],
                           "eps_p": [-2.36, -2.36, -4.9, 20.0]})
     assert _point_labels(group) == {(-0.15, -2.36): "0.05, 0.1", (-0.06, -4.9): "0.5"}
+
+
+def _runner_recording_pid(config, runs_dir, data_root):
+    """The default runner, leaving a file named after the process that ran the point."""
+    import os
+    from pathlib import Path
+
+    done = sweep_mod._run_point(config, runs_dir, data_root)
+    (Path(runs_dir) / f"{done}.{os.getpid()}.pid").touch()
+    return done
+
+
+def test_two_workers_run_points_here_and_in_one_spawned_process_longest_first(tmp_path):
+    """Old behaviour: --workers 2 spawned two processes (each paying seconds of imports) while this
+    one only waited, and the points ran in grid order whatever their length."""
+    import os
+
+    cfg = _sweep_config(seeds=[0], grid={"train.epochs": [1, 3, 2]}, defenses=[[{"name": "max_norm"}]])
+    order = [p.config.train.epochs for p in sweep_mod._longest_first(expand(cfg))]
+    assert order == sorted(order, reverse=True)
+    run_sweep(cfg, tmp_path, workers=2, runner=_runner_recording_pid)
+    pids = {int(p.name.split(".")[1]) for p in (tmp_path / RUNS).glob("*.pid")}
+    assert len(list((tmp_path / RUNS).glob("*.pid"))) == len(expand(cfg))
+    assert os.getpid() in pids and len(pids) == 2

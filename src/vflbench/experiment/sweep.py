@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -269,21 +269,78 @@ def _watch_parent(parent: int) -> None:
     os._exit(1)
 
 
+def _longest_first(points: Sequence[SweepPoint]) -> list[SweepPoint]:
+    """The points in decreasing order of their expected run time, so that a long point does not
+    start last and leave the other workers idle at the end. The estimate is the number of training
+    epochs (the one cost knob every config has); points of equal epochs keep the sweep's order."""
+    return sorted(points, key=lambda p: -p.config.train.epochs)
+
+
 def _run_pool(todo: Sequence[SweepPoint], runs_dir: str, data_root: str | None, n_workers: int,
               runner: Callable[[dict[str, Any], str, str | None], str],
               on_done: Callable[[SweepPoint], None] | None) -> None:
-    """Run ``todo`` on ``n_workers`` spawned processes; on any exception (an interruption included)
-    cancel the queued points and end the workers before re-raising."""
+    """Run ``todo`` on this process and ``n_workers - 1`` spawned ones, longest points first.
+
+    This process is one of the workers: it has paid its imports already, and it runs points while
+    the spawned workers import torch and vflbench (seconds each). The spawned workers live for the
+    whole sweep (imports once) and each is handed its next point as soon as it finishes one, from
+    the pool's own thread; ``on_done`` is called from this thread only, after each of its own points
+    and at the end. On any exception (an interruption included, or a failed point, seen after this
+    process's current point) the queued points are cancelled and the workers ended before re-raising.
+    """
+    queue = _longest_first(todo)
+    lock = threading.Lock()
+    finished: list[SweepPoint] = []
+    failures: list[BaseException] = []
     before = set(multiprocessing.active_children())
-    pool = ProcessPoolExecutor(max_workers=n_workers, mp_context=get_context("spawn"), initializer=_worker_init,
-                               initargs=(os.getpid(),))
-    try:
-        futures = {pool.submit(runner, p.config.model_dump(mode="json"), runs_dir, data_root): p for p in todo}
-        for future in as_completed(futures):
-            future.result()
+    pool = ProcessPoolExecutor(max_workers=n_workers - 1, mp_context=get_context("spawn"),
+                               initializer=_worker_init, initargs=(os.getpid(),))
+
+    def take() -> SweepPoint | None:
+        with lock:
+            return queue.pop(0) if queue and not failures else None
+
+    def hand_out() -> None:
+        point = take()
+        if point is None:
+            return
+        future = pool.submit(runner, point.config.model_dump(mode="json"), runs_dir, data_root)
+        future.add_done_callback(lambda f: done(f, point))
+
+    def done(future: Future[str], point: SweepPoint) -> None:
+        if future.cancelled():
+            return
+        error = future.exception()
+        with lock:
+            if error is not None:
+                failures.append(error)
+                return
+            finished.append(point)
+        hand_out()
+
+    def report() -> None:
+        with lock:
+            ready = finished[:]
+            finished.clear()
+        for point in ready:
             if on_done is not None:
-                on_done(futures[future])
+                on_done(point)
+
+    try:
+        for _ in range(n_workers - 1):
+            hand_out()
+        while (point := take()) is not None:
+            runner(point.config.model_dump(mode="json"), runs_dir, data_root)
+            with lock:
+                finished.append(point)
+            report()
+        pool.shutdown(wait=True)
+        report()
+        if failures:
+            raise failures[0]
     except BaseException:
+        with lock:
+            queue.clear()
         pool.shutdown(wait=False, cancel_futures=True)
         workers = [p for p in multiprocessing.active_children() if p not in before]
         for process in workers:
@@ -293,7 +350,6 @@ def _run_pool(todo: Sequence[SweepPoint], runs_dir: str, data_root: str | None, 
             if process.is_alive():
                 process.kill()
         raise
-    pool.shutdown(wait=True)
 
 
 def _run_ray(points: Sequence[SweepPoint], runs_dir: str, data_root: str | None,

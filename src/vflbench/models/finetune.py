@@ -59,3 +59,97 @@ def complete(bottom: nn.Module, x: Tensor, y: Tensor, x_eval: Tensor, *, num_cla
             opt.step()
         outputs.append(predict(model, x_eval))
     return outputs
+
+
+STACKABLE = (nn.Linear, nn.ReLU, nn.Flatten)
+"""The modules :func:`complete_stacked` runs stacked (the zoo's ``logreg``, ``mlp2``, ``mlp3`` and the head)."""
+
+
+def _chain(model: nn.Module) -> list[nn.Module] | None:
+    """``model``'s modules in call order if it is a (nested) ``nn.Sequential`` of :data:`STACKABLE` ones, else None."""
+    if isinstance(model, nn.Sequential):
+        out: list[nn.Module] = []
+        for child in model:
+            sub = _chain(child)
+            if sub is None:
+                return None
+            out += sub
+        return out
+    if isinstance(model, nn.Flatten) and (model.start_dim, model.end_dim) != (1, -1):
+        return None
+    return [model] if isinstance(model, STACKABLE) else None
+
+
+def stackable(model: nn.Module) -> bool:
+    """Whether :func:`complete_stacked` can fine-tune copies of ``model`` (a sequence of Flatten, Linear, ReLU)."""
+    return _chain(model) is not None
+
+
+def complete_stacked(bottoms: list[nn.Module], x: Tensor, y: Tensor, x_eval: Tensor, *,
+                     generators: list[torch.Generator], num_classes: int, embed_dim: int, head: bool = True,
+                     epochs: int = 50, optimizer: str = "adam", lr: float = 1e-3, batch_size: int | None = 16,
+                     head_hidden: int = 64, finetune_bottom: bool = True, momentum: float = 0.9) -> list[list[Tensor]]:
+    """:func:`complete` for several :func:`stackable` bottom models of one architecture at once, the
+    i-th with ``generators[i]``, as one stacked model: each Linear's weights are stacked and applied with
+    batched products (``baddbmm``, one product per model, as ``nn.Linear`` computes it), so the per-step
+    Python and dispatch cost is paid once for all. Every draw, batch order, product and optimizer update
+    is the one :func:`complete` makes for that model alone: the outputs are the same, bit for bit
+    (tested). Returns each model's outputs after every pass."""
+    chains = []
+    for bottom, generator in zip(bottoms, generators, strict=True):
+        modules: list[nn.Module] = [bottom]
+        if head:
+            modules.append(init_parameters(inference_head(embed_dim, num_classes, head_hidden), generator))
+        chain = _chain(nn.Sequential(*modules))
+        if chain is None:
+            raise ValueError("complete_stacked fine-tunes sequences of Flatten, Linear and ReLU only; use complete()")
+        chains.append(chain)
+    n_bottom = len(_chain(bottoms[0]) or [])
+    layers: list[tuple[str, Tensor | None, Tensor | None]] = []
+    trained: list[Tensor] = []
+    for j, module in enumerate(chains[0]):
+        if not isinstance(module, nn.Linear):
+            layers.append(("flatten" if isinstance(module, nn.Flatten) else "relu", None, None))
+            continue
+        linears: list[nn.Linear] = []
+        for chain in chains:
+            layer = chain[j]
+            assert isinstance(layer, nn.Linear)  # one architecture: the same layer at every position
+            linears.append(layer)
+        weight = torch.stack([m.weight.detach() for m in linears])
+        bias = (torch.stack([m.bias.detach() for m in linears]).unsqueeze(1) if module.bias is not None else None)
+        for t in (weight, bias):
+            if t is not None and (finetune_bottom or not head or j >= n_bottom):
+                trained.append(t.requires_grad_(True))
+        layers.append(("linear", weight, bias))
+
+    def forward(h: Tensor) -> Tensor:
+        for kind, weight, bias in layers:
+            if kind == "flatten":
+                h = h.flatten(2)
+            elif kind == "relu":
+                h = torch.relu(h)
+            else:
+                assert weight is not None
+                h = torch.bmm(h, weight.mT) if bias is None else torch.baddbmm(bias, h, weight.mT)
+        return h
+
+    opt = (torch.optim.Adam(trained, lr=lr) if optimizer == "adam"
+           else torch.optim.SGD(trained, lr=lr, momentum=momentum))
+    size = batch_size or len(y)
+    outputs: list[list[Tensor]] = [[] for _ in chains]
+    for _ in range(epochs):
+        orders = [torch.randperm(len(y), generator=g) for g in generators]
+        for start in range(0, len(y), size):
+            ids = torch.stack([order[start : start + size] for order in orders])
+            out = forward(x[ids])
+            loss = sum(supervised_loss(o, y[i]) for o, i in zip(out, ids, strict=True))
+            opt.zero_grad()
+            loss.backward()  # type: ignore[union-attr]
+            opt.step()
+        with torch.no_grad():
+            chunks = [x_eval[i : i + EVAL_BATCH] for i in range(0, len(x_eval), EVAL_BATCH)]
+            evaluated = torch.cat([forward(c.expand(len(chains), *c.shape)) for c in chunks], 1)
+        for store, o in zip(outputs, evaluated, strict=True):
+            store.append(o)
+    return outputs
