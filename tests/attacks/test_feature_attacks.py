@@ -165,7 +165,8 @@ def test_reproduction_builds_pure_algorithm_3_sync_rows(monkeypatch):
     spec.loader.exec_module(module)
     rows = [exp for exp in module.EXPERIMENTS.values() if exp.attack == "dmavfl_sync"]
     assert {exp.config for exp in rows} == {"dmavfl_mnist", "dmavfl_credit", "dmavfl_mnist_paper",
-                                            "dmavfl_credit_paper"}
+                                            "dmavfl_credit_paper", "dmavfl_mnist_convmap",
+                                            "dmavfl_mnist_paper_convmap"}
     for exp in rows:
         [attack] = module.build(exp).attacks
         assert attack.params().get("pretrain_epochs", 0) == 0 and not attack.params().get("hybrid", False)
