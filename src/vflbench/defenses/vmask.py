@@ -67,7 +67,7 @@ from vflbench.mpc.masking import VMaskBottom, make_maskable
 from vflbench.mpc.parties import PROTOCOL_KINDS, ActiveShares
 from vflbench.protocol.channel import Endpoint
 from vflbench.protocol.hooks import BindContext, Defense, DefenseAux, TrainSettings
-from vflbench.protocol.messages import ACTIVE, Message, Phase, Scalar
+from vflbench.protocol.messages import ACTIVE, DEALER, Message, Phase, Scalar
 from vflbench.protocol.party import aggregate
 from vflbench.rng import derive_seed
 
@@ -205,6 +205,7 @@ class VMask(Defense):
     threat = "honest-but-curious passive parties running model completion on their bottom models"
     strength_param = "budget"
     strength_direction = "smaller is stronger"
+    extra_parties = (DEALER,)
     selection: ClassVar[str] = "greedy"
 
     def __init__(self, *, budget: float = 0.25, sigma: float = 0.01, aux_size: int = 640, known_per_class: int = 4,
@@ -239,6 +240,12 @@ class VMask(Defense):
             raise ValueError(f"mc_batch_size must be a positive integer, 'full' or None, got {mc_batch_size!r}")
 
     # -- set-up -------------------------------------------------------------------------------------
+
+    def start_party(self, name: str, link: Endpoint, generator: torch.Generator) -> None:
+        """Run VMask's trusted dealer (:func:`start_dealer`) at ``link``."""
+        if name != DEALER:
+            super().start_party(name, link, generator)
+        start_dealer(link, generator)
 
     def bind(self, context: BindContext) -> None:  # noqa: D102
         super().bind(context)

@@ -232,11 +232,11 @@ def check_party_config(cfg: ExperimentConfig) -> None:
 
 
 def needs_dealer(cfg: ExperimentConfig) -> str | None:
-    """The name of the configured defense whose Beaver triples come from a dealer (VMask and its variants), if any."""
-    from vflbench.defenses import create_defense
-    from vflbench.defenses.vmask import VMask
+    """The name of the configured defense that needs the dealer as an extra party (VMask and its variants), if any."""
+    from vflbench.defenses import DEFENSES
 
-    return next((s.name for s in cfg.defenses if isinstance(create_defense(s.name, **s.params()), VMask)), None)
+    return next((s.name for s in cfg.defenses if DEALER in getattr(DEFENSES.get(s.name).factory, "extra_parties", ())),
+                None)
 
 
 def party_names(cfg: ExperimentConfig) -> list[str]:
@@ -341,12 +341,14 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
 
 def _serve_dealer(cfg: ExperimentConfig, channel: NetChannel) -> None:
     """The dealer's process: VMask's dealer, seeded as in one process, answering until every peer said goodbye."""
-    from vflbench.defenses.vmask import start_dealer
+    from vflbench.defenses import create_defense
     from vflbench.rng import generator
 
     name = needs_dealer(cfg)
     assert name is not None
-    start_dealer(channel.endpoint(DEALER), generator(cfg.seed, "defense", name, ACTIVE))
+    spec = next(s for s in cfg.defenses if s.name == name)
+    create_defense(name, **spec.params()).start_party(DEALER, channel.endpoint(DEALER),
+                                                      generator(cfg.seed, "defense", name, ACTIVE))
     channel.serve_forever()
 
 

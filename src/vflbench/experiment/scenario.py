@@ -11,7 +11,6 @@ from torch import Tensor, nn
 
 from vflbench.data import PartySlice, VerticalData, aux_indices, load_dataset, partition, subsample
 from vflbench.defenses import create_defense
-from vflbench.defenses.vmask import VMask, start_dealer
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import ExperimentConfig
 from vflbench.models import build_bottom, build_top
@@ -30,7 +29,6 @@ from vflbench.protocol import (
     default_objective,
     passive_name,
 )
-from vflbench.protocol.messages import DEALER
 from vflbench.rng import generator
 
 DEFAULT_EMBED_DIM = 16
@@ -125,9 +123,9 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
     transcripts = {n: Transcript(n, keep.get(n, ())) for n in (*names, ACTIVE)}
     for transcript in transcripts.values():
         channel.register(transcript)
-    for d in plan.active if links is None else ():
-        if isinstance(d, VMask):  # VMask's Beaver triples come from a dealer that is neither party
-            start_dealer(channel.endpoint(DEALER), generator(seed, "defense", d.name, ACTIVE))
+    for d in plan.active if links is None else ():  # e.g. VMask's dealer, a party that is neither of the others
+        for extra in d.extra_parties:
+            d.start_party(extra, channel.endpoint(extra), generator(seed, "defense", d.name, ACTIVE))
     defense_held_out: list[Tensor] = []
     settings = TrainSettings(lr=t.lr, batch_size=t.batch_size, momentum=t.momentum, weight_decay=t.weight_decay,
                              epochs=t.epochs)

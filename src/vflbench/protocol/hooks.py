@@ -127,6 +127,14 @@ class Defense(Params):
     protects: ClassVar[tuple[str, ...]] = ()
     adaptive_attacks: ClassVar[tuple[str, ...]] = ()
     adaptive_settings: ClassVar[tuple[tuple[str, Any], ...]] = ()
+    #: Parties beside the federation's that this defense needs (VMask's trusted dealer: ``"dealer"``);
+    #: the experiment runs each with :meth:`start_party` at its own endpoint, in one process or as its own.
+    extra_parties: ClassVar[tuple[str, ...]] = ()
+
+    def start_party(self, name: str, link: Endpoint, generator: torch.Generator) -> None:
+        """Run the extra party ``name`` (one of :attr:`extra_parties`) at ``link``, before any instance is
+        bound; ``generator`` is a fresh generator on the active instance's seed path."""
+        raise NotImplementedError(f"{self.name} declares no extra party {name!r}")
 
     def bind(self, context: BindContext) -> None:
         """Receive the run context before training (store the generator here)."""
