@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import pandas as pd
 import pytest
@@ -229,3 +231,32 @@ def test_two_workers_run_points_here_and_in_one_spawned_process_longest_first(tm
     pids = {int(p.name.split(".")[1]) for p in (tmp_path / RUNS).glob("*.pid")}
     assert len(list((tmp_path / RUNS).glob("*.pid"))) == len(expand(cfg))
     assert os.getpid() in pids and len(pids) == 2
+
+
+def test_a_shared_undefended_run_is_claimed_once_and_a_dead_holder_is_taken_over(tmp_path):
+    """Two sweep workers whose points share an undefended run train it once: the second waits for the first's
+    result instead of training it again; a lock left by a killed process does not block anyone."""
+    import subprocess
+    import threading
+
+    from vflbench.experiment.run import _claim
+
+    lock, result = tmp_path / ".h.undefended", tmp_path / "h" / "result.json"
+    with _claim(lock, result) as first:
+        assert first and lock.read_text() == str(os.getpid())
+
+        def finish() -> None:
+            result.parent.mkdir()
+            result.write_text("{}")
+
+        timer = threading.Timer(0.5, finish)
+        timer.start()
+        with _claim(lock, result) as second:  # waits while the first holder works, then reuses its result
+            assert not second and result.is_file()
+    assert not lock.exists()
+    result.unlink()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock.write_text(str(dead.pid))  # a holder that is gone
+    with _claim(lock, result) as taken:
+        assert taken

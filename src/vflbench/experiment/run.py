@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import platform
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from vflbench.protocol.messages import passive_names
 from vflbench.rng import generator
 
 log = logging.getLogger(__name__)
+CLAIM_POLL_SECONDS = 0.2  #: how often a worker waiting for another worker's undefended run looks again
 
 
 @dataclass
@@ -177,13 +180,60 @@ def _undefended_result(cfg: ExperimentConfig, *, out_dir: Path | None,
     """The result of ``cfg`` run without defenses (a run of its own, read from ``out_dir/<hash>/result.json``
     when that exists, so that a sweep's points and tune's trials share one undefended run per config)."""
     plain = undefended_config(cfg)
-    path = out_dir / plain.hash() / "result.json" if out_dir is not None else None
-    if path is not None and path.is_file():
-        log.info("undefended attacks: reusing run %s", plain.hash())
-        return dict(json.loads(path.read_text()))
-    log.info("undefended attacks: running %s without defenses (run %s) to check that the attacks leak "
-             "without protection", cfg.hash(), plain.hash())
-    return _run(plain, out_dir=out_dir, data_root=data_root, progress=None).to_dict()
+    if out_dir is None:
+        return _run(plain, out_dir=None, data_root=data_root, progress=None).to_dict()
+    path = out_dir / plain.hash() / "result.json"
+    with _claim(out_dir / f".{plain.hash()}.undefended", path) as mine:
+        if not mine or path.is_file():
+            log.info("undefended attacks: reusing run %s", plain.hash())
+            return dict(json.loads(path.read_text()))
+        log.info("undefended attacks: running %s without defenses (run %s) to check that the attacks leak "
+                 "without protection", cfg.hash(), plain.hash())
+        return _run(plain, out_dir=out_dir, data_root=data_root, progress=None).to_dict()
+
+
+@contextlib.contextmanager
+def _claim(lock: Path, result: Path) -> Iterator[bool]:
+    """Claim the run whose result is ``result`` for this process (``True``), or wait until the process
+    that holds ``lock`` has written it (``False``): two sweep workers whose points share an undefended run
+    train it once. A lock whose process is gone (killed) is taken over."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            if result.is_file():
+                yield False
+                return
+            if not _holder_alive(lock):
+                lock.unlink(missing_ok=True)
+                continue
+            time.sleep(CLAIM_POLL_SECONDS)
+            continue
+        with os.fdopen(fd, "w") as handle:
+            handle.write(str(os.getpid()))
+        try:
+            yield True
+        finally:
+            lock.unlink(missing_ok=True)
+        return
+
+
+def _holder_alive(lock: Path) -> bool:
+    """Whether the process named in ``lock`` still runs (a lock being written counts as alive)."""
+    try:
+        pid = int(lock.read_text() or "0")
+    except (OSError, ValueError):
+        return True
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def mark_undefended(attacks: list[AttackResult], undefended: list[dict[str, Any]] | None) -> None:
