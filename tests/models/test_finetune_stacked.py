@@ -1,5 +1,7 @@
-"""complete_stacked: several fine-tunings of linear models run as one stacked model give exactly what one
-complete() each gives (with convolutions, vmap's grouped convolution rounds differently: ~1e-7)."""
+"""complete_stacked: several fine-tunings of linear models run as one stacked model give what one complete()
+each gives, up to float32 rounding: the same draws, batch order and updates, but ``baddbmm`` instead of
+``addmm``, which round alike on some CPUs (bit-identical where measured first) and not on others (AMD EPYC:
+up to 6e-8 apart)."""
 
 import copy
 
@@ -28,8 +30,8 @@ def _candidates(shadow: nn.Module, masks: list[set[int]]) -> list[tuple[nn.Modul
                                     {"optimizer": "sgd", "lr": 0.05, "batch_size": None},
                                     {"optimizer": "adam", "lr": 1e-3, "batch_size": 8, "finetune_bottom": False}])
 def test_stacked_fine_tuning_equals_one_complete_per_model(recipe):
-    """VMask's simulated attacks were run one complete() each; the stacked run must not change a bit of
-    any output (a different seed use, batch order or reduction would)."""
+    """VMask's simulated attacks were run one complete() each; the stacked run may differ only by float32
+    rounding (a different seed use, batch order or reduction would move the outputs by far more)."""
     g0 = torch.Generator().manual_seed(0)
     shadow, shape = mlp3(input_shape=(12,), out_dim=8), (12,)
     init_parameters(shadow, g0)
@@ -43,4 +45,5 @@ def test_stacked_fine_tuning_equals_one_complete_per_model(recipe):
     assert len(stacked) == len(one)
     for a, b in zip(one, stacked, strict=True):
         assert len(a) == len(b) == 3
-        assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
+        for p, q in zip(a, b, strict=True):
+            torch.testing.assert_close(q, p, rtol=0.0, atol=1e-6)

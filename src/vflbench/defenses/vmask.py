@@ -506,7 +506,8 @@ class VMask(Defense):
         """For each candidate mask set: the best accuracy of model completion trained on D_A (``known``)
         on the shadow with those layers re-randomised, scored on the rest of the auxiliary set. The
         candidates are independent (each has its own generator); several are trained side by side as
-        one stacked model (:func:`complete_stacked`, bit-identical to one :func:`complete` each)."""
+        one stacked model (:func:`complete_stacked`: what one :func:`complete` each gives, up to float32
+        rounding)."""
         aux = self._aux()
         x, y = aux.x[party], aux.y
         rest = torch.ones(len(y), dtype=torch.bool)
