@@ -184,6 +184,12 @@ EXPERIMENTS.update({
     "paper_mnist_conv_map_dmavfl": Experiment("dmavfl_mnist_paper_convmap", "dmavfl", paper=0.0152),
     "paper_mnist_conv_map_dmavfl_sync": Experiment("dmavfl_mnist_paper_convmap", "dmavfl_sync", paper=0.0137),
     "paper_mnist_conv_map_honest": Experiment("dmavfl_mnist_paper_convmap", None, paper_acc=99.11),
+    **{f"paper_mnist_conv_map_{attack}_seed{s}": Experiment("dmavfl_mnist_paper_convmap", attack, paper=paper, seed=s)
+       for attack, paper in (("dmavfl", 0.0152), ("dmavfl_sync", 0.0137)) for s in (1, 2)},
+    # Figure 6 at the paper's scale with URVFL's kind of bottom: every detector watching only
+    **{f"paper_mnist_conv_map_fig6_{who}": Experiment("dmavfl_mnist_paper_convmap", None if who == "honest" else who,
+                                                      FIG6_DETECTORS)
+       for who in ("honest", "dmavfl", "dmavfl_sync", "fsha", "agn")},
 })
 #: options only DMAVFL and DMAVFL_sync take (dropped when a config's attack is swapped for AGN or FSHA)
 DMAVFL_ONLY = ("pretrain_epochs", "decoder_output", "dac", "dac_map", "dac_update", "decoder_map")
@@ -217,10 +223,13 @@ def build(exp: Experiment):
     return build_config(raw)
 
 
-def run_one(name: str, exp: Experiment, data_root: str, out: Path) -> dict[str, Any]:
-    """Train, attack, score; keep detector scores and the first rows' reconstructions."""
+def run_one(name: str, exp: Experiment, data_root: str, out: Path, threads: int | None = None) -> dict[str, Any]:
+    """Train, attack, score; keep detector scores and the first rows' reconstructions.
+
+    ``threads`` replaces the config's ``train.threads`` (a wall-time setting only: every draw is the same).
+    """
     cfg = build(exp)
-    torch.set_num_threads(cfg.train.threads)
+    torch.set_num_threads(threads or cfg.train.threads)
     tic = time.perf_counter()
     vd = load_vertical_data(cfg, data_root)
     plan = validate_attacks(cfg, vd)
@@ -234,6 +243,13 @@ def run_one(name: str, exp: Experiment, data_root: str, out: Path) -> dict[str, 
 
     def epoch_end(epoch: int, record: dict[str, Any]) -> None:
         curve.append(epoch_mse(plan, fed, vd))
+        # progress of a long row, kept if it is stopped (a finished row writes OUT/<name>.json instead)
+        partial = {"name": name, "epochs_done": epoch + 1, "mse_curve": curve,
+                   "test_accuracy": record.get("test_accuracy"), "seconds": time.perf_counter() - tic,
+                   "detectors": detector_record(fed)}
+        tmp = out / f".{name}.partial.tmp"
+        tmp.write_text(json.dumps(partial))
+        tmp.replace(out / f"{name}.partial.json")
 
     started = time.perf_counter()
     history = fed.fit(epochs=cfg.train.epochs, batch_size=cfg.train.batch_size,
@@ -250,15 +266,7 @@ def run_one(name: str, exp: Experiment, data_root: str, out: Path) -> dict[str, 
                               "train_seconds": run.train_seconds, "n_train": len(vd.y_train), "n_test": len(vd.y_test),
                               "n_held_out": 0 if held_out is None else len(held_out),
                       "mse_curve": curve}
-    detectors = {}
-    for d in run.federation.passives[0].defenses:
-        if hasattr(d, "scores_"):
-            detectors[d.name] = {"scores": d.scores_, "detected_step": d.detected_step_,
-                                 "detected_epoch": d.detected_epoch_, "threshold": d.threshold, "window": d.window,
-                                 "steps": d.count_}
-            if hasattr(d, "same_mean_"):  # Gradients Scrutinizer: the per-step similarity means behind its score
-                detectors[d.name].update(same_mean=d.same_mean_, diff_mean=d.diff_mean_)
-    record["detectors"] = detectors
+    record["detectors"] = detector_record(run.federation)
     if plan.attacks:
         [planned] = plan.attacks
         attack = planned.attack
@@ -276,6 +284,19 @@ def run_one(name: str, exp: Experiment, data_root: str, out: Path) -> dict[str, 
     record["seconds"] = time.perf_counter() - tic
     record["loadavg"] = os.getloadavg()
     return record
+
+
+def detector_record(fed: Any) -> dict[str, Any]:
+    """The victim's detectors' scores so far (SplitGuard, Gradients Scrutinizer), by detector name."""
+    detectors = {}
+    for d in fed.passives[0].defenses:
+        if hasattr(d, "scores_"):
+            detectors[d.name] = {"scores": list(d.scores_), "detected_step": d.detected_step_,
+                                 "detected_epoch": d.detected_epoch_, "threshold": d.threshold, "window": d.window,
+                                 "steps": d.count_}
+            if hasattr(d, "same_mean_"):  # Gradients Scrutinizer: the per-step similarity means behind its score
+                detectors[d.name].update(same_mean=list(d.same_mean_), diff_mean=list(d.diff_mean_))
+    return detectors
 
 
 @torch.no_grad()
@@ -355,7 +376,7 @@ PAPER_EMB: dict[str, tuple[float, float]] = {
 
 
 def _load(out: Path) -> dict[str, dict[str, Any]]:
-    return {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))}
+    return {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if not p.stem.endswith(".partial")}
 
 
 def _fmt(x: float | None, digits: int = 4) -> str:
@@ -590,6 +611,7 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="only write the table and figures")
     parser.add_argument("--table", help="write the markdown tables here")
     parser.add_argument("--img", help="write the PNGs into this folder")
+    parser.add_argument("--threads", type=int, help="torch threads per run (default: the config's train.threads)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -597,10 +619,11 @@ def main() -> None:
         for name in args.only or list(EXPERIMENTS):
             if (out / f"{name}.json").exists():
                 continue
-            record = run_one(name, EXPERIMENTS[name], args.data_root, out)
+            record = run_one(name, EXPERIMENTS[name], args.data_root, out, args.threads)
             tmp = out / f".{name}.json.tmp"
             tmp.write_text(json.dumps(record, indent=1))
             tmp.replace(out / f"{name}.json")
+            (out / f"{name}.partial.json").unlink(missing_ok=True)
     results = _load(out)
     text = ("DMAVFL Table 1 (MNIST, Credit) and the detector rows\n\n" + table(results)
             + "\nDMAVFL Tables 7-9 (MNIST): DMAVFL against NoPeek, embedding noise and DP\n\n" + defense_table(results)
@@ -615,7 +638,7 @@ def main() -> None:
                  "MNIST, DMAVFL under the passive party's defenses (Tables 7-9): left half reconstructed")
         detector_png(out, img / "dmavfl_mnist_detectors.png")
         detector_png(out, img / "dmavfl_credit_detectors.png", "credit")
-        for dataset in ("mnist", "credit"):
+        for dataset in ("mnist", "credit", "mnist_conv_map"):
             figure6_png(out, img / f"dmavfl_{dataset}_figure6.png", dataset)
     import sys
 
