@@ -592,9 +592,14 @@ def figure6_png(out: Path, path: Path, dataset: str) -> None:
     from vflbench.report.figure6 import Panel, detector_scores
 
     results = _load(out)
+    partial = {p.name.removesuffix(".partial.json"): json.loads(p.read_text()) for p in out.glob("*.partial.json")}
     labels = {"honest": "honest", "dmavfl": "DMAVFL", "dmavfl_sync": "DMAVFL_sync", "fsha": "FSHA", "agn": "AGN"}
     runs = {label: results[f"paper_{dataset}_fig6_{who}"]["detectors"] for who, label in labels.items()
             if f"paper_{dataset}_fig6_{who}" in results}
+    # a row stopped before its end: its detector scores so far, labelled with the epochs it finished
+    runs.update({f"{label} ({partial[name]['epochs_done']} epochs)": partial[name]["detectors"]
+                 for who, label in labels.items() if label not in runs
+                 and (name := f"paper_{dataset}_fig6_{who}") in partial})
     if not runs:
         return
     titles = {"splitguard": "SplitGuard (mean of 10 < 0.9)", "gradient_scrutinizer": "GS, original (score < 0.5)",

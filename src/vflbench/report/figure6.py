@@ -56,7 +56,7 @@ def detector_scores(runs: Mapping[str, Mapping[str, Any]], panels: Sequence[Pane
             steps = np.array([s for s, _, _ in record["scores"]])
             scores = np.array([v for _, _, v in record["scores"]])
             stat = decision_curve(scores, panel.window)
-            color = COLORS.get(label)
+            color = COLORS.get(label.split(" (")[0])  # "DMAVFL (14 epochs)": a stopped run, same colour
             if panel.window > 1:
                 ax.plot(steps, scores, color=color, alpha=0.25, lw=0.8)
             if len(stat):
