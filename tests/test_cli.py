@@ -279,23 +279,35 @@ def test_sigint_during_run_exits_130(tmp_path, sweeps):
 
 
 @linux_only
-def test_the_parent_watchdog_alone_ends_an_orphaned_worker(tmp_path):
-    """The portable path (no PR_SET_PDEATHSIG): a worker whose parent is killed exits by itself."""
-    child = ("import os, threading, time; from vflbench.experiment.sweep import _watch_parent; "
-             "threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start(); "
-             "print('ready', flush=True); time.sleep(60)")
-    middle = ("import subprocess, sys; "
-              f"p = subprocess.Popen([sys.executable, '-c', {child!r}]); print(p.pid, flush=True); p.wait()")
-    proc = subprocess.Popen([sys.executable, "-c", middle], stdout=subprocess.PIPE, text=True)
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_the_parent_watchdog_alone_ends_an_orphaned_worker(tmp_path, method):
+    """The portable path (no PR_SET_PDEATHSIG): a worker whose sweep is killed exits by itself, also while
+    the killed sweep is a zombie (not reaped yet: its pid still answers) and, for a fork server's worker,
+    while the fork server (the worker's parent) lives on."""
+    child = tmp_path / "child.py"
+    child.write_text(
+        "import multiprocessing, threading, time\n"
+        "from vflbench.experiment.sweep import _watch_parent\n"
+        "def work(queue):\n"
+        "    threading.Thread(target=_watch_parent, daemon=True).start()\n"
+        "    queue.put(multiprocessing.current_process().pid)\n"
+        "    time.sleep(60)\n"
+        "if __name__ == '__main__':\n"
+        f"    context = multiprocessing.get_context({method!r})\n"
+        "    queue = context.Queue()\n"
+        "    context.Process(target=work, args=(queue,)).start()\n"
+        "    print(queue.get(), flush=True)\n"
+        "    time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, str(child)], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
     worker = None
     try:
         worker = int(proc.stdout.readline())
-        assert proc.stdout.readline().strip() == "ready"
-        proc.kill()
-        proc.wait(timeout=10)
+        proc.kill()  # not reaped until the end: a zombie meanwhile
         assert _all_gone({worker}, within=10.0)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        proc.kill()
+        proc.wait(timeout=10)
         if worker is not None and _alive(worker):
             os.kill(worker, signal.SIGKILL)
+
+

@@ -14,7 +14,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
@@ -53,7 +52,6 @@ RUNS = "runs"
 NO_DEFENSE = "none"
 ATTACK_TYPES = {"labels": "label_inference", "features": "feature_reconstruction"}
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-PARENT_POLL_SECONDS = 0.5
 WORKER_EXIT_SECONDS = 5.0
 
 
@@ -243,13 +241,15 @@ def _collect_finished(out: Path, points: Sequence[SweepPoint]) -> None:
                 out / "summary.csv")
 
 
-def _worker_init(parent: int) -> None:
+def _worker_init() -> None:
     """Set up a sweep worker: the parent handles Ctrl-C, and the worker exits when the parent dies.
 
     A worker blocked on its task queue never sees the parent die (it holds both ends of the queue's
-    pipe), so without this a ``kill -9`` of the sweep leaves every worker alive. On Linux the kernel
-    kills the worker with the parent (``PR_SET_PDEATHSIG``); everywhere a daemon thread also polls
-    the parent's pid (a worker is re-parented when its parent dies).
+    pipe), so without this a ``kill -9`` of the sweep leaves every worker alive. Everywhere a daemon
+    thread waits on the sweep's sentinel (:func:`_watch_parent`); on Linux the kernel also kills the
+    worker with its parent process (``PR_SET_PDEATHSIG``), which is the sweep for a spawned worker
+    (a fork server's worker's parent is the fork server, which outlives the sweep until its last
+    worker exits).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
@@ -257,16 +257,45 @@ def _worker_init(parent: int) -> None:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         except (OSError, AttributeError):
-            log.debug("prctl(PR_SET_PDEATHSIG) is not available; polling the parent's pid only")
-    if os.getppid() != parent:  # the parent died before this worker started
+            log.debug("prctl(PR_SET_PDEATHSIG) is not available; the watchdog thread alone ends the worker")
+    sweep = multiprocessing.parent_process()
+    if sweep is None or not sweep.is_alive():  # the sweep died before this worker started
         os._exit(1)
-    threading.Thread(target=_watch_parent, args=(parent,), name="vflbench-parent-watchdog", daemon=True).start()
+    threading.Thread(target=_watch_parent, name="vflbench-parent-watchdog", daemon=True).start()
 
 
-def _watch_parent(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(PARENT_POLL_SECONDS)
+def _watch_parent() -> None:
+    """Exit when the sweep's process dies. The worker holds the read end of a pipe whose write end only
+    the sweep holds (multiprocessing's parent sentinel, for spawned and fork-server workers alike); the
+    kernel closes it when the sweep dies, before the sweep is reaped, so this also ends the worker while
+    the sweep is a zombie (its pid still exists)."""
+    sweep = multiprocessing.parent_process()
+    if sweep is not None:
+        sweep.join()
     os._exit(1)
+
+
+#: What a sweep worker needs before its first point; the fork server imports it once, and every worker it
+#: forks starts with it imported.
+WORKER_PRELOAD = ["vflbench.experiment.run"]
+
+
+def _worker_context() -> multiprocessing.context.BaseContext:
+    """Where the sweep's workers come from: a fork server where the platform has one (Linux, macOS),
+    else spawned processes.
+
+    A spawned worker imports torch and vflbench itself (3.5-5 s here) before its first point, and
+    the sweep's own process has run points meanwhile. The fork server is started with the pool (when
+    the first point is handed out, before this process runs its own first point), imports
+    ``WORKER_PRELOAD`` once while this process imports them for its own first point, and then
+    forks each worker ready to run. It is a fresh single-threaded process that has run no torch
+    operation, so no thread pool is copied into a worker (the reason workers are not forked from
+    this process, which has)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return get_context("spawn")
+    context = get_context("forkserver")
+    context.set_forkserver_preload(WORKER_PRELOAD)
+    return context
 
 
 def _longest_first(points: Sequence[SweepPoint]) -> list[SweepPoint]:
@@ -279,12 +308,12 @@ def _longest_first(points: Sequence[SweepPoint]) -> list[SweepPoint]:
 def _run_pool(todo: Sequence[SweepPoint], runs_dir: str, data_root: str | None, n_workers: int,
               runner: Callable[[dict[str, Any], str, str | None], str],
               on_done: Callable[[SweepPoint], None] | None) -> None:
-    """Run ``todo`` on this process and ``n_workers - 1`` spawned ones, longest points first.
+    """Run ``todo`` on this process and ``n_workers - 1`` worker processes, longest points first.
 
-    This process is one of the workers: it has paid its imports already, and it runs points while
-    the spawned workers import torch and vflbench (seconds each). The spawned workers live for the
-    whole sweep (imports once) and each is handed its next point as soon as it finishes one, from
-    the pool's own thread; ``on_done`` is called from this thread only, after each of its own points
+    This process is one of the workers. The others come from a fork server (:func:`_worker_context`)
+    that imports torch and vflbench while this process does the same for its first point. The workers
+    live for the whole sweep and each is handed its next point as soon as it finishes one, from the
+    pool's own thread; ``on_done`` is called from this thread only, after each of its own points
     and at the end. On any exception (an interruption included, or a failed point, seen after this
     process's current point) the queued points are cancelled and the workers ended before re-raising.
     """
@@ -293,8 +322,8 @@ def _run_pool(todo: Sequence[SweepPoint], runs_dir: str, data_root: str | None, 
     finished: list[SweepPoint] = []
     failures: list[BaseException] = []
     before = set(multiprocessing.active_children())
-    pool = ProcessPoolExecutor(max_workers=n_workers - 1, mp_context=get_context("spawn"),
-                               initializer=_worker_init, initargs=(os.getpid(),))
+    pool = ProcessPoolExecutor(max_workers=n_workers - 1, mp_context=_worker_context(),
+                               initializer=_worker_init)
 
     def take() -> SweepPoint | None:
         with lock:
