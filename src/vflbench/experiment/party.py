@@ -8,8 +8,9 @@ of VMask's Beaver triples, when the config needs one, is a process of its own th
 :class:`~vflbench.net.NetChannel` endpoint, so what crosses the wire between the halves is exactly
 what they send with ``link.call``/``serve``/``post``/``take``.
 
-Sequence: every process starts its channel (the start-up barrier), builds its federation (a passive
-party's VMask half sends ``vmask.setup`` to the active party while doing so), then each passive party
+Sequence: every process starts its channel (the start-up barrier); the active party builds its side and posts
+``passive.setup`` (the bottom models' width) to each passive party, which builds its own (its VMask half sends
+``vmask.setup`` to the active party while doing so); then each passive party
 posts ``passive.ready`` and answers requests; the active party waits for every ``passive.ready``,
 trains, posts ``passive.done``, takes each passive party's ``passive.report`` (its counters), writes
 the run directory (``result.json`` atomically) and says goodbye; the dealer answers until every peer
@@ -21,11 +22,12 @@ counted them (the active party's, and each passive party's ``dealer.*`` traffic 
 leaving out the ``passive.*`` requests that drive the remote party. ``net.json`` records what
 crossed each link (frames and bytes) per epoch and the measured epoch times.
 
-Limits: every process loads the whole dataset and builds every party's models from the shared seeds,
-then uses only its own (a passive process also binds the active party's defense halves to a local
-channel of its own, so that label transforms size its bottom model as in one process); no VSNN, which
-:func:`check_party_config` refuses. Attacks run in their party's process; a passive party sends its attack
-results (scored in its process, which has the ground truth) in its report.
+Each process keeps only its own part of the dataset (:func:`local_state`: a passive party its own slice, the active
+party its slice, the labels and the passive parties' layouts) and builds only its own models; the bottom models'
+width, which the active party's label transforms may set, reaches the passive parties in ``passive.setup``. Limits:
+no VSNN, which :func:`check_party_config` refuses. Attacks run in their party's process; a process whose party runs
+an attack keeps the whole dataset as the scorer's ground truth (not reachable from the party's objects), and a
+passive party sends its attack results in its report.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from vflbench.experiment.resume import (
 from vflbench.net.errors import ProtocolError
 from vflbench.net.policy import DEFAULT_RULES, Policy, Rule
 from vflbench.net.transport import NetChannel
-from vflbench.protocol.channel import Channel, CommStats, Endpoint, KindStats, Transcript
+from vflbench.protocol.channel import CommStats, Endpoint, KindStats, Transcript
 from vflbench.protocol.messages import ACTIVE, DEALER, Message, passive_name
 from vflbench.protocol.party import PassiveParty
 
@@ -216,6 +218,70 @@ class _Served:
                             f"passive.checkpoint, passive.resume and passive.oracle_bottom, not {request.kind!r}")
 
 
+@dataclass
+class LocalState:
+    """What one party's process keeps after loading the dataset (:func:`local_state`).
+
+    ``data``: a passive party's :class:`~vflbench.experiment.scenario.PassiveData` (its own slice only), or the
+    active party's :func:`~vflbench.experiment.scenario.active_data` (its slice, the labels, each passive party's
+    layout and the auxiliary rows its defenses' threat model grants). ``defenses``: the config's defense
+    instances. ``attacks``: the attacks that run at this party (the active party's plan also lists the others',
+    whose extra embedding widths size its top model). ``ground_truth``: the whole dataset, kept only when this
+    party runs attacks: the experimenter's truth to score them (and the labels or auxiliary rows their threat
+    models grant), never given to the party's own objects. ``positions``: where this party's attacks stand in the
+    config's list.
+    """
+
+    data: Any
+    defenses: Any
+    attacks: AttackPlan
+    positions: list[int]
+    ground_truth: Any = None
+
+
+class OwnSide:
+    """A passive party's process seen as a federation by the attack runner: the one party it holds."""
+
+    def __init__(self, party: PassiveParty) -> None:
+        self.passives = [party]
+
+    def parties(self) -> list[PassiveParty]:
+        """The process's own party."""
+        return list(self.passives)
+
+
+def local_state(cfg: ExperimentConfig, party: str, data_root: str | Path | None = None) -> LocalState:
+    """Load ``cfg``'s dataset, keep ``party``'s part of it (see :class:`LocalState`) and drop the rest: a dataset
+    file holds every party's columns, so the process reads it once and slices it at once. Checks the config's
+    attacks against the data first, as ``vflbench run`` does (the active party checks what needs the labels)."""
+    from vflbench.experiment.plan import validate_attacks
+    from vflbench.experiment.run import check_before_training
+    from vflbench.experiment.scenario import (
+        DefensePlan,
+        active_data,
+        defense_aux_rows,
+        load_vertical_data,
+        passive_data,
+        plan_defenses,
+    )
+
+    cfg = cfg.resolved()
+    if party not in party_names(cfg) or party == DEALER:
+        raise ConfigError(f"party {party!r} holds no data in this config's run ({', '.join(party_names(cfg))})")
+    vd = load_vertical_data(cfg, data_root)
+    plan = plan_defenses(cfg, party_names(cfg)[1:cfg.data.parties])
+    attack_plan = validate_attacks(cfg, vd)
+    positions = _positions(attack_plan, party)
+    if party == ACTIVE:
+        check_before_training(cfg, vd, attack_plan)
+        attacks = attack_plan if positions else dataclasses.replace(attack_plan, data=None)
+        return LocalState(active_data(vd, granted=defense_aux_rows(cfg, plan, vd.y_train)), plan, attacks, positions,
+                          vd if positions else None)
+    attacks = own_attacks(attack_plan, party) if positions else AttackPlan(seed=cfg.seed)
+    mine = DefensePlan([], {party: plan.passive[party]})  # its own halves only
+    return LocalState(passive_data(vd, party), mine, attacks, positions, vd if positions else None)
+
+
 def wire_of(channel: NetChannel) -> dict[str, dict[str, int]]:
     """The channel's frame counters per peer."""
     return {k: v.as_dict() for k, v in channel.wire.items()}
@@ -299,7 +365,6 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
     party stops the run after that many epochs, once they are committed (``summary["stopped_after"]``; no
     ``result.json``), as if the run had been cut off there."""
     from vflbench.experiment.results import write_json
-    from vflbench.experiment.scenario import load_vertical_data
 
     cfg = cfg.resolved()
     check_party_config(cfg)
@@ -316,19 +381,19 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.train.threads)
     try:
-        vd = load_vertical_data(cfg, data_root) if party != DEALER else None
+        local = local_state(cfg, party, data_root) if party != DEALER else None
         summary: dict[str, Any] = {"party": party, "run": channel.run}
         with channel:
             if party == DEALER:
                 _serve_dealer(cfg, channel)
                 models: dict[str, nn.Module] = {}
             elif party == ACTIVE:
-                assert vd is not None
-                models = _run_active(cfg, vd, channel, summary, out_dir, data_root, resume=resume,
+                assert local is not None
+                models = _run_active(cfg, local, channel, summary, out_dir, data_root, resume=resume,
                                      stop_after=stop_after)
             else:
-                assert vd is not None
-                models = _run_passive(cfg, vd, channel, party, out_dir=out_dir, resume=resume)
+                assert local is not None
+                models = _run_passive(cfg, local, channel, party, out_dir=out_dir, resume=resume)
         summary["net"] = {"stats": {k: v.as_dict() for k, v in channel.stats.items()}, "wire": wire_of(channel)}
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -352,41 +417,42 @@ def _serve_dealer(cfg: ExperimentConfig, channel: NetChannel) -> None:
     channel.serve_forever()
 
 
-def _run_passive(cfg: ExperimentConfig, vd: Any, channel: NetChannel, party: str, *, out_dir: Path | None,
-                 resume: bool) -> dict[str, nn.Module]:
-    """A passive party's process: build its side (its defense halves on the network), answer the active party's
-    requests until it says ``passive.done``, then report this process's counters."""
-    from vflbench.experiment.plan import validate_attacks
+def _run_passive(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, party: str, *,
+                 out_dir: Path | None, resume: bool) -> dict[str, nn.Module]:
+    """A passive party's process: take the bottom model's width from the active party (``passive.setup``), build
+    its own side from its own slice (its defense halves on the network), answer the active party's requests until
+    it says ``passive.done``, then report this process's counters and its attacks' results."""
     from vflbench.experiment.run import TrainedRun
-    from vflbench.experiment.scenario import DefensePlan, build_federation, plan_defenses
+    from vflbench.experiment.scenario import PassiveData, build_passive
     from vflbench.experiment.scoring import run_attacks
     from vflbench.protocol import History
 
-    names = party_names(cfg)[1:cfg.data.parties]
-    plan = plan_defenses(cfg, names)
-    attack_plan = validate_attacks(cfg, vd)
-    attacks = own_attacks(attack_plan, party)
-    local = Channel()  # the active party's halves, bound here only so that label transforms size the bottom model
-    mine = DefensePlan(plan.active, {n: plan.passive[n] if n == party else [] for n in names})
-    links: Callable[[str], Endpoint] = channel.endpoint
-    fed = build_federation(cfg, vd, defenses=mine, keep=attack_plan.keep, extra_dims=attack_plan.extra_dims(),
-                           held_out=attack_plan.held_out(),
-                           links=lambda name: links(name) if name == party else local.endpoint(name))
-    attacks.prepare(fed)
-    passive = fed.passives[names.index(party)]
-    assert passive.data is not None
+    assert isinstance(local.data, PassiveData)
     endpoint = channel.endpoint(party)
-    endpoint.serve("passive", _Served(passive, channel, lambda: attacks.on_epoch_end(fed),
+    embed_dim = endpoint.take("passive.setup", ACTIVE).meta.get("embed_dim")
+    if not isinstance(embed_dim, int) or isinstance(embed_dim, bool) or not 1 <= embed_dim <= 1 << 20:
+        raise ProtocolError(f"passive.setup must carry the bottom model's width as an int embed_dim, got {embed_dim!r}")
+    attacks = local.attacks
+    passive = build_passive(cfg, local.data, defenses=local.defenses.passive[party], embed_dim=embed_dim,
+                            link=channel.endpoint, keep=attacks.keep.get(party))
+    side = OwnSide(passive)
+    attacks.prepare(side)  # type: ignore[arg-type]
+    assert passive.data is not None
+    endpoint.serve("passive", _Served(passive, channel, lambda: attacks.on_epoch_end(side),  # type: ignore[arg-type]
                                       out_dir=out_dir if resumable(cfg) else None, resume=resume,
                                       rows={"train": len(passive.data.x_train), "test": len(passive.data.x_test)}))
     endpoint.post("passive.ready", ACTIVE)
     if endpoint.take("passive.done", ACTIVE).meta.get("stopped"):
         return passive.models()  # the active party stopped the run after a committed epoch: nothing to report
-    results, seconds = run_attacks(attacks, TrainedRun(cfg, vd, fed, History(), 0.0))
+    results: list[Any] = []
+    seconds: dict[str, float] = {}
+    if attacks.attacks:
+        assert local.ground_truth is not None
+        results, seconds = run_attacks(attacks, TrainedRun(cfg, local.ground_truth, side,  # type: ignore[arg-type]
+                                                           History(), 0.0))
     endpoint.post("passive.report", ACTIVE, to_bytes_tensor({
         "stats": {k: v.as_dict() for k, v in channel.stats.items()}, "wire": wire_of(channel),
-        "attacks": {str(i): dataclasses.asdict(r) for i, r in zip(_positions(attack_plan, party), results,
-                                                                   strict=True)},
+        "attacks": {str(i): dataclasses.asdict(r) for i, r in zip(local.positions, results, strict=True)},
         "attack_seconds": seconds}))
     return passive.models()
 
@@ -396,38 +462,32 @@ def _positions(plan: AttackPlan, party: str) -> list[int]:
     return [i for i, p in enumerate(plan.attacks) if p.attack.party == party]
 
 
-def _run_active(cfg: ExperimentConfig, vd: Any, channel: NetChannel, summary: dict[str, Any],
+def _run_active(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, summary: dict[str, Any],
                 out_dir: Path | None, data_root: str | Path | None, *, resume: bool = False,
                 stop_after: int | None = None) -> dict[str, nn.Module]:
     """The active party's process: build its side, wait for every passive party, train (checkpointing each epoch
     with every party, or continuing from the last committed one), collect the passive parties' reports and write
     the run directory."""
     from vflbench.experiment.config import check_components
-    from vflbench.experiment.plan import validate_attacks
     from vflbench.experiment.results import AttackResult, write_atomic, write_json
-    from vflbench.experiment.run import (
-        TrainedRun,
-        _undefended_result,
-        check_before_training,
-        environment,
-        mark_undefended,
-        utility_of,
-    )
-    from vflbench.experiment.scenario import DefensePlan, build_federation, plan_defenses
+    from vflbench.experiment.run import TrainedRun, _undefended_result, environment, mark_undefended, utility_of
+    from vflbench.experiment.scenario import DefensePlan, build_federation, embed_dim_of
     from vflbench.experiment.scoring import run_attacks
     from vflbench.protocol import History
     from vflbench.rng import generator
 
     check_components(cfg)
-    attack_plan = validate_attacks(cfg, vd)
-    check_before_training(cfg, vd, attack_plan)
+    vd, attack_plan, plan = local.data, local.attacks, local.defenses
     names = party_names(cfg)[1:cfg.data.parties]
-    plan = plan_defenses(cfg, names)
     held_out = attack_plan.held_out()
     attacks = own_attacks(attack_plan, ACTIVE)
     fed = build_federation(cfg, vd, defenses=DefensePlan(plan.active, {n: [] for n in names}), held_out=held_out,
-                           keep=attack_plan.keep, extra_dims=attack_plan.extra_dims(), links=channel.endpoint)
+                           keep=attack_plan.keep, extra_dims=attack_plan.extra_dims(), links=channel.endpoint,
+                           remote_passives=True)
     endpoint = channel.endpoint(ACTIVE)
+    embed_dim = embed_dim_of(cfg, fed.active.objective.out_dim)
+    for p in fed.passives:  # the bottom models' width, which the active party's label transforms may set (VLR)
+        endpoint.post("passive.setup", p.name, meta={"embed_dim": embed_dim})
     for p in fed.passives:  # while waiting, the active party answers the passive halves' set-up requests
         endpoint.take("passive.ready", p.name)
     log.info("active: %s ready; training", ", ".join(p.name for p in fed.passives))
@@ -483,14 +543,16 @@ def _run_active(cfg: ExperimentConfig, vd: Any, channel: NetChannel, summary: di
         summary["stopped_after"] = stopped.epochs
         log.info("active: stopped after epoch %d as asked; continue with --resume", stopped.epochs - 1)
         return fed.active.models()
-    run = TrainedRun(cfg, vd, fed, history, time.perf_counter() - tic)
+    # the experimenter's ground truth scores this party's attacks; the party's own objects hold only its part
+    run = TrainedRun(cfg, local.ground_truth if local.ground_truth is not None else vd, fed, history,
+                     time.perf_counter() - tic)
     found, attack_seconds = run_attacks(attacks, run)  # before passive.done: it may query the passive parties
     reports = {}
     for remote in remotes:
         endpoint.post("passive.done", remote.name)
         reports[remote.name] = from_bytes_tensor(endpoint.take("passive.report", remote.name).payload)
     utility = utility_of(cfg, history)
-    results: dict[int, AttackResult] = dict(zip(_positions(attack_plan, ACTIVE), found, strict=True))
+    results: dict[int, AttackResult] = dict(zip(local.positions, found, strict=True))
     for report in reports.values():
         results.update({int(i): AttackResult(**r) for i, r in report["attacks"].items()})
         attack_seconds.update(report["attack_seconds"])
