@@ -196,13 +196,16 @@ class _Served:
             # this party's own state after the epoch, written by this process; -1: it keeps no checkpoints (no --out)
             if self.out_dir is None:
                 return request.reply(meta={"committed": -1})
-            save_checkpoint(self.out_dir, self.party.name, request.epoch, party_state(self.party))
+            save_checkpoint(self.out_dir, self.party.name, request.epoch,
+                            {**party_state(self.party), "net_stats": _stats_json(self.channel)})
             return request.reply(meta={"committed": request.epoch})
         if request.kind == "passive.resume":
             if not self.resume or self.out_dir is None:
                 raise ProtocolError(f"{self.party.name} was asked to resume from epoch {request.epoch} but was "
                                     "started without --resume and --out")
-            load_party_state(self.party, load_checkpoint(self.out_dir, self.party.name, request.epoch))
+            state = load_checkpoint(self.out_dir, self.party.name, request.epoch)
+            load_party_state(self.party, state)
+            _restore_stats(self.channel, state["net_stats"])  # its counts (dealer.* go into comm) continue
             log.info("%s: resumed from its checkpoint of epoch %d", self.party.name, request.epoch)
             return request.reply(meta={"resumed": request.epoch})
         if request.kind == "passive.oracle_bottom":
@@ -282,6 +285,18 @@ def local_state(cfg: ExperimentConfig, party: str, data_root: str | Path | None 
     return LocalState(passive_data(vd, party), mine, attacks, positions, vd if positions else None)
 
 
+def _stats_json(channel: NetChannel) -> str:
+    """The channel's message counters, every phase, as JSON (for a checkpoint)."""
+    return json.dumps({phase: stats.as_dict() for phase, stats in channel.stats.items()})
+
+
+def _restore_stats(channel: NetChannel, saved: str) -> None:
+    """Put :func:`_stats_json`'s counters back: what a resumed process counts continues the run's counts (the
+    resume's own set-up messages are left out, as the uninterrupted run had them once)."""
+    for phase, raw in json.loads(saved).items():
+        channel.stats[phase] = _comm_restored(raw)
+
+
 def wire_of(channel: NetChannel) -> dict[str, dict[str, int]]:
     """The channel's frame counters per peer."""
     return {k: v.as_dict() for k, v in channel.wire.items()}
@@ -359,8 +374,8 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
     saves its models' state dicts under ``out_dir/checkpoints``. The active party also writes the run directory's
     ``result.json``, ``metrics.jsonl``, ``config.yaml``, ``env.json`` and ``net.json`` in ``out_dir``.
 
-    Configs without defenses and attacks are checkpointed after every epoch (:mod:`vflbench.experiment.resume`);
-    ``resume``: continue from the last epoch every party committed (the active party's manifest says which; a
+    Configs without attacks, with no defense or VMask, are checkpointed after every epoch
+    (:mod:`vflbench.experiment.resume`; VMask's dealer writes its own); ``resume``: continue from the last epoch every party committed (the active party's manifest says which; a
     passive party loads its own checkpoint of that epoch when the active party asks). ``stop_after``: the active
     party stops the run after that many epochs, once they are committed (``summary["stopped_after"]``; no
     ``result.json``), as if the run had been cut off there."""
@@ -385,7 +400,7 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
         summary: dict[str, Any] = {"party": party, "run": channel.run}
         with channel:
             if party == DEALER:
-                _serve_dealer(cfg, channel)
+                summary["dealer"] = _serve_dealer(cfg, channel, out_dir=out_dir, resume=resume)
                 models: dict[str, nn.Module] = {}
             elif party == ACTIVE:
                 assert local is not None
@@ -404,17 +419,27 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
         torch.set_num_threads(previous_threads)
 
 
-def _serve_dealer(cfg: ExperimentConfig, channel: NetChannel) -> None:
-    """The dealer's process: VMask's dealer, seeded as in one process, answering until every peer said goodbye."""
+def _serve_dealer(cfg: ExperimentConfig, channel: NetChannel, *, out_dir: Path | None = None,
+                  resume: bool = False) -> dict[str, int]:
+    """The dealer's process: VMask's dealer, seeded as in one process, answering until every peer said goodbye.
+    With ``out_dir`` (and a resumable config) it writes its own checkpoint when the active party asks at an epoch
+    boundary (``dealer.checkpoint``); with ``resume`` it continues from the one the active party names
+    (``dealer.resume``). Returns its counters: the next triple's id, and where a resumed dealer started."""
     from vflbench.defenses import create_defense
     from vflbench.rng import generator
 
     name = needs_dealer(cfg)
     assert name is not None
     spec = next(s for s in cfg.defenses if s.name == name)
-    create_defense(name, **spec.params()).start_party(DEALER, channel.endpoint(DEALER),
-                                                      generator(cfg.seed, "defense", name, ACTIVE))
+    defense = create_defense(name, **spec.params())
+    defense.start_party(DEALER, channel.endpoint(DEALER), generator(cfg.seed, "defense", name, ACTIVE))
+    service = defense.dealer_service_  # type: ignore[attr-defined]
+    if out_dir is not None and resumable(cfg):
+        service.save = lambda epoch, state: save_checkpoint(out_dir, DEALER, epoch, {"dealer": state})
+        if resume:
+            service.load = lambda epoch: load_checkpoint(out_dir, DEALER, epoch)["dealer"]
     channel.serve_forever()
+    return {"next_triple": service.dealer.next_triple, "resumed_at_triple": service.dealer.retired_below}
 
 
 def _run_passive(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, party: str, *,
@@ -605,9 +630,15 @@ def _commit_epoch(out_dir: Path, epoch: int, fed: Any, channel: NetChannel, batc
         if not isinstance(answer, int):
             raise ProtocolError(f"{r.name} answered passive.checkpoint without an int 'committed', got {answer!r}")
         committed[r.name] = answer
+    if DEALER in channel.parties:  # the dealer writes its generator and triple counters
+        answer = channel.endpoint(ACTIVE).call("dealer.checkpoint", DEALER, epoch=epoch, phase="setup").meta.get(
+            "committed")
+        if not isinstance(answer, int):
+            raise ProtocolError(f"the dealer answered dealer.checkpoint without an int 'committed', got {answer!r}")
+        committed[DEALER] = answer
     extra = {"batches": batches.get_state(), "metrics": list(metrics_lines), "walls": list(epoch_walls),
              "active_wire": json.dumps(active_wire), "passive_wire": json.dumps({r.name: r.wire for r in remotes}),
-             "comm": json.dumps({"loop": fed.channel.train.as_dict(), "net": channel.train.as_dict()})}
+             "comm": json.dumps({"loop": fed.channel.train.as_dict()}), "net_stats": _stats_json(channel)}
     save_checkpoint(out_dir, ACTIVE, epoch, {**party_state(fed.active), **extra})
     committed[ACTIVE] = epoch
     if all(e == epoch for e in committed.values()):
@@ -622,13 +653,14 @@ def _resume_active(out_dir: Path, epoch: int, fed: Any, channel: NetChannel, bat
     """Load the active party's checkpoint of ``epoch``, have every passive party load its own, and return what the
     loop's bookkeeping continues from."""
     state = load_checkpoint(out_dir, ACTIVE, epoch)
+    if DEALER in channel.parties:  # before the first triple of the resumed epochs is asked for
+        channel.endpoint(ACTIVE).call("dealer.resume", DEALER, epoch=epoch, phase="setup")
     for remote in remotes:
         remote.endpoint.call("passive.resume", remote.name, epoch=epoch)
     load_party_state(fed.active, state)
     batches.set_state(state["batches"])
-    comm = json.loads(state["comm"])
-    fed.channel.stats["train"] = _comm_restored(comm["loop"])
-    channel.stats["train"] = _comm_restored(comm["net"])
+    fed.channel.stats["train"] = _comm_restored(json.loads(state["comm"])["loop"])
+    _restore_stats(channel, state["net_stats"])
     for remote in remotes:
         remote.wire = list(json.loads(state["passive_wire"]).get(remote.name, []))
     return {"metrics": list(state["metrics"]), "walls": [float(w) for w in state["walls"]],
