@@ -378,7 +378,8 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
     (:mod:`vflbench.experiment.resume`; VMask's dealer writes its own); ``resume``: continue from the last epoch
     every party committed (the active party's manifest says which; a passive party loads its own checkpoint of
     that epoch when the active party asks). ``stop_after``: the active party stops the run after that many
-    epochs, once they are committed (``summary["stopped_after"]``; no ``result.json``), as if the run had been cut off there."""
+    epochs, once they are committed (``summary["stopped_after"]``; no ``result.json``), as if the run had
+    been cut off there."""
     from vflbench.experiment.results import write_json
 
     cfg = cfg.resolved()
