@@ -599,7 +599,8 @@ def _run_active(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, s
         write_json(out_dir / "net.json", net_report(epoch_walls, comm, active_wire,
                                                     {n: p.wire for n, p in zip(names, remotes, strict=True)},
                                                     {ACTIVE: wire_of(channel), **{n: r["wire"] for n, r in
-                                                                                  reports.items()}}))
+                                                                                  reports.items()}},
+                                                    shaped=channel.options.shape))
         write_json(out_dir / "result.json", result)
     return fed.active.models()
 
@@ -711,11 +712,13 @@ def active_result(run: Any, *, utility: Any, comm: dict[str, Any], held_out: Ten
 
 
 def net_report(epoch_seconds: list[float], comm: dict[str, Any], active_wire: list[dict[str, Any]],
-               passive_wire: dict[str, list[dict[str, Any]]], final: dict[str, dict[str, Any]]) -> dict[str, Any]:
+               passive_wire: dict[str, list[dict[str, Any]]], final: dict[str, dict[str, Any]],
+               shaped: Any = None) -> dict[str, Any]:
     """``net.json``: the measured wall time per epoch (training, the end-of-epoch reports and the evaluation), what
     the channels counted, and what crossed each link per epoch (frames and bytes, counted at one end of each link:
     the active party's links at the active party, a passive party's link to the dealer at that party), with the
-    time projected on each :data:`~vflbench.net.linkmodel.LINK_PROFILES` network."""
+    time projected on each :data:`~vflbench.net.linkmodel.LINK_PROFILES` network; ``shaped``: the link the
+    transport's shaper enforced (``None``: none, loopback speed)."""
     from vflbench.net.linkmodel import LINK_PROFILES, project
 
     def links(active: Mapping[str, Any], passives: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, int]]:
@@ -736,7 +739,7 @@ def net_report(epoch_seconds: list[float], comm: dict[str, Any], active_wire: li
         previous = now
     frames = [sum(v["frames"] for v in e.values()) for e in per_epoch]
     nbytes = [sum(v["bytes"] for v in e.values()) for e in per_epoch]
-    return {"epoch_seconds": epoch_seconds,
+    return {"epoch_seconds": epoch_seconds, "shaped": None if shaped is None else shaped.as_dict(),
             "counted": {"messages": comm["messages"], "bytes": comm["bytes_up"] + comm["bytes_down"]},
             "wire_per_epoch": {"frames": frames, "bytes": nbytes, "links": per_epoch},
             "wire_total": links(final.get(ACTIVE, {}), {n: w for n, w in final.items() if n != ACTIVE}),
