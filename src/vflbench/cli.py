@@ -427,12 +427,18 @@ def party_run(
                                                           "committed")] = False,
     stop_after: Annotated[int | None, typer.Option("--stop-after", help="(active party) stop once this many epochs "
                                                                         "are committed, to resume later")] = None,
+    shape: Annotated[str | None, typer.Option("--shape", help="shape every link this party sends on: lan (836 "
+                                                              "Mbit/s, 0.1 ms) or wan (100 Mbit/s, 50 ms)")] = None,
+    bandwidth_mbit: Annotated[float | None, typer.Option("--bandwidth-mbit", help="shape the links to this bandwidth "
+                                                                               "(Mbit/s)")] = None,
+    latency_ms: Annotated[float | None, typer.Option("--latency-ms", help="and this one-way delay (ms)")] = None,
 ) -> None:
     """Run one party of an experiment (or VMask's dealer: --party dealer), talking to the others over mutual-TLS
     gRPC (VLR and VHNN, with defenses but no attacks for now; see docs/deployment.md)."""
     try:
         from vflbench.experiment.party import check_party_config, party_names, party_policy, run_party
         from vflbench.net import Credentials, NetChannel, NetError, NetOptions
+        from vflbench.net.linkmodel import shape_profile
     except ImportError as exc:
         raise VFLBenchError(f"`vflbench party` needs the net extra ({exc.name} is missing): "
                             "pip install 'vflbench[net]'") from None
@@ -448,8 +454,9 @@ def party_run(
         addresses[name.strip()] = where.strip()
     channel = NetChannel(name=party, run=cfg.hash(), parties=party_names(cfg), addresses=addresses,
                          credentials=Credentials.load(certs) if certs is not None else None, insecure=insecure,
-                         policy=party_policy(), options=NetOptions(start_timeout=start_timeout,
-                                                                   receive_timeout=receive_timeout))
+                         policy=party_policy(), options=NetOptions(
+                             start_timeout=start_timeout, receive_timeout=receive_timeout,
+                             shape=shape_profile(shape, bandwidth_mbit=bandwidth_mbit, latency_ms=latency_ms)))
     try:
         summary = run_party(cfg, party=party, channel=channel, out_dir=out_dir, data_root=data_root, resume=resume,
                             stop_after=stop_after)
@@ -478,6 +485,11 @@ def launch(
                                                           "(OUT/<hash>/checkpoints)")] = False,
     stop_after: Annotated[int | None, typer.Option("--stop-after", help="stop once this many epochs are committed, "
                                                                         "to continue later with --resume")] = None,
+    shape: Annotated[str | None, typer.Option("--shape", help="shape every link this party sends on: lan (836 "
+                                                              "Mbit/s, 0.1 ms) or wan (100 Mbit/s, 50 ms)")] = None,
+    bandwidth_mbit: Annotated[float | None, typer.Option("--bandwidth-mbit", help="shape the links to this bandwidth "
+                                                                               "(Mbit/s)")] = None,
+    latency_ms: Annotated[float | None, typer.Option("--latency-ms", help="and this one-way delay (ms)")] = None,
 ) -> None:
     """Run every party (and VMask's dealer) as its own local process over loopback mutual-TLS gRPC; the active party
     writes OUT/<config hash>/result.json, as `vflbench run` does, and net.json (time per epoch, traffic, projection
@@ -493,8 +505,11 @@ def launch(
     cfg = load_config(config, set_ or [])
     if certs is not None and insecure:
         raise VFLBenchError("give --certs or --insecure-localhost, not both")
+    from vflbench.net.linkmodel import shape_profile
+
     done = launch_run(cfg, out_dir=out_dir, certs=certs, insecure=insecure, data_root=data_root, timeout=timeout,
-                      receive_timeout=receive_timeout, resume=resume, stop_after=stop_after)
+                      receive_timeout=receive_timeout, resume=resume, stop_after=stop_after,
+                      shape=shape_profile(shape, bandwidth_mbit=bandwidth_mbit, latency_ms=latency_ms))
     if done.stopped_after is not None:
         out.print(f"stopped after {done.stopped_after} committed epochs in {done.run_dir}; continue with --resume")
         return

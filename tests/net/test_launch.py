@@ -66,6 +66,18 @@ def test_launched_vlr_breast_cancer_three_parties_equals_one_process(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_label_transform_that_sizes_the_bottoms_reaches_the_passive_process_and_equals_one_process(tmp_path):
+    # labobf trains VLR by regression on one output: the passive party's bottom outputs 1 value, not the 3 classes,
+    # which its process, holding no labels, learns from the active party's passive.setup
+    raw = {"data": {"name": "wine", "parties": 2}, "model": {"bottom": "logreg", "top": "identity"},
+           "train": {"algorithm": "vlr", "epochs": 2, "batch_size": 32, "lr": 0.05},
+           "defenses": [{"name": "labobf"}], "seed": 2}
+    result, _ = check_same(raw, tmp_path)
+    # one float32 per row and epoch: the width the active party's label transform set
+    assert result["comm"]["by_kind"]["embedding"]["up"]["bytes"] == 4 * 1 * result["data"]["n_train"] * 2
+
+
+@pytest.mark.slow
 def test_launched_vmask_with_its_dealer_process_equals_one_process(tmp_path):
     raw = {"data": {"name": "digits", "parties": 2, "train_size": 600, "test_size": 200},
            "model": {"bottom": "mlp2", "top": "mlp2"},

@@ -65,10 +65,47 @@ def test_resume_without_checkpoints_says_so_before_starting_anything(tmp_path, c
     assert not (tmp_path / "out" / build_config(RAW).resolved().hash() / "logs").exists()
 
 
-def test_resume_refuses_configs_whose_defense_state_is_not_checkpointed(tmp_path):
-    raw = {**RAW, "defenses": [{"name": "vmask", "aux_size": 100, "mc_epochs": 2}]}
-    with pytest.raises(ConfigError, match="covers configs without defenses and attacks for now"):
+def test_resume_refuses_configs_whose_defense_or_attack_state_is_not_checkpointed(tmp_path):
+    raw = {**RAW, "defenses": [{"name": "paillier_he", "key_bits": 512}]}
+    with pytest.raises(ConfigError, match="covers VMask .* paillier_he keeps state"):
         launch(build_config(raw), out_dir=tmp_path, insecure=True, resume=True)
+    raw = {**RAW, "attacks": [{"name": "model_completion", "known_per_class": 2}]}
+    with pytest.raises(ConfigError, match="does not cover configs with attacks"):
+        launch(build_config(raw), out_dir=tmp_path, insecure=True, resume=True)
+
+
+VMASK = {"data": {"name": "digits", "parties": 2, "train_size": 500, "test_size": 150},
+         "model": {"bottom": "mlp3", "top": "mlp2"},
+         "train": {"algorithm": "vhnn", "epochs": 3, "batch_size": 64, "lr": 0.05},
+         "defenses": [{"name": "vmask", "aux_size": 100, "mc_epochs": 2, "budget": 0.0}], "seed": 2}
+
+
+@pytest.mark.slow
+def test_a_vmask_launch_stopped_after_epoch_1_and_resumed_equals_the_uninterrupted_one_and_deals_no_triple_twice(
+        tmp_path):
+    cfg = build_config(VMASK)
+    whole = launch(cfg, out_dir=tmp_path / "whole", insecure=True, timeout=180, receive_timeout=60)
+    first = launch(cfg, out_dir=tmp_path / "cut", insecure=True, timeout=180, receive_timeout=60, stop_after=1)
+    assert json.loads(manifest_path(first.run_dir).read_text()) == \
+        {"epoch": 0, "parties": {"active": 0, "passive_1": 0, "dealer": 0}}
+    dealt_before = json.loads((first.run_dir / "dealer.json").read_text())["dealer"]["next_triple"]
+    assert dealt_before > 0
+    # each half wrote its own state: P_k its masks and share generators, the active party its shadow and shares
+    passive = torch.load(checkpoint_path(first.run_dir, "passive_1", 0), weights_only=True)
+    active = torch.load(checkpoint_path(first.run_dir, "active", 0), weights_only=True)
+    # (budget 0: every layer masked after epoch 0, while the restarted P_k masks only the first at set-up)
+    assert passive["defenses"][0]["masked"] == [0, 1, 2] and "shadow" in active["defenses"][0]["parties"]["passive_1"]
+    assert "dealer" in torch.load(checkpoint_path(first.run_dir, "dealer", 0), weights_only=True)
+
+    resumed = launch(cfg, out_dir=tmp_path / "cut", insecure=True, timeout=180, receive_timeout=60, resume=True)
+    assert untimed(resumed.result) == untimed(whole.result)
+    assert metrics(resumed.run_dir) == metrics(whole.run_dir)
+    # the restored dealer started at the triple after the last one it dealt before the stop, and dealt as many in
+    # all as the uninterrupted dealer
+    dealer = json.loads((resumed.run_dir / "dealer.json").read_text())["dealer"]
+    assert dealer["resumed_at_triple"] == dealt_before
+    assert dealer["next_triple"] == json.loads((whole.run_dir / "dealer.json").read_text())["dealer"]["next_triple"]
+    assert dealer["next_triple"] > dealt_before
 
 
 def test_a_restored_dealer_continues_its_counters_and_refuses_every_triple_issued_before_the_checkpoint():

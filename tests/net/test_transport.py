@@ -479,3 +479,55 @@ def test_a_listener_with_another_partys_certificate_is_not_taken_for_the_active_
     finally:
         server.stop(0)
     assert seen == []
+
+
+def test_the_shaper_serialises_frames_at_the_bandwidth_and_delays_each_by_the_latency():
+    from vflbench.net.linkmodel import LinkProfile
+    from vflbench.net.transport import Shaper
+
+    shaper = Shaper(LinkProfile(8.0, 50.0))  # 1 byte per microsecond
+    first = shaper.due(1_000_000, queued=10.0)
+    second = shaper.due(500_000, queued=10.0)  # queued with the first: waits for it on the wire, not for its delay
+    third = shaper.due(1_000, queued=20.0)  # the link is idle again
+    assert first == pytest.approx(10.0 + 1.0 + 0.05)
+    assert second == pytest.approx(10.0 + 1.5 + 0.05)
+    assert third == pytest.approx(20.0 + 0.001 + 0.05)
+    with pytest.raises(ConfigError, match="bandwidth > 0"):
+        Shaper(LinkProfile(0.0, 1.0))
+
+
+def test_a_shaped_loopback_link_takes_at_least_bytes_over_bandwidth_plus_latency_and_unshaped_much_less(certs):
+    from vflbench.net.linkmodel import LinkProfile, shape_profile
+
+    payload = torch.zeros(62_500)  # 250 kB
+    profile = LinkProfile(10.0, 100.0)
+    floor = 8 * payload.numel() * 4 / 10e6 + 0.100  # 0.3 s
+
+    def one_transfer(options: NetOptions) -> float:
+        chans = build(certs, ["active", "passive_1"], options=options)
+        sent: dict[str, float] = {}
+
+        def passive() -> None:
+            with chans["passive_1"] as ch:
+                sent["at"] = time.monotonic()
+                ch.send(Message("embedding", "passive_1", "active", payload, torch.arange(1), 0, 0))
+                ch.receive("cut_gradient", "active", epoch=0, step=0)
+
+        def active() -> float:
+            with chans["active"] as ch:
+                ch.receive("embedding", "passive_1", epoch=0, step=0)
+                arrived = time.monotonic()
+                ch.send(Message("cut_gradient", "active", "passive_1", torch.zeros(1), torch.arange(1), 0, 0))
+                return arrived
+
+        results = run_parties({"active": active, "passive_1": passive})
+        assert not isinstance(results["active"], BaseException), results
+        return results["active"] - sent["at"]
+
+    shaped = one_transfer(NetOptions(**{**FAST.__dict__, "shape": profile}))
+    plain = one_transfer(FAST)
+    assert shaped >= floor
+    assert plain < floor / 3
+    assert shape_profile("wan") == LinkProfile(100.0, 50.0, shape_profile("wan").source)
+    with pytest.raises(ConfigError, match="not both"):
+        shape_profile("lan", bandwidth_mbit=1.0)

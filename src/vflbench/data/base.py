@@ -52,11 +52,26 @@ class PartySlice:
     kind: Kind
     columns: tuple[int, ...] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    rows: Tensor | None = None
+    """The training row ids ``x_train`` holds, sorted, when it holds only some rows (another party's columns for the
+    rows a threat model grants, e.g. VMask's auxiliary set at the active party; no test rows then); ``None``: every
+    row, aligned by index."""
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
         """Shape of one sample of this slice (what the party's bottom model sees)."""
         return tuple(self.x_train.shape[1:])
+
+    def train_rows(self, ids: Tensor) -> Tensor:
+        """``x_train`` of training rows ``ids``; a :class:`ValueError` when this slice does not hold them all."""
+        if self.rows is None:
+            return self.x_train[ids]
+        at = torch.searchsorted(self.rows, ids).clamp(max=max(len(self.rows) - 1, 0))
+        held = len(ids) == 0 or (len(self.rows) > 0 and bool((self.rows[at] == ids).all()))
+        if not held:
+            raise ValueError(f"this slice holds training rows {self.rows.tolist()[:8]}... ({len(self.rows)}) only, "
+                             "not every row asked for")
+        return self.x_train[at]
 
 
 @dataclass(frozen=True)

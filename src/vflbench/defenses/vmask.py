@@ -64,7 +64,7 @@ from vflbench.models.finetune import complete, complete_stacked, stackable
 from vflbench.mpc.dealer import Dealer, DealerService
 from vflbench.mpc.layers import Truncation
 from vflbench.mpc.masking import VMaskBottom, make_maskable
-from vflbench.mpc.parties import PROTOCOL_KINDS, ActiveShares
+from vflbench.mpc.parties import PROTOCOL_KINDS, ActiveShareHolder, ActiveShares
 from vflbench.protocol.channel import Endpoint
 from vflbench.protocol.hooks import BindContext, Defense, DefenseAux, TrainSettings
 from vflbench.protocol.messages import ACTIVE, DEALER, Message, Phase, Scalar
@@ -245,7 +245,7 @@ class VMask(Defense):
         """Run VMask's trusted dealer (:func:`start_dealer`) at ``link``."""
         if name != DEALER:
             super().start_party(name, link, generator)
-        start_dealer(link, generator)
+        self.dealer_service_ = start_dealer(link, generator)
 
     def bind(self, context: BindContext) -> None:  # noqa: D102
         super().bind(context)
@@ -414,6 +414,86 @@ class VMask(Defense):
         if self.architectures_:
             raise CompatibilityError(f"vmask: {', '.join(sorted(self.architectures_))} sent no initial parameters: "
                                      "every passive party needs its own VMask half (side 'both')")
+
+    # -- checkpoints (--resume) ---------------------------------------------------------------------
+
+    resumable = True
+
+    def state_dict(self) -> dict[str, Any]:
+        """This half's state at an epoch boundary. P_k: the layers it holds masked, its decision count and, per
+        masked layer, its input-share generator, attacker view and momentum (the shares are in its model's state
+        dict). The active party: per P_k its shadow model, the shadow's optimizer, the masks, norms and estimates;
+        its own share of every masked layer with its noise generator; the mask ratios and the triples it took."""
+        if self.context_.party != ACTIVE:
+            assert self.bottom_ is not None
+            layers = self.bottom_.layers()
+            own: dict[str, Any] = {}
+            for i in sorted(self.masked_):
+                shared = layers[i].shared
+                assert shared is not None
+                p = shared.passive
+                own[str(i)] = {"randomness": shared.randomness.generator.get_state(),
+                               "attacker_view": layers[i].attacker_view, "reinit_seed": layers[i].reinit_seed,
+                               "momentum_weight": p.momentum_weight, "momentum_bias": p.momentum_bias}
+            return {"masked": sorted(self.masked_), "decisions": self.decisions_, "layers": own}
+        holders = [{"party": party, "layer": layer, "geometry": dict(h.geometry), "frac_bits": h.frac_bits,
+                    "truncation": h.truncation, "generator": h.generator.get_state(), "weight_share": h.weight_share,
+                    "bias_share": h.bias_share, "scale": h.scale}
+                   for (party, layer), h in self.shares_.holders.items()]
+        parties = {party: {"shadow": s.shadow.state_dict(), "shadow_opt": s.shadow_opt.state_dict(),
+                           "masked": sorted(s.masked), "grad_norm": s.grad_norm,
+                           "history": [list(h) for h in s.history],
+                           "estimates": list(s.estimates), "steps": s.steps} for party, s in self.parties_.items()}
+        return {"parties": parties, "holders": holders, "ratios": list(self.ratios_), "triples": self.shares_.triples}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
+        if self.context_.party != ACTIVE:
+            self._load_passive(state)
+            return
+        if set(state["parties"]) != set(self.parties_):
+            raise CompatibilityError(f"vmask: the checkpoint holds shadows of {sorted(state['parties'])}, this run "
+                                     f"set up {sorted(self.parties_)}")
+        for party, saved in state["parties"].items():
+            s = self.parties_[party]
+            s.shadow.load_state_dict(saved["shadow"])
+            s.shadow_opt.load_state_dict(saved["shadow_opt"])
+            s.masked = {int(i) for i in saved["masked"]}
+            s.grad_norm = saved["grad_norm"].clone()
+            s.history = [[int(i) for i in h] for h in saved["history"]]
+            s.estimates = [float(e) for e in saved["estimates"]]
+            s.steps = int(saved["steps"])
+        self.shares_.holders = {}
+        for h in state["holders"]:
+            generator = torch.Generator()
+            generator.set_state(h["generator"])
+            holder = ActiveShareHolder(name=f"{h['party']}.{h['layer']}", geometry=h["geometry"],
+                                       frac_bits=int(h["frac_bits"]), truncation=str(h["truncation"]),
+                                       generator=generator, record_received=self.shares_.record_received)
+            holder.weight_share, holder.bias_share, holder.scale = h["weight_share"], h["bias_share"], float(h["scale"])
+            self.shares_.holders[(str(h["party"]), str(h["layer"]))] = holder
+        self.ratios_ = [float(r) for r in state["ratios"]]
+        self.shares_.triples = int(state["triples"])
+
+    def _load_passive(self, state: Mapping[str, Any]) -> None:
+        """P_k's layers masked as at the checkpoint (rebuilt without messages; the model's state dict, loaded next,
+        fills the shares), its generators and counters."""
+        assert self.bottom_ is not None
+        target = {int(i) for i in state["masked"]}
+        for i, layer in enumerate(self.bottom_.layers()):
+            if i not in target:
+                layer.shared = None  # its plaintext weight comes with the model's state dict
+                continue
+            saved = state["layers"][str(i)]
+            generator = torch.Generator()
+            generator.set_state(saved["randomness"])
+            layer.restore_masked(link=self._link(), generator_passive=generator, sigma=self.sigma,
+                                 frac_bits=self.frac_bits, truncation=self.truncation, name=f"layer{i}")
+            layer.attacker_view, layer.reinit_seed = str(saved["attacker_view"]), int(saved["reinit_seed"])
+            assert layer.shared is not None
+            layer.shared.passive.momentum_weight = saved["momentum_weight"]
+            layer.shared.passive.momentum_bias = saved["momentum_bias"]
+        self.masked_ = target
+        self.decisions_ = int(state["decisions"])
 
     # -- Algorithm 1: layer masking ---------------------------------------------------------------
 

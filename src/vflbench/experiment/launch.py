@@ -28,6 +28,7 @@ from vflbench.experiment.config import ExperimentConfig
 from vflbench.experiment.party import check_party_config, party_names
 from vflbench.experiment.resume import check_resumable, committed_epoch
 from vflbench.experiment.run import undefended_config
+from vflbench.net.linkmodel import LinkProfile
 from vflbench.protocol.messages import ACTIVE, DEALER
 
 
@@ -65,7 +66,7 @@ def _error_line(log: str) -> str:
 def launch(cfg: ExperimentConfig, *, out_dir: Path, certs: Path | None = None, insecure: bool = False,
            data_root: Path | None = None, start_timeout: float = 60.0, receive_timeout: float = 120.0,
            timeout: float | None = None, grace: float = 10.0, resume: bool = False,
-           stop_after: int | None = None) -> Launched:
+           stop_after: int | None = None, shape: LinkProfile | None = None) -> Launched:
     """Run ``cfg`` with every party in its own process on this machine; returns when all have exited.
 
     ``certs``: a directory from ``vflbench net provision`` holding one subdirectory per party (a temporary CA is
@@ -73,7 +74,9 @@ def launch(cfg: ExperimentConfig, *, out_dir: Path, certs: Path | None = None, i
     (``None``: no limit beyond the parties' own deadlines). Raises :class:`LaunchError` naming the failed party.
     ``resume``: every party continues from the last epoch all of them committed in ``out_dir/<hash>/checkpoints``
     (a :class:`ConfigError` when there is none); ``stop_after``: stop once that many epochs are committed (to be
-    resumed; see :func:`~vflbench.experiment.party.run_party`).
+    resumed; see :func:`~vflbench.experiment.party.run_party`). ``shape``: every process shapes the links it sends
+    on to this bandwidth and one-way delay (:class:`~vflbench.net.transport.Shaper`), so the run takes the time it
+    would on that network.
     """
     cfg = cfg.resolved()
     check_party_config(cfg)
@@ -85,7 +88,8 @@ def launch(cfg: ExperimentConfig, *, out_dir: Path, certs: Path | None = None, i
     if cfg.defenses and cfg.attacks and not (out_dir / undefended_config(cfg).hash() / "result.json").is_file():
         # the attacks' leakage without the defenses, which result.json reports beside theirs (as `vflbench run`)
         launch(undefended_config(cfg), out_dir=out_dir, certs=certs, insecure=insecure, data_root=data_root,
-               start_timeout=start_timeout, receive_timeout=receive_timeout, timeout=timeout, grace=grace)
+               start_timeout=start_timeout, receive_timeout=receive_timeout, timeout=timeout, grace=grace,
+               shape=shape)
     names = party_names(cfg)
     run_dir = out_dir / cfg.hash()
     logs = run_dir / "logs"
@@ -117,6 +121,9 @@ def launch(cfg: ExperimentConfig, *, out_dir: Path, certs: Path | None = None, i
                 if data_root is not None:
                     command += ["--data-root", str(data_root)]
                 command += ["--resume"] * resume + (["--stop-after", str(stop_after)] if stop_after else [])
+                if shape is not None:
+                    command += ["--bandwidth-mbit", repr(shape.bandwidth_mbit_s), "--latency-ms",
+                                repr(shape.latency_ms)]
                 files[name] = (logs / f"{name}.log").open("wb")
                 procs[name] = subprocess.Popen(command, stdout=files[name], stderr=subprocess.STDOUT, env=env)
             failed = _wait(procs, timeout=timeout, grace=grace, started=tic)

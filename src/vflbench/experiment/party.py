@@ -8,8 +8,9 @@ of VMask's Beaver triples, when the config needs one, is a process of its own th
 :class:`~vflbench.net.NetChannel` endpoint, so what crosses the wire between the halves is exactly
 what they send with ``link.call``/``serve``/``post``/``take``.
 
-Sequence: every process starts its channel (the start-up barrier), builds its federation (a passive
-party's VMask half sends ``vmask.setup`` to the active party while doing so), then each passive party
+Sequence: every process starts its channel (the start-up barrier); the active party builds its side and posts
+``passive.setup`` (the bottom models' width) to each passive party, which builds its own (its VMask half sends
+``vmask.setup`` to the active party while doing so); then each passive party
 posts ``passive.ready`` and answers requests; the active party waits for every ``passive.ready``,
 trains, posts ``passive.done``, takes each passive party's ``passive.report`` (its counters), writes
 the run directory (``result.json`` atomically) and says goodbye; the dealer answers until every peer
@@ -21,11 +22,12 @@ counted them (the active party's, and each passive party's ``dealer.*`` traffic 
 leaving out the ``passive.*`` requests that drive the remote party. ``net.json`` records what
 crossed each link (frames and bytes) per epoch and the measured epoch times.
 
-Limits: every process loads the whole dataset and builds every party's models from the shared seeds,
-then uses only its own (a passive process also binds the active party's defense halves to a local
-channel of its own, so that label transforms size its bottom model as in one process); no VSNN, which
-:func:`check_party_config` refuses. Attacks run in their party's process; a passive party sends its attack
-results (scored in its process, which has the ground truth) in its report.
+Each process keeps only its own part of the dataset (:func:`local_state`: a passive party its own slice, the active
+party its slice, the labels and the passive parties' layouts) and builds only its own models; the bottom models'
+width, which the active party's label transforms may set, reaches the passive parties in ``passive.setup``. Limits:
+no VSNN, which :func:`check_party_config` refuses. Attacks run in their party's process; a process whose party runs
+an attack keeps the whole dataset as the scorer's ground truth (not reachable from the party's objects), and a
+passive party sends its attack results in its report.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from vflbench.experiment.resume import (
 from vflbench.net.errors import ProtocolError
 from vflbench.net.policy import DEFAULT_RULES, Policy, Rule
 from vflbench.net.transport import NetChannel
-from vflbench.protocol.channel import Channel, CommStats, Endpoint, KindStats, Transcript
+from vflbench.protocol.channel import CommStats, Endpoint, KindStats, Transcript
 from vflbench.protocol.messages import ACTIVE, DEALER, Message, passive_name
 from vflbench.protocol.party import PassiveParty
 
@@ -194,13 +196,16 @@ class _Served:
             # this party's own state after the epoch, written by this process; -1: it keeps no checkpoints (no --out)
             if self.out_dir is None:
                 return request.reply(meta={"committed": -1})
-            save_checkpoint(self.out_dir, self.party.name, request.epoch, party_state(self.party))
+            save_checkpoint(self.out_dir, self.party.name, request.epoch,
+                            {**party_state(self.party), "net_stats": _stats_json(self.channel)})
             return request.reply(meta={"committed": request.epoch})
         if request.kind == "passive.resume":
             if not self.resume or self.out_dir is None:
                 raise ProtocolError(f"{self.party.name} was asked to resume from epoch {request.epoch} but was "
                                     "started without --resume and --out")
-            load_party_state(self.party, load_checkpoint(self.out_dir, self.party.name, request.epoch))
+            state = load_checkpoint(self.out_dir, self.party.name, request.epoch)
+            load_party_state(self.party, state)
+            _restore_stats(self.channel, state["net_stats"])  # its counts (dealer.* go into comm) continue
             log.info("%s: resumed from its checkpoint of epoch %d", self.party.name, request.epoch)
             return request.reply(meta={"resumed": request.epoch})
         if request.kind == "passive.oracle_bottom":
@@ -214,6 +219,82 @@ class _Served:
             return request.reply(out)
         raise ProtocolError(f"{self.party.name} serves passive.forward, passive.backward, passive.end_epoch, "
                             f"passive.checkpoint, passive.resume and passive.oracle_bottom, not {request.kind!r}")
+
+
+@dataclass
+class LocalState:
+    """What one party's process keeps after loading the dataset (:func:`local_state`).
+
+    ``data``: a passive party's :class:`~vflbench.experiment.scenario.PassiveData` (its own slice only), or the
+    active party's :func:`~vflbench.experiment.scenario.active_data` (its slice, the labels, each passive party's
+    layout and the auxiliary rows its defenses' threat model grants). ``defenses``: the config's defense
+    instances. ``attacks``: the attacks that run at this party (the active party's plan also lists the others',
+    whose extra embedding widths size its top model). ``ground_truth``: the whole dataset, kept only when this
+    party runs attacks: the experimenter's truth to score them (and the labels or auxiliary rows their threat
+    models grant), never given to the party's own objects. ``positions``: where this party's attacks stand in the
+    config's list.
+    """
+
+    data: Any
+    defenses: Any
+    attacks: AttackPlan
+    positions: list[int]
+    ground_truth: Any = None
+
+
+class OwnSide:
+    """A passive party's process seen as a federation by the attack runner: the one party it holds."""
+
+    def __init__(self, party: PassiveParty) -> None:
+        self.passives = [party]
+
+    def parties(self) -> list[PassiveParty]:
+        """The process's own party."""
+        return list(self.passives)
+
+
+def local_state(cfg: ExperimentConfig, party: str, data_root: str | Path | None = None) -> LocalState:
+    """Load ``cfg``'s dataset, keep ``party``'s part of it (see :class:`LocalState`) and drop the rest: a dataset
+    file holds every party's columns, so the process reads it once and slices it at once. Checks the config's
+    attacks against the data first, as ``vflbench run`` does (the active party checks what needs the labels)."""
+    from vflbench.experiment.plan import validate_attacks
+    from vflbench.experiment.run import check_before_training
+    from vflbench.experiment.scenario import (
+        DefensePlan,
+        active_data,
+        defense_aux_rows,
+        load_vertical_data,
+        passive_data,
+        plan_defenses,
+    )
+
+    cfg = cfg.resolved()
+    if party not in party_names(cfg) or party == DEALER:
+        raise ConfigError(f"party {party!r} holds no data in this config's run ({', '.join(party_names(cfg))})")
+    vd = load_vertical_data(cfg, data_root)
+    plan = plan_defenses(cfg, party_names(cfg)[1:cfg.data.parties])
+    attack_plan = validate_attacks(cfg, vd)
+    positions = _positions(attack_plan, party)
+    if party == ACTIVE:
+        check_before_training(cfg, vd, attack_plan)
+        attacks = attack_plan if positions else dataclasses.replace(attack_plan, data=None)
+        return LocalState(active_data(vd, granted=defense_aux_rows(cfg, plan, vd.y_train)), plan, attacks, positions,
+                          vd if positions else None)
+    attacks = own_attacks(attack_plan, party) if positions else AttackPlan(seed=cfg.seed)
+    mine = DefensePlan([], {party: plan.passive[party]})  # its own halves only
+    return LocalState(passive_data(vd, party), mine, attacks, positions, vd if positions else None)
+
+
+def _stats_json(channel: NetChannel) -> str:
+    """The channel's message counters, every phase, as JSON (for a checkpoint)."""
+    return json.dumps({phase: stats.as_dict() for phase, stats in channel.stats.items()})
+
+
+def _restore_stats(channel: NetChannel, saved: str) -> None:
+    """Put :func:`_stats_json`'s counters back: what a resumed process counts continues the run's counts (the
+    resume's own set-up messages are left out, as the uninterrupted run had them once)."""
+    for phase, raw in json.loads(saved).items():
+        channel.stats[phase] = _comm_restored(raw)
 
 
 def wire_of(channel: NetChannel) -> dict[str, dict[str, int]]:
@@ -293,13 +374,13 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
     saves its models' state dicts under ``out_dir/checkpoints``. The active party also writes the run directory's
     ``result.json``, ``metrics.jsonl``, ``config.yaml``, ``env.json`` and ``net.json`` in ``out_dir``.
 
-    Configs without defenses and attacks are checkpointed after every epoch (:mod:`vflbench.experiment.resume`);
-    ``resume``: continue from the last epoch every party committed (the active party's manifest says which; a
-    passive party loads its own checkpoint of that epoch when the active party asks). ``stop_after``: the active
-    party stops the run after that many epochs, once they are committed (``summary["stopped_after"]``; no
-    ``result.json``), as if the run had been cut off there."""
+    Configs without attacks, with no defense or VMask, are checkpointed after every epoch
+    (:mod:`vflbench.experiment.resume`; VMask's dealer writes its own); ``resume``: continue from the last epoch
+    every party committed (the active party's manifest says which; a passive party loads its own checkpoint of
+    that epoch when the active party asks). ``stop_after``: the active party stops the run after that many
+    epochs, once they are committed (``summary["stopped_after"]``; no ``result.json``), as if the run had
+    been cut off there."""
     from vflbench.experiment.results import write_json
-    from vflbench.experiment.scenario import load_vertical_data
 
     cfg = cfg.resolved()
     check_party_config(cfg)
@@ -316,19 +397,19 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.train.threads)
     try:
-        vd = load_vertical_data(cfg, data_root) if party != DEALER else None
+        local = local_state(cfg, party, data_root) if party != DEALER else None
         summary: dict[str, Any] = {"party": party, "run": channel.run}
         with channel:
             if party == DEALER:
-                _serve_dealer(cfg, channel)
+                summary["dealer"] = _serve_dealer(cfg, channel, out_dir=out_dir, resume=resume)
                 models: dict[str, nn.Module] = {}
             elif party == ACTIVE:
-                assert vd is not None
-                models = _run_active(cfg, vd, channel, summary, out_dir, data_root, resume=resume,
+                assert local is not None
+                models = _run_active(cfg, local, channel, summary, out_dir, data_root, resume=resume,
                                      stop_after=stop_after)
             else:
-                assert vd is not None
-                models = _run_passive(cfg, vd, channel, party, out_dir=out_dir, resume=resume)
+                assert local is not None
+                models = _run_passive(cfg, local, channel, party, out_dir=out_dir, resume=resume)
         summary["net"] = {"stats": {k: v.as_dict() for k, v in channel.stats.items()}, "wire": wire_of(channel)}
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -339,54 +420,65 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
         torch.set_num_threads(previous_threads)
 
 
-def _serve_dealer(cfg: ExperimentConfig, channel: NetChannel) -> None:
-    """The dealer's process: VMask's dealer, seeded as in one process, answering until every peer said goodbye."""
+def _serve_dealer(cfg: ExperimentConfig, channel: NetChannel, *, out_dir: Path | None = None,
+                  resume: bool = False) -> dict[str, int]:
+    """The dealer's process: VMask's dealer, seeded as in one process, answering until every peer said goodbye.
+    With ``out_dir`` (and a resumable config) it writes its own checkpoint when the active party asks at an epoch
+    boundary (``dealer.checkpoint``); with ``resume`` it continues from the one the active party names
+    (``dealer.resume``). Returns its counters: the next triple's id, and where a resumed dealer started."""
     from vflbench.defenses import create_defense
     from vflbench.rng import generator
 
     name = needs_dealer(cfg)
     assert name is not None
     spec = next(s for s in cfg.defenses if s.name == name)
-    create_defense(name, **spec.params()).start_party(DEALER, channel.endpoint(DEALER),
-                                                      generator(cfg.seed, "defense", name, ACTIVE))
+    defense = create_defense(name, **spec.params())
+    defense.start_party(DEALER, channel.endpoint(DEALER), generator(cfg.seed, "defense", name, ACTIVE))
+    service = defense.dealer_service_  # type: ignore[attr-defined]
+    if out_dir is not None and resumable(cfg):
+        service.save = lambda epoch, state: save_checkpoint(out_dir, DEALER, epoch, {"dealer": state})
+        if resume:
+            service.load = lambda epoch: load_checkpoint(out_dir, DEALER, epoch)["dealer"]
     channel.serve_forever()
+    return {"next_triple": service.dealer.next_triple, "resumed_at_triple": service.dealer.retired_below}
 
 
-def _run_passive(cfg: ExperimentConfig, vd: Any, channel: NetChannel, party: str, *, out_dir: Path | None,
-                 resume: bool) -> dict[str, nn.Module]:
-    """A passive party's process: build its side (its defense halves on the network), answer the active party's
-    requests until it says ``passive.done``, then report this process's counters."""
-    from vflbench.experiment.plan import validate_attacks
+def _run_passive(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, party: str, *,
+                 out_dir: Path | None, resume: bool) -> dict[str, nn.Module]:
+    """A passive party's process: take the bottom model's width from the active party (``passive.setup``), build
+    its own side from its own slice (its defense halves on the network), answer the active party's requests until
+    it says ``passive.done``, then report this process's counters and its attacks' results."""
     from vflbench.experiment.run import TrainedRun
-    from vflbench.experiment.scenario import DefensePlan, build_federation, plan_defenses
+    from vflbench.experiment.scenario import PassiveData, build_passive
     from vflbench.experiment.scoring import run_attacks
     from vflbench.protocol import History
 
-    names = party_names(cfg)[1:cfg.data.parties]
-    plan = plan_defenses(cfg, names)
-    attack_plan = validate_attacks(cfg, vd)
-    attacks = own_attacks(attack_plan, party)
-    local = Channel()  # the active party's halves, bound here only so that label transforms size the bottom model
-    mine = DefensePlan(plan.active, {n: plan.passive[n] if n == party else [] for n in names})
-    links: Callable[[str], Endpoint] = channel.endpoint
-    fed = build_federation(cfg, vd, defenses=mine, keep=attack_plan.keep, extra_dims=attack_plan.extra_dims(),
-                           held_out=attack_plan.held_out(),
-                           links=lambda name: links(name) if name == party else local.endpoint(name))
-    attacks.prepare(fed)
-    passive = fed.passives[names.index(party)]
-    assert passive.data is not None
+    assert isinstance(local.data, PassiveData)
     endpoint = channel.endpoint(party)
-    endpoint.serve("passive", _Served(passive, channel, lambda: attacks.on_epoch_end(fed),
+    embed_dim = endpoint.take("passive.setup", ACTIVE).meta.get("embed_dim")
+    if not isinstance(embed_dim, int) or isinstance(embed_dim, bool) or not 1 <= embed_dim <= 1 << 20:
+        raise ProtocolError(f"passive.setup must carry the bottom model's width as an int embed_dim, got {embed_dim!r}")
+    attacks = local.attacks
+    passive = build_passive(cfg, local.data, defenses=local.defenses.passive[party], embed_dim=embed_dim,
+                            link=channel.endpoint, keep=attacks.keep.get(party))
+    side = OwnSide(passive)
+    attacks.prepare(side)  # type: ignore[arg-type]
+    assert passive.data is not None
+    endpoint.serve("passive", _Served(passive, channel, lambda: attacks.on_epoch_end(side),  # type: ignore[arg-type]
                                       out_dir=out_dir if resumable(cfg) else None, resume=resume,
                                       rows={"train": len(passive.data.x_train), "test": len(passive.data.x_test)}))
     endpoint.post("passive.ready", ACTIVE)
     if endpoint.take("passive.done", ACTIVE).meta.get("stopped"):
         return passive.models()  # the active party stopped the run after a committed epoch: nothing to report
-    results, seconds = run_attacks(attacks, TrainedRun(cfg, vd, fed, History(), 0.0))
+    results: list[Any] = []
+    seconds: dict[str, float] = {}
+    if attacks.attacks:
+        assert local.ground_truth is not None
+        results, seconds = run_attacks(attacks, TrainedRun(cfg, local.ground_truth, side,  # type: ignore[arg-type]
+                                                           History(), 0.0))
     endpoint.post("passive.report", ACTIVE, to_bytes_tensor({
         "stats": {k: v.as_dict() for k, v in channel.stats.items()}, "wire": wire_of(channel),
-        "attacks": {str(i): dataclasses.asdict(r) for i, r in zip(_positions(attack_plan, party), results,
-                                                                   strict=True)},
+        "attacks": {str(i): dataclasses.asdict(r) for i, r in zip(local.positions, results, strict=True)},
         "attack_seconds": seconds}))
     return passive.models()
 
@@ -396,38 +488,32 @@ def _positions(plan: AttackPlan, party: str) -> list[int]:
     return [i for i, p in enumerate(plan.attacks) if p.attack.party == party]
 
 
-def _run_active(cfg: ExperimentConfig, vd: Any, channel: NetChannel, summary: dict[str, Any],
+def _run_active(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, summary: dict[str, Any],
                 out_dir: Path | None, data_root: str | Path | None, *, resume: bool = False,
                 stop_after: int | None = None) -> dict[str, nn.Module]:
     """The active party's process: build its side, wait for every passive party, train (checkpointing each epoch
     with every party, or continuing from the last committed one), collect the passive parties' reports and write
     the run directory."""
     from vflbench.experiment.config import check_components
-    from vflbench.experiment.plan import validate_attacks
     from vflbench.experiment.results import AttackResult, write_atomic, write_json
-    from vflbench.experiment.run import (
-        TrainedRun,
-        _undefended_result,
-        check_before_training,
-        environment,
-        mark_undefended,
-        utility_of,
-    )
-    from vflbench.experiment.scenario import DefensePlan, build_federation, plan_defenses
+    from vflbench.experiment.run import TrainedRun, _undefended_result, environment, mark_undefended, utility_of
+    from vflbench.experiment.scenario import DefensePlan, build_federation, embed_dim_of
     from vflbench.experiment.scoring import run_attacks
     from vflbench.protocol import History
     from vflbench.rng import generator
 
     check_components(cfg)
-    attack_plan = validate_attacks(cfg, vd)
-    check_before_training(cfg, vd, attack_plan)
+    vd, attack_plan, plan = local.data, local.attacks, local.defenses
     names = party_names(cfg)[1:cfg.data.parties]
-    plan = plan_defenses(cfg, names)
     held_out = attack_plan.held_out()
     attacks = own_attacks(attack_plan, ACTIVE)
     fed = build_federation(cfg, vd, defenses=DefensePlan(plan.active, {n: [] for n in names}), held_out=held_out,
-                           keep=attack_plan.keep, extra_dims=attack_plan.extra_dims(), links=channel.endpoint)
+                           keep=attack_plan.keep, extra_dims=attack_plan.extra_dims(), links=channel.endpoint,
+                           remote_passives=True)
     endpoint = channel.endpoint(ACTIVE)
+    embed_dim = embed_dim_of(cfg, fed.active.objective.out_dim)
+    for p in fed.passives:  # the bottom models' width, which the active party's label transforms may set (VLR)
+        endpoint.post("passive.setup", p.name, meta={"embed_dim": embed_dim})
     for p in fed.passives:  # while waiting, the active party answers the passive halves' set-up requests
         endpoint.take("passive.ready", p.name)
     log.info("active: %s ready; training", ", ".join(p.name for p in fed.passives))
@@ -483,14 +569,16 @@ def _run_active(cfg: ExperimentConfig, vd: Any, channel: NetChannel, summary: di
         summary["stopped_after"] = stopped.epochs
         log.info("active: stopped after epoch %d as asked; continue with --resume", stopped.epochs - 1)
         return fed.active.models()
-    run = TrainedRun(cfg, vd, fed, history, time.perf_counter() - tic)
+    # the experimenter's ground truth scores this party's attacks; the party's own objects hold only its part
+    run = TrainedRun(cfg, local.ground_truth if local.ground_truth is not None else vd, fed, history,
+                     time.perf_counter() - tic)
     found, attack_seconds = run_attacks(attacks, run)  # before passive.done: it may query the passive parties
     reports = {}
     for remote in remotes:
         endpoint.post("passive.done", remote.name)
         reports[remote.name] = from_bytes_tensor(endpoint.take("passive.report", remote.name).payload)
     utility = utility_of(cfg, history)
-    results: dict[int, AttackResult] = dict(zip(_positions(attack_plan, ACTIVE), found, strict=True))
+    results: dict[int, AttackResult] = dict(zip(local.positions, found, strict=True))
     for report in reports.values():
         results.update({int(i): AttackResult(**r) for i, r in report["attacks"].items()})
         attack_seconds.update(report["attack_seconds"])
@@ -511,7 +599,8 @@ def _run_active(cfg: ExperimentConfig, vd: Any, channel: NetChannel, summary: di
         write_json(out_dir / "net.json", net_report(epoch_walls, comm, active_wire,
                                                     {n: p.wire for n, p in zip(names, remotes, strict=True)},
                                                     {ACTIVE: wire_of(channel), **{n: r["wire"] for n, r in
-                                                                                  reports.items()}}))
+                                                                                  reports.items()}},
+                                                    shaped=channel.options.shape))
         write_json(out_dir / "result.json", result)
     return fed.active.models()
 
@@ -543,9 +632,15 @@ def _commit_epoch(out_dir: Path, epoch: int, fed: Any, channel: NetChannel, batc
         if not isinstance(answer, int):
             raise ProtocolError(f"{r.name} answered passive.checkpoint without an int 'committed', got {answer!r}")
         committed[r.name] = answer
+    if DEALER in channel.parties:  # the dealer writes its generator and triple counters
+        answer = channel.endpoint(ACTIVE).call("dealer.checkpoint", DEALER, epoch=epoch, phase="setup").meta.get(
+            "committed")
+        if not isinstance(answer, int):
+            raise ProtocolError(f"the dealer answered dealer.checkpoint without an int 'committed', got {answer!r}")
+        committed[DEALER] = answer
     extra = {"batches": batches.get_state(), "metrics": list(metrics_lines), "walls": list(epoch_walls),
              "active_wire": json.dumps(active_wire), "passive_wire": json.dumps({r.name: r.wire for r in remotes}),
-             "comm": json.dumps({"loop": fed.channel.train.as_dict(), "net": channel.train.as_dict()})}
+             "comm": json.dumps({"loop": fed.channel.train.as_dict()}), "net_stats": _stats_json(channel)}
     save_checkpoint(out_dir, ACTIVE, epoch, {**party_state(fed.active), **extra})
     committed[ACTIVE] = epoch
     if all(e == epoch for e in committed.values()):
@@ -560,13 +655,14 @@ def _resume_active(out_dir: Path, epoch: int, fed: Any, channel: NetChannel, bat
     """Load the active party's checkpoint of ``epoch``, have every passive party load its own, and return what the
     loop's bookkeeping continues from."""
     state = load_checkpoint(out_dir, ACTIVE, epoch)
+    if DEALER in channel.parties:  # before the first triple of the resumed epochs is asked for
+        channel.endpoint(ACTIVE).call("dealer.resume", DEALER, epoch=epoch, phase="setup")
     for remote in remotes:
         remote.endpoint.call("passive.resume", remote.name, epoch=epoch)
     load_party_state(fed.active, state)
     batches.set_state(state["batches"])
-    comm = json.loads(state["comm"])
-    fed.channel.stats["train"] = _comm_restored(comm["loop"])
-    channel.stats["train"] = _comm_restored(comm["net"])
+    fed.channel.stats["train"] = _comm_restored(json.loads(state["comm"])["loop"])
+    _restore_stats(channel, state["net_stats"])
     for remote in remotes:
         remote.wire = list(json.loads(state["passive_wire"]).get(remote.name, []))
     return {"metrics": list(state["metrics"]), "walls": [float(w) for w in state["walls"]],
@@ -616,11 +712,13 @@ def active_result(run: Any, *, utility: Any, comm: dict[str, Any], held_out: Ten
 
 
 def net_report(epoch_seconds: list[float], comm: dict[str, Any], active_wire: list[dict[str, Any]],
-               passive_wire: dict[str, list[dict[str, Any]]], final: dict[str, dict[str, Any]]) -> dict[str, Any]:
+               passive_wire: dict[str, list[dict[str, Any]]], final: dict[str, dict[str, Any]],
+               shaped: Any = None) -> dict[str, Any]:
     """``net.json``: the measured wall time per epoch (training, the end-of-epoch reports and the evaluation), what
     the channels counted, and what crossed each link per epoch (frames and bytes, counted at one end of each link:
     the active party's links at the active party, a passive party's link to the dealer at that party), with the
-    time projected on each :data:`~vflbench.net.linkmodel.LINK_PROFILES` network."""
+    time projected on each :data:`~vflbench.net.linkmodel.LINK_PROFILES` network; ``shaped``: the link the
+    transport's shaper enforced (``None``: none, loopback speed)."""
     from vflbench.net.linkmodel import LINK_PROFILES, project
 
     def links(active: Mapping[str, Any], passives: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, int]]:
@@ -641,7 +739,7 @@ def net_report(epoch_seconds: list[float], comm: dict[str, Any], active_wire: li
         previous = now
     frames = [sum(v["frames"] for v in e.values()) for e in per_epoch]
     nbytes = [sum(v["bytes"] for v in e.values()) for e in per_epoch]
-    return {"epoch_seconds": epoch_seconds,
+    return {"epoch_seconds": epoch_seconds, "shaped": None if shaped is None else shaped.as_dict(),
             "counted": {"messages": comm["messages"], "bytes": comm["bytes_up"] + comm["bytes_down"]},
             "wire_per_epoch": {"frames": frames, "bytes": nbytes, "links": per_epoch},
             "wire_total": links(final.get(ACTIVE, {}), {n: w for n, w in final.items() if n != ACTIVE}),

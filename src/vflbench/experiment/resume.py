@@ -38,18 +38,28 @@ def manifest_path(out_dir: Path) -> Path:
     return out_dir / "checkpoints" / MANIFEST
 
 
+def _unresumable_defenses(cfg: ExperimentConfig) -> list[str]:
+    from vflbench.defenses import DEFENSES
+
+    return [s.name for s in cfg.defenses if not getattr(DEFENSES.get(s.name).factory, "resumable", False)]
+
+
 def resumable(cfg: ExperimentConfig) -> bool:
-    """Whether the checkpoints hold everything ``cfg``'s run needs to continue (no defenses, no attacks yet)."""
-    return not cfg.defenses and not cfg.attacks
+    """Whether the checkpoints hold everything ``cfg``'s run needs to continue: no attacks, and only defenses whose
+    halves keep a state dict (:attr:`~vflbench.protocol.hooks.Defense.resumable`: VMask and its variants)."""
+    return not cfg.attacks and not _unresumable_defenses(cfg)
 
 
 def check_resumable(cfg: ExperimentConfig) -> None:
-    """Refuse what the checkpoints do not cover yet: the state of defenses (VMask's shares, the dealer's counters)
-    and of attacks."""
-    if not resumable(cfg):
-        what = " and ".join(w for w, there in (("defenses", cfg.defenses), ("attacks", cfg.attacks)) if there)
-        raise ConfigError(f"--resume covers configs without defenses and attacks for now; this one has {what}, whose "
-                          "state the epoch checkpoints do not hold. Run it from the start without --resume")
+    """Refuse what the checkpoints do not cover yet: the state of attacks and of defenses without a state dict."""
+    if cfg.attacks:
+        raise ConfigError("--resume does not cover configs with attacks: the attacks' per-epoch collections (what "
+                          "they recorded, their snapshots) are not in the epoch checkpoints. Run it from the start "
+                          "without --resume")
+    if _unresumable_defenses(cfg):
+        raise ConfigError(f"--resume covers VMask (and its variants) among the defenses; "
+                          f"{', '.join(_unresumable_defenses(cfg))} keeps state that the epoch checkpoints do not "
+                          "hold. Run it from the start without --resume")
 
 
 def committed_epoch(out_dir: Path) -> int:
@@ -67,15 +77,23 @@ def write_manifest(out_dir: Path, epoch: int, committed: dict[str, int]) -> None
 
 
 def party_state(party: Any) -> dict[str, Any]:
-    """``party``'s own training state (its models, optimizer, LR schedule, generator; the process's torch generator)."""
-    return {"models": {role: m.state_dict() for role, m in party.models().items()},
+    """``party``'s own training state (its defense halves, models, optimizer, LR schedule, generator; the process's
+    torch generator)."""
+    return {"defenses": [d.state_dict() for d in party.defenses],
+            "models": {role: m.state_dict() for role, m in party.models().items()},
             "optimizer": party.optimizer.state_dict() if party.optimizer is not None else None,
             "scheduler": party.scheduler.state_dict() if party.scheduler is not None else None,
             "generator": party.generator.get_state(), "torch_rng": torch.get_rng_state()}
 
 
 def load_party_state(party: Any, state: dict[str, Any]) -> None:
-    """Put :func:`party_state`'s ``state`` back into ``party`` (and the process's torch generator)."""
+    """Put :func:`party_state`'s ``state`` back into ``party`` (and the process's torch generator): its defense
+    halves first, which may change its models' structure (VMask's masked layers)."""
+    if len(state["defenses"]) != len(party.defenses):
+        raise ConfigError(f"checkpoint of {party.name} holds {len(state['defenses'])} defense halves, this run has "
+                          f"{len(party.defenses)}: it is another run's checkpoint")
+    for d, saved in zip(party.defenses, state["defenses"], strict=True):
+        d.load_state_dict(saved)
     models = party.models()
     if set(models) != set(state["models"]):
         raise ConfigError(f"checkpoint of {party.name} holds models {sorted(state['models'])}, this run has "

@@ -29,6 +29,7 @@ from vflbench.protocol import (
     default_objective,
     passive_name,
 )
+from vflbench.protocol.messages import passive_index
 from vflbench.rng import generator
 
 DEFAULT_EMBED_DIM = 16
@@ -94,10 +95,135 @@ def plan_defenses(cfg: ExperimentConfig, passive_names: Sequence[str]) -> Defens
     return plan
 
 
+@dataclass(frozen=True)
+class PassiveData:
+    """What a passive party's process holds of the dataset (:func:`passive_data`): its own feature slice, whose row
+    ids are the shared row ids (row ``i`` of ``part`` is row ``i`` of the run), the number of classes and the
+    number of feature-holding parties (both public, from the config and the dataset's description). No labels, no
+    other party's columns."""
+
+    name: str
+    part: PartySlice
+    num_classes: int
+    holders: int
+
+
+def _copy_slice(part: PartySlice) -> PartySlice:
+    """``part`` with tensors of its own (a view of the loaded dataset would keep every column reachable)."""
+    return PartySlice(part.x_train.clone(), part.x_test.clone(), part.kind, part.columns, dict(part.meta))
+
+
+def shape_only(part: PartySlice, *, rows: Tensor | None = None) -> PartySlice:
+    """``part``'s layout (sample shape, dtype, kind, columns, meta: what sizes a model of it) without its values;
+    with ``rows``, the training rows ``rows`` of it (a grant, :attr:`PartySlice.rows`)."""
+    empty = part.x_train.new_empty((0, *part.sample_shape))
+    if rows is None:
+        return PartySlice(empty, empty.clone(), part.kind, part.columns, dict(part.meta))
+    ids = rows.sort().values
+    return PartySlice(part.x_train[ids].clone(), empty, part.kind, part.columns, dict(part.meta), rows=ids)
+
+
+def passive_data(vd: VerticalData, name: str) -> PassiveData:
+    """Passive party ``name``'s own part of ``vd`` (copied, so that nothing else of ``vd`` stays reachable)."""
+    return PassiveData(name, _copy_slice(vd.passive[passive_index(name)]), vd.num_classes,
+                       len(vd.passive) + (vd.active is not None))
+
+
+def active_data(vd: VerticalData, *, granted: Tensor | None = None) -> VerticalData:
+    """The active party's part of ``vd``: its own slice and the labels (copied); each passive party's slice only as
+    its layout, holding the training rows ``granted`` (the auxiliary rows a defense's threat model grants the active
+    party, :func:`defense_aux_rows`) and nothing else."""
+    rows = granted if granted is not None and len(granted) else None
+    return VerticalData(vd.name, vd.num_classes, tuple(shape_only(p, rows=rows) for p in vd.passive),
+                        _copy_slice(vd.active) if vd.active is not None else None, vd.y_train.clone(),
+                        vd.y_test.clone(), info=dict(vd.info))
+
+
+def defense_aux_ids(d: Defense, y_train: Tensor, seed: int) -> Tensor | None:
+    """The auxiliary labelled rows defense ``d``'s threat model grants the active party (``aux_size``), if any."""
+    size = getattr(d, "aux_size", None)
+    if not size:
+        return None
+    return aux_indices(y_train, size=min(int(size), len(y_train)), generator=generator(seed, "defense", d.name, "aux"))
+
+
+def defense_aux_rows(cfg: ExperimentConfig, plan: DefensePlan, y_train: Tensor) -> Tensor | None:
+    """Every training row the active party's defenses in ``plan`` take as their auxiliary set (sorted)."""
+    drawn = [ids for d in plan.active if (ids := defense_aux_ids(d, y_train, cfg.seed)) is not None]
+    return torch.cat(drawn).unique() if drawn else None
+
+
+def embed_dim_of(cfg: ExperimentConfig, out_dim: int) -> int:
+    """The width of every bottom model's output: the top model's output width ``out_dim`` (after the active party's
+    label transforms) in VLR, else ``model.embed_dim`` (default :data:`DEFAULT_EMBED_DIM`)."""
+    m = cfg.resolved().model
+    if cfg.train.algorithm == "vlr":
+        if m.embed_dim not in (None, out_dim):
+            raise ConfigError(f"VLR bottoms output the logits ({out_dim}); remove model.embed_dim")
+        return out_dim
+    return m.embed_dim or DEFAULT_EMBED_DIM
+
+
+def _binder(cfg: ExperimentConfig, *, num_classes: int, num_parties: int, active_has_features: bool,
+            link: Callable[[str], Endpoint],
+            aux: Callable[[Defense, str], DefenseAux | None]) -> Callable[[Defense, str], None]:
+    """Bind a defense instance at a party (the same context in one process and in a party's own process)."""
+    t, seed = cfg.train, cfg.seed
+    assert t.aggregation
+    settings = TrainSettings(lr=t.lr, batch_size=t.batch_size, momentum=t.momentum, weight_decay=t.weight_decay,
+                             epochs=t.epochs)
+    completion = next((a.params() for a in cfg.attacks if a.name == "model_completion"), None)
+
+    def bind(d: Defense, party: str) -> None:
+        d.bind(BindContext(party, t.algorithm, num_classes, num_parties,
+                           generator(seed, "defense", d.name, party), generator(seed, "defense", d.name, "shared"),
+                           link=link(party), train=settings, aggregation=t.aggregation,
+                           active_has_features=active_has_features, model_completion=completion,
+                           aux=aux(d, party)))
+
+    return bind
+
+
+def _passive_party(cfg: ExperimentConfig, name: str, part: PartySlice, *, defenses: Sequence[Defense],
+                   active_defenses: Sequence[Defense], embed_dim: int, bind: Callable[[Defense, str], None],
+                   transcript: Transcript) -> PassiveParty:
+    """Passive party ``name`` on its slice ``part``: its defenses bound, its bottom model (wrapped by the active
+    party's defenses, which only look at it, then by its own), optimizer and schedule."""
+    m, seed = cfg.model, cfg.seed
+    assert m.bottom is not None
+    for d in defenses:
+        bind(d, name)
+    for d in defenses:
+        part = d.augment_features(part)
+    bottom = build_bottom(m.bottom, part, embed_dim, generator(seed, name, "init"), **m.bottom_options)
+    for d in (*active_defenses, *defenses):
+        bottom = d.wrap_bottom(bottom, name)
+    opt = make_optimizer(cfg, list(bottom.parameters()))
+    for d in defenses:
+        d.attach_optimizer(opt, name)
+    return PassiveParty(name, data=part, bottom=bottom, optimizer=opt, scheduler=make_scheduler(cfg, opt),
+                        generator=generator(seed, name, "party"), defenses=list(defenses), transcript=transcript)
+
+
+def build_passive(cfg: ExperimentConfig, data: PassiveData, *, defenses: Sequence[Defense], embed_dim: int,
+                  link: Callable[[str], Endpoint], keep: set[str] | None = None) -> PassiveParty:
+    """Passive party ``data.name`` alone, in its own process (:mod:`vflbench.experiment.party`): built from its own
+    slice only, its defense halves bound to ``link(name)``, with the bottom model's width ``embed_dim`` as the
+    active party sends it (it depends on the active party's label transforms in VLR). The same party, bit for bit,
+    as :func:`build_federation` builds in one process."""
+    cfg = cfg.resolved()
+    if cfg.train.algorithm == "vsnn":
+        raise ConfigError("a passive party's own process is not built for VSNN (the active party holds no features)")
+    bind = _binder(cfg, num_classes=data.num_classes, num_parties=data.holders, active_has_features=True,
+                   link=link, aux=lambda d, party: None)
+    return _passive_party(cfg, data.name, data.part, defenses=defenses, active_defenses=(), embed_dim=embed_dim,
+                          bind=bind, transcript=Transcript(data.name, keep or ()))
+
+
 def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: DefensePlan | None = None,
                      alone: bool = False, keep: dict[str, set[str]] | None = None,
                      extra_dims: dict[str, int] | None = None, held_out: Tensor | None = None,
-                     links: Callable[[str], Endpoint] | None = None) -> Federation:
+                     links: Callable[[str], Endpoint] | None = None, remote_passives: bool = False) -> Federation:
     """Build the parties of ``cfg`` over ``vd`` (``alone``: the active party by itself).
 
     ``extra_dims`` widens a party's uploaded embedding (a malicious passive party appending
@@ -108,6 +234,11 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
     with ``links(party)`` when given: a party's endpoint of a network channel, in a process that runs
     one party (:mod:`vflbench.experiment.party`); VMask's dealer is then a process of its own, not
     started here.
+
+    ``remote_passives``: the active party's own process (``vd`` from :func:`active_data`): each passive party is
+    a placeholder holding no data, model or optimizer (the process puts its stand-in there), and its bottom model
+    is built only as an architecture from its slice's layout, for the active party's defenses to look at
+    (VMask's shadow architecture, an information bottleneck's widths), then dropped.
     """
     cfg = cfg.resolved()
     m, t, seed = cfg.model, cfg.train, cfg.seed
@@ -127,65 +258,44 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
         for extra in d.extra_parties:
             d.start_party(extra, channel.endpoint(extra), generator(seed, "defense", d.name, ACTIVE))
     defense_held_out: list[Tensor] = []
-    settings = TrainSettings(lr=t.lr, batch_size=t.batch_size, momentum=t.momentum, weight_decay=t.weight_decay,
-                             epochs=t.epochs)
-    completion = next((a.params() for a in cfg.attacks if a.name == "model_completion"), None)
-
-    def bind(d: Defense, party: str) -> None:
-        d.bind(BindContext(party, t.algorithm, vd.num_classes, holders + (vd.active is None),
-                           generator(seed, "defense", d.name, party), generator(seed, "defense", d.name, "shared"),
-                           link=(links or channel.endpoint)(party), train=settings, aggregation=t.aggregation,
-                           active_has_features=vd.active is not None, model_completion=completion,
-                           aux=defense_aux(d, party)))
 
     def defense_aux(d: Defense, party: str) -> DefenseAux | None:
         """The auxiliary labelled set a defense's threat model grants the active party (``aux_size``)."""
-        size = getattr(d, "aux_size", None)
-        if party != ACTIVE or not size:
+        ids = defense_aux_ids(d, vd.y_train, seed) if party == ACTIVE else None
+        if ids is None:
             return None
-        ids = aux_indices(vd.y_train, size=min(int(size), len(vd.y_train)),
-                          generator=generator(seed, "defense", d.name, "aux"))
         defense_held_out.append(ids)  # the auxiliary rows do not overlap the rows the parties train on (VMask §IV-A)
         return DefenseAux(ids=ids, y=vd.y_train[ids],
-                          x={n: part.x_train[ids] for n, part in zip(names, passive_slices, strict=True)})
+                          x={n: part.train_rows(ids) for n, part in zip(names, passive_slices, strict=True)})
 
+    bind = _binder(cfg, num_classes=vd.num_classes, num_parties=holders + (vd.active is None),
+                   active_has_features=vd.active is not None, link=links or channel.endpoint, aux=defense_aux)
     for d in plan.active:
         bind(d, ACTIVE)
         objective = d.transform_labels(objective)
-    if t.algorithm == "vlr":
-        embed_dim = objective.out_dim
-        if m.embed_dim not in (None, embed_dim):
-            raise ConfigError(f"VLR bottoms output the logits ({embed_dim}); remove model.embed_dim")
-    else:
-        embed_dim = m.embed_dim or DEFAULT_EMBED_DIM
-
-    def own_slice(name: str, part: PartySlice) -> PartySlice:
-        for d in (plan.active if name == ACTIVE else plan.passive.get(name, ())):
-            part = d.augment_features(part)
-        return part
-
-    def bottom_for(name: str, part: PartySlice) -> nn.Module:
-        assert m.bottom is not None
-        model = build_bottom(m.bottom, part, embed_dim, generator(seed, name, "init"), **m.bottom_options)
-        for d in (*plan.active, *plan.passive.get(name, ())):
-            model = d.wrap_bottom(model, name)
-        return model
+    embed_dim = embed_dim_of(cfg, objective.out_dim)
 
     passives = []
     for name, part in zip(names, passive_slices, strict=True):
-        for d in plan.passive[name]:
-            bind(d, name)
-        part = own_slice(name, part)
-        bottom = bottom_for(name, part)
-        opt = make_optimizer(cfg, list(bottom.parameters()))
-        for d in plan.passive[name]:
-            d.attach_optimizer(opt, name)
-        passives.append(PassiveParty(name, data=part, bottom=bottom, optimizer=opt,
-                                     scheduler=make_scheduler(cfg, opt),
-                                     generator=generator(seed, name, "party"), defenses=plan.passive[name],
-                                     transcript=transcripts[name]))
-    active_slice = own_slice(ACTIVE, vd.active) if vd.active is not None else None
-    active_bottom = bottom_for(ACTIVE, active_slice) if active_slice is not None else None
+        if remote_passives:
+            architecture = build_bottom(m.bottom, part, embed_dim, generator(seed, name, "architecture"),
+                                        **m.bottom_options)
+            for d in plan.active:
+                architecture = d.wrap_bottom(architecture, name)
+            passives.append(PassiveParty(name, data=None, bottom=None, optimizer=None,
+                                         generator=generator(seed, name, "party"), transcript=transcripts[name]))
+            continue
+        passives.append(_passive_party(cfg, name, part, defenses=plan.passive[name], active_defenses=plan.active,
+                                       embed_dim=embed_dim, bind=bind, transcript=transcripts[name]))
+    active_slice = vd.active
+    for d in plan.active if active_slice is not None else ():
+        active_slice = d.augment_features(active_slice)  # type: ignore[arg-type]
+    active_bottom = None
+    if active_slice is not None:
+        active_bottom = build_bottom(m.bottom, active_slice, embed_dim, generator(seed, ACTIVE, "init"),
+                                     **m.bottom_options)
+        for d in plan.active:
+            active_bottom = d.wrap_bottom(active_bottom, ACTIVE)
     if holders == 0:
         raise ConfigError("the active party holds no features in VSNN, so it cannot train alone")
     widths = [embed_dim + (extra_dims or {}).get(n, 0) for n in names] + [embed_dim] * (active_slice is not None)

@@ -219,6 +219,11 @@ class Dealer(ServiceHandle):
         return self._retired
 
     @property
+    def next_triple(self) -> int:
+        """The id the next triple gets (the number of triples this dealer and those it continues have issued)."""
+        return self._next_id
+
+    @property
     def pending(self) -> int:
         """Halves issued but not yet taken."""
         return len(self._pending)
@@ -264,13 +269,38 @@ class DealerService:
         self.dealer = dealer
         self.link = link
         self._issuer: dict[int, str] = {}
+        self.save: Callable[[int, dict[str, object]], None] | None = None
+        """Where ``dealer.checkpoint`` writes the dealer's state of an epoch (``None``: it keeps no checkpoints)."""
+        self.load: Callable[[int], Mapping[str, object]] | None = None
+        """Where ``dealer.resume`` reads it back (``None``: the dealer was not started to resume)."""
         link.serve("dealer", self.handle)
+
+    def _checkpoint(self, request: Message) -> Message:
+        """``dealer.checkpoint`` / ``dealer.resume`` of the active party at an epoch boundary: write, or continue
+        from, the dealer's generator and counters (:meth:`Dealer.state_dict`); a restored dealer refuses every
+        triple it issued before."""
+        if request.sender != ACTIVE:
+            raise PermissionError(f"{request.sender!r} asked the dealer for {request.kind}; only the active party "
+                                  "coordinates checkpoints")
+        if request.kind == "dealer.checkpoint":
+            if self.save is None:
+                return request.reply(meta={"committed": -1})
+            self.save(request.epoch, self.dealer.state_dict())
+            return request.reply(meta={"committed": request.epoch})
+        if self.load is None:
+            raise RuntimeError(f"{self.dealer.name} was asked to resume from epoch {request.epoch} but was started "
+                               "without --resume and --out")
+        self.dealer.load_state_dict(self.load(request.epoch))
+        self._issuer.clear()
+        return request.reply(meta={"resumed": request.epoch, "next_triple": self.dealer.retired_below})
 
     def __repr__(self) -> str:
         return f"DealerService({self.dealer.name})"
 
     def handle(self, request: Message) -> Message:
         """Answer one ``dealer.*`` request."""
+        if request.kind in ("dealer.checkpoint", "dealer.resume"):
+            return self._checkpoint(request)
         if request.kind == "dealer.triple":
             if request.sender == ACTIVE:
                 raise PermissionError("the active party is party 1 of VMask's products; it takes its halves "
@@ -290,6 +320,7 @@ class DealerService:
                 raise KeyError(f"{self.dealer.name}: no triple {tid} was issued")
             half = self.dealer.take(tid, 1)
         else:
-            raise ValueError(f"unknown dealer request {request.kind!r}; valid: dealer.triple, dealer.take")
+            raise ValueError(f"unknown dealer request {request.kind!r}; valid: dealer.triple, dealer.take, "
+                             "dealer.checkpoint, dealer.resume")
         self.dealer.consume(half)
         return request.reply(half.a, half.b, half.c, meta={"triple": half.triple_id, "kind": half.kind})

@@ -101,7 +101,7 @@ from __future__ import annotations
 import copy
 import math
 from abc import ABC, abstractmethod
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -533,6 +533,38 @@ def mask_layer(
     if observation is not None:
         with torch.no_grad():
             observation.masked(layer.weight.detach(), None if layer.bias is None else layer.bias.detach(), w0, b0)
+    return _shared(layer, passive, common)
+
+
+def restored_layer(
+    layer: nn.Linear | nn.Conv2d,
+    *,
+    link: Endpoint,
+    generator_passive: torch.Generator,
+    sigma: float,
+    frac_bits: int = DEFAULT_FRAC_BITS,
+    truncation: Truncation = "reveal",
+    name: str = "",
+    observation: ObservationPoint | None = None,
+) -> SharedLinear | SharedConv2d:
+    """P_k's side of a layer that was masked before a checkpoint, rebuilt without a message: its share buffers
+    are zero here, for the checkpoint's state dict to fill (the active party restores its own share from its own
+    checkpoint). ``generator_passive`` carries on P_k's input-share draws (its state restored by the caller)."""
+    if truncation not in TRUNCATIONS:
+        raise ValueError(f"unknown truncation {truncation!r}; valid: {', '.join(TRUNCATIONS)}")
+    geometry: Meta = ({"kind": "conv", "stride": shape_meta(layer.stride), "padding": shape_meta(_conv_padding(layer))}
+                      if isinstance(layer, nn.Conv2d) else {"kind": "linear"})
+    zeros = torch.zeros(layer.weight.shape, dtype=torch.int64)
+    bias = None if layer.bias is None else torch.zeros(layer.bias.shape, dtype=torch.int64)
+    passive = PassiveShareHolder(zeros, bias, frac_bits=frac_bits, dtype=layer.weight.dtype)
+    common = {"peer": ActivePeer(link, name or type(layer).__name__),
+              "randomness": PartyRandomness(generator_passive, party=link.owner), "geometry": geometry,
+              "sigma": sigma, "frac_bits": frac_bits, "truncation": truncation, "observation": observation}
+    return _shared(layer, passive, common)
+
+
+def _shared(layer: nn.Linear | nn.Conv2d, passive: PassiveShareHolder,
+            common: dict[str, Any]) -> SharedLinear | SharedConv2d:
     if isinstance(layer, nn.Conv2d):
         return SharedConv2d(
             passive,

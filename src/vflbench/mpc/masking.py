@@ -17,7 +17,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vflbench.models import init_parameters
-from vflbench.mpc.layers import SharedLayer, _SecureLayerFn, mask_layer, oracle_effective_weight, unmask
+from vflbench.mpc.layers import (
+    SharedLayer,
+    _SecureLayerFn,
+    mask_layer,
+    oracle_effective_weight,
+    restored_layer,
+    unmask,
+)
 from vflbench.mpc.observation import ObservationPoint
 from vflbench.mpc.ring import RingOverflowError
 from vflbench.protocol.messages import Phase
@@ -94,6 +101,13 @@ class MaskableLayer(nn.Module):
             self.weight.zero_()
             if self.bias is not None:
                 self.bias.zero_()
+
+    def restore_masked(self, **kwargs: Any) -> None:
+        """Be masked again after a restart, without a message (``kwargs``: those of
+        :func:`~vflbench.mpc.layers.restored_layer`): the share buffers are filled by the checkpoint's state dict
+        of the model, which also zeroes the offsets."""
+        plain = self.plain(self.weight.detach(), None if self.bias is None else self.bias.detach())
+        self.shared = restored_layer(plain, observation=self.observation, **kwargs)
 
     def unmask(self, sigma: float, *, phase: Phase = "train") -> None:
         """Reconstruct the layer to P_k after fresh noise from the active party (lines 7-11)."""

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from vflbench.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class LinkProfile:
@@ -44,3 +46,26 @@ def project(seconds: float, frames: int, nbytes: int, profile: LinkProfile) -> f
     """Projected seconds on ``profile`` of work measured at ``seconds`` that sent ``frames`` frames of ``nbytes``
     bytes in all over its links (see the module docstring)."""
     return seconds + frames * profile.latency_ms / 1e3 + 8 * nbytes / (profile.bandwidth_mbit_s * 1e6)
+
+
+#: Short names of :data:`LINK_PROFILES` for ``--shape``.
+SHAPES = {"lan": "lan_836mbit", "wan": "wan_100mbit_50ms"}
+
+
+def shape_profile(shape: str | None = None, *, bandwidth_mbit: float | None = None,
+                  latency_ms: float | None = None) -> LinkProfile | None:
+    """The link a traffic shaper enforces: a named profile (``lan``, ``wan`` or a key of :data:`LINK_PROFILES`), or
+    ``bandwidth_mbit`` (Mbit/s) with ``latency_ms`` (one-way ms, default 0); ``None`` when nothing is asked."""
+    if shape is not None and (bandwidth_mbit is not None or latency_ms is not None):
+        raise ConfigError("give --shape or --bandwidth-mbit/--latency-ms, not both")
+    if shape is not None:
+        key = SHAPES.get(shape, shape)
+        if key not in LINK_PROFILES:
+            raise ConfigError(f"unknown link shape {shape!r}; valid: {', '.join([*SHAPES, *LINK_PROFILES])}")
+        return LINK_PROFILES[key]
+    if bandwidth_mbit is None and latency_ms is None:
+        return None
+    if bandwidth_mbit is None or bandwidth_mbit <= 0 or (latency_ms is not None and latency_ms < 0):
+        raise ConfigError(f"a shaped link needs --bandwidth-mbit > 0 (and --latency-ms >= 0), got {bandwidth_mbit} "
+                          f"Mbit/s and {latency_ms} ms")
+    return LinkProfile(float(bandwidth_mbit), float(latency_ms or 0.0), "shaped by hand")

@@ -48,6 +48,7 @@ import grpc
 from vflbench.errors import ConfigError
 from vflbench.net.errors import BarrierTimeout, NetError, PeerFailed, ProtocolError
 from vflbench.net.frames import DEFAULT_MAX_FRAME_BYTES, VERSION, Frame, decode, encode
+from vflbench.net.linkmodel import LinkProfile
 from vflbench.net.policy import Policy, role_of
 from vflbench.net.provision import Credentials
 from vflbench.protocol.channel import Channel, CommStats, Endpoint, Handler, Transcript
@@ -74,6 +75,32 @@ class NetOptions:
     start_timeout: float = 60.0
     close_timeout: float = 5.0
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    shape: LinkProfile | None = None
+    """A traffic shaper on every link this party sends on (``None``: none): each frame leaves after the link has
+    carried the frames before it at ``bandwidth_mbit_s`` and its own bytes, and arrives ``latency_ms`` later
+    (:class:`Shaper`)."""
+
+
+class Shaper:
+    """A FIFO link of ``profile``'s bandwidth and one-way delay, enforced at the sender (netem is not available).
+
+    A frame queued at time ``t`` starts on the wire when the link is free (``max(t, end of the previous frame)``),
+    takes ``8 x bytes / bandwidth`` seconds, and is handed to gRPC ``latency`` after that: frames sent back to back
+    pipeline as on a real link (each pays the latency once, the bytes queue behind each other). The loopback
+    transfer itself adds its own (small) time on top."""
+
+    def __init__(self, profile: LinkProfile) -> None:
+        if profile.bandwidth_mbit_s <= 0 or profile.latency_ms < 0:
+            raise ConfigError(f"a shaped link needs a bandwidth > 0 Mbit/s and a latency >= 0 ms, got "
+                              f"{profile.bandwidth_mbit_s} Mbit/s and {profile.latency_ms} ms")
+        self.profile = profile
+        self._free = 0.0
+
+    def due(self, nbytes: int, queued: float) -> float:
+        """When (``time.monotonic()``) a frame of ``nbytes`` queued at ``queued`` reaches the other end."""
+        start = max(queued, self._free)
+        self._free = start + 8 * nbytes / (self.profile.bandwidth_mbit_s * 1e6)
+        return self._free + self.profile.latency_ms / 1e3
 
 
 @dataclass
@@ -95,18 +122,24 @@ class WireStats:
 @dataclass
 class _Link:
     peer: str
-    outbox: queue.Queue[bytes | None] = field(default_factory=queue.Queue)
+    outbox: queue.Queue[tuple[bytes, float] | None] = field(default_factory=queue.Queue)
     drained: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
     call: Any = None
     grpc_channel: grpc.Channel | None = None
+    shaper: Shaper | None = None
 
     def outgoing(self) -> Iterator[bytes]:
         while True:
-            data = self.outbox.get()
-            if data is None:
+            item = self.outbox.get()
+            if item is None:
                 self.drained.set()
                 return
+            data, queued = item
+            if self.shaper is not None:
+                wait = self.shaper.due(len(data), queued) - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
             yield data
 
 
@@ -141,6 +174,8 @@ class NetChannel:
         self.insecure = insecure
         self.policy = policy or Policy()
         self.options = options or NetOptions()
+        if self.options.shape is not None:
+            Shaper(self.options.shape)  # a bad bandwidth or delay is refused before any link opens
         role = role_of(name)
         if name not in parties:
             raise ConfigError(f"party {name!r} is not among the run's parties ({', '.join(parties)})")
@@ -184,6 +219,9 @@ class NetChannel:
         self._server: grpc.Server | None = None
         self._address: str | None = None
         self._closed = False
+
+    def _shaper(self) -> Shaper | None:
+        return Shaper(self.options.shape) if self.options.shape is not None else None
 
     # ----------------------------------------------------------------- life cycle
 
@@ -283,7 +321,7 @@ class NetChannel:
         return f"no greeting; expected to dial in at {self._address}"
 
     def _dial(self, peer: str) -> None:
-        link = _Link(peer)
+        link = _Link(peer, shaper=self._shaper())
         options = self._channel_options()
         target = self.addresses[peer]
         if self.credentials is not None:
@@ -321,7 +359,7 @@ class NetChannel:
             with self._cond:
                 if peer in self._links:
                     raise ProtocolError(f"{peer} is already linked to {self.name}")
-                link = _Link(peer)
+                link = _Link(peer, shaper=self._shaper())
                 # the greeting goes out first: once the link is listed, this party's thread may send on it
                 self._put(link, Frame("hello", receiver=peer, run=self.run,
                                       meta={"party": self.name, "version": VERSION}))
@@ -544,7 +582,7 @@ class NetChannel:
             w = self.wire[link.peer]
             w.frames_sent += 1
             w.bytes_sent += len(data)
-        link.outbox.put(data)
+        link.outbox.put((data, time.monotonic()))
 
     def _transmit(self, message: Message, call: int = 0) -> Message:
         if message.sender != self.name:

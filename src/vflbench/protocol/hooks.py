@@ -131,6 +131,19 @@ class Defense(Params):
     #: the experiment runs each with :meth:`start_party` at its own endpoint, in one process or as its own.
     extra_parties: ClassVar[tuple[str, ...]] = ()
 
+    #: Whether :meth:`state_dict` / :meth:`load_state_dict` hold everything this party's instance needs to continue
+    #: a run from an epoch checkpoint (``--resume`` of parties in separate processes).
+    resumable: ClassVar[bool] = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """This party's instance's state at an epoch boundary (tensors and plain values only), for a checkpoint."""
+        raise NotImplementedError(f"defense {self.name!r} keeps no checkpointable state; --resume refuses it")
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict`'s ``state``, on an instance bound and set up as at the run's start
+        (called before the party's models are loaded)."""
+        raise NotImplementedError(f"defense {self.name!r} keeps no checkpointable state; --resume refuses it")
+
     def start_party(self, name: str, link: Endpoint, generator: torch.Generator) -> None:
         """Run the extra party ``name`` (one of :attr:`extra_parties`) at ``link``, before any instance is
         bound; ``generator`` is a fresh generator on the active instance's seed path."""
