@@ -434,7 +434,7 @@ def party_run(
     latency_ms: Annotated[float | None, typer.Option("--latency-ms", help="and this one-way delay (ms)")] = None,
 ) -> None:
     """Run one party of an experiment (or VMask's dealer: --party dealer), talking to the others over mutual-TLS
-    gRPC (VLR and VHNN, with defenses but no attacks for now; see docs/deployment.md)."""
+    gRPC (VLR and VHNN, with defenses and attacks; each attack runs in its party's process; see docs/deployment.md)."""
     try:
         from vflbench.experiment.party import check_party_config, party_names, party_policy, run_party
         from vflbench.net import Credentials, NetChannel, NetError, NetOptions
