@@ -233,6 +233,34 @@ def test_two_workers_run_points_here_and_in_one_spawned_process_longest_first(tm
     assert os.getpid() in pids and len(pids) == 2
 
 
+def test_an_undefended_point_is_not_trained_while_another_worker_trains_it_as_a_reference(tmp_path):
+    """Old behaviour: a worker training a defended point claimed its undefended reference run, while the other
+    worker trained the same run as the sweep's undefended point without claiming it: trained twice. Now the
+    undefended point claims it too: it waits for the holder's result and does not train it again; and the
+    undefended points are handed out first."""
+    import threading
+    import time
+
+    from vflbench.experiment.run import claim_undefended
+
+    cfg = build_config(minimal(data={"name": "breast_cancer"}, train={"epochs": 1}, attacks=[{"name": "norm_scoring"}]))
+    runs = tmp_path / RUNS
+    result = runs / cfg.hash() / "result.json"
+    with claim_undefended(cfg, runs) as mine:  # another worker, training it as a defended point's reference
+        assert mine
+        point = threading.Thread(target=sweep_mod._run_point, args=(cfg.model_dump(mode="json"), str(runs), None))
+        point.start()
+        time.sleep(1.0)
+        assert point.is_alive() and not result.exists()  # waiting, not training
+        result.parent.mkdir(parents=True)
+        result.write_text("{}")  # the holder's result
+    point.join(30)
+    assert not point.is_alive() and result.read_text() == "{}"  # not trained again
+    points = expand(_sweep_config())
+    order = sweep_mod._longest_first(list(reversed(points)))
+    assert [bool(p.config.defenses) for p in order] == sorted(bool(p.config.defenses) for p in points)
+
+
 def test_a_shared_undefended_run_is_claimed_once_and_a_dead_holder_is_taken_over(tmp_path):
     """Two sweep workers whose points share an undefended run train it once: the second waits for the first's
     result instead of training it again; a lock left by a killed process does not block anyone."""

@@ -183,13 +183,21 @@ def _undefended_result(cfg: ExperimentConfig, *, out_dir: Path | None,
     if out_dir is None:
         return _run(plain, out_dir=None, data_root=data_root, progress=None).to_dict()
     path = out_dir / plain.hash() / "result.json"
-    with _claim(out_dir / f".{plain.hash()}.undefended", path) as mine:
+    with claim_undefended(plain, out_dir) as mine:
         if not mine or path.is_file():
             log.info("undefended attacks: reusing run %s", plain.hash())
             return dict(json.loads(path.read_text()))
         log.info("undefended attacks: running %s without defenses (run %s) to check that the attacks leak "
                  "without protection", cfg.hash(), plain.hash())
         return _run(plain, out_dir=out_dir, data_root=data_root, progress=None).to_dict()
+
+
+def claim_undefended(cfg: ExperimentConfig, out_dir: Path) -> contextlib.AbstractContextManager[bool]:
+    """Claim the run of ``cfg`` (a config without defenses) in ``out_dir`` for this process (``True``), or
+    wait until the process that claimed it has written its result (``False``). Both a sweep's undefended
+    point and its defended points (for their undefended reference, the same run) claim it, so that two
+    workers never train it twice."""
+    return _claim(out_dir / f".{cfg.hash()}.undefended", out_dir / cfg.hash() / "result.json")
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import sys
@@ -141,10 +142,15 @@ def _path_exists(raw: dict[str, Any], key: str) -> bool:
 
 
 def _run_point(config: dict[str, Any], runs_dir: str, data_root: str | None) -> str:
-    from vflbench.experiment.run import run_experiment
+    from vflbench.experiment.run import claim_undefended, run_experiment
 
     cfg = ExperimentConfig.model_validate(config)
-    run_experiment(cfg, out_dir=runs_dir, data_root=data_root)
+    if cfg.attacks and not cfg.defenses:  # also the undefended reference of the defended points: claim it
+        with claim_undefended(cfg, Path(runs_dir)) as mine:
+            if mine and not (Path(runs_dir) / cfg.hash() / "result.json").is_file():
+                run_experiment(cfg, out_dir=runs_dir, data_root=data_root)
+    else:
+        run_experiment(cfg, out_dir=runs_dir, data_root=data_root)
     return cfg.hash()
 
 
@@ -201,6 +207,9 @@ def run_sweep(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = Fals
     settings = sweep_settings(cfg)
     if workers is not None and workers < 1:
         raise ConfigError(f"workers must be at least 1, got {workers}")
+    n_workers = workers or settings.workers
+    # started before the checks below import torch here, so the fork server imports it meanwhile
+    context = _worker_context() if settings.executor == "local" and n_workers > 1 else None
     points = expand(cfg)
     _check_points(points)
     todo = [p for p in points if not (resume and is_done(out, p))]
@@ -211,18 +220,17 @@ def run_sweep(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = Fals
     log.info("sweep: %d points, %d to run, %d already done", len(points), len(todo), len(points) - len(todo))
     if on_start is not None:
         on_start(len(todo), len(points))
-    n_workers = workers or settings.workers
     runs_dir = str(out / RUNS)
     try:
         if settings.executor == "ray":
             _run_ray(todo, runs_dir, data_root, on_done)
-        elif n_workers == 1:
+        elif context is None:
             for point in todo:
                 runner(point.config.model_dump(mode="json"), runs_dir, data_root)
                 if on_done is not None:
                     on_done(point)
         else:
-            _run_pool(todo, runs_dir, data_root, n_workers, runner, on_done)
+            _run_pool(todo, runs_dir, data_root, n_workers, runner, on_done, context)
     except BaseException:
         _collect_finished(out, points)
         raise
@@ -282,36 +290,39 @@ WORKER_PRELOAD = ["vflbench.experiment.run"]
 
 def _worker_context() -> multiprocessing.context.BaseContext:
     """Where the sweep's workers come from: a fork server where the platform has one (Linux, macOS),
-    else spawned processes.
+    started now, else spawned processes.
 
-    A spawned worker imports torch and vflbench itself (3.5-5 s here) before its first point, and
-    the sweep's own process has run points meanwhile. The fork server is started with the pool (when
-    the first point is handed out, before this process runs its own first point), imports
-    ``WORKER_PRELOAD`` once while this process imports them for its own first point, and then
-    forks each worker ready to run. It is a fresh single-threaded process that has run no torch
-    operation, so no thread pool is copied into a worker (the reason workers are not forked from
-    this process, which has)."""
+    A spawned worker imports torch and vflbench itself (3.5-5 s here) before its first point. The
+    fork server starts importing ``WORKER_PRELOAD`` at once, while this process checks the sweep's
+    points (which imports the same here), and then forks each worker ready to run. It is a fresh
+    single-threaded process that runs no torch operation, so no thread pool is copied into a worker
+    (the reason workers are not forked from this process, which has run some)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return get_context("spawn")
     context = get_context("forkserver")
     context.set_forkserver_preload(WORKER_PRELOAD)
+    multiprocessing.forkserver.ensure_running()
     return context
 
 
 def _longest_first(points: Sequence[SweepPoint]) -> list[SweepPoint]:
     """The points in decreasing order of their expected run time, so that a long point does not
     start last and leave the other workers idle at the end. The estimate is the number of training
-    epochs (the one cost knob every config has); points of equal epochs keep the sweep's order."""
-    return sorted(points, key=lambda p: -p.config.train.epochs)
+    epochs (the one cost knob every config has). Of points of equal epochs, those without defenses
+    come first (a defended point with attacks needs its undefended run's result: started first, the
+    other workers rarely wait for it); otherwise the sweep's order is kept."""
+    return sorted(points, key=lambda p: (-p.config.train.epochs, bool(p.config.defenses)))
 
 
 def _run_pool(todo: Sequence[SweepPoint], runs_dir: str, data_root: str | None, n_workers: int,
               runner: Callable[[dict[str, Any], str, str | None], str],
-              on_done: Callable[[SweepPoint], None] | None) -> None:
-    """Run ``todo`` on this process and ``n_workers - 1`` worker processes, longest points first.
+              on_done: Callable[[SweepPoint], None] | None,
+              context: multiprocessing.context.BaseContext | None = None) -> None:
+    """Run ``todo`` on this process and ``n_workers - 1`` worker processes (from ``context``, by default
+    :func:`_worker_context`), longest points first.
 
     This process is one of the workers. The others come from a fork server (:func:`_worker_context`)
-    that imports torch and vflbench while this process does the same for its first point. The workers
+    that imported torch and vflbench while this process checked the points. The workers
     live for the whole sweep and each is handed its next point as soon as it finishes one, from the
     pool's own thread; ``on_done`` is called from this thread only, after each of its own points
     and at the end. On any exception (an interruption included, or a failed point, seen after this
@@ -322,7 +333,7 @@ def _run_pool(todo: Sequence[SweepPoint], runs_dir: str, data_root: str | None, 
     finished: list[SweepPoint] = []
     failures: list[BaseException] = []
     before = set(multiprocessing.active_children())
-    pool = ProcessPoolExecutor(max_workers=n_workers - 1, mp_context=_worker_context(),
+    pool = ProcessPoolExecutor(max_workers=n_workers - 1, mp_context=context or _worker_context(),
                                initializer=_worker_init)
 
     def take() -> SweepPoint | None:
