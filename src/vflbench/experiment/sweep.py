@@ -285,7 +285,7 @@ def _watch_parent() -> None:
 
 #: What a sweep worker needs before its first point; the fork server imports it once, and every worker it
 #: forks starts with it imported.
-WORKER_PRELOAD = ["vflbench.experiment.run"]
+WORKER_PRELOAD = ["vflbench.experiment.sweep", "vflbench.experiment.run", "vflbench.attacks", "vflbench.defenses"]
 
 
 def _worker_context() -> multiprocessing.context.BaseContext:
@@ -328,7 +328,13 @@ def _run_pool(todo: Sequence[SweepPoint], runs_dir: str, data_root: str | None, 
     and at the end. On any exception (an interruption included, or a failed point, seen after this
     process's current point) the queued points are cancelled and the workers ended before re-raising.
     """
+    from vflbench.experiment.run import undefended_config
+
     queue = _longest_first(todo)
+    # the run a defended point with attacks waits for (its undefended reference, maybe another point)
+    reference = {p.hash: undefended_config(p.config).hash() if p.config.defenses and p.config.attacks else None
+                 for p in queue}
+    running: set[str] = set()
     lock = threading.Lock()
     finished: list[SweepPoint] = []
     failures: list[BaseException] = []
@@ -337,8 +343,19 @@ def _run_pool(todo: Sequence[SweepPoint], runs_dir: str, data_root: str | None, 
                                initializer=_worker_init)
 
     def take() -> SweepPoint | None:
+        """The next point, skipping those whose undefended reference another worker is training now."""
         with lock:
-            return queue.pop(0) if queue and not failures else None
+            if not queue or failures:
+                return None
+            ready = next((k for k, p in enumerate(queue) if reference[p.hash] not in running), 0)
+            point = queue.pop(ready)
+            running.add(point.hash)
+            return point
+
+    def finish(point: SweepPoint) -> None:
+        with lock:
+            running.discard(point.hash)
+            finished.append(point)
 
     def hand_out() -> None:
         point = take()
@@ -351,11 +368,11 @@ def _run_pool(todo: Sequence[SweepPoint], runs_dir: str, data_root: str | None, 
         if future.cancelled():
             return
         error = future.exception()
-        with lock:
-            if error is not None:
+        if error is not None:
+            with lock:
                 failures.append(error)
-                return
-            finished.append(point)
+            return
+        finish(point)
         hand_out()
 
     def report() -> None:
@@ -366,14 +383,24 @@ def _run_pool(todo: Sequence[SweepPoint], runs_dir: str, data_root: str | None, 
             if on_done is not None:
                 on_done(point)
 
+    def start_workers() -> None:
+        try:
+            for _ in range(n_workers - 1):
+                hand_out()
+        except BaseException as exc:
+            with lock:
+                failures.append(exc)
+
+    # handing out starts a worker, which waits for the fork server's imports: not on this thread, which runs
+    # its own first point meanwhile
+    starter = threading.Thread(target=start_workers, name="vflbench-sweep-start", daemon=True)
     try:
-        for _ in range(n_workers - 1):
-            hand_out()
+        starter.start()
         while (point := take()) is not None:
             runner(point.config.model_dump(mode="json"), runs_dir, data_root)
-            with lock:
-                finished.append(point)
+            finish(point)
             report()
+        starter.join()
         pool.shutdown(wait=True)
         report()
         if failures:
