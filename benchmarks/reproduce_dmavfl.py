@@ -191,8 +191,29 @@ EXPERIMENTS.update({
                                                       FIG6_DETECTORS)
        for who in ("honest", "dmavfl", "dmavfl_sync", "fsha", "agn")},
 })
+# Gradients Scrutinizer on DMAVFL, cause (issue 14): GS alone watching, as in URVFL's detection runs (defense.py::
+# gradient_scru runs no SplitGuard beside it), in both configurations; then one change of the authors' detection
+# setup at a time: URVFL's DAC update (L_D + L_M), its detection runs' DAC (CLSDiscriminator2: BatchNorm, adaptive
+# pool), and (not the authors' setup, asked for) a victim trained honestly for 4 of the 12 epochs before the attack.
+GS_WATCH = [{**GS, "threshold": 0.0}, {**GS_DMAVFL, "threshold": 0.0}]
+_URVFL_UPDATE = {"dac_update": "urvfl"}
+EXPERIMENTS.update({
+    "cause_mnist_conv_map_gs_honest": Experiment(_CONVMAP, None, GS_WATCH),
+    "cause_mnist_conv_map_gs_dmavfl": Experiment(_CONVMAP, "dmavfl", GS_WATCH, paper=0.0152),
+    "cause_mnist_conv_map_gs_dmavfl_urvfl_update": Experiment(_CONVMAP, "dmavfl", GS_WATCH, paper=0.0152,
+                                                              attack_params=_URVFL_UPDATE),
+    "cause_mnist_conv_map_gs_dmavfl_cnn_bn": Experiment(_CONVMAP, "dmavfl", GS_WATCH, paper=0.0152,
+                                                        attack_params={**_URVFL_UPDATE, "dac": "cnn_bn"}),
+    "cause_mnist_conv_map_gs_dmavfl_cnn_bn_eq5": Experiment(_CONVMAP, "dmavfl", GS_WATCH, paper=0.0152,
+                                                            attack_params={"dac": "cnn_bn"}),
+    "cause_mnist_conv_map_gs_dmavfl_honest_first": Experiment(_CONVMAP, "dmavfl", GS_WATCH, paper=0.0152,
+                                                              attack_params={"honest_epochs": 4}),
+    "cause_mnist_conv_map_gs_dmavfl_cnn_bn_honest_first": Experiment(
+        _CONVMAP, "dmavfl", GS_WATCH, paper=0.0152,
+        attack_params={**_URVFL_UPDATE, "dac": "cnn_bn", "honest_epochs": 4}),
+})
 #: options only DMAVFL and DMAVFL_sync take (dropped when a config's attack is swapped for AGN or FSHA)
-DMAVFL_ONLY = ("pretrain_epochs", "decoder_output", "dac", "dac_map", "dac_update", "decoder_map")
+DMAVFL_ONLY = ("pretrain_epochs", "decoder_output", "dac", "dac_map", "dac_update", "decoder_map", "honest_epochs")
 
 #: Seed groups for the spread table: label -> the seed-0 experiment and its other seeds.
 SEED_GROUPS = {"DMAVFL, no defense": "mnist_dmavfl", "DMAVFL, DP epsilon 10": "mnist_dmavfl_dp_10",
@@ -295,7 +316,8 @@ def detector_record(fed: Any) -> dict[str, Any]:
                                  "detected_epoch": d.detected_epoch_, "threshold": d.threshold, "window": d.window,
                                  "steps": d.count_}
             if hasattr(d, "same_mean_"):  # Gradients Scrutinizer: the per-step similarity means behind its score
-                detectors[d.name].update(same_mean=list(d.same_mean_), diff_mean=list(d.diff_mean_))
+                detectors[d.name].update(same_mean=list(d.same_mean_), diff_mean=list(d.diff_mean_),
+                                         same_std=list(d.same_std_), diff_std=list(d.diff_std_))
     return detectors
 
 
