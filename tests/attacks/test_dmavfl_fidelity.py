@@ -261,3 +261,33 @@ def test_honest_epochs_train_the_victim_honestly_before_the_attack_takes_over(ho
 def test_negative_honest_epochs_fail_early():
     with pytest.raises((ConfigError, ValueError), match="honest_epochs"):
         _attack(honest_epochs=-1)
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_shadow_mode_train_embeds_the_aux_batch_with_its_own_batchnorm_statistics(mode):
+    """URVFL's detection runs leave f_e in training mode (its attack puts it in eval mode): the DAC's
+    "real" embeddings are then normalised by each aux batch's statistics, like the victim's."""
+    cfg = build_config(minimal(model=CONV_MAP, train=TRAIN, attacks=[{**SMALL, **MAP_ATTACK, "shadow_mode": mode}]))
+    vd = load_vertical_data(cfg)
+    plan = validate_attacks(cfg, vd)
+    train_run(cfg, vd, attacks=plan)
+    attack = plan.attacks[0].attack
+    state = attack.state_
+    before = copy.deepcopy(state.shadow)
+    old = [b.running_mean.clone() for b in before.modules() if isinstance(b, torch.nn.BatchNorm2d)]
+    dac = copy.deepcopy(state.discriminator)
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(16, 64, generator=g).requires_grad_()
+    y = torch.randint(0, 10, (16,), generator=g)
+    attack.attack_step(state, torch.arange(16), h, y)
+    assert not state.shadow.training  # back in eval mode for everything else
+    with torch.no_grad():  # the aux batch is the whole aux set (aux_batch_size = aux_size)
+        h_aux = before.train(mode == "train")(state.aux.victim)
+    dac.train()
+    logits = dac(h)
+    eq5 = F.cross_entropy(logits, 2 * y) + F.cross_entropy(dac(h_aux), 2 * state.aux.labels + 1)
+    expected = torch.autograd.grad(eq5, list(dac.parameters()))
+    for e, a in zip(expected, [p.grad for p in state.discriminator.parameters()], strict=True):
+        assert torch.allclose(e, a, atol=1e-6)
+    stats = [b.running_mean for b in state.shadow.modules() if isinstance(b, torch.nn.BatchNorm2d)]
+    assert stats and all(torch.equal(a, b) for a, b in zip(stats, old, strict=True)) == (mode == "eval")

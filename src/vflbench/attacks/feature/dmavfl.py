@@ -104,7 +104,11 @@ class DMAVFL(MaliciousActiveAttack):
     the victim's maps side by side; ``None``: the upsampling decoder of a flat embedding),
     ``honest_epochs`` (0: not in the paper; the active party first trains honestly for this many
     epochs, the protocol's step, and attacks from then on: the attack on a victim that was
-    trained honestly first; the pretraining on aux still happens before training starts).
+    trained honestly first; the pretraining on aux still happens before training starts),
+    ``shadow_mode`` (``"eval"``: the frozen f_e embeds the aux rows for the DAC in evaluation
+    mode, as URVFL's ``cls_pretrain``; ``"train"``: in training mode, BatchNorm on each aux
+    batch's own statistics like the victim's bottom, as URVFL's detection runs
+    ``defense.py::gradient_scru`` leave it; f_e's weights stay frozen either way).
     """
 
     name = "dmavfl"
@@ -122,7 +126,8 @@ class DMAVFL(MaliciousActiveAttack):
                  decoder_output: Literal["tanh", "sigmoid"] = "tanh",
                  dac: Literal["mlp", "cnn", "cnn_bn"] | None = None,
                  dac_map: Sequence[int] | None = None, dac_update: Literal["paper", "urvfl"] = "paper",
-                 decoder_map: Sequence[int] | None = None, honest_epochs: int = 0) -> None:
+                 decoder_map: Sequence[int] | None = None, honest_epochs: int = 0,
+                 shadow_mode: Literal["eval", "train"] = "eval") -> None:
         super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
                          target_split=target_split, n_targets=n_targets, aux_batch_size=aux_batch_size, lr=lr,
                          shadow_model=shadow_model, shadow_options=shadow_options, hidden=hidden,
@@ -151,6 +156,10 @@ class DMAVFL(MaliciousActiveAttack):
         self.dac_update = dac_update
         self.decoder_map = decoder_map
         self.honest_epochs = honest_epochs
+        if shadow_mode not in ("eval", "train"):
+            raise ConfigError(f"dmavfl: shadow_mode must be 'eval' (URVFL's attack) or 'train' (URVFL's detection "
+                              f"runs), got {shadow_mode!r}")
+        self.shadow_mode = shadow_mode
 
     def check(self, scenario: Scenario) -> None:
         """Refuse tasks whose objective has no output per class (binary VLR's single logit): the
@@ -237,7 +246,9 @@ class DMAVFL(MaliciousActiveAttack):
         (g,) = torch.autograd.grad(loss_m, h)
         assert state.shadow is not None
         with torch.no_grad():
+            state.shadow.train(self.shadow_mode == "train")
             h_aux = state.shadow(state.aux.victim[rows])
+            state.shadow.eval()
         y_aux = state.aux.labels[rows]
         logits = dac(h.detach())
         loss_d = F.cross_entropy(logits, 2 * y) + F.cross_entropy(dac(h_aux), 2 * y_aux + 1)  # Eq. (5)
@@ -290,7 +301,8 @@ class DMAVFLSync(DMAVFL):
                  decoder_output: Literal["tanh", "sigmoid"] = "tanh",
                  dac: Literal["mlp", "cnn", "cnn_bn"] | None = None,
                  dac_map: Sequence[int] | None = None, dac_update: Literal["paper", "urvfl"] = "paper",
-                 decoder_map: Sequence[int] | None = None, honest_epochs: int = 0, hybrid: bool = False) -> None:
+                 decoder_map: Sequence[int] | None = None, honest_epochs: int = 0,
+                 shadow_mode: Literal["eval", "train"] = "eval", hybrid: bool = False) -> None:
         if pretrain_epochs > 0 and not hybrid:
             raise ValueError(f"dmavfl_sync (Algorithm 3) trains f_a, f_e, f_d alongside and has no pretraining, got "
                              f"pretrain_epochs={pretrain_epochs}; set pretrain_epochs: 0 (or leave it out), use "
@@ -300,6 +312,6 @@ class DMAVFLSync(DMAVFL):
                          aux_batch_size=aux_batch_size, lr=lr, disc_lr=disc_lr, shadow_model=shadow_model,
                          shadow_options=shadow_options, hidden=hidden, decoder_width=decoder_width,
                          decoder_output=decoder_output, dac=dac, dac_map=dac_map, dac_update=dac_update,
-                         decoder_map=decoder_map, honest_epochs=honest_epochs)
+                         decoder_map=decoder_map, honest_epochs=honest_epochs, shadow_mode=shadow_mode)
         self.hybrid = hybrid
 
