@@ -55,6 +55,7 @@ class Experiment:
     seed: int | None = None  # None: the base config's (0)
     data: dict[str, Any] = field(default_factory=dict)  # keys of the base config's data section replaced
     model: dict[str, Any] = field(default_factory=dict)  # keys of the base config's model section replaced
+    train: dict[str, Any] = field(default_factory=dict)  # keys of the base config's train section replaced
 
 
 def _mnist(attack: str | None, defenses: list[dict[str, Any]] | None = None, paper: float | None = None,
@@ -214,6 +215,10 @@ EXPERIMENTS.update({
     "cause_mnist_conv_map_gs_dmavfl_authors": Experiment(
         _CONVMAP, "dmavfl", GS_WATCH, paper=0.0152,
         attack_params={**_URVFL_UPDATE, "dac": "cnn_bn", "shadow_mode": "train"}),
+    # ... and with URVFL's learning rates (Adam 1e-4 for the victim and the DAC; the reduced setting has 5e-4, 1.5e-4)
+    "cause_mnist_conv_map_gs_dmavfl_authors_lr1e-4": Experiment(
+        _CONVMAP, "dmavfl", GS_WATCH, paper=0.0152, train={"lr": 1.0e-4},
+        attack_params={**_URVFL_UPDATE, "dac": "cnn_bn", "shadow_mode": "train", "disc_lr": 1.0e-4}),
     "cause_mnist_conv_map_gs_dmavfl_cnn_bn_honest_first": Experiment(
         _CONVMAP, "dmavfl", GS_WATCH, paper=0.0152,
         attack_params={**_URVFL_UPDATE, "dac": "cnn_bn", "honest_epochs": 4}),
@@ -245,6 +250,7 @@ def build(exp: Experiment):
     raw["defenses"] = exp.defenses
     raw["data"] = {**raw["data"], **exp.data}
     raw["model"] = {**raw["model"], **exp.model}
+    raw["train"] = {**raw["train"], **exp.train}
     if exp.seed is not None:
         raw["seed"] = exp.seed
     raw.pop("sweep", None)
@@ -641,7 +647,8 @@ def figure6_png(out: Path, path: Path, dataset: str) -> None:
 GS_CAUSE_ROWS = ["cause_mnist_conv_map_gs_honest", "cause_mnist_conv_map_gs_dmavfl",
                  "cause_mnist_conv_map_gs_dmavfl_urvfl_update", "cause_mnist_conv_map_gs_dmavfl_cnn_bn_eq5",
                  "cause_mnist_conv_map_gs_dmavfl_cnn_bn", "cause_mnist_conv_map_gs_dmavfl_shadow_train",
-                 "cause_mnist_conv_map_gs_dmavfl_authors", "cause_mnist_conv_map_gs_dmavfl_honest_first",
+                 "cause_mnist_conv_map_gs_dmavfl_authors", "cause_mnist_conv_map_gs_dmavfl_authors_lr1e-4",
+                 "cause_mnist_conv_map_gs_dmavfl_honest_first",
                  "cause_mnist_conv_map_gs_dmavfl_cnn_bn_honest_first"]
 
 
