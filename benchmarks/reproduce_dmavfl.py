@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from vflbench.attacks.base import victims_of
+from vflbench.defenses.detectors import GS_IOU_EPS, URVFL_GS, _polyfit_rms
 from vflbench.experiment.config import build_config, load_config
 from vflbench.experiment.plan import validate_attacks, victim_features
 from vflbench.experiment.run import TrainedRun
@@ -659,29 +660,52 @@ def gs_decisions(scores: list[float], threshold: float, window: int, min_scores:
     return sum(m < threshold for m in means), len(means), (means[-1] if means else None)
 
 
+def gs_terms(record: dict[str, Any], i: int) -> tuple[float, float, float]:
+    """The three factors of URVFL's GS score at record ``i`` (``m_gap``, ``m_err``, ``m_iou``; their product must
+    exceed 0.7 + ln(4)/6 = 0.93 for a score above 0.8), from a run's stored similarity means and stds."""
+    sm, dm, ss, ds = (np.asarray(record[k]) for k in ("same_mean", "diff_mean", "same_std", "diff_std"))
+    gap = (sm[i] - dm[i]) / (sm[i] + dm[i])
+    err = (_polyfit_rms(dm[:i]) + _polyfit_rms(sm[:i])) / 2
+    same_lo, same_hi, diff_lo, diff_hi = sm[i] - ss[i], sm[i] + ss[i], dm[i] - ds[i], dm[i] + ds[i]
+    iou = (diff_hi - same_lo) / (same_hi - diff_lo + 1e-8) if same_lo <= diff_hi else 0.0
+    return (float(gap / abs(gap) ** URVFL_GS["gap_power"]),
+            -math.log(URVFL_GS["err_scale"] * err + URVFL_GS["err_eps"]), -math.log(iou + GS_IOU_EPS))
+
+
 def gs_cause_table(results: dict[str, dict[str, Any]]) -> str:
     """Recon MSE, GS verdicts in both configurations and the cosine means behind them, per GS-cause row."""
     lines = ["| row | recon MSE [0, 1] | GS original: flagged / decisions | GS DMAVFL (URVFL schedule): flagged / "
              "decisions (last mean of 5) | same 5 with decisions from the 5th score | mean cos same-label, first → "
-             "last quarter | mean cos different-label, first → last quarter |", "|---|---:|---|---|---|---|---|"]
+             "last quarter | mean cos different-label, first → last quarter | m_gap · m_err · m_iou, last record |",
+             "|---|---:|---|---|---|---|---|---|"]
     for name in GS_CAUSE_ROWS:
         r = results.get(name)
         if r is None:
-            lines.append(f"| `{name}` | {NOT_RUN} | | | | | |")
+            lines.append(f"| `{name}` | {NOT_RUN} | | | | | | |")
             continue
         dets = r["detectors"]
         orig = [v for _, _, v in dets["gradient_scrutinizer"]["scores"]]
-        dm = [v for _, _, v in dets["gradient_scrutinizer_dmavfl"]["scores"]]
+        gs = dets["gradient_scrutinizer_dmavfl"]
+        dm = [v for _, _, v in gs["scores"]]
         f0, n0, _ = gs_decisions(orig, 0.5, 1, 1)
         f1, n1, last = gs_decisions(dm, 0.8, 5, 6)
         f2, n2, _ = gs_decisions(dm, 0.8, 5, 5)
+        honest = EXPERIMENTS[name].attack_params.get("honest_epochs", 0)
+        attack_part = ""
+        if honest:  # the decisions made once the attack has taken over (scores of the attack's epochs)
+            epochs = [e for _, e, _ in dets["gradient_scrutinizer_dmavfl"]["scores"]][5:]
+            means = [float(np.mean(dm[i - 4:i + 1])) for i in range(5, len(dm))]
+            late = [m for m, e in zip(means, epochs, strict=True) if e >= honest]
+            attack_part = f"; from epoch {honest} (attack): {sum(m < 0.8 for m in late)} / {len(late)}"
         cos = []
         for key in ("same_mean", "diff_mean"):
             v = np.asarray(dets["gradient_scrutinizer_dmavfl"][key])
             q = max(1, len(v) // 4)
             cos.append(f"{v[:q].mean():.2f} → {v[-q:].mean():.2f}")
-        lines.append(f"| `{name}` | {_fmt(r.get('value'))} | {f0} / {n0} | {f1} / {n1} ({_fmt(last, 2)}) | "
-                     f"{f2} / {n2} | {cos[0]} | {cos[1]} |")
+        verdict = f"{f1} / {n1} ({_fmt(last, 2)}){attack_part}"
+        lines.append(f"| `{name}` | {_fmt(r.get('value'))} | {f0} / {n0} | {verdict} | "
+                     f"{f2} / {n2} | {cos[0]} | {cos[1]} | "
+                     + " · ".join(f"{t:.2f}" for t in gs_terms(gs, len(gs["same_mean"]) - 1)) + " |")
     return "\n".join(lines) + "\n"
 
 
