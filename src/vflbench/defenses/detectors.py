@@ -163,7 +163,7 @@ class _Detector(Defense):
             raise ValueError(f"min_scores must be >= window ({window}), got {min_scores}")
         self.threshold = threshold
         self.window = window
-        self.min_scores = window if min_scores is None else min_scores
+        self._min_scores = window if min_scores is None else min_scores
 
     def bind(self, context: BindContext) -> None:
         super().bind(context)
@@ -184,7 +184,7 @@ class _Detector(Defense):
         ``min_scores`` scores exist)."""
         self.scores_.append((self.count_, state.epoch, score))
         recent = [s for _, _, s in self.scores_[-self.window :]]
-        if (len(self.scores_) >= self.min_scores and sum(recent) / len(recent) < self.threshold
+        if (len(self.scores_) >= self._min_scores and sum(recent) / len(recent) < self.threshold
                 and self.detected_step_ is None):
             self.detected_step_ = self.count_
             self.detected_epoch_ = state.epoch
@@ -444,6 +444,7 @@ class GradientScrutinizer(_Detector):
         self.start = start
         self.variant = variant
         self.lag = lag
+        self.min_scores = min_scores
 
     def bind(self, context: BindContext) -> None:  # noqa: D102
         super().bind(context)
