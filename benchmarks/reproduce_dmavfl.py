@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from vflbench.attacks.base import victims_of
+from vflbench.defenses.detectors import GS_IOU_EPS, URVFL_GS, _polyfit_rms
 from vflbench.experiment.config import build_config, load_config
 from vflbench.experiment.plan import validate_attacks, victim_features
 from vflbench.experiment.run import TrainedRun
@@ -55,6 +56,7 @@ class Experiment:
     seed: int | None = None  # None: the base config's (0)
     data: dict[str, Any] = field(default_factory=dict)  # keys of the base config's data section replaced
     model: dict[str, Any] = field(default_factory=dict)  # keys of the base config's model section replaced
+    train: dict[str, Any] = field(default_factory=dict)  # keys of the base config's train section replaced
 
 
 def _mnist(attack: str | None, defenses: list[dict[str, Any]] | None = None, paper: float | None = None,
@@ -191,8 +193,40 @@ EXPERIMENTS.update({
                                                       FIG6_DETECTORS)
        for who in ("honest", "dmavfl", "dmavfl_sync", "fsha", "agn")},
 })
+# Gradients Scrutinizer on DMAVFL, cause (issue 14): GS alone watching, as in URVFL's detection runs (defense.py::
+# gradient_scru runs no SplitGuard beside it), in both configurations; then one change of the authors' detection
+# setup at a time: URVFL's DAC update (L_D + L_M), its detection runs' DAC (CLSDiscriminator2: BatchNorm, adaptive
+# pool), and (not the authors' setup, asked for) a victim trained honestly for 4 of the 12 epochs before the attack.
+GS_WATCH = [{**GS, "threshold": 0.0}, {**GS_DMAVFL, "threshold": 0.0}]
+_URVFL_UPDATE = {"dac_update": "urvfl"}
+EXPERIMENTS.update({
+    "cause_mnist_conv_map_gs_honest": Experiment(_CONVMAP, None, GS_WATCH),
+    "cause_mnist_conv_map_gs_dmavfl": Experiment(_CONVMAP, "dmavfl", GS_WATCH, paper=0.0152),
+    "cause_mnist_conv_map_gs_dmavfl_urvfl_update": Experiment(_CONVMAP, "dmavfl", GS_WATCH, paper=0.0152,
+                                                              attack_params=_URVFL_UPDATE),
+    "cause_mnist_conv_map_gs_dmavfl_cnn_bn": Experiment(_CONVMAP, "dmavfl", GS_WATCH, paper=0.0152,
+                                                        attack_params={**_URVFL_UPDATE, "dac": "cnn_bn"}),
+    "cause_mnist_conv_map_gs_dmavfl_cnn_bn_eq5": Experiment(_CONVMAP, "dmavfl", GS_WATCH, paper=0.0152,
+                                                            attack_params={"dac": "cnn_bn"}),
+    "cause_mnist_conv_map_gs_dmavfl_honest_first": Experiment(_CONVMAP, "dmavfl", GS_WATCH, paper=0.0152,
+                                                              attack_params={"honest_epochs": 4}),
+    # URVFL's detection runs leave the shadow f_e in training mode (its attack: eval mode); then all three together
+    "cause_mnist_conv_map_gs_dmavfl_shadow_train": Experiment(_CONVMAP, "dmavfl", GS_WATCH, paper=0.0152,
+                                                              attack_params={"shadow_mode": "train"}),
+    "cause_mnist_conv_map_gs_dmavfl_authors": Experiment(
+        _CONVMAP, "dmavfl", GS_WATCH, paper=0.0152,
+        attack_params={**_URVFL_UPDATE, "dac": "cnn_bn", "shadow_mode": "train"}),
+    # ... and with URVFL's learning rates (Adam 1e-4 for the victim and the DAC; the reduced setting has 5e-4, 1.5e-4)
+    "cause_mnist_conv_map_gs_dmavfl_authors_lr1e-4": Experiment(
+        _CONVMAP, "dmavfl", GS_WATCH, paper=0.0152, train={"lr": 1.0e-4},
+        attack_params={**_URVFL_UPDATE, "dac": "cnn_bn", "shadow_mode": "train", "disc_lr": 1.0e-4}),
+    "cause_mnist_conv_map_gs_dmavfl_cnn_bn_honest_first": Experiment(
+        _CONVMAP, "dmavfl", GS_WATCH, paper=0.0152,
+        attack_params={**_URVFL_UPDATE, "dac": "cnn_bn", "honest_epochs": 4}),
+})
 #: options only DMAVFL and DMAVFL_sync take (dropped when a config's attack is swapped for AGN or FSHA)
-DMAVFL_ONLY = ("pretrain_epochs", "decoder_output", "dac", "dac_map", "dac_update", "decoder_map")
+DMAVFL_ONLY = ("pretrain_epochs", "decoder_output", "dac", "dac_map", "dac_update", "decoder_map", "honest_epochs",
+               "shadow_mode")
 
 #: Seed groups for the spread table: label -> the seed-0 experiment and its other seeds.
 SEED_GROUPS = {"DMAVFL, no defense": "mnist_dmavfl", "DMAVFL, DP epsilon 10": "mnist_dmavfl_dp_10",
@@ -217,6 +251,7 @@ def build(exp: Experiment):
     raw["defenses"] = exp.defenses
     raw["data"] = {**raw["data"], **exp.data}
     raw["model"] = {**raw["model"], **exp.model}
+    raw["train"] = {**raw["train"], **exp.train}
     if exp.seed is not None:
         raw["seed"] = exp.seed
     raw.pop("sweep", None)
@@ -295,7 +330,8 @@ def detector_record(fed: Any) -> dict[str, Any]:
                                  "detected_epoch": d.detected_epoch_, "threshold": d.threshold, "window": d.window,
                                  "steps": d.count_}
             if hasattr(d, "same_mean_"):  # Gradients Scrutinizer: the per-step similarity means behind its score
-                detectors[d.name].update(same_mean=list(d.same_mean_), diff_mean=list(d.diff_mean_))
+                detectors[d.name].update(same_mean=list(d.same_mean_), diff_mean=list(d.diff_mean_),
+                                         same_std=list(d.same_std_), diff_std=list(d.diff_std_))
     return detectors
 
 
@@ -608,6 +644,71 @@ def figure6_png(out: Path, path: Path, dataset: str) -> None:
     detector_scores(runs, panels, path, f"DMAVFL Figure 6 ({dataset}, paper configuration)")
 
 
+#: the rows of "Gradients Scrutinizer on DMAVFL: cause located?" (docs/reproduction_dmavfl.md)
+GS_CAUSE_ROWS = ["cause_mnist_conv_map_gs_honest", "cause_mnist_conv_map_gs_dmavfl",
+                 "cause_mnist_conv_map_gs_dmavfl_urvfl_update", "cause_mnist_conv_map_gs_dmavfl_cnn_bn_eq5",
+                 "cause_mnist_conv_map_gs_dmavfl_cnn_bn", "cause_mnist_conv_map_gs_dmavfl_shadow_train",
+                 "cause_mnist_conv_map_gs_dmavfl_authors", "cause_mnist_conv_map_gs_dmavfl_authors_lr1e-4",
+                 "cause_mnist_conv_map_gs_dmavfl_honest_first",
+                 "cause_mnist_conv_map_gs_dmavfl_cnn_bn_honest_first"]
+
+
+def gs_decisions(scores: list[float], threshold: float, window: int, min_scores: int) -> tuple[int, int, float | None]:
+    """(flagged, decisions, last decision value) of the rule "mean of the last ``window`` scores < ``threshold``",
+    decided at every score from the ``min_scores``-th on."""
+    means = [float(np.mean(scores[i + 1 - window:i + 1])) for i in range(min_scores - 1, len(scores))]
+    return sum(m < threshold for m in means), len(means), (means[-1] if means else None)
+
+
+def gs_terms(record: dict[str, Any], i: int) -> tuple[float, float, float]:
+    """The three factors of URVFL's GS score at record ``i`` (``m_gap``, ``m_err``, ``m_iou``; their product must
+    exceed 0.7 + ln(4)/6 = 0.93 for a score above 0.8), from a run's stored similarity means and stds."""
+    sm, dm, ss, ds = (np.asarray(record[k]) for k in ("same_mean", "diff_mean", "same_std", "diff_std"))
+    gap = (sm[i] - dm[i]) / (sm[i] + dm[i])
+    err = (_polyfit_rms(dm[:i]) + _polyfit_rms(sm[:i])) / 2
+    same_lo, same_hi, diff_lo, diff_hi = sm[i] - ss[i], sm[i] + ss[i], dm[i] - ds[i], dm[i] + ds[i]
+    iou = (diff_hi - same_lo) / (same_hi - diff_lo + 1e-8) if same_lo <= diff_hi else 0.0
+    return (float(gap / abs(gap) ** URVFL_GS["gap_power"]),
+            -math.log(URVFL_GS["err_scale"] * err + URVFL_GS["err_eps"]), -math.log(iou + GS_IOU_EPS))
+
+
+def gs_cause_table(results: dict[str, dict[str, Any]]) -> str:
+    """Recon MSE, GS verdicts in both configurations and the cosine means behind them, per GS-cause row."""
+    lines = ["| row | recon MSE [0, 1] | GS original: flagged / decisions | GS DMAVFL (URVFL schedule): flagged / "
+             "decisions (last mean of 5) | same 5 with decisions from the 5th score | mean cos same-label, first → "
+             "last quarter | mean cos different-label, first → last quarter | m_gap · m_err · m_iou, last record |",
+             "|---|---:|---|---|---|---|---|---|"]
+    for name in GS_CAUSE_ROWS:
+        r = results.get(name)
+        if r is None:
+            lines.append(f"| `{name}` | {NOT_RUN} | | | | | | |")
+            continue
+        dets = r["detectors"]
+        orig = [v for _, _, v in dets["gradient_scrutinizer"]["scores"]]
+        gs = dets["gradient_scrutinizer_dmavfl"]
+        dm = [v for _, _, v in gs["scores"]]
+        f0, n0, _ = gs_decisions(orig, 0.5, 1, 1)
+        f1, n1, last = gs_decisions(dm, 0.8, 5, 6)
+        f2, n2, _ = gs_decisions(dm, 0.8, 5, 5)
+        honest = EXPERIMENTS[name].attack_params.get("honest_epochs", 0)
+        attack_part = ""
+        if honest:  # the decisions made once the attack has taken over (scores of the attack's epochs)
+            epochs = [e for _, e, _ in dets["gradient_scrutinizer_dmavfl"]["scores"]][5:]
+            means = [float(np.mean(dm[i - 4:i + 1])) for i in range(5, len(dm))]
+            late = [m for m, e in zip(means, epochs, strict=True) if e >= honest]
+            attack_part = f"; from epoch {honest} (attack): {sum(m < 0.8 for m in late)} / {len(late)}"
+        cos = []
+        for key in ("same_mean", "diff_mean"):
+            v = np.asarray(dets["gradient_scrutinizer_dmavfl"][key])
+            q = max(1, len(v) // 4)
+            cos.append(f"{v[:q].mean():.2f} → {v[-q:].mean():.2f}")
+        verdict = f"{f1} / {n1} ({_fmt(last, 2)}){attack_part}"
+        lines.append(f"| `{name}` | {_fmt(r.get('value'))} | {f0} / {n0} | {verdict} | "
+                     f"{f2} / {n2} | {cos[0]} | {cos[1]} | "
+                     + " · ".join(f"{t:.2f}" for t in gs_terms(gs, len(gs["same_mean"]) - 1)) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "datasets"))
@@ -632,7 +733,8 @@ def main() -> None:
     results = _load(out)
     text = ("DMAVFL Table 1 (MNIST, Credit) and the detector rows\n\n" + table(results)
             + "\nDMAVFL Tables 7-9 (MNIST): DMAVFL against NoPeek, embedding noise and DP\n\n" + defense_table(results)
-            + "\nSeed spread (MNIST; every other row is seed 0)\n\n" + seed_table(results))
+            + "\nSeed spread (MNIST; every other row is seed 0)\n\n" + seed_table(results)
+            + "\nGradients Scrutinizer on DMAVFL (reduced MNIST setting, conv_map)\n\n" + gs_cause_table(results))
     if args.table:
         Path(args.table).write_text(text)
     if args.img:

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from conftest import minimal
 
-from vflbench.attacks.feature.common import ConvDAC, ImageDecoder, MapDecoder
+from vflbench.attacks.feature.common import BNConvDAC, ConvDAC, ImageDecoder, MapDecoder
 from vflbench.defenses import create_defense
 from vflbench.defenses.detectors import GradientScrutinizer, GradientScrutinizerDMAVFL
 from vflbench.errors import ConfigError
@@ -160,14 +160,45 @@ def _detects(defense, scores) -> bool:
 def test_gradient_scrutinizer_dmavfl_preset_averages_five_scores_against_0_8():
     preset = create_defense("gradient_scrutinizer_dmavfl")
     assert isinstance(preset, GradientScrutinizerDMAVFL)
-    assert preset.get_params() == {"every": 50, "start": 50, "threshold": 0.8, "window": 5, "variant": "urvfl"}
+    assert preset.get_params() == {"every": 50, "start": 50, "threshold": 0.8, "window": 5, "variant": "urvfl",
+                                   "lag": 49, "min_scores": 6}
     # a lone low score after high ones: the original rule (each score against 0.5) flags it, the average does not
     assert _detects(_passive(GradientScrutinizer()), [0.95, 0.95, 0.95, 0.95, 0.4])
     assert not _detects(_passive(create_defense("gradient_scrutinizer_dmavfl")), [0.95, 0.95, 0.95, 0.95, 0.4])
     # scores steady at 0.75: above the original's 0.5 and the URVFL code's 0.7, below DMAVFL's 0.8
     assert not _detects(_passive(GradientScrutinizer()), [0.75] * 5)
-    assert _detects(_passive(create_defense("gradient_scrutinizer_dmavfl")), [0.75] * 5)
-    assert not _detects(_passive(create_defense("gradient_scrutinizer_dmavfl")), [0.75] * 4)  # needs 5 scores
+    assert _detects(_passive(create_defense("gradient_scrutinizer_dmavfl")), [0.75] * 6)
+    # URVFL decides only when it holds more than k = 5 scores (len(scores) > k)
+    assert not _detects(_passive(create_defense("gradient_scrutinizer_dmavfl")), [0.75] * 5)
+
+
+def _labelled_passive(defense, y):
+    channel = Channel(PARTIES)
+    channel.endpoint("active").post("gradient_scrutinizer.labels", "passive_1", y)
+    defense.bind(BindContext("passive_1", "vhnn", 10, 2, torch.Generator().manual_seed(0),
+                             torch.Generator().manual_seed(0), link=channel.endpoint("passive_1")))
+    return defense
+
+
+def test_gradient_scrutinizer_dmavfl_scores_and_decides_on_urvfls_schedule():
+    """URVFL's ``gradient_scru`` recomputes the scores of records 50, 100, ... only at records 100,
+    150, ... and decides with more than 5 scores: label-free gradients are flagged at the 350th
+    received gradient (scores of records 100..300), not at the 250th; the score values are the same."""
+    y = torch.arange(64) % 10
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(64, 32, generator=g) for _ in range(400)]  # no label structure: hijacking-like
+    preset = _labelled_passive(create_defense("gradient_scrutinizer_dmavfl"), y)
+    at_once = _labelled_passive(create_defense("gradient_scrutinizer_dmavfl", lag=0, min_scores=5), y)
+    for step, grad in enumerate(grads):
+        state = StepState(0, step, torch.arange(64), "passive_1")
+        preset.on_received_gradient(grad, state)
+        at_once.on_received_gradient(grad, state)
+    assert [s for s, _, _ in preset.scores_][:2] == [100, 150]  # record 50 (the 51st) scored at the 100th
+    assert [s for s, _, _ in at_once.scores_][:2] == [51, 101]
+    assert preset.detected_step_ == 350 and at_once.detected_step_ == 251
+    n = min(len(preset.scores_), len(at_once.scores_))
+    assert n == 5 and [v for _, _, v in preset.scores_][:n] == pytest.approx([v for _, _, v in at_once.scores_][:n])
+    assert max(v for _, _, v in preset.scores_) < 0.8
 
 
 # -- Figure 6 plot ------------------------------------------------------------------------------
@@ -187,3 +218,76 @@ def test_figure6_decision_curve_is_the_detectors_rule_and_the_plot_is_written(tm
     path = detector_scores({"honest": {"gradient_scrutinizer_dmavfl": record}, "FSHA": {}},
                            [Panel("gradient_scrutinizer_dmavfl", "GS (DMAVFL)", 0.8, 5)], tmp_path / "fig6.png")
     assert path.exists() and path.read_bytes()[:4] == b"\x89PNG"
+
+
+# -- URVFL's detection-run DAC and an honestly trained victim (issue 14, Gradients Scrutinizer) -----
+
+
+def test_cnn_bn_dac_is_urvfls_clsdiscriminator2_normalising_each_pass_by_its_own_batch():
+    attack, _ = _attack(dac="cnn_bn", dac_map=[1, 4, 4])
+    dac = attack.state_.discriminator
+    assert isinstance(dac, BNConvDAC)
+    convs = [m for m in dac.features if isinstance(m, torch.nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [64, 128, 64] and [c.stride[0] for c in convs] == [2, 2, 1]
+    assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in dac.features) == 3
+    g = torch.Generator().manual_seed(0)
+    h, others = torch.randn(4, 16, generator=g), torch.randn(4, 16, generator=g)
+    dac.train()
+    assert dac(h).shape == (4, 20)
+    # training mode: a row's logits depend on the batch it comes with (batch statistics), as in URVFL's passes
+    assert not torch.allclose(dac(torch.cat([h[:2], others[:2]]))[:2], dac(h)[:2])
+    dac.eval()
+    assert torch.allclose(dac(torch.cat([h[:2], others[:2]]))[:2], dac(h)[:2], atol=1e-6)
+
+
+@pytest.mark.parametrize("honest_epochs", [0, 1])
+def test_honest_epochs_train_the_victim_honestly_before_the_attack_takes_over(honest_epochs):
+    cfg = build_config(minimal(train={**TRAIN, "epochs": 2},
+                               attacks=[{**SMALL, "honest_epochs": honest_epochs}]))
+    vd = load_vertical_data(cfg)
+    plan = validate_attacks(cfg, vd)
+    run = train_run(cfg, vd, attacks=plan)
+    state = plan.attacks[0].attack.state_
+    per_epoch = -(-(len(vd.y_train) - 200) // TRAIN["batch_size"])  # the 200 aux rows are held out of training
+
+    def steps(opt):
+        return max((int(s["step"]) for s in opt.state.values()), default=0)
+
+    # the DAC steps only in the attack's epochs; the active party's own top/bottom only in the honest ones
+    assert steps(state.optimizers["discriminator"]) == (2 - honest_epochs) * per_epoch
+    assert steps(run.federation.active.optimizer) == honest_epochs * per_epoch
+
+
+def test_negative_honest_epochs_fail_early():
+    with pytest.raises((ConfigError, ValueError), match="honest_epochs"):
+        _attack(honest_epochs=-1)
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_shadow_mode_train_embeds_the_aux_batch_with_its_own_batchnorm_statistics(mode):
+    """URVFL's detection runs leave f_e in training mode (its attack puts it in eval mode): the DAC's
+    "real" embeddings are then normalised by each aux batch's statistics, like the victim's."""
+    cfg = build_config(minimal(model=CONV_MAP, train=TRAIN, attacks=[{**SMALL, **MAP_ATTACK, "shadow_mode": mode}]))
+    vd = load_vertical_data(cfg)
+    plan = validate_attacks(cfg, vd)
+    train_run(cfg, vd, attacks=plan)
+    attack = plan.attacks[0].attack
+    state = attack.state_
+    before = copy.deepcopy(state.shadow)
+    old = [b.running_mean.clone() for b in before.modules() if isinstance(b, torch.nn.BatchNorm2d)]
+    dac = copy.deepcopy(state.discriminator)
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(16, 64, generator=g).requires_grad_()
+    y = torch.randint(0, 10, (16,), generator=g)
+    attack.attack_step(state, torch.arange(16), h, y)
+    assert not state.shadow.training  # back in eval mode for everything else
+    with torch.no_grad():  # the aux batch is the whole aux set (aux_batch_size = aux_size)
+        h_aux = before.train(mode == "train")(state.aux.victim)
+    dac.train()
+    logits = dac(h)
+    eq5 = F.cross_entropy(logits, 2 * y) + F.cross_entropy(dac(h_aux), 2 * state.aux.labels + 1)
+    expected = torch.autograd.grad(eq5, list(dac.parameters()))
+    for e, a in zip(expected, [p.grad for p in state.discriminator.parameters()], strict=True):
+        assert torch.allclose(e, a, atol=1e-6)
+    stats = [b.running_mean for b in state.shadow.modules() if isinstance(b, torch.nn.BatchNorm2d)]
+    assert stats and all(torch.equal(a, b) for a, b in zip(stats, old, strict=True)) == (mode == "eval")

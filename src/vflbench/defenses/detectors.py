@@ -156,11 +156,14 @@ class _Detector(Defense):
     strength_param = "threshold"
     strength_direction = "larger is stronger"
 
-    def __init__(self, *, threshold: float, window: int) -> None:
+    def __init__(self, *, threshold: float, window: int, min_scores: int | None = None) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
+        if min_scores is not None and min_scores < window:
+            raise ValueError(f"min_scores must be >= window ({window}), got {min_scores}")
         self.threshold = threshold
         self.window = window
+        self._min_scores = window if min_scores is None else min_scores
 
     def bind(self, context: BindContext) -> None:
         super().bind(context)
@@ -177,10 +180,12 @@ class _Detector(Defense):
         return self.context_.party != ACTIVE
 
     def record(self, state: StepState, score: float) -> None:
-        """Add a score; halt when the mean of the last ``window`` scores is below ``threshold``."""
+        """Add a score; halt when the mean of the last ``window`` scores is below ``threshold`` (once at least
+        ``min_scores`` scores exist)."""
         self.scores_.append((self.count_, state.epoch, score))
         recent = [s for _, _, s in self.scores_[-self.window :]]
-        if len(recent) >= self.window and sum(recent) / len(recent) < self.threshold and self.detected_step_ is None:
+        if (len(self.scores_) >= self._min_scores and sum(recent) / len(recent) < self.threshold
+                and self.detected_step_ is None):
             self.detected_step_ = self.count_
             self.detected_epoch_ = state.epoch
 
@@ -401,18 +406,24 @@ class GradientScrutinizer(_Detector):
     the module docstring) and their means and (population) standard deviations recorded. At
     records i = ``start``, ``start + every``, ... (50, 100, ...) the score
     :func:`scrutinizer_score` is recorded; an attack is detected when the mean of the last
-    ``window`` scores is below ``threshold``. Original: every score on its own (``window`` 1)
-    against 0.5. Honest training has a clear gap (same-label gradients are more alike), smooth
-    curves and disjoint intervals, so a high score; label-free hijacking (FSHA, AGN) has no gap.
+    ``window`` scores is below ``threshold`` (once ``min_scores``, default ``window``, scores
+    exist). The score of record i is computed when record ``i + lag`` arrives (default 0: at once;
+    it only reads records 0..i). Original: every score on its own (``window`` 1) against 0.5.
+    Honest training has a clear gap (same-label gradients are more alike), smooth curves and
+    disjoint intervals, so a high score; label-free hijacking (FSHA, AGN) has no gap.
 
     Differences of URVFL's port (``util.py::detection_score_compute``), noted: raw cosine instead
     of ``0.5 + 0.5 cos``, the diagonal counted among same-label pairs, constants ``e^-3`` / 9 /
     0.8 / 6 instead of ``e^-2`` / 7 / 0.6 / 5, an IoU ``(diff_max - same_min)/(same_max -
     diff_min)``, and detection when the mean of the last 5 scores is below 0.7 (DMAVFL §6.2
-    says 0.8). The original repository's honest-curve IoU uses ``min`` where ``max`` is meant
-    (its FSHA branch is right); we use the right one. ``variant="urvfl"`` switches to the port's
-    similarities and score (:func:`urvfl_scrutinizer_score`) for comparisons; ``threshold`` and
-    ``window`` stay whatever is configured (the port: 0.7 and 5).
+    says 0.8); it recomputes the scores of records 50, 100, ... only at records 100, 150, ...
+    (so the score of record i comes ``lag`` = 49 records later) and decides only once it holds
+    more than 5 scores (``min_scores`` = 6). The original repository's honest-curve IoU uses
+    ``min`` where ``max`` is meant (its FSHA branch is right); we use the right one.
+    ``variant="urvfl"`` switches to the port's similarities and score
+    (:func:`urvfl_scrutinizer_score`) for comparisons; ``threshold``, ``window``, ``lag`` and
+    ``min_scores`` stay whatever is configured (the port: 0.7, 5, 49 and 6; the preset
+    :class:`GradientScrutinizerDMAVFL` sets them).
     """
 
     name = "gradient_scrutinizer"
@@ -420,15 +431,20 @@ class GradientScrutinizer(_Detector):
     shared_key = "gradient_scrutinizer.labels"
 
     def __init__(self, *, every: int = 50, start: int = 50, threshold: float = 0.5, window: int = 1,
-                 variant: Literal["original", "urvfl"] = "original") -> None:
-        super().__init__(threshold=threshold, window=window)
+                 variant: Literal["original", "urvfl"] = "original", lag: int = 0,
+                 min_scores: int | None = None) -> None:
+        super().__init__(threshold=threshold, window=window, min_scores=min_scores)
         if every < 1 or start < 3:
             raise ValueError(f"every must be >= 1 and start >= 3 (a degree-2 fit), got {every}, {start}")
         if variant not in ("original", "urvfl"):
             raise ValueError(f"variant must be 'original' or 'urvfl', got {variant!r}")
+        if lag < 0:
+            raise ValueError(f"lag must be >= 0, got {lag}")
         self.every = every
         self.start = start
         self.variant = variant
+        self.lag = lag
+        self.min_scores = min_scores
 
     def bind(self, context: BindContext) -> None:  # noqa: D102
         super().bind(context)
@@ -484,7 +500,7 @@ class GradientScrutinizer(_Detector):
         self.same_std_.append(float(s.std(unbiased=False)))
         self.diff_mean_.append(float(d.mean()))
         self.diff_std_.append(float(d.std(unbiased=False)))
-        i = len(self.same_mean_) - 1
+        i = len(self.same_mean_) - 1 - self.lag  # the record scored now (its score uses records 0..i)
         if i >= self.start and (i - self.start) % self.every == 0:
             score = scrutinizer_score if self.variant == "original" else urvfl_scrutinizer_score
             self.record(state, score(self.diff_mean_, self.same_mean_, self.diff_std_, self.same_std_, i))
@@ -501,14 +517,22 @@ class GradientScrutinizerDMAVFL(GradientScrutinizer):
     URVFL's port of the score (``variant="urvfl"``: raw cosines with the diagonal, its constants
     and IoU), recorded at records 50, 100, ...; "we adopt an average score strategy ... and set
     the threshold to 0.8": detected when the mean of the last ``window`` = 5 scores (URVFL
-    ``defense.py``: ``k = 5``) is below ``threshold`` = 0.8 (the port's code has 0.7).
+    ``defense.py``: ``k = 5``) is below ``threshold`` = 0.8 (the port's code has 0.7). URVFL's
+    timing too: ``gradient_scru`` recomputes all scores when 50 more records have come after the
+    first 50 (records 100, 150, ...), so the score of record i is known at record ``i + lag``
+    with ``lag = every - 1`` = 49, and it decides only when it holds more than ``window`` scores
+    (``len(scores) > k``: ``min_scores`` = ``window + 1`` = 6); ``lag: null`` /
+    ``min_scores: null`` take these defaults.
     """
 
     name = "gradient_scrutinizer_dmavfl"
 
     def __init__(self, *, every: int = 50, start: int = 50, threshold: float = 0.8, window: int = 5,
-                 variant: Literal["original", "urvfl"] = "urvfl") -> None:
-        super().__init__(every=every, start=start, threshold=threshold, window=window, variant=variant)
+                 variant: Literal["original", "urvfl"] = "urvfl", lag: int | None = None,
+                 min_scores: int | None = None) -> None:
+        super().__init__(every=every, start=start, threshold=threshold, window=window, variant=variant,
+                         lag=every - 1 if lag is None else lag,
+                         min_scores=window + 1 if min_scores is None else min_scores)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -137,6 +137,34 @@ class ConvDAC(nn.Module):
         return self.fc(self.features(z.view(-1, *self.shape)).flatten(1))
 
 
+class BNConvDAC(nn.Module):
+    """URVFL's ``CLSDiscriminator2`` (its detection runs' DAC) on embeddings viewed as maps (C, H, W).
+
+    3x3 convolutions with ``channels`` (64, 128, 64) and ``strides`` (2, 2, 1), each followed by
+    BatchNorm and ReLU, an adaptive average pool to ``pool`` (4 x 8), then a Linear layer to
+    ``out_dim`` logits. In training mode the BatchNorm layers normalise each forward pass with its
+    own batch's statistics (URVFL passes the victim's and the shadow's batches separately).
+    """
+
+    def __init__(self, shape: Sequence[int], out_dim: int, channels: Sequence[int] = (64, 128, 64),
+                 strides: Sequence[int] = (2, 2, 1), pool: Sequence[int] = (4, 8)) -> None:
+        super().__init__()
+        if len(channels) != len(strides) or len(pool) != 2:
+            raise ValueError(f"one stride per channel count and a 2-d pool, got {channels}, {strides}, {pool}")
+        c, h, w = (int(s) for s in shape)
+        self.shape = (c, h, w)
+        layers: list[nn.Module] = []
+        width = c
+        for ch, stride in zip(channels, strides, strict=True):
+            layers += [nn.Conv2d(width, int(ch), 3, stride=int(stride), padding=1), nn.BatchNorm2d(int(ch)), nn.ReLU()]
+            width = int(ch)
+        self.features = nn.Sequential(*layers, nn.AdaptiveAvgPool2d((int(pool[0]), int(pool[1]))))
+        self.fc = nn.Linear(width * int(pool[0]) * int(pool[1]), out_dim)
+
+    def forward(self, z: Tensor) -> Tensor:  # noqa: D102
+        return self.fc(self.features(z.view(-1, *self.shape)).flatten(1))
+
+
 class MapDecoder(nn.Module):
     """Pixel-aligned embedding maps -> the victim's image strip, URVFL's ``fullDecoder``.
 
@@ -236,19 +264,27 @@ class Takeover(PartyHook):
     prefix_models = False
 
     def __init__(self, name: str, *, step: StepFn, predict: PredictFn | None = None,
-                 models: dict[str, nn.Module] | None = None) -> None:
+                 models: dict[str, nn.Module] | None = None, honest_epochs: int = 0) -> None:
         super().__init__(name)
+        if honest_epochs < 0:
+            raise ValueError(f"honest_epochs must be >= 0, got {honest_epochs}")
         self._step = step
         self._predict = predict
         self._models = dict(models or {})
+        self.honest_epochs = honest_epochs
+        self._honest = honest_epochs > 0
 
     def step(self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int, senders: Sequence[str],
              proceed: StepFn) -> list[Tensor]:
-        """The attacker's step instead of the protocol's (``proceed`` is not called)."""
+        """The attacker's step instead of the protocol's; the protocol's (honest) step during the first
+        ``honest_epochs`` epochs."""
+        self._honest = epoch < self.honest_epochs
+        if self._honest:
+            return proceed(ids, received, epoch=epoch, step=step, senders=senders)
         return self._step(ids, received, epoch=epoch, step=step, senders=senders)
 
     def predict(self, ids: Tensor, received: Sequence[Tensor], split: str, *, proceed: PredictFn) -> Tensor:  # noqa: D102
-        return (self._predict or proceed)(ids, received, split)
+        return proceed(ids, received, split) if self._honest else (self._predict or proceed)(ids, received, split)
 
     def models(self) -> dict[str, nn.Module]:  # noqa: D102
         return self._models
@@ -309,6 +345,9 @@ class MaliciousActiveAttack(Attack):
     threat = THREAT
     party = "active"
     has_shadow: ClassVar[bool] = True
+    #: epochs of honest training (the protocol's step) before the attack takes over; a subclass may take it as
+    #: a parameter
+    honest_epochs: int = 0
 
     def __init__(self, *, victim: str | Sequence[str] = "passive_1", aux_size: int | None = None,
                  aux_fraction: float | None = 0.1, aux_classes: Sequence[int] | None = None,
@@ -358,7 +397,8 @@ class MaliciousActiveAttack(Attack):
         models: dict[str, nn.Module] = {"decoder": s.decoder, "discriminator": s.discriminator}
         if s.shadow is not None:
             models["shadow"] = s.shadow
-        party.attach(Takeover(self.name, step=self._step, predict=self.predictor(s), models=models))
+        party.attach(Takeover(self.name, step=self._step, predict=self.predictor(s), models=models,
+                              honest_epochs=self.honest_epochs))
 
     # -- building blocks ----------------------------------------------------------------
 

@@ -59,6 +59,7 @@ from vflbench.attacks.feature.common import (
     DMAVFL_PAPER,
     Adversary,
     AuxBatches,
+    BNConvDAC,
     ConvDAC,
     MaliciousActiveAttack,
     decoder_for,
@@ -92,13 +93,22 @@ class DMAVFL(MaliciousActiveAttack):
     ``decoder_output`` (``"tanh"``: URVFL's tanh decoder, mapped onto the [0, 1] pixels;
     ``"sigmoid"``), ``dac`` / ``dac_map`` (``"cnn"``: DMAVFL Table 10's "CNN layer * 2" DAC,
     :class:`~vflbench.attacks.feature.common.ConvDAC`, on the victims' embedding viewed as the
-    (C, H, W) map ``dac_map``; ``"mlp"``: two hidden layers of ``hidden``; ``None``: cnn when
-    ``dac_map`` is given, else mlp), ``dac_update`` (``"paper"``: the DAC steps on Eq. (5);
+    (C, H, W) map ``dac_map``; ``"cnn_bn"``: URVFL's ``CLSDiscriminator2`` of its detection runs,
+    :class:`~vflbench.attacks.feature.common.BNConvDAC` (BatchNorm, adaptive pool), on the same
+    map; ``"mlp"``: two hidden layers of ``hidden``; ``None``: cnn when ``dac_map`` is given,
+    else mlp), ``dac_update`` (``"paper"``: the DAC steps on Eq. (5);
     ``"urvfl"``: on Eq. (5) + L_M, as URVFL's code does, whose L_M backward also fills the DAC's
     gradients and is not zeroed before the DAC step), ``decoder_map`` (the (C, H, W) map a
     pixel-aligned victim embedding is, e.g. ``conv_map``'s: the decoder is then URVFL's
     three-convolution :class:`~vflbench.attacks.feature.common.MapDecoder` on the adversary's and
-    the victim's maps side by side; ``None``: the upsampling decoder of a flat embedding).
+    the victim's maps side by side; ``None``: the upsampling decoder of a flat embedding),
+    ``honest_epochs`` (0: not in the paper; the active party first trains honestly for this many
+    epochs, the protocol's step, and attacks from then on: the attack on a victim that was
+    trained honestly first; the pretraining on aux still happens before training starts),
+    ``shadow_mode`` (``"eval"``: the frozen f_e embeds the aux rows for the DAC in evaluation
+    mode, as URVFL's ``cls_pretrain``; ``"train"``: in training mode, BatchNorm on each aux
+    batch's own statistics like the victim's bottom, as URVFL's detection runs
+    ``defense.py::gradient_scru`` leave it; f_e's weights stay frozen either way).
     """
 
     name = "dmavfl"
@@ -113,23 +123,27 @@ class DMAVFL(MaliciousActiveAttack):
                  n_targets: int | None = None, pretrain_epochs: int | None = None, aux_batch_size: int = 128,
                  lr: float = 1e-4, disc_lr: float = 1e-4, shadow_model: str | None = None,
                  shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64,
-                 decoder_output: Literal["tanh", "sigmoid"] = "tanh", dac: Literal["mlp", "cnn"] | None = None,
+                 decoder_output: Literal["tanh", "sigmoid"] = "tanh",
+                 dac: Literal["mlp", "cnn", "cnn_bn"] | None = None,
                  dac_map: Sequence[int] | None = None, dac_update: Literal["paper", "urvfl"] = "paper",
-                 decoder_map: Sequence[int] | None = None) -> None:
+                 decoder_map: Sequence[int] | None = None, honest_epochs: int = 0,
+                 shadow_mode: Literal["eval", "train"] = "eval") -> None:
         super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
                          target_split=target_split, n_targets=n_targets, aux_batch_size=aux_batch_size, lr=lr,
                          shadow_model=shadow_model, shadow_options=shadow_options, hidden=hidden,
                          decoder_width=decoder_width)
-        if (pretrain_epochs is not None and pretrain_epochs < 0) or disc_lr <= 0:
-            raise ValueError("pretrain_epochs must be >= 0 and disc_lr > 0")
+        if (pretrain_epochs is not None and pretrain_epochs < 0) or disc_lr <= 0 or honest_epochs < 0:
+            raise ValueError("pretrain_epochs and honest_epochs must be >= 0 and disc_lr > 0")
         if decoder_output not in ("tanh", "sigmoid"):
             raise ConfigError(f"dmavfl: decoder_output must be 'tanh' (URVFL) or 'sigmoid', got {decoder_output!r}")
-        if dac not in (None, "mlp", "cnn"):
-            raise ConfigError(f"dmavfl: dac must be 'mlp', 'cnn' or null (cnn when dac_map is given), got {dac!r}")
+        if dac not in (None, "mlp", "cnn", "cnn_bn"):
+            raise ConfigError(f"dmavfl: dac must be 'mlp', 'cnn', 'cnn_bn' or null (cnn when dac_map is given), "
+                              f"got {dac!r}")
         if dac_map is not None and (len(dac_map) != 3 or min(dac_map) < 1):
             raise ConfigError(f"dmavfl: dac_map must be three positive sizes (C, H, W), got {dac_map!r}")
-        if dac == "cnn" and dac_map is None:
-            raise ConfigError("dmavfl: dac 'cnn' needs dac_map, the (C, H, W) map the victim's embedding is viewed as")
+        if dac in ("cnn", "cnn_bn") and dac_map is None:
+            raise ConfigError(f"dmavfl: dac {dac!r} needs dac_map, the (C, H, W) map the victim's embedding is viewed "
+                              "as")
         if dac_update not in ("paper", "urvfl"):
             raise ConfigError(f"dmavfl: dac_update must be 'paper' (Eq. 5) or 'urvfl' (L_D + L_M), got {dac_update!r}")
         self.pretrain_epochs = pretrain_epochs
@@ -141,6 +155,11 @@ class DMAVFL(MaliciousActiveAttack):
             raise ConfigError(f"dmavfl: decoder_map must be three positive sizes (C, H, W), got {decoder_map!r}")
         self.dac_update = dac_update
         self.decoder_map = decoder_map
+        self.honest_epochs = honest_epochs
+        if shadow_mode not in ("eval", "train"):
+            raise ConfigError(f"dmavfl: shadow_mode must be 'eval' (URVFL's attack) or 'train' (URVFL's detection "
+                              f"runs), got {shadow_mode!r}")
+        self.shadow_mode = shadow_mode
 
     def check(self, scenario: Scenario) -> None:
         """Refuse tasks whose objective has no output per class (binary VLR's single logit): the
@@ -171,12 +190,13 @@ class DMAVFL(MaliciousActiveAttack):
         except ValueError as exc:
             raise ConfigError(f"dmavfl: decoder_map {tuple(self.decoder_map or ())}: {exc}") from None
         classes = 2 * self.scenario_.num_classes
-        if (self.dac or ("cnn" if self.dac_map is not None else "mlp")) == "cnn":
+        kind = self.dac or ("cnn" if self.dac_map is not None else "mlp")
+        if kind in ("cnn", "cnn_bn"):
             assert self.dac_map is not None
             if math.prod(self.dac_map) != embed:
                 raise ConfigError(f"dmavfl: dac_map {tuple(self.dac_map)} holds {math.prod(self.dac_map)} values, "
                                   f"the victims' embedding {embed}")
-            dac = seeded(ConvDAC(self.dac_map, classes), generator)
+            dac = seeded((ConvDAC if kind == "cnn" else BNConvDAC)(self.dac_map, classes), generator)
         else:
             dac = seeded(mlp(embed, (self.hidden, self.hidden), classes, leaky=True), generator)
         optimizers = {"autoencoder": self.adam([own, shadow, decoder], self.lr),
@@ -226,7 +246,9 @@ class DMAVFL(MaliciousActiveAttack):
         (g,) = torch.autograd.grad(loss_m, h)
         assert state.shadow is not None
         with torch.no_grad():
+            state.shadow.train(self.shadow_mode == "train")
             h_aux = state.shadow(state.aux.victim[rows])
+            state.shadow.eval()
         y_aux = state.aux.labels[rows]
         logits = dac(h.detach())
         loss_d = F.cross_entropy(logits, 2 * y) + F.cross_entropy(dac(h_aux), 2 * y_aux + 1)  # Eq. (5)
@@ -276,9 +298,11 @@ class DMAVFLSync(DMAVFL):
                  n_targets: int | None = None, pretrain_epochs: int = 0, aux_batch_size: int = 128,
                  lr: float = 1e-4, disc_lr: float = 1e-4, shadow_model: str | None = None,
                  shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64,
-                 decoder_output: Literal["tanh", "sigmoid"] = "tanh", dac: Literal["mlp", "cnn"] | None = None,
+                 decoder_output: Literal["tanh", "sigmoid"] = "tanh",
+                 dac: Literal["mlp", "cnn", "cnn_bn"] | None = None,
                  dac_map: Sequence[int] | None = None, dac_update: Literal["paper", "urvfl"] = "paper",
-                 decoder_map: Sequence[int] | None = None, hybrid: bool = False) -> None:
+                 decoder_map: Sequence[int] | None = None, honest_epochs: int = 0,
+                 shadow_mode: Literal["eval", "train"] = "eval", hybrid: bool = False) -> None:
         if pretrain_epochs > 0 and not hybrid:
             raise ValueError(f"dmavfl_sync (Algorithm 3) trains f_a, f_e, f_d alongside and has no pretraining, got "
                              f"pretrain_epochs={pretrain_epochs}; set pretrain_epochs: 0 (or leave it out), use "
@@ -288,6 +312,6 @@ class DMAVFLSync(DMAVFL):
                          aux_batch_size=aux_batch_size, lr=lr, disc_lr=disc_lr, shadow_model=shadow_model,
                          shadow_options=shadow_options, hidden=hidden, decoder_width=decoder_width,
                          decoder_output=decoder_output, dac=dac, dac_map=dac_map, dac_update=dac_update,
-                         decoder_map=decoder_map)
+                         decoder_map=decoder_map, honest_epochs=honest_epochs, shadow_mode=shadow_mode)
         self.hybrid = hybrid
 
