@@ -150,6 +150,7 @@ GS_DMAVFL = {"name": "gradient_scrutinizer_dmavfl"}  # DMAVFL 6.2: URVFL's score
 #: the plot draws each configuration's own rule (SG: mean of 10 < 0.9; GS: each score < 0.5 / mean of 5 < 0.8).
 FIG6_DETECTORS = [{**SG, "threshold": 0.0}, {**GS, "threshold": 0.0}, {**GS_DMAVFL, "threshold": 0.0}]
 FIG6_THRESHOLDS = {"splitguard": (0.9, 10), "gradient_scrutinizer": (0.5, 1), "gradient_scrutinizer_dmavfl": (0.8, 5)}
+FIG6_MIN_SCORES = {"gradient_scrutinizer_dmavfl": 6}  # the preset decides from its 6th score (URVFL)
 for _ds, _paper_values in (("mnist", {"dmavfl": 0.0152, "dmavfl_sync": 0.0137, "fsha": 0.0156, "agn": 0.0929}),
                            ("credit", {"dmavfl": 0.4389, "dmavfl_sync": 0.4602, "fsha": 0.5152, "agn": 1.0934})):
     _base = f"dmavfl_{_ds}_paper"
@@ -640,7 +641,8 @@ def figure6_png(out: Path, path: Path, dataset: str) -> None:
         return
     titles = {"splitguard": "SplitGuard (mean of 10 < 0.9)", "gradient_scrutinizer": "GS, original (score < 0.5)",
               "gradient_scrutinizer_dmavfl": "GS, DMAVFL's configuration (mean of 5 < 0.8)"}
-    panels = [Panel(det, titles[det], threshold, window) for det, (threshold, window) in FIG6_THRESHOLDS.items()]
+    panels = [Panel(det, titles[det], threshold, window, FIG6_MIN_SCORES.get(det, 0))
+              for det, (threshold, window) in FIG6_THRESHOLDS.items()]
     detector_scores(runs, panels, path, f"DMAVFL Figure 6 ({dataset}, paper configuration)")
 
 

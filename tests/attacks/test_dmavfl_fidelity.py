@@ -214,6 +214,11 @@ def test_figure6_decision_curve_is_the_detectors_rule_and_the_plot_is_written(tm
     for n in (5, 6):  # mean 0.84 (not flagged), then 0.79 (flagged)
         preset = _passive(create_defense("gradient_scrutinizer_dmavfl"))
         assert _detects(preset, scores[:n]) == bool((decision_curve(scores[:n], 5) < 0.8).any()) == (n == 6)
+    from vflbench.report.figure6 import decision_points
+
+    # the preset decides from its 6th score on (URVFL's schedule): the plotted decisions start there
+    at, stat = decision_points([50 * (i + 1) for i in range(6)], scores, Panel("g", "GS", 0.8, 5, min_scores=6))
+    assert at.tolist() == [300] and stat.tolist() == pytest.approx([0.79])
     record = {"scores": [(50 * (i + 1), 0, s) for i, s in enumerate(scores)]}
     path = detector_scores({"honest": {"gradient_scrutinizer_dmavfl": record}, "FSHA": {}},
                            [Panel("gradient_scrutinizer_dmavfl", "GS (DMAVFL)", 0.8, 5)], tmp_path / "fig6.png")

@@ -31,6 +31,7 @@ class Panel:
     title: str
     threshold: float
     window: int
+    min_scores: int = 0  #: the detector decides only once it holds this many scores (0: ``window``)
 
 
 def decision_curve(scores: Sequence[float] | np.ndarray, window: int) -> np.ndarray:
@@ -44,6 +45,17 @@ def decision_curve(scores: Sequence[float] | np.ndarray, window: int) -> np.ndar
     return (sums[window:] - sums[:-window]) / window
 
 
+def decision_points(steps: Sequence[int] | np.ndarray, scores: Sequence[float] | np.ndarray, panel: Panel,
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The steps at which ``panel``'s detector decides and its decision statistic there: the mean of the
+    last ``window`` scores, from the ``max(window, min_scores)``-th score on."""
+    first = max(panel.window, panel.min_scores)
+    stat = decision_curve(scores, panel.window)
+    if len(scores) < first:
+        return np.empty(0, dtype=int), np.empty(0)
+    return np.asarray(steps)[first - 1:], stat[first - panel.window:]
+
+
 def detector_scores(runs: Mapping[str, Mapping[str, Any]], panels: Sequence[Panel], path: Path,
                     title: str = "") -> Path:
     """Write the Figure 6 plot: one panel per detector configuration, one curve per run."""
@@ -55,12 +67,12 @@ def detector_scores(runs: Mapping[str, Mapping[str, Any]], panels: Sequence[Pane
                 continue
             steps = np.array([s for s, _, _ in record["scores"]])
             scores = np.array([v for _, _, v in record["scores"]])
-            stat = decision_curve(scores, panel.window)
+            at, stat = decision_points(steps, scores, panel)
             color = COLORS.get(label.split(" (")[0])  # "DMAVFL (14 epochs)": a stopped run, same colour
             if panel.window > 1:
                 ax.plot(steps, scores, color=color, alpha=0.25, lw=0.8)
             if len(stat):
-                ax.plot(steps[panel.window - 1:], stat, color=color, lw=1.8, label=label)
+                ax.plot(at, stat, color=color, lw=1.8, label=label)
         ax.axhline(panel.threshold, color="gray", ls="--", lw=1, label=f"threshold {panel.threshold:g}")
         ax.set_title(panel.title, fontsize=10)
         ax.set_xlabel("victim's training step")
