@@ -83,6 +83,33 @@ SWEEP_WEIGHTS = (0.08, 0.3, 1.0, 3.0)
 SWEEP_STEMS = {"dcor": "labobf_epsilon_like_dcor", "dcor_ea": "labobf_epsilon_like_dcor_ea"}
 
 
+#: ``--scales``: the Epsilon-scale stand-in's raw and LabObf runs again at other feature scales (1 = the
+#: standardised stand-in, 1/sqrt(2000) = Epsilon's column scale, the configs' own value).
+EPSILON_SCALE = 0.0223606797749979
+SCALED_STEMS = ("labobf_epsilon_scaled_raw", "labobf_epsilon_scaled_labobf")
+
+
+def scale_key(stem: str, scale: float, factor: int = 1) -> str:
+    """The cache key of one run of the scale sweep (the config's own key at Epsilon's scale and its own
+    epochs); ``factor``: the config's epochs times this (``--epoch-factors``)."""
+    key = stem if abs(scale - EPSILON_SCALE) < 1e-9 else f"{stem}@s{scale:g}"
+    return key if factor == 1 else f"{key}@x{factor}"
+
+
+def scale_jobs(args: argparse.Namespace) -> list[tuple[str, tuple[str, ...], str]]:
+    """The runs of ``--scales`` x ``--epoch-factors`` (raw and LabObf config of the Epsilon-scale stand-in)."""
+    if not args.scales and not args.epoch_factors:
+        return []
+    todo = []
+    for scale in args.scales or [EPSILON_SCALE]:
+        for factor in args.epoch_factors or [1]:
+            for stem in SCALED_STEMS:
+                epochs = load_config(REPRO / f"{stem}.yaml").train.epochs * factor
+                todo.append((stem, (f"data.options.feature_scale={scale!r}", f"train.epochs={epochs}"),
+                             scale_key(stem, scale, factor)))
+    return todo
+
+
 #: The departure study: each dataset's LabObf run again with the attribute rescaled to [-1, 1]
 #: (the library's earlier default) instead of Algorithm 2's raw integer 0..200.
 NORMALISED = ("defenses.0.normalise=true",)
@@ -371,6 +398,34 @@ def departure_jobs(args: argparse.Namespace) -> list[tuple[str, tuple[str, ...],
     return todo
 
 
+def scale_table(results: dict[str, list[dict[str, Any]]], scales: list[float], factors: list[int]) -> str:
+    """Table 5 on the stand-in at each feature scale and epoch factor: the paper's setting (MixMatch,
+    Algorithm 2's raw attribute, top-1 accuracy; best epoch, and last epoch = departure 6), main
+    accuracy raw -> LabObf."""
+    paper = PAPER_T45["epsilon_scaled"]
+    lines = ["", "### Table 5 on the Epsilon stand-in by feature scale (MixMatch, raw attribute, top-1 acc %)", "",
+             "| feature scale | epochs raw / LabObf | MixMatch epoch | R_upper | R_lower | LabObf | LabObf - R_lower | "
+             "main acc raw -> LabObf |",
+             "|---|---|---|---|---|---|---|---|",
+             f"| paper, Epsilon (~{EPSILON_SCALE:.4f}) | 50 / 100 (400,000 rows) | - | {paper['r_upper']} | "
+             f"{paper['r_lower']} | "
+             f"{paper['labobf_attack']} | {paper['labobf_attack'] - paper['r_lower']:+.2f} | "
+             f"{paper['raw_acc']} -> {paper['labobf_acc']} |"]
+    for scale, factor in ((s, f) for s in scales for f in factors):
+        raw, obf = (results.get(scale_key(stem, scale, factor)) for stem in SCALED_STEMS)
+        if not raw or not obf:
+            continue
+        for epoch, attack, prior in (("best", "mm_attack_acc", "mm_prior_acc"), ("last", "mm_last_acc",
+                                                                                    "mm_priorlast_acc")):
+            pairs = zip(sorted(obf, key=lambda r: r["seed"]), sorted(raw, key=lambda r: r["seed"]), strict=False)
+            gaps = [o[attack] - r[prior] for o, r in pairs if o["seed"] == r["seed"]]
+            lines.append(f"| {scale:.4g} | {raw[0]['epochs']} / {obf[0]['epochs']} | {epoch} | {_cell(raw, attack)} | "
+                         f"{_cell(raw, prior)} | "
+                         f"{_cell(obf, attack)} | {statistics.mean(gaps):+.2f} | "
+                         f"{_cell(raw, 'model_acc')} -> {_cell(obf, 'model_acc')} |")
+    return "\n".join(lines) + "\n"
+
+
 def jobs(args: argparse.Namespace) -> list[tuple[str, tuple[str, ...], str]]:
     """(stem, overrides, cache key) of every run asked for, seed-independent, in running order."""
     todo = departure_jobs(args)
@@ -380,6 +435,7 @@ def jobs(args: argparse.Namespace) -> list[tuple[str, tuple[str, ...], str]]:
     if args.sweep:
         todo += [(SWEEP_STEMS[role], (f"defenses.0.weight={weight}",), sweep_key(role, weight))
                  for weight in SWEEP_WEIGHTS for role in SWEEP_STEMS]
+    todo += scale_jobs(args)
     return list(dict.fromkeys(todo))
 
 
@@ -396,6 +452,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="first run the departure study (raw, LabObf, LabObf with the [-1, 1] attribute), "
                              "seed by seed")
     parser.add_argument("--sweep", action="store_true", help="also run the Fig. 8-style dCor weight sweep")
+    parser.add_argument("--scales", type=float, nargs="+", default=None,
+                        help=f"also run the Epsilon-scale stand-in's raw and LabObf configs at these feature scales "
+                             f"(1 = standardised, {EPSILON_SCALE:.7f} = Epsilon's, the configs' own)")
+    parser.add_argument("--epoch-factors", type=int, nargs="+", default=None,
+                        help="with --scales: also run them with the configs' epochs times these factors (default 1)")
     parser.add_argument("--datasets", nargs="+", default=None, choices=[key for key, _, _, _ in DATASETS],
                         help="restrict --departures and the default config stems to these datasets (default: all)")
     args = parser.parse_args(argv)
@@ -413,7 +474,9 @@ def main(argv: list[str] | None = None) -> int:
                          f"{record['mc_attack_acc']:.2f} / AUC {record['mc_attack_auc']:.2f}, "
                          f"{record['seconds']:.0f}s\n")
         sys.stderr.flush()
-    text = tables(results) + departures_table(results) + (sweep_table(results) if args.sweep else "")
+    text = (tables(results) + departures_table(results) + (sweep_table(results) if args.sweep else "")
+            + (scale_table(results, args.scales or [EPSILON_SCALE], args.epoch_factors or [1])
+               if args.scales or args.epoch_factors else ""))
     sys.stdout.write(text)
     if args.table:
         Path(args.table).parent.mkdir(parents=True, exist_ok=True)
