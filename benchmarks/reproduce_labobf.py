@@ -436,7 +436,12 @@ def jobs(args: argparse.Namespace) -> list[tuple[str, tuple[str, ...], str]]:
         todo += [(SWEEP_STEMS[role], (f"defenses.0.weight={weight}",), sweep_key(role, weight))
                  for weight in SWEEP_WEIGHTS for role in SWEEP_STEMS]
     todo += scale_jobs(args)
-    return list(dict.fromkeys(todo))
+    # one job per cache key: a config asked for twice (e.g. by --only and by --scales at its own scale, with
+    # overrides that restate its values) is run and counted once
+    first: dict[str, tuple[str, tuple[str, ...], str]] = {}
+    for job in todo:
+        first.setdefault(job[2], job)
+    return list(first.values())
 
 
 def main(argv: list[str] | None = None) -> int:
