@@ -50,7 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 REPRO = ROOT / "configs" / "repro"
 
 #: Datasets: (key, title, the paper's dataset its numbers are compared with, config stems by role).
-#: Roles: t3_raw / t3_dcor / t3_ea (Table 3), raw / labobf (Tables 4-5), false (§5 false attribute).
+#: Roles: t3_raw / t3_dcor / t3_ea (Table 3), raw / labobf (Tables 4-5), false (§5 false attribute); a
+#: dataset may have only some (``epsilon_scaled``: raw and labobf, for Table 5 and the departure study).
 DATASETS: list[tuple[str, str, str, dict[str, str]]] = [
     ("epsilon_like", "Epsilon stand-in (synthetic, 50 features, balanced)", "Epsilon", {
         "t3_raw": "labobf_epsilon_like_raw", "t3_dcor": "labobf_epsilon_like_dcor",
@@ -60,7 +61,11 @@ DATASETS: list[tuple[str, str, str, dict[str, str]]] = [
         "t3_raw": "labobf_credit_table3_raw", "t3_dcor": "labobf_credit_table3_dcor",
         "t3_ea": "labobf_credit_table3_dcor_ea", "raw": "labobf_credit_raw",
         "labobf": "labobf_credit_labobf", "false": "labobf_credit_false_attribute"}),
+    ("epsilon_scaled", "Epsilon stand-in at Epsilon's feature scale (columns standardised, x 1/sqrt(2000))",
+     "Epsilon", {"raw": "labobf_epsilon_scaled_raw", "labobf": "labobf_epsilon_scaled_labobf"}),
 ]
+#: The paper's dataset each of ours is compared with in Tables 4-5 and the departure study.
+PAPER_NAME = {"epsilon_like": "Epsilon", "credit": "Bank", "epsilon_scaled": "Epsilon"}
 
 #: The paper's numbers (top-1 accuracy, %): Table 3 and §5 are on Epsilon; Tables 4-5 on Epsilon
 #: (compared with the stand-in) and Bank (compared with credit default, the closest binary tabular task).
@@ -69,12 +74,40 @@ PAPER_T45 = {"epsilon_like": {"raw_acc": 77.90, "labobf_acc": 73.16, "r_upper": 
                               "labobf_attack": 50.35},
              "credit": {"raw_acc": 86.91, "labobf_acc": 85.32, "r_upper": 59.56, "r_lower": 55.34,
                         "labobf_attack": 52.44}}
+PAPER_T45["epsilon_scaled"] = PAPER_T45["epsilon_like"]
 PAPER_FALSE = (73.84, 50.25)  # §5, Epsilon: honest LabObf -> false attribute, main accuracy
 
 #: Fig. 8-style sweep of the dCor weight lambda on the Epsilon stand-in (``--sweep``): dCor alone
 #: and dCor with EA at each weight (0.08 is Table 3's and reuses its runs).
 SWEEP_WEIGHTS = (0.08, 0.3, 1.0, 3.0)
 SWEEP_STEMS = {"dcor": "labobf_epsilon_like_dcor", "dcor_ea": "labobf_epsilon_like_dcor_ea"}
+
+
+#: ``--scales``: the Epsilon-scale stand-in's raw and LabObf runs again at other feature scales (1 = the
+#: standardised stand-in, 1/sqrt(2000) = Epsilon's column scale, the configs' own value).
+EPSILON_SCALE = 0.0223606797749979
+SCALED_STEMS = ("labobf_epsilon_scaled_raw", "labobf_epsilon_scaled_labobf")
+
+
+def scale_key(stem: str, scale: float, factor: int = 1) -> str:
+    """The cache key of one run of the scale sweep (the config's own key at Epsilon's scale and its own
+    epochs); ``factor``: the config's epochs times this (``--epoch-factors``)."""
+    key = stem if abs(scale - EPSILON_SCALE) < 1e-9 else f"{stem}@s{scale:g}"
+    return key if factor == 1 else f"{key}@x{factor}"
+
+
+def scale_jobs(args: argparse.Namespace) -> list[tuple[str, tuple[str, ...], str]]:
+    """The runs of ``--scales`` x ``--epoch-factors`` (raw and LabObf config of the Epsilon-scale stand-in)."""
+    if not args.scales and not args.epoch_factors:
+        return []
+    todo = []
+    for scale in args.scales or [EPSILON_SCALE]:
+        for factor in args.epoch_factors or [1]:
+            for stem in SCALED_STEMS:
+                epochs = load_config(REPRO / f"{stem}.yaml").train.epochs * factor
+                todo.append((stem, (f"data.options.feature_scale={scale!r}", f"train.epochs={epochs}"),
+                             scale_key(stem, scale, factor)))
+    return todo
 
 
 #: The departure study: each dataset's LabObf run again with the attribute rescaled to [-1, 1]
@@ -240,7 +273,7 @@ def tables(results: dict[str, list[dict[str, Any]]]) -> str:
     for key, _, _, stems in DATASETS:
         for flavour, label in (("mm", "MixMatch"), ("mc", "supervised MC")):
             for role, column in names.items():
-                rs = results.get(stems[role])
+                rs = results.get(stems[role]) if role in stems else None
                 if rs:
                     acc, attack = PAPER_T3[role]
                     lines.append(f"| {key} | {column} | {label} | {_cell(rs, 'model_acc')} | {_f(acc)} | {_f(attack)} "
@@ -249,9 +282,10 @@ def tables(results: dict[str, list[dict[str, Any]]]) -> str:
               "LabObf = attack under LabObf, Algorithm 2's raw attribute) and the §5 false-attribute check", "",
               f"| dataset (paper's) | row | paper (acc) | {head} |", "|---|---|---|---|---|---|"]
     for key, _, _, stems in DATASETS:
-        raw, obf, false = results.get(stems["raw"]), results.get(stems["labobf"]), results.get(stems["false"])
+        raw, obf = results.get(stems["raw"]), results.get(stems["labobf"])
+        false = results.get(stems["false"]) if "false" in stems else None
         paper = PAPER_T45[key]
-        ds = f"{key} ({'Epsilon' if key == 'epsilon_like' else 'Bank'})"
+        ds = f"{key} ({PAPER_NAME[key]})"
         if raw:
             lines += [f"| {ds} | Table 4 Raw Model: main accuracy | {_f(paper['raw_acc'])} | {_triple(raw, 'model')} |",
                       f"| {ds} | Table 5 R_upper (MixMatch) | {_f(paper['r_upper'])} | {_triple(raw, 'mm_attack')} |",
@@ -299,16 +333,20 @@ DEPARTURE_ROWS = (
 
 
 def departures_table(results: dict[str, list[dict[str, Any]]]) -> str:
-    """Which departure accounts for the gap: each removed alone, then together."""
+    """Which departure accounts for the gap: each removed alone, then together.
+
+    A dataset without its LabObf run with the [-1, 1] attribute (``@normalised``) shows only the rows
+    with Algorithm 2's raw attribute.
+    """
     lines = []
     for key, _, _, stems in DATASETS:
         raw, obf = results.get(stems["raw"]), results.get(stems["labobf"])
         norm = results.get(f"{stems['labobf']}@normalised")
-        if not raw or not obf or not norm:
+        if not raw or not obf:
             continue
         paper = PAPER_T45[key]
-        seeds = sorted({r["seed"] for r in raw} & {r["seed"] for r in obf} & {r["seed"] for r in norm})
-        lines += ["", f"### Departure study, {key} (paper: {'Epsilon' if key == 'epsilon_like' else 'Bank'}: "
+        seeds = sorted({r["seed"] for r in raw} & {r["seed"] for r in obf} & {r["seed"] for r in norm or obf})
+        lines += ["", f"### Departure study, {key} (paper: {PAPER_NAME[key]}: "
                   f"R_upper {paper['r_upper']}, R_lower {paper['r_lower']}, LabObf {paper['labobf_attack']} "
                   f"(top-1 acc); main acc raw {paper['raw_acc']} -> LabObf {paper['labobf_acc']}); seeds {seeds}", "",
                   "| departure removed | unit | R_upper | R_lower | attack under LabObf | LabObf - R_lower | "
@@ -316,6 +354,8 @@ def departures_table(results: dict[str, list[dict[str, Any]]]) -> str:
         units = {"acc": "top-1 acc %", "bal": "balanced-test acc %", "auc": "AUC %"}
         for row, flavour, raw_attr, metric, variant in DEPARTURE_ROWS:
             run = obf if raw_attr else norm
+            if not run:
+                continue
             prior = "priorlast" if variant == "last" else "prior"
             upper, lower, under = (f"{flavour}_{variant}_{metric}", f"{flavour}_{prior}_{metric}",
                                    f"{flavour}_{variant}_{metric}")
@@ -347,19 +387,61 @@ def sweep_table(results: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def jobs(args: argparse.Namespace) -> list[tuple[str, tuple[str, ...], str]]:
-    """(stem, overrides, cache key) of every run asked for, seed-independent, in running order."""
+def departure_jobs(args: argparse.Namespace) -> list[tuple[str, tuple[str, ...], str]]:
+    """The departure study's runs (raw, LabObf, LabObf with the [-1, 1] attribute) of the datasets asked for."""
     todo: list[tuple[str, tuple[str, ...], str]] = []
     if args.departures:
-        for _, _, _, roles in DATASETS:
-            todo += [(roles["raw"], (), roles["raw"]), (roles["labobf"], (), roles["labobf"]),
-                     (roles["labobf"], NORMALISED, f"{roles['labobf']}@normalised")]
-    stems = list(dict.fromkeys(stem for _, _, _, roles in DATASETS for stem in roles.values()))
+        for key, _, _, roles in DATASETS:
+            if args.datasets is None or key in args.datasets:
+                todo += [(roles["raw"], (), roles["raw"]), (roles["labobf"], (), roles["labobf"]),
+                         (roles["labobf"], NORMALISED, f"{roles['labobf']}@normalised")]
+    return todo
+
+
+def scale_table(results: dict[str, list[dict[str, Any]]], scales: list[float], factors: list[int]) -> str:
+    """Table 5 on the stand-in at each feature scale and epoch factor: the paper's setting (MixMatch,
+    Algorithm 2's raw attribute, top-1 accuracy; best epoch, and last epoch = departure 6), main
+    accuracy raw -> LabObf."""
+    paper = PAPER_T45["epsilon_scaled"]
+    lines = ["", "### Table 5 on the Epsilon stand-in by feature scale (MixMatch, raw attribute, top-1 acc %)", "",
+             "| feature scale | epochs raw / LabObf | MixMatch epoch | R_upper | R_lower | LabObf | LabObf - R_lower | "
+             "main acc raw -> LabObf |",
+             "|---|---|---|---|---|---|---|---|",
+             f"| paper, Epsilon (~{EPSILON_SCALE:.4f}) | 50 / 100 (400,000 rows) | - | {paper['r_upper']} | "
+             f"{paper['r_lower']} | "
+             f"{paper['labobf_attack']} | {paper['labobf_attack'] - paper['r_lower']:+.2f} | "
+             f"{paper['raw_acc']} -> {paper['labobf_acc']} |"]
+    for scale, factor in ((s, f) for s in scales for f in factors):
+        raw, obf = (results.get(scale_key(stem, scale, factor)) for stem in SCALED_STEMS)
+        if not raw or not obf:
+            continue
+        for epoch, attack, prior in (("best", "mm_attack_acc", "mm_prior_acc"), ("last", "mm_last_acc",
+                                                                                    "mm_priorlast_acc")):
+            pairs = zip(sorted(obf, key=lambda r: r["seed"]), sorted(raw, key=lambda r: r["seed"]), strict=False)
+            gaps = [o[attack] - r[prior] for o, r in pairs if o["seed"] == r["seed"]]
+            lines.append(f"| {scale:.4g} | {raw[0]['epochs']} / {obf[0]['epochs']} | {epoch} | {_cell(raw, attack)} | "
+                         f"{_cell(raw, prior)} | "
+                         f"{_cell(obf, attack)} | {statistics.mean(gaps):+.2f} | "
+                         f"{_cell(raw, 'model_acc')} -> {_cell(obf, 'model_acc')} |")
+    return "\n".join(lines) + "\n"
+
+
+def jobs(args: argparse.Namespace) -> list[tuple[str, tuple[str, ...], str]]:
+    """(stem, overrides, cache key) of every run asked for, seed-independent, in running order."""
+    todo = departure_jobs(args)
+    stems = list(dict.fromkeys(stem for key, _, _, roles in DATASETS for stem in roles.values()
+                               if args.datasets is None or key in args.datasets))
     todo += [(stem, (), stem) for stem in stems if args.only is None or stem in args.only]
     if args.sweep:
         todo += [(SWEEP_STEMS[role], (f"defenses.0.weight={weight}",), sweep_key(role, weight))
                  for weight in SWEEP_WEIGHTS for role in SWEEP_STEMS]
-    return list(dict.fromkeys(todo))
+    todo += scale_jobs(args)
+    # one job per cache key: a config asked for twice (e.g. by --only and by --scales at its own scale, with
+    # overrides that restate its values) is run and counted once
+    first: dict[str, tuple[str, tuple[str, ...], str]] = {}
+    for job in todo:
+        first.setdefault(job[2], job)
+    return list(first.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -375,11 +457,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="first run the departure study (raw, LabObf, LabObf with the [-1, 1] attribute), "
                              "seed by seed")
     parser.add_argument("--sweep", action="store_true", help="also run the Fig. 8-style dCor weight sweep")
+    parser.add_argument("--scales", type=float, nargs="+", default=None,
+                        help=f"also run the Epsilon-scale stand-in's raw and LabObf configs at these feature scales "
+                             f"(1 = standardised, {EPSILON_SCALE:.7f} = Epsilon's, the configs' own)")
+    parser.add_argument("--epoch-factors", type=int, nargs="+", default=None,
+                        help="with --scales: also run them with the configs' epochs times these factors (default 1)")
+    parser.add_argument("--datasets", nargs="+", default=None, choices=[key for key, _, _, _ in DATASETS],
+                        help="restrict --departures and the default config stems to these datasets (default: all)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     results: dict[str, list[dict[str, Any]]] = {}
     todo = jobs(args)
-    n_departure = 6 if args.departures else 0
+    n_departure = len(departure_jobs(args))
     order = ([(seed, job) for seed in args.seeds for job in todo[:n_departure]]
              + [(seed, job) for job in todo[n_departure:] for seed in args.seeds])
     for seed, (stem, overrides, key) in order:
@@ -390,7 +479,9 @@ def main(argv: list[str] | None = None) -> int:
                          f"{record['mc_attack_acc']:.2f} / AUC {record['mc_attack_auc']:.2f}, "
                          f"{record['seconds']:.0f}s\n")
         sys.stderr.flush()
-    text = tables(results) + departures_table(results) + (sweep_table(results) if args.sweep else "")
+    text = (tables(results) + departures_table(results) + (sweep_table(results) if args.sweep else "")
+            + (scale_table(results, args.scales or [EPSILON_SCALE], args.epoch_factors or [1])
+               if args.scales or args.epoch_factors else ""))
     sys.stdout.write(text)
     if args.table:
         Path(args.table).parent.mkdir(parents=True, exist_ok=True)

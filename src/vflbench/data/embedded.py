@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +77,9 @@ def load_wine(*, root: Path | None = None, test_fraction: float = 0.25) -> Datas
                   test_fraction=test_fraction, feature_names=tuple(bunch.feature_names))
 
 
-@DATASETS.register("synthetic", summary="make_classification with chosen samples/features/classes",
+@DATASETS.register("synthetic", summary="make_classification with chosen samples/features/classes; feature_scale: "
+                   "columns standardised on the training rows, then multiplied by it (Epsilon's scale: "
+                   "1/sqrt(2000); needs data.standardise: false)",
                    kind="tabular", files=())
 def load_synthetic(
     *,
@@ -87,11 +91,29 @@ def load_synthetic(
     class_sep: float = 1.0,
     generator_seed: int = 0,
     test_fraction: float = 0.2,
+    feature_scale: float | None = None,
 ) -> Dataset:
-    """scikit-learn ``make_classification`` with the given shape (its own seed)."""
+    """scikit-learn ``make_classification`` with the given shape (its own seed).
+
+    ``feature_scale``: ``None`` (default) returns make_classification's columns as drawn. A positive
+    number standardises every column with the training rows' mean and standard deviation and then
+    multiplies it by ``feature_scale``, so that the data sit at a chosen scale; e.g. ``1/sqrt(2000)``
+    (0.02236) is the scale of Epsilon's columns, whose rows are standardised and then scaled to unit
+    length over 2,000 features. The partition's own standardisation would undo the scale, so such a
+    dataset is refused unless ``data.standardise`` is false (the dataset's ``meta["feature_scale"]``
+    tells :func:`~vflbench.data.partition.partition`).
+    """
     if n_informative > n_features:
         raise DataError(
             f"synthetic: n_informative ({n_informative}) cannot exceed n_features ({n_features})"
+        )
+    if feature_scale is not None and (
+        isinstance(feature_scale, bool) or not isinstance(feature_scale, int | float)
+        or not math.isfinite(feature_scale) or feature_scale <= 0
+    ):
+        raise DataError(
+            f"synthetic: feature_scale must be a finite number > 0 (e.g. 0.02236 = 1/sqrt(2000), Epsilon's "
+            f"column scale) or null for make_classification's own scale, got {feature_scale!r}"
         )
     try:
         x, y = skd.make_classification(
@@ -101,4 +123,12 @@ def load_synthetic(
         )
     except ValueError as exc:
         raise DataError(f"synthetic: {exc}") from None
-    return _split("synthetic", "tabular", x, y, test_fraction=test_fraction)
+    ds = _split("synthetic", "tabular", x, y, test_fraction=test_fraction)
+    if feature_scale is None:
+        return ds
+    mean = ds.x_train.mean(0)
+    std = ds.x_train.std(0, unbiased=False)
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    factor = float(feature_scale)
+    return replace(ds, x_train=(ds.x_train - mean) / std * factor, x_test=(ds.x_test - mean) / std * factor,
+                   meta={**ds.meta, "feature_scale": factor})

@@ -104,7 +104,12 @@ def partition(
     columns: Sequence[Sequence[int]] | None = None,
     standardise: bool = True,
 ) -> VerticalData:
-    """Partition ``ds`` vertically among ``parties`` parties (the active party included)."""
+    """Partition ``ds`` vertically among ``parties`` parties (the active party included).
+
+    ``standardise``: standardise each party's tabular columns with the training rows' statistics
+    (categorical columns excepted); refused for a dataset its loader already put at a chosen
+    scale (``meta["feature_scale"]``, e.g. ``synthetic``'s ``feature_scale``), which it would undo.
+    """
     if not MIN_PARTIES <= parties <= MAX_PARTIES:
         raise DataError(f"data.parties must be between {MIN_PARTIES} and {MAX_PARTIES}, got {parties}")
     holders = parties if active_has_features else parties - 1
@@ -132,6 +137,9 @@ def partition(
     else:
         if split not in ("auto", "even", "columns"):
             raise DataError(f"{ds.name} is tabular: data.split must be 'even' or 'columns' (or 'auto'), got {split!r}")
+        if standardise and "feature_scale" in ds.meta:
+            raise DataError(f"{ds.name} was scaled to feature_scale={ds.meta['feature_scale']:g} by its loader, "
+                            "which standardising each party's columns would undo; set data.standardise: false")
         categorical = set(ds.meta.get("categorical", ()))
         cards = dict(zip(ds.meta.get("categorical", ()), ds.meta.get("cardinalities", ()), strict=False))
         for group in _column_groups(ds, holders, split, columns):
