@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from vflbench.attacks.base import victims_of
-from vflbench.defenses.detectors import GS_IOU_EPS, URVFL_GS, _polyfit_rms
+from vflbench.defenses.detectors import urvfl_scrutinizer_terms
 from vflbench.experiment.config import build_config, load_config
 from vflbench.experiment.plan import validate_attacks, victim_features
 from vflbench.experiment.run import TrainedRun
@@ -663,15 +663,8 @@ def gs_decisions(scores: list[float], threshold: float, window: int, min_scores:
 
 
 def gs_terms(record: dict[str, Any], i: int) -> tuple[float, float, float]:
-    """The three factors of URVFL's GS score at record ``i`` (``m_gap``, ``m_err``, ``m_iou``; their product must
-    exceed 0.7 + ln(4)/6 = 0.93 for a score above 0.8), from a run's stored similarity means and stds."""
-    sm, dm, ss, ds = (np.asarray(record[k]) for k in ("same_mean", "diff_mean", "same_std", "diff_std"))
-    gap = (sm[i] - dm[i]) / (sm[i] + dm[i])
-    err = (_polyfit_rms(dm[:i]) + _polyfit_rms(sm[:i])) / 2
-    same_lo, same_hi, diff_lo, diff_hi = sm[i] - ss[i], sm[i] + ss[i], dm[i] - ds[i], dm[i] + ds[i]
-    iou = (diff_hi - same_lo) / (same_hi - diff_lo + 1e-8) if same_lo <= diff_hi else 0.0
-    return (float(gap / abs(gap) ** URVFL_GS["gap_power"]),
-            -math.log(URVFL_GS["err_scale"] * err + URVFL_GS["err_eps"]), -math.log(iou + GS_IOU_EPS))
+    """The three factors of URVFL's GS score at record ``i`` from a run's stored similarity means and stds."""
+    return urvfl_scrutinizer_terms(*(record[k] for k in ("diff_mean", "same_mean", "diff_std", "same_std")), i)
 
 
 def gs_cause_table(results: dict[str, dict[str, Any]]) -> str:

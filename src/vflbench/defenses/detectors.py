@@ -377,14 +377,10 @@ def scrutinizer_score(diff_mean: list[float], same_mean: list[float], diff_std: 
 URVFL_GS = {"err_scale": 9.0, "err_eps": math.exp(-3), "gap_power": 0.8, "steepness": 6.0, "offset": 0.7}
 
 
-def urvfl_scrutinizer_score(diff_mean: list[float], same_mean: list[float], diff_std: list[float],
-                            same_std: list[float], i: int) -> float:
-    """URVFL's port of the score (``util.py::detection_score_compute``), for comparison only.
-
-    Its constants (``e^-3``, 9, 0.8, 6) and its IoU ``(diff_max - same_min)/(same_max - diff_min)``
-    when ``same_min <= diff_max`` (else 0); URVFL feeds it raw cosines with the diagonal among the
-    same-label pairs.
-    """
+def urvfl_scrutinizer_terms(diff_mean: list[float], same_mean: list[float], diff_std: list[float],
+                            same_std: list[float], i: int) -> tuple[float, float, float]:
+    """The three factors ``(m_gap, m_err, m_iou)`` of URVFL's score at record ``i``
+    (:func:`urvfl_scrutinizer_score`); their product must exceed 0.7 + ln(4)/6 = 0.93 for a score above 0.8."""
     gap = (same_mean[i] - diff_mean[i]) / (same_mean[i] + diff_mean[i])
     err = (_polyfit_rms(np.asarray(diff_mean[:i])) + _polyfit_rms(np.asarray(same_mean[:i]))) / 2
     same_lo, same_hi = same_mean[i] - same_std[i], same_mean[i] + same_std[i]
@@ -393,6 +389,18 @@ def urvfl_scrutinizer_score(diff_mean: list[float], same_mean: list[float], diff
     m_gap = 0.0 if gap == 0 else gap / abs(gap) ** URVFL_GS["gap_power"]
     m_err = -math.log(URVFL_GS["err_scale"] * err + URVFL_GS["err_eps"])
     m_iou = -math.log(iou + GS_IOU_EPS)
+    return float(m_gap), m_err, m_iou
+
+
+def urvfl_scrutinizer_score(diff_mean: list[float], same_mean: list[float], diff_std: list[float],
+                            same_std: list[float], i: int) -> float:
+    """URVFL's port of the score (``util.py::detection_score_compute``), for comparison only.
+
+    Its constants (``e^-3``, 9, 0.8, 6) and its IoU ``(diff_max - same_min)/(same_max - diff_min)``
+    when ``same_min <= diff_max`` (else 0); URVFL feeds it raw cosines with the diagonal among the
+    same-label pairs.
+    """
+    m_gap, m_err, m_iou = urvfl_scrutinizer_terms(diff_mean, same_mean, diff_std, same_std, i)
     z = URVFL_GS["steepness"] * (m_gap * m_err * m_iou - URVFL_GS["offset"])
     return float(1.0 / (1.0 + math.exp(-z)))
 
