@@ -30,6 +30,7 @@ SCENARIOS = [
 ]
 #: Parameters that keep a component's one step small (the rest are its defaults).
 SMALL = {"paillier_he": {"key_bits": 512}, "vmask": {"aux_size": 60}, "vmask_as": {"aux_size": 60},
+         "labobf_adaptive_mixmatch": {"epochs": 1, "val_iteration": 8},
          "vmask_rs": {"aux_size": 60}, "vmask_alls": {"aux_size": 60}, "coae": {"samples": 500, "epochs": 2},
          "model_completion_mixmatch": {"epochs": 1, "val_iteration": 8},
          "embedding_extension": {"known_per_class": 4, "inner_steps": 2, "epochs": 2}}

@@ -8,8 +8,10 @@ import torch.nn.functional as F
 from conftest import minimal
 
 from vflbench.attacks.label.embedding_extension import EmbeddingExtension, ExtendedBottom, original_bottom
+from vflbench.attacks.label.labobf_adaptive import attribute_held_constant
 from vflbench.defenses import create_defense
 from vflbench.defenses.labobf import (
+    ATTRIBUTE_COLUMN,
     LabObf,
     generate_soft_labels,
     quantile_thresholds,
@@ -22,6 +24,7 @@ from vflbench.experiment.plan import validate_attacks
 from vflbench.experiment.run import run_experiment, train_run
 from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
 from vflbench.experiment.scoring import run_attacks
+from vflbench.experiment.views import _view
 from vflbench.metrics.correlation import distance_correlation
 from vflbench.protocol import ACTIVE, BindContext
 from vflbench.protocol.objective import default_objective
@@ -252,3 +255,38 @@ def test_embedding_extension_needs_concat():
                                attacks=[{"name": "embedding_extension"}]))
     with pytest.raises(CompatibilityError, match="concat"):
         validate_attacks(cfg, load_vertical_data(cfg))
+
+
+# ------------------------------------------------------------------ the adaptive attacker (its own column)
+
+
+def _mixmatch_pair(defenses):
+    """Plain and adaptive MixMatch installed side by side in one run (tiny budget)."""
+    small = {"epochs": 2, "val_iteration": 8, "known_per_class": 20}
+    cfg = build_config(minimal(data=SYNTH, train={**FAST, "epochs": 3}, defenses=defenses,
+                               attacks=[{"name": "model_completion_mixmatch", **small},
+                                        {"name": "labobf_adaptive_mixmatch", **small}]))
+    vd = load_vertical_data(cfg)
+    plan = validate_attacks(cfg, vd)
+    run = train_run(cfg, vd, attacks=plan)
+    return plan, run, run_attacks(plan, run)[0]
+
+
+def test_adaptive_attacker_holds_only_its_own_attribute_column_constant(one_thread):
+    plan, run, (plain, adaptive) = _mixmatch_pair([{"name": "labobf", "normalise": False}])
+    view = _view(run, plan.attacks[1])
+    column = view.data.meta[ATTRIBUTE_COLUMN]
+    assert column == view.data.x_train.shape[1] - 1
+    assert view.data.x_train[:, column].unique().numel() > 100  # Algorithm 2's raw draws, left as they are
+    held = attribute_held_constant(view)
+    for before, after in ((view.data.x_train, held.data.x_train), (view.data.x_test, held.data.x_test)):
+        assert torch.equal(after[:, :column], before[:, :column])
+        assert torch.all(after[:, column] == view.data.x_train[:, column].mean())
+    assert adaptive.details["attribute_column"] == column
+    assert adaptive.value != plain.value  # the constant column changes what the fine-tuning sees
+
+
+def test_adaptive_attacker_without_labobf_is_mixmatch(one_thread):
+    _, _, (plain, adaptive) = _mixmatch_pair([])
+    assert adaptive.details["attribute_column"] is None
+    assert adaptive.value == plain.value and adaptive.prior == plain.prior

@@ -105,8 +105,11 @@ def test_adaptive_coverage_marks_defenses_evaluated_without_their_adaptive_attac
     assert not rows["labobf"]["evaluated"] and rows["labobf"]["adaptive"] == "false_attribute: true"
     assert rows["vmask_rs"]["adaptive"].startswith("vmask_weight_recovery") and not rows["vmask_rs"]["evaluated"]
     assert "vmask_rs was not evaluated against its adaptive attack vmask_weight_recovery" in rows["vmask_rs"]["note"]
-    with_false = [([{"name": "labobf", "params": {"false_attribute": True}}], set())]
-    assert adaptive_coverage(with_false).iloc[0]["evaluated"]
+    with_false = {r["adaptive"]: r["evaluated"] for r in adaptive_coverage(
+        [([{"name": "labobf", "params": {"false_attribute": True}}], set())]).to_dict("records")}
+    assert with_false == {"labobf_adaptive_mixmatch": False, "false_attribute: true": True}
+    adaptive = [([{"name": "labobf", "params": {}}], {"labobf_adaptive_mixmatch"})]
+    assert adaptive_coverage(adaptive).set_index("adaptive").loc["labobf_adaptive_mixmatch", "evaluated"]
 
 
 def test_describe_names_the_attacks_on_what_a_defense_protects_and_its_adaptive_attacks():
@@ -125,6 +128,7 @@ def test_describe_names_the_attacks_on_what_a_defense_protects_and_its_adaptive_
     assert "vmask_weight_recovery" in vmask["adaptive attacks"]
     assert "embedding_extension" in describe("dcor")["adaptive attacks"]
     assert "false_attribute: true" in describe("labobf")["adaptive attacks"]
+    assert "labobf_adaptive_mixmatch" in describe("labobf")["adaptive attacks"]
     nopeek = describe("nopeek")
     assert "dmavfl" in nopeek["attacks on what it protects"] and "norm_scoring" not in nopeek[
         "attacks on what it protects"]

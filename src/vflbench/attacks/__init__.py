@@ -19,6 +19,7 @@ __all__ = ["ATTACKS", "Attack", "BatchRecord", "KnownLabels", "LabelInference", 
            "create_attack"]
 
 from vflbench.attacks.label import active, embedding_extension, gradient, mixmatch, model_completion  # noqa: F401, I001  (register)
+from vflbench.attacks.label import labobf_adaptive  # noqa: F401  (register)
 from vflbench.attacks.label import vmask_recovery  # noqa: F401  (register)
 from vflbench.attacks.feature import agn, dmavfl, fsha  # noqa: F401  (register)
 from vflbench.attacks.feature import gia, grna, inversion, pcat, sdar  # noqa: F401  (register)

@@ -75,6 +75,9 @@ PAPER = ("He et al., LabObf: A Label Protection Scheme for Vertical Federated Le
          "Obfuscation (2024), §5 Algorithm 2, §6.3, §7.2")
 THREAT = ("label inference by a passive party from its bottom model / embeddings (model completion, "
           "Fu et al.'s label inference attack)")
+#: Key of ``PartySlice.meta`` under which :meth:`LabObf.augment_features` records the index of the
+#: attribute column it appended to a party's features (what that party knows about its own data).
+ATTRIBUTE_COLUMN = "labobf_column"
 
 
 def party_index(party: str) -> int:
@@ -168,6 +171,7 @@ class LabObf(Defense):
     side = "both"
     paper = PAPER
     protects = ("labels",)
+    adaptive_attacks = ("labobf_adaptive_mixmatch",)
     adaptive_settings = (("false_attribute", True),)
     threat = THREAT
     strength_param = "per_class"
@@ -226,7 +230,7 @@ class LabObf(Defense):
                 v = 2 * v / self.rand_max - 1
             return torch.cat([like, v[:, None]], 1)
 
-        meta = {**part.meta, "labobf_column": part.x_train.shape[1]}
+        meta = {**part.meta, ATTRIBUTE_COLUMN: part.x_train.shape[1]}
         return PartySlice(column(train, part.x_train), column(test, part.x_test), part.kind, part.columns, meta)
 
     # ------------------------------------------------------------------------------- soft labels
