@@ -84,20 +84,20 @@ def kang_attacks(data_root: str) -> dict[str, Any]:
             "load": [before, load()]}
 
 
-def sweep_workers(epochs: int) -> dict[str, Any]:
-    """1-worker / 2-worker wall time of one sweep (8 runs of breast_cancer; 400 epochs: runs of 5-15 s here), as
+def sweep_workers(epochs: int, runs: int = 8) -> dict[str, Any]:
+    """1-worker / 2-worker wall time of one sweep (``runs`` runs of breast_cancer; 400 epochs: runs of 5-15 s here), as
     fresh CLI processes, with the start-up of one fresh worker process (its imports) measured before.
 
     Compare ``one["sum_run_s"]`` with ``two["sum_run_s"]``: when they differ by much more than the start-up, the
     two workers did not get two cores (other load), and the ratio says nothing about the sweep."""
     import sweep_workers as sw
 
-    raw = sw.sweep_config(8, epochs, 32)
+    raw = sw.sweep_config(runs, epochs, 32)
     before = load()
     startup = sw.startup_seconds()
     one = sw.measure(raw, 1, "cli")
     two = sw.measure(raw, 2, "cli")
-    return {"row": "sweep_workers", "epochs": epochs, "startup_s": startup, "one": one, "two": two,
+    return {"row": "sweep_workers", "epochs": epochs, "runs": runs, "startup_s": startup, "one": one, "two": two,
             "ratio": one["wall_s"] / two["wall_s"], "target": ">= 1.85", "load": [before, load()]}
 
 
@@ -108,6 +108,8 @@ def main() -> None:
     ap.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
     ap.add_argument("--repeat", type=int, default=3, help="alternating repeats of the vmask_small pair")
     ap.add_argument("--sweep-epochs", type=int, default=400, help="epochs of each sweep run (sets the run length)")
+    ap.add_argument("--sweep-runs", type=int, default=8,
+                    help="runs in the sweep (a multiple of 4: baseline + 3 defenses, times seeds)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -122,7 +124,7 @@ def main() -> None:
         elif row == "kang_attacks":
             results.append(kang_attacks(args.data_root))
         else:
-            results.append(sweep_workers(args.sweep_epochs))
+            results.append(sweep_workers(args.sweep_epochs, args.sweep_runs))
         print(f"{row}: ratio {results[-1]['ratio']} (target {results[-1]['target']}), "
               f"load {results[-1]['load']}", flush=True)
     if args.json:
