@@ -29,17 +29,20 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from reproduce_labobf import DATASETS, FLAVOURS, PAPER_T45, REPRO, balanced_ids, score_all
+from reproduce_labobf import DATASETS, FLAVOURS, PAPER_T45, REPRO, _cell, balanced_ids, score_all
 
 from vflbench.attacks.label.embedding_extension import original_bottom
 from vflbench.attacks.label.labobf_adaptive import attribute_held_constant
 from vflbench.attacks.label.mixmatch import MixMatchCompletion
 from vflbench.experiment.config import load_config
 from vflbench.experiment.plan import validate_attacks
+from vflbench.experiment.results import write_atomic
 from vflbench.experiment.run import TrainedRun, train_run
 from vflbench.experiment.scenario import load_vertical_data
 from vflbench.experiment.views import _view, scratch_models
@@ -48,14 +51,25 @@ from vflbench.experiment.views import _view, scratch_models
 STEMS = {key: {"raw": roles["raw"], "labobf": roles["labobf"]} for key, _, _, roles in DATASETS}
 
 
-def train(stem: str, seed: int, factor: int, data_root: str | None) -> tuple[TrainedRun, Any, Any]:
-    """One config's run at ``factor`` times its epochs."""
-    base = load_config(REPRO / f"{stem}.yaml", [f"seed={seed}"]).resolved()
-    cfg = load_config(REPRO / f"{stem}.yaml",
-                      [f"seed={seed}", f"train.epochs={base.train.epochs * factor}"]).resolved()
+def trained(stem: str, seed: int, overrides: list[str], data_root: str | None) -> tuple[TrainedRun, Any, Any]:
+    """One config's run at one seed, with ``overrides``: the run, its data and its attack plan."""
+    cfg = load_config(REPRO / f"{stem}.yaml", [*overrides, f"seed={seed}"]).resolved()
     vd = load_vertical_data(cfg, data_root)
     plan = validate_attacks(cfg, vd)
     return train_run(cfg, vd, attacks=plan), vd, plan
+
+
+def cached_record(path: Path, compute: Callable[[], dict[str, Any]],
+                  valid: Callable[[dict[str, Any]], bool] = lambda record: True) -> dict[str, Any]:
+    """The record at ``path`` if it exists and is ``valid``, else ``compute()`` written there atomically."""
+    if path.exists():
+        record = json.loads(path.read_text())
+        if valid(record):
+            return record
+    record = compute()
+    write_atomic(path, json.dumps(record, indent=1))
+    sys.stderr.write(f"{path.name}: {record['seconds']:.0f} s\n")
+    return record
 
 
 def study(dataset: str, seed: int, factor: int, budgets: list[int], data_root: str | None) -> dict[str, Any]:
@@ -63,7 +77,9 @@ def study(dataset: str, seed: int, factor: int, budgets: list[int], data_root: s
     record: dict[str, Any] = {"dataset": dataset, "seed": seed, "epoch_factor": factor, "budgets": budgets}
     tic = time.perf_counter()
     for role in ("raw", "labobf"):
-        run, vd, plan = train(STEMS[dataset][role], seed, factor, data_root)
+        stem = STEMS[dataset][role]
+        epochs = load_config(REPRO / f"{stem}.yaml").train.epochs * factor
+        run, vd, plan = trained(stem, seed, [f"train.epochs={epochs}"], data_root)
         record[f"{role}_model_acc"] = 100 * run.history.epochs[-1]["test_accuracy"]
         record[f"{role}_train_seconds"] = run.train_seconds
         balanced = balanced_ids(vd.y_test, seed)
@@ -83,11 +99,6 @@ def study(dataset: str, seed: int, factor: int, budgets: list[int], data_root: s
                     record[f"{role}_{variant}_e{budget}_{select}"] = scores["bal"]
     record["seconds"] = time.perf_counter() - tic
     return record
-
-
-def _cell(records: list[dict[str, Any]], key: str) -> str:
-    values = [r[key] for r in records]
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
 
 
 def table(records: list[dict[str, Any]]) -> str:
@@ -126,20 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    records = []
-    for seed in args.seeds:
-        path = out / f"budget-{args.dataset}-s{seed}.json"
-        if path.exists():
-            record = json.loads(path.read_text())
-            if (record["budgets"], record["epoch_factor"]) == (args.budgets, args.epoch_factor):
-                records.append(record)
-                continue
-        record = study(args.dataset, seed, args.epoch_factor, args.budgets, args.data_root)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=1))
-        tmp.replace(path)
-        sys.stderr.write(f"seed {seed}: {record['seconds']:.0f} s\n")
-        records.append(record)
+    same = (args.budgets, args.epoch_factor)
+    records = [cached_record(out / f"budget-{args.dataset}-s{seed}.json",
+                             partial(study, args.dataset, seed, args.epoch_factor, args.budgets, args.data_root),
+                             lambda record: (record["budgets"], record["epoch_factor"]) == same)
+               for seed in args.seeds]
     sys.stdout.write(table(records))
     return 0
 

@@ -23,40 +23,28 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from labobf_attack_budget import STEMS
-from reproduce_labobf import FLAVOURS, REPRO, balanced_ids, score_all
+from labobf_attack_budget import STEMS, cached_record, trained
+from reproduce_labobf import FLAVOURS, _cell, balanced_ids, score_all
 
 from vflbench.attacks.base import KnownLabels, PartyView
 from vflbench.attacks.label.embedding_extension import original_bottom
 from vflbench.attacks.label.labobf_adaptive import attribute_held_constant
 from vflbench.attacks.label.mixmatch import MixMatchCompletion
-from vflbench.experiment.config import load_config
-from vflbench.experiment.plan import validate_attacks
-from vflbench.experiment.run import TrainedRun, train_run
-from vflbench.experiment.scenario import load_vertical_data
+from vflbench.experiment.run import TrainedRun
 from vflbench.experiment.views import _view, scratch_models
 
 AUX_SIZES = (40, 100, 200, 400, 800)
 #: Known labels per class the runner draws for the attacker; each |D_aux| takes the first |D_aux| / 2 of each class.
 KNOWN_PER_CLASS = max(AUX_SIZES) // 2
 PER_CLASS = (2, 3, 4)
-
-
-def trained(stem: str, seed: int, overrides: list[str], data_root: str | None) -> tuple[TrainedRun, Any, Any]:
-    """One config's run at one seed, its attacker granted the largest auxiliary set of the study."""
-    cfg = load_config(REPRO / f"{stem}.yaml",
-                      [*overrides, f"attacks.0.known_per_class={KNOWN_PER_CLASS}", f"seed={seed}"]).resolved()
-    vd = load_vertical_data(cfg, data_root)
-    plan = validate_attacks(cfg, vd)
-    return train_run(cfg, vd, attacks=plan), vd, plan
 
 
 def with_known(view: PartyView, per_class: int) -> PartyView:
@@ -88,8 +76,9 @@ def study(dataset: str, seed: int, data_root: str | None) -> dict[str, Any]:
     record: dict[str, Any] = {"dataset": dataset, "seed": seed, "aux_sizes": list(AUX_SIZES),
                               "per_class": list(PER_CLASS)}
     tic = time.perf_counter()
-    raw = trained(STEMS[dataset]["raw"], seed, [], data_root)
-    obf = trained(STEMS[dataset]["labobf"], seed, [], data_root)
+    known = [f"attacks.0.known_per_class={KNOWN_PER_CLASS}"]
+    raw = trained(STEMS[dataset]["raw"], seed, known, data_root)
+    obf = trained(STEMS[dataset]["labobf"], seed, known, data_root)
     for aux in AUX_SIZES:
         record[f"r_upper_{aux}"] = attack(*raw, seed, aux, "attack")
         record[f"r_lower_{aux}"] = attack(*raw, seed, aux, "prior")
@@ -97,18 +86,13 @@ def study(dataset: str, seed: int, data_root: str | None) -> dict[str, Any]:
         record[f"adaptive_{aux}"] = attack(*obf, seed, aux, "adaptive")
     record["raw_acc"] = 100 * raw[0].history.epochs[-1]["test_accuracy"]
     for p in PER_CLASS:
-        run = trained(STEMS[dataset]["labobf"], seed, ["defenses.0.soft_labels=null", f"defenses.0.per_class={p}"],
-                      data_root)
+        run = trained(STEMS[dataset]["labobf"], seed,
+                      [*known, "defenses.0.soft_labels=null", f"defenses.0.per_class={p}"], data_root)
         record[f"acc_p{p}"] = 100 * run[0].history.epochs[-1]["test_accuracy"]
         record[f"labobf_p{p}"] = attack(*run, seed, 200, "attack")
         record[f"adaptive_p{p}"] = attack(*run, seed, 200, "adaptive")
     record["seconds"] = time.perf_counter() - tic
     return record
-
-
-def _cell(records: list[dict[str, Any]], key: str) -> str:
-    values = [r[key] for r in records]
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
 
 
 def tables(records: list[dict[str, Any]]) -> str:
@@ -139,16 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    records = []
-    for seed in args.seeds:
-        path = out / f"fig-{args.dataset}-s{seed}.json"
-        if not path.exists():
-            record = study(args.dataset, seed, args.data_root)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(record, indent=1))
-            tmp.replace(path)
-            sys.stderr.write(f"seed {seed}: {record['seconds']:.0f} s\n")
-        records.append(json.loads(path.read_text()))
+    records = [cached_record(out / f"fig-{args.dataset}-s{seed}.json",
+                             partial(study, args.dataset, seed, args.data_root)) for seed in args.seeds]
     sys.stdout.write(tables(records))
     return 0
 

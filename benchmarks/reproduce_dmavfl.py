@@ -30,6 +30,7 @@ from vflbench.attacks.base import victims_of
 from vflbench.defenses.detectors import urvfl_scrutinizer_terms
 from vflbench.experiment.config import build_config, load_config
 from vflbench.experiment.plan import validate_attacks, victim_features
+from vflbench.experiment.results import write_atomic
 from vflbench.experiment.run import TrainedRun
 from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
 from vflbench.experiment.scoring import score_features
@@ -283,9 +284,7 @@ def run_one(name: str, exp: Experiment, data_root: str, out: Path, threads: int 
         partial = {"name": name, "epochs_done": epoch + 1, "mse_curve": curve,
                    "test_accuracy": record.get("test_accuracy"), "seconds": time.perf_counter() - tic,
                    "detectors": detector_record(fed)}
-        tmp = out / f".{name}.partial.tmp"
-        tmp.write_text(json.dumps(partial))
-        tmp.replace(out / f"{name}.partial.json")
+        write_atomic(out / f"{name}.partial.json", json.dumps(partial))
 
     started = time.perf_counter()
     history = fed.fit(epochs=cfg.train.epochs, batch_size=cfg.train.batch_size,
@@ -721,9 +720,7 @@ def main() -> None:
             if (out / f"{name}.json").exists():
                 continue
             record = run_one(name, EXPERIMENTS[name], args.data_root, out, args.threads)
-            tmp = out / f".{name}.json.tmp"
-            tmp.write_text(json.dumps(record, indent=1))
-            tmp.replace(out / f"{name}.json")
+            write_atomic(out / f"{name}.json", json.dumps(record, indent=1))
             (out / f"{name}.partial.json").unlink(missing_ok=True)
     results = _load(out)
     text = ("DMAVFL Table 1 (MNIST, Credit) and the detector rows\n\n" + table(results)

@@ -39,6 +39,7 @@ from vflbench.attacks.label.mixmatch import MixMatchCompletion
 from vflbench.attacks.label.model_completion import ModelCompletion
 from vflbench.experiment.config import load_config
 from vflbench.experiment.plan import validate_attacks
+from vflbench.experiment.results import write_atomic
 from vflbench.experiment.run import train_run
 from vflbench.experiment.scenario import load_vertical_data
 from vflbench.experiment.scoring import score_inference
@@ -234,8 +235,7 @@ def run_one(stem: str, seed: int, out: Path, data_root: str | None, overrides: t
         record["seconds"] = time.perf_counter() - tic
     finally:
         torch.set_num_threads(previous)
-    out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1))
+    write_atomic(path, json.dumps(record, indent=1))
     return record
 
 
