@@ -6,6 +6,7 @@ import copy
 import hashlib
 import json
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +24,13 @@ AGGREGATIONS: dict[str, tuple[Aggregation, ...]] = {
     "vsnn": ("concat", "sum", "mean"),
 }
 DEFAULT_MODELS = {"vlr": ("logreg", "identity"), "vhnn": ("mlp2", "mlp2"), "vsnn": ("mlp2", "mlp2")}
+#: The widest bottom output a config may ask for (the same bound the network protocol checks): wider
+#: than any model of the papers (a flattened VGG/ResNet feature map is at most 65,536 values), small
+#: enough that a typo (an extra digit or three) fails here with a message instead of in the allocator.
+MAX_EMBED_DIM = 1 << 20
+#: Seeds are integers in [0, MAX_SEED]: what numpy's seeding accepts and what a results table's
+#: 64-bit integer column holds, with room to spare.
+MAX_SEED = 2**32 - 1
 
 
 class _Strict(BaseModel):
@@ -48,7 +56,8 @@ class ModelConfig(_Strict):
 
     bottom: str | None = Field(None, description="bottom model of every party (default per algorithm)")
     top: str | None = Field(None, description="top model (default per algorithm)")
-    embed_dim: int | None = Field(None, description="bottom output width (default 16; classes in VLR)")
+    embed_dim: int | None = Field(None, ge=1, le=MAX_EMBED_DIM,
+                                  description=f"bottom output width, 1..{MAX_EMBED_DIM} (default 16; classes in VLR)")
     bottom_options: dict[str, Any] = Field(default_factory=dict)
     top_options: dict[str, Any] = Field(default_factory=dict)
 
@@ -96,7 +105,7 @@ class ExperimentConfig(_Strict):
     defenses: list[ComponentSpec] = Field(default_factory=list)
     attacks: list[ComponentSpec] = Field(default_factory=list)
     baselines: list[Literal["vanilla", "alone"]] = Field(default_factory=list)
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED, description=f"the experiment seed, 0..{MAX_SEED}")
     sweep: dict[str, Any] | None = None
 
     @model_validator(mode="after")
@@ -153,6 +162,26 @@ def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None
     return None
 
 
+def _bounds_at(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[Any, Any]:
+    """The inclusive ``(lower, upper)`` bounds (``ge``/``le``) of the config field at ``loc``, ``None`` where
+    it has none."""
+    fields = _fields_at(model, loc[:-1])
+    if not fields or loc[-1] not in fields:
+        return None, None
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        annotation = current.model_fields[part].annotation
+        current = next(a for a in (annotation, *typing.get_args(annotation)) for a in (a, *typing.get_args(a))
+                       if isinstance(a, type) and issubclass(a, BaseModel))
+    lower = upper = None
+    for meta in current.model_fields[loc[-1]].metadata:
+        lower = getattr(meta, "ge", lower)
+        upper = getattr(meta, "le", upper)
+    return lower, upper
+
+
 def _explain(exc: ValidationError) -> ConfigError:
     lines = []
     for err in exc.errors():
@@ -165,10 +194,82 @@ def _explain(exc: ValidationError) -> ConfigError:
             lines.append(f"unknown key {where!r}; valid keys here are: {', '.join(valid)}{hint}")
         elif err["type"] == "missing":
             lines.append(f"missing required key {where!r}")
+        elif err["type"] in ("greater_than_equal", "less_than_equal") and None not in _bounds_at(ExperimentConfig, loc):
+            lower, upper = _bounds_at(ExperimentConfig, loc)
+            lines.append(f"{where} = {err['input']!r} is out of range; valid values are {lower} to {upper}")
         else:
             msg = err["msg"].removeprefix("Value error, ")
             lines.append(f"{where}: {msg}" if loc else msg)
     return ConfigError("invalid config: " + "; ".join(lines) + ".")
+
+
+class _DuplicateKey(yaml.YAMLError):
+    """A mapping key given twice (PyYAML would silently keep the last value)."""
+
+    def __init__(self, key: Any, first: int, second: int) -> None:
+        super().__init__(f"key {key!r} given twice")
+        self.key, self.first, self.second = key, first, second
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping."""
+
+
+def _unique_map(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> Iterator[dict[Any, Any]]:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: keys given here override the merged ones
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:  # PyYAML refuses an unhashable key itself
+            continue
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise _DuplicateKey(key, seen[key], line)
+        seen[key] = line
+    yield from yaml.SafeLoader.construct_yaml_map(loader, node)
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:map", _unique_map)
+
+
+def _first_indent_tab(text: str, last_line: int) -> tuple[int, int] | None:
+    """(line, column), 1-based, of the first tab in the indentation of lines 1..``last_line``."""
+    for number, line in enumerate(text.splitlines()[:last_line], start=1):
+        indent = line[: len(line) - len(line.lstrip(" \t"))]
+        if "\t" in indent:
+            return number, indent.index("\t") + 1
+    return None
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """Parse YAML ``text`` (from ``source``, named in errors) as ``yaml.safe_load`` does, but refuse a key
+    given twice in one mapping, and turn every parse error into a one-line :class:`ConfigError` that says
+    where it is (a tab in the indentation is named as such)."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{source}: the key {exc.key!r} is given twice in one section (lines {exc.first} and "
+                          f"{exc.second}); YAML would silently keep the last, so keep only one") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else len(text.splitlines())
+        column = mark.column + 1 if mark is not None else 1
+        tab = _first_indent_tab(text, line)
+        lines = text.splitlines()
+        if mark is not None and line <= len(lines) and column <= len(lines[line - 1]) \
+                and lines[line - 1][column - 1] == "\t":
+            tab = (line, column)
+        if tab is not None:
+            raise ConfigError(f"{source}: a tab character at line {tab[0]} col {tab[1]}; YAML indents with "
+                              "spaces") from None
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        context = " ".join(str(getattr(exc, "context", None) or "").split())
+        where = f" at line {line} col {column}" if mark is not None else ""
+        raise ConfigError(f"{source} is not valid YAML: {problem}{where}"
+                          + (f" ({context})" if context else "")) from None
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -179,7 +280,9 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not key.strip():
         raise ConfigError(f"--set {item!r} has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else None  # a SafeLoader
+    except _DuplicateKey as exc:
+        raise ConfigError(f"--set {item!r}: the key {exc.key!r} is given twice; keep only one") from None
     except yaml.YAMLError as exc:
         problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
         raise ConfigError(f"--set {item!r}: the value {raw!r} is not valid YAML ({problem}); quote a string "
@@ -230,9 +333,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig
     if not p.is_file():
         raise ConfigError(f"config file {p} does not exist")
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p} is not valid YAML: {exc}") from None
+        raw = load_yaml(p.read_text(), str(p)) or {}
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config file {p}: {exc.strerror if isinstance(exc, OSError) else exc}") \
             from None
