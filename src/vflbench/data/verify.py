@@ -10,15 +10,18 @@ from vflbench.data.files import check_files, resolve_root
 from vflbench.data.registry import DATASETS
 from vflbench.errors import DataError
 
-Status = Literal["ok", "missing", "corrupt", "embedded"]
+Status = Literal["ok", "unverified", "missing", "corrupt", "embedded"]
 
 
 @dataclass(frozen=True)
 class DatasetStatus:
     """Whether one registered dataset's files are present and intact.
 
-    ``status`` is ``"ok"`` (files present, published checksums match), ``"missing"`` (no root,
-    folder or file), ``"corrupt"`` (a checksum differs) or ``"embedded"`` (needs no files).
+    ``status`` is ``"ok"`` (files present, every file's published checksum matches),
+    ``"unverified"`` (files present and the published checksums match, but some files have no
+    published checksum: the message names them), ``"missing"`` (no root, folder or file; each
+    missing file is named once), ``"corrupt"`` (a checksum differs) or ``"embedded"`` (needs no
+    files).
     """
 
     name: str
@@ -55,5 +58,6 @@ def verify_datasets(root: str | Path | None, names: list[str] | None = None) -> 
             continue
         check = check_files(entry.name, base, folder, files, md5=entry.info.get("md5"),
                             sha256=entry.info.get("sha256"), source=entry.info.get("source", ""))
-        statuses.append(DatasetStatus(entry.name, check.status, check.message))
+        status: Status = "unverified" if check.status == "ok" and check.unchecked else check.status
+        statuses.append(DatasetStatus(entry.name, status, check.message))
     return statuses

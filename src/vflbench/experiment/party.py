@@ -358,12 +358,10 @@ def comm_from_dict(raw: Mapping[str, Any]) -> CommStats:
 
 
 def _save_models(models: Mapping[str, nn.Module], party: str, out_dir: Path) -> None:
+    from vflbench.experiment.results import save_torch_atomic
+
     for role, model in models.items():
-        path = out_dir / "checkpoints" / f"{party}.{role}.final.pt"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save(model.state_dict(), tmp)
-        tmp.replace(path)
+        save_torch_atomic(out_dir / "checkpoints" / f"{party}.{role}.final.pt", model.state_dict())
 
 
 def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir: Path | None = None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
@@ -112,19 +113,41 @@ def write_atomic(path: Path, text: str) -> None:
     The file gets the mode a plain ``open`` would give it (0666 less the user's umask), not the
     0600 of the temporary file it is written through.
     """
+    write_bytes_atomic(path, text.encode())
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same directory, renamed over ``path`` once
+    it is whole and on disk. Whatever stops the write (a full disk: ``OSError``; an interruption) removes the
+    temporary file and leaves ``path`` as it was, then propagates."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        if hasattr(os, "fchmod"):
-            os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            if hasattr(os, "fchmod"):
+                os.fchmod(fd, 0o666 & ~_umask())
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:
+            exc.filename = str(path)  # os.write's error names no file
         raise
+
+
+def save_torch_atomic(path: Path, obj: Any) -> None:
+    """``torch.save(obj)`` to ``path`` atomically (:func:`write_bytes_atomic`): serialised in memory first, so a
+    failed write is an ``OSError`` naming the file, not a serialiser's error, and leaves no partial file."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    write_bytes_atomic(path, buffer.getvalue())
 
 
 def _umask() -> int:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import json
 import logging
 import os
 import platform
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -23,7 +26,16 @@ from vflbench.data import VerticalData, aux_indices
 from vflbench.errors import ConfigError, DataError
 from vflbench.experiment.config import ExperimentConfig, build_config, check_components
 from vflbench.experiment.plan import AttackPlan, validate_attacks, wants_aux
-from vflbench.experiment.results import AttackResult, RunResult, Timing, UtilityResult, write_atomic, write_json
+from vflbench.experiment.results import (
+    AttackResult,
+    RunResult,
+    Timing,
+    UtilityResult,
+    save_torch_atomic,
+    write_atomic,
+    write_bytes_atomic,
+    write_json,
+)
 from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
 from vflbench.experiment.scoring import run_attacks
 from vflbench.metrics.scores import attack_leakage, leaks
@@ -65,6 +77,11 @@ def check_before_training(cfg: ExperimentConfig, vd: VerticalData, plan: AttackP
         raise ConfigError(f"train.metric 'auc' needs a binary task, but {cfg.data.name} has {vd.num_classes} "
                           "classes; use train.metric: accuracy")
     counts = torch.bincount(vd.y_train.long(), minlength=vd.num_classes)
+    present = counts.nonzero().flatten().tolist()
+    if len(present) < 2:
+        which = f"only class {present[0]}" if present else "no class"
+        raise DataError(f"the {len(vd.y_train)} training rows of {cfg.data.name} hold {which}; a classifier needs "
+                        "at least two classes (check the label column, or a data.train_size too small to hold two)")
     smallest = int(counts.min())
     for planned in plan.attacks:
         attack = planned.attack
@@ -128,11 +145,7 @@ def save_checkpoints(run: TrainedRun, directory: Path, tag: str = "final") -> No
     """Save every party's models (state dicts) under ``directory/checkpoints``."""
     for party in run.federation.parties():
         for role, model in party.models().items():
-            path = directory / "checkpoints" / f"{party.name}.{role}.{tag}.pt"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            torch.save(model.state_dict(), tmp)
-            tmp.replace(path)
+            save_torch_atomic(directory / "checkpoints" / f"{party.name}.{role}.{tag}.pt", model.state_dict())
 
 
 def save_embeddings(run: TrainedRun, directory: Path, n: int) -> None:
@@ -143,10 +156,9 @@ def save_embeddings(run: TrainedRun, directory: Path, n: int) -> None:
     ids = torch.arange(min(n, len(run.data.y_test)))
     with torch.no_grad():
         emb = party.forward(ids, epoch=-1, step=-1, split="test", train=False)
-    path = directory / "embeddings.npz"
-    tmp = directory / ".embeddings.tmp.npz"
-    np.savez(tmp, embedding=emb.numpy(), y=run.data.y_test[ids].numpy(), party=party.name)
-    tmp.replace(path)
+    buffer = io.BytesIO()
+    np.savez(buffer, embedding=emb.numpy(), y=run.data.y_test[ids].numpy(), party=party.name)
+    write_bytes_atomic(directory / "embeddings.npz", buffer.getvalue())
 
 
 def defense_details(run: TrainedRun, name: str) -> dict[str, Any]:
@@ -266,6 +278,35 @@ def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path |
     undefended = (_undefended_result(cfg, out_dir=out_dir, data_root=data_root)
                   if cfg.defenses and cfg.attacks else None)
     run_dir = out_dir / cfg.hash() if out_dir else None
+    fresh = run_dir is not None and not run_dir.exists()
+    try:
+        return _train_and_record(cfg, vd, attack_plan, undefended, run_dir=run_dir, progress=progress)
+    except OSError as exc:  # a full disk, a quota, a directory removed under us
+        raise unfinished_run_error(exc, run_dir, fresh=fresh) from None
+
+
+def unfinished_run_error(exc: OSError, run_dir: Path | None, *, fresh: bool) -> OSError:
+    """The error to raise when writing the run directory ``run_dir`` failed with ``exc``: a run directory this
+    run made (``fresh``) is removed, since a run directory without ``result.json`` is never a result (and a
+    sweep's ``--resume`` runs it again); one that existed before is left as it was and said so."""
+    what = f"{exc.strerror or exc}" + (f" while writing {exc.filename}" if exc.filename else "")
+    if run_dir is None:
+        return OSError(exc.errno, what)
+    if fresh:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        kept = f"the unfinished run directory {run_dir} was removed"
+    else:
+        kept = (f"{run_dir} existed before this run and was left in place; it has no new result.json, and files "
+                "this run rewrote before the failure may be newer than its result.json")
+    hint = "; free some space and run again" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    log.debug("writing the run directory failed", exc_info=exc)
+    return OSError(exc.errno, f"{what}; {kept}{hint}")
+
+
+def _train_and_record(cfg: ExperimentConfig, vd: VerticalData, attack_plan: AttackPlan,
+                      undefended: dict[str, Any] | None, *, run_dir: Path | None,
+                      progress: Progress | None) -> RunResult:
+    """Train ``cfg``, run its baselines and attacks, and write its run directory ``run_dir`` (if any)."""
     metrics_lines: list[str] = []
 
     def open_run_dir() -> None:
