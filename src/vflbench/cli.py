@@ -6,6 +6,7 @@ import inspect
 import json
 import logging
 import os
+import re
 import shlex
 import signal
 import sys
@@ -151,6 +152,10 @@ def run(
     from vflbench.experiment.run import run_experiment
 
     cfg = load_config(config, set_ or [])
+    if cfg.sweep is not None:
+        raise VFLBenchError(f"{config} has a sweep: section, and `vflbench run` runs one experiment; run the sweep "
+                            f"with: vflbench sweep {config} --out DIR (or remove the sweep: section to run the base "
+                            "config alone)")
     check_out_dir(out_dir)
     result = run_experiment(cfg, out_dir=out_dir, data_root=data_root, progress=RichProgress(err))
     out.print(_result_table(result))
@@ -202,6 +207,8 @@ def sweep(
     resume: Annotated[bool, typer.Option("--resume", help="skip runs whose result.json exists")] = False,
     workers: Annotated[int | None, typer.Option("--workers", help="parallel local processes")] = None,
     data_root: Annotated[Path | None, typer.Option("--data-root", help="datasets root")] = None,
+    force: Annotated[bool, typer.Option("--force", help="with --resume: continue even though the sweep's "
+                                                        "definition changed since it started")] = False,
 ) -> None:
     """Run every point of a sweep (cached by config hash) and write summary.csv and scores.csv."""
     from vflbench.experiment.config import load_config
@@ -210,17 +217,19 @@ def sweep(
     cfg = load_config(config, set_ or [])
     if workers is not None and workers < 1:
         raise VFLBenchError(f"--workers must be at least 1, got {workers}")
+    if force and not resume:
+        raise VFLBenchError("--force applies to --resume only (a sweep without --resume runs every point anyway)")
     check_out_dir(out_dir)
     progress = SweepProgress(err)
     try:
         table = run_sweep(cfg, out_dir, resume=resume, workers=workers,
                           data_root=str(data_root) if data_root else None,
-                          on_start=progress.start, on_done=progress.point_done)
+                          on_start=progress.start, on_done=progress.point_done, force=force)
     except (Interrupted, KeyboardInterrupt):
         progress.stop()
         again = shlex.join(["vflbench", "sweep", str(config), "--out", str(out_dir), "--resume",
                             *(a for s in set_ or [] for a in ("--set", s)),
-                            *(["--workers", str(workers)] if workers else [])])
+                            *(["--workers", str(workers)] if workers else []), *(["--force"] if force else [])])
         err.print(f"sweep interrupted; finished points are summarised in {out_dir / 'summary.csv'}. "
                   f"Resume with: {again}", highlight=False, soft_wrap=True)
         raise
@@ -375,17 +384,21 @@ def datasets_verify(
     data_root: Annotated[Path | None, typer.Option("--data-root", help="datasets root")] = None,
     names: Annotated[list[str] | None, typer.Argument(help="datasets to check (default: all)")] = None,
 ) -> None:
-    """Check that dataset files are present and match their published checksums."""
+    """Check that dataset files are present and match their published checksums. Exit status 1 when a file is
+    corrupt, or when a dataset named on the command line is missing."""
     from vflbench.data import verify_datasets
     from vflbench.data.files import resolve_root
 
     statuses = verify_datasets(resolve_root(data_root), names or None)
     table = Table("dataset", "status", "details")
     for s in statuses:
-        style = {"ok": "green", "embedded": "cyan", "missing": "yellow", "corrupt": "red"}.get(s.status, "")
+        style = {"ok": "green", "unverified": "yellow", "embedded": "cyan", "missing": "yellow",
+                 "corrupt": "red"}.get(s.status, "")
         table.add_row(s.name, f"[{style}]{s.status}[/{style}]", s.message)
     out.print(table)
-    if any(s.status == "corrupt" for s in statuses):
+    failed = [f"{s.name} is {s.status}" for s in statuses if s.status == "corrupt" or (names and s.status == "missing")]
+    if failed:
+        err.print(f"[bold red]error:[/bold red] {', '.join(failed)} (details above)", highlight=False)
         raise typer.Exit(1)
 
 
@@ -547,6 +560,17 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     raise Interrupted(signum)
 
 
+def _out_of_memory(exc: BaseException) -> str:
+    """A one-line message when ``exc`` is a failed memory allocation (Python's, or torch's allocator's), else ``""``."""
+    text = str(exc)
+    if not (isinstance(exc, MemoryError) or "can't allocate memory" in text or "out of memory" in text.lower()):
+        return ""
+    asked = re.search(r"tried to allocate (\d+) bytes", text)
+    size = f" ({int(asked.group(1)) / 1e9:,.1f} GB asked for)" if asked else ""
+    return (f"out of memory{size}; make the model smaller (model.embed_dim, the models' widths), the batches "
+            "(train.batch_size) or the data (data.train_size)")
+
+
 def main() -> None:
     """Console-script entry point: user errors print one paragraph and exit with status 2;
     SIGINT and SIGTERM exit with 130 and 143 after the command has stopped cleanly."""
@@ -562,6 +586,11 @@ def main() -> None:
     except OSError as exc:  # the environment refused (a full disk, a file removed under us): not a bug
         where = f" ({exc.filename})" if exc.filename else ""
         err.print(f"[bold red]error:[/bold red] {exc.strerror or exc}{where}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except (MemoryError, RuntimeError) as exc:
+        if not _out_of_memory(exc):
+            raise
+        err.print(f"[bold red]error:[/bold red] {_out_of_memory(exc)}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except Interrupted as exc:
         err.print(f"interrupted ({exc})", highlight=False)

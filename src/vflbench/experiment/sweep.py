@@ -4,6 +4,7 @@ config hash, resumable); collect the tidy results table and the privacy-utility 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import json
@@ -15,7 +16,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -33,7 +34,9 @@ from vflbench.experiment.config import (
     apply_override,
     build_config,
     check_components,
+    load_yaml,
 )
+from vflbench.experiment.lock import exclusive
 from vflbench.experiment.results import write_atomic
 from vflbench.metrics.scores import (
     NO_PROTECTION_SCORE,
@@ -50,6 +53,7 @@ from vflbench.metrics.scores import (
 
 log = logging.getLogger(__name__)
 RUNS = "runs"
+SWEEP_LOCK = ".sweep.lock"
 NO_DEFENSE = "none"
 ATTACK_TYPES = {"labels": "label_inference", "features": "feature_reconstruction"}
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -195,18 +199,24 @@ def _check_data(points: Sequence[SweepPoint], data_root: str | None) -> None:
 def run_sweep(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = False, data_root: str | None = None,
               workers: int | None = None, runner: Callable[[dict[str, Any], str, str | None], str] = _run_point,
               on_done: Callable[[SweepPoint], None] | None = None,
-              on_start: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+              on_start: Callable[[int, int], None] | None = None, force: bool = False) -> pd.DataFrame:
     """Run every point (skipping finished ones with ``resume``); write summary.csv and scores.csv.
 
     ``on_start(to_run, total)`` is called once before the first point runs and ``on_done(point)``
     after each point finishes. If the sweep is interrupted (Ctrl-C, a signal turned into an
     exception) or a point fails, the queued points are cancelled, the workers are ended, the
     summary of the points finished so far is written, and the exception propagates.
+
+    One sweep at a time writes into ``out_dir`` (a lock file, ``.sweep.lock``, names its pid; another
+    sweep there is refused). ``resume`` continues only the sweep that ``out_dir/sweep.yaml`` records:
+    a changed definition is refused, naming what changed, unless ``force``.
     """
     out = Path(out_dir)
     settings = sweep_settings(cfg)
     if workers is not None and workers < 1:
         raise ConfigError(f"workers must be at least 1, got {workers}")
+    if resume and not force:
+        check_same_definition(cfg, out)
     n_workers = workers or settings.workers
     # started before the checks below import torch here, so the fork server imports it meanwhile
     context = _worker_context() if settings.executor == "local" and n_workers > 1 else None
@@ -216,25 +226,83 @@ def run_sweep(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = Fals
     if settings.executor == "local":  # a cluster's workers may see datasets this machine does not
         _check_data(todo, data_root)
     out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "sweep.yaml", cfg.to_yaml())
-    log.info("sweep: %d points, %d to run, %d already done", len(points), len(todo), len(points) - len(todo))
-    if on_start is not None:
-        on_start(len(todo), len(points))
-    runs_dir = str(out / RUNS)
+    with exclusive(out / SWEEP_LOCK, busy=f"another sweep (pid {{pid}}) is writing into {out}; wait for it to "
+                                          "end, or give this one another --out"):
+        write_atomic(out / "sweep.yaml", cfg.to_yaml())
+        log.info("sweep: %d points, %d to run, %d already done", len(points), len(todo), len(points) - len(todo))
+        if on_start is not None:
+            on_start(len(todo), len(points))
+        runs_dir = str(out / RUNS)
+        try:
+            if settings.executor == "ray":
+                _run_ray(todo, runs_dir, data_root, on_done)
+            elif context is None:
+                for point in todo:
+                    runner(point.config.model_dump(mode="json"), runs_dir, data_root)
+                    if on_done is not None:
+                        on_done(point)
+            else:
+                _run_pool(todo, runs_dir, data_root, n_workers, runner, on_done, context)
+        except BaseException:
+            _collect_finished(out, points)
+            raise
+        return collect(out, points)
+
+
+#: What a sweep's section says about how to run its points, not which points it has.
+HOW_NOT_WHAT = ("workers", "executor")
+
+
+def _changes(before: Any, after: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """Where ``before`` and ``after`` differ: ``(dotted.path, old, new)`` at the deepest section (dicts by key,
+    lists of the same length by index) that holds the difference; ``_ABSENT`` for a key one side lacks."""
+    if before == after:
+        return []
+    if isinstance(before, dict) and isinstance(after, dict):
+        return [c for key in sorted(before.keys() | after.keys(), key=str)
+                for c in _changes(before.get(key, _ABSENT), after.get(key, _ABSENT), f"{path}.{key}" if path else key)]
+    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after) \
+            and all(isinstance(v, (dict, list)) for v in before + after):
+        return [c for i, (x, y) in enumerate(zip(before, after, strict=True)) for c in _changes(x, y, f"{path}.{i}")]
+    return [(path or "config", before, after)]
+
+
+def _definition(cfg: ExperimentConfig) -> dict[str, Any]:
+    raw = cfg.model_dump(mode="json")
+    for key in HOW_NOT_WHAT:
+        (raw.get("sweep") or {}).pop(key, None)
+    return raw
+
+
+def check_same_definition(cfg: ExperimentConfig, out: Path) -> None:
+    """Refuse to resume the sweep recorded in ``out/sweep.yaml`` with a different definition ``cfg`` (its
+    points, defenses, grid or seeds; ``sweep.workers`` and ``sweep.executor`` may change), naming what
+    changed. Resuming with another definition would run a new sweep beside the old one and overwrite the
+    old one's summary."""
+    stored = out / "sweep.yaml"
+    if not stored.is_file():
+        return
+    how = (f"to continue the sweep in {out}, resume it with its own definition (the config it was started "
+           f"with, as recorded in {stored}); to run this one, give a new --out, or add --force to continue in "
+           f"{out} with the new definition (finished points whose config is unchanged are reused; summary.csv "
+           "then describes the new sweep only)")
     try:
-        if settings.executor == "ray":
-            _run_ray(todo, runs_dir, data_root, on_done)
-        elif context is None:
-            for point in todo:
-                runner(point.config.model_dump(mode="json"), runs_dir, data_root)
-                if on_done is not None:
-                    on_done(point)
-        else:
-            _run_pool(todo, runs_dir, data_root, n_workers, runner, on_done, context)
-    except BaseException:
-        _collect_finished(out, points)
-        raise
-    return collect(out, points)
+        before = _definition(build_config(load_yaml(stored.read_text(), str(stored)) or {}))
+    except (VFLBenchError, OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--resume: cannot read the definition of the sweep in {out} ({exc}); {how}") from None
+    changed = _changes(before, _definition(cfg))
+    if changed:
+        def show(value: Any) -> str:
+            text = "(absent)" if value is _ABSENT else json.dumps(value)
+            return text if len(text) <= 60 else text[:57] + "..."
+
+        shown = "; ".join(f"{path}: {show(old)} -> {show(new)}" for path, old, new in changed[:4])
+        more = f"; and {len(changed) - 4} more" if len(changed) > 4 else ""
+        raise ConfigError(f"--resume: the sweep in {out} was started with another definition ({shown}{more}); "
+                          f"{how}")
+
+
+_ABSENT = object()
 
 
 def _collect_finished(out: Path, points: Sequence[SweepPoint]) -> None:
@@ -301,8 +369,27 @@ def _worker_context() -> multiprocessing.context.BaseContext:
         return get_context("spawn")
     context = get_context("forkserver")
     context.set_forkserver_preload(WORKER_PRELOAD)
-    multiprocessing.forkserver.ensure_running()
+    with _sigint_ignored_by_children():
+        multiprocessing.forkserver.ensure_running()
     return context
+
+
+@contextlib.contextmanager
+def _sigint_ignored_by_children() -> Iterator[None]:
+    """Start processes in this block with SIGINT ignored from their first instruction (an ignored signal stays
+    ignored across fork and exec, and Python then installs no handler of its own): the fork server, and every
+    worker it forks, never turn a Ctrl-C on the terminal into a ``KeyboardInterrupt`` traceback, not even while
+    the server still imports torch; this process handles the Ctrl-C. This process ignores SIGINT too while the
+    block runs (starting the fork server takes about 6 ms: a Ctrl-C in them is lost, and a second one works).
+    Only the main thread can change signal handlers; elsewhere the block does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
 
 
 def _longest_first(points: Sequence[SweepPoint]) -> list[SweepPoint]:
