@@ -114,6 +114,18 @@ def test_a_full_disk_during_run_is_one_line_and_leaves_nothing(tmp_path, cli, mo
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names a file descriptor's file through /proc")
+@pytest.mark.parametrize("target", ["result.json", "summary.csv"])
+def test_a_full_disk_during_a_sweep_has_no_traceback(tmp_path, cli, monkeypatch, target):
+    cfg = _write(tmp_path / "sweep.yaml", minimal(train={"epochs": 1}, sweep={"seeds": [0, 1]}))
+    monkeypatch.setattr(os, "write", _FullDisk(target))
+    proc = cli("sweep", str(cfg), "--out", str(tmp_path / "s"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("error: No space left on device")
+    assert not [p for p in (tmp_path / "s").rglob("*") if p.name.endswith(".tmp")]
+    assert not [p for p in (tmp_path / "s" / "runs").glob("*") if not (p / "result.json").is_file()]
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names a file descriptor's file through /proc")
 def test_a_full_disk_leaves_an_earlier_run_directory_in_place(tmp_path, cli, monkeypatch):
     cfg = _write(tmp_path / "exp.yaml", minimal(train={"epochs": 1}))
     assert cli("run", str(cfg), "--out", str(tmp_path / "runs")).returncode == 0

@@ -309,6 +309,9 @@ def _collect_finished(out: Path, points: Sequence[SweepPoint]) -> None:
     """Write the summary of the finished points after an interruption, without hiding its cause."""
     try:
         table = collect(out, points)
+    except OSError as exc:  # the same full disk that stopped a point: one line, the point's error follows
+        log.error("could not write the summary of the finished points: %s", exc.strerror or exc)
+        return
     except Exception:  # the interruption (or the failed point) is what the caller must see
         log.exception("could not write the summary of the finished points")
         return
