@@ -18,13 +18,20 @@ TORCH_INDEX_ARGS := $(if $(strip $(TORCH_INDEX)),--index-url $(TORCH_INDEX) --ex
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@echo "==> setting up $(VENV) (once; later runs skip this)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "==> [1/3] upgrading pip"
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	@echo "==> [2/3] installing $(TORCH), the CPU build: a large download that takes a few minutes and prints" \
+		"nothing until it is done"
 	$(BIN)/python -m pip install --quiet $(TORCH_INDEX_ARGS) "$(TORCH)"
+	@echo "==> [3/3] installing vflbench and its other dependencies (editable, extras dev, cluster, he, net)"
 	$(BIN)/python -m pip install --quiet -e ".[dev,cluster,he,net]"
-	touch $(STAMP)
+	@touch $(STAMP)
+	@echo "==> $(VENV) is ready"
 
 demo: $(STAMP)
+	@echo "==> training the demo: a 2-party VHNN on the embedded digits data, vs the active party alone"
 	$(BIN)/vflbench run configs/demo.yaml --out runs/demo
 
 test: $(STAMP)

@@ -216,3 +216,40 @@ def test_other_yaml_errors_are_one_line_with_their_place(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(cfg)
     assert "\n" not in str(info.value) and "is not valid YAML" in str(info.value) and "line 2 col" in str(info.value)
+
+
+# --- set-up ----------------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_the_readme_demo_table_is_what_the_demo_prints(tmp_path):
+    """The README showed 3 of the table's 6 columns."""
+    import re
+
+    from vflbench.cli import _result_table
+    from vflbench.experiment.run import run_experiment
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    block = readme.split("`make demo` prints this table", 1)[1].split("```", 2)[1]
+    result = run_experiment(load_config(root / "configs" / "demo.yaml"), out_dir=tmp_path)
+    table = _result_table(result)
+    header = next(line for line in block.splitlines() if line.startswith("┃"))
+    assert [c.strip() for c in header.strip("┃").split("┃")] == [str(c.header) for c in table.columns]
+    rows = {cells[0]: cells[1:] for line in block.splitlines() if line.startswith("│")
+            for cells in [[c.strip() for c in line.strip("│").split("│")]]}
+    printed = {str(table.columns[0]._cells[i]): [str(c._cells[i]) for c in table.columns[1:]]
+               for i in range(table.row_count)}
+    assert rows == printed
+    assert re.search(rf"run {result.config_hash} \(seed 0\)", block)
+
+
+@pytest.mark.skipif(not any((Path(d) / "make").is_file() for d in os.environ.get("PATH", "").split(os.pathsep)),
+                    reason="needs make")
+def test_make_demo_says_what_it_is_doing_before_each_long_step(tmp_path):
+    """`make demo` was silent for minutes while pip installed torch."""
+    root = Path(__file__).resolve().parents[1]
+    plan = subprocess.run(["make", "-n", "demo", f"VENV={tmp_path / 'venv'}"], cwd=root, capture_output=True,
+                          text=True, timeout=60).stdout.splitlines()
+    torch = next(i for i, line in enumerate(plan) if "pip install" in line and "torch==" in line)
+    assert any(line.startswith('echo "==> [2/3] installing torch') for line in plan[:torch])
+    assert any(line.startswith('echo "==> training the demo') for line in plan)
