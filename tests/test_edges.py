@@ -253,3 +253,30 @@ def test_make_demo_says_what_it_is_doing_before_each_long_step(tmp_path):
     torch = next(i for i, line in enumerate(plan) if "pip install" in line and "torch==" in line)
     assert any(line.startswith('echo "==> [2/3] installing torch') for line in plan[:torch])
     assert any(line.startswith('echo "==> training the demo') for line in plan)
+
+
+# --- swapping in a dataset: LabObf's attribute scaling -------------------------------------------------------------
+
+def test_labobf_warns_when_its_attribute_scaling_is_left_to_the_library_default(caplog):
+    """The reproduction configs append Algorithm 2's raw integer, the library's default rescales it: silently."""
+    from vflbench.experiment.config import build_config
+    from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
+
+    warnings = {}
+    for normalise in (None, True, False):
+        spec = {"name": "labobf"} if normalise is None else {"name": "labobf", "normalise": normalise}
+        cfg = build_config(minimal(data={"name": "breast_cancer"}, defenses=[spec]))
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="vflbench.defenses.labobf"):
+            build_federation(cfg, load_vertical_data(cfg), defenses=plan_defenses(cfg, ["passive_1"]))
+        warnings[normalise] = [r.getMessage() for r in caplog.records if "normalise is not set" in r.getMessage()]
+    assert warnings[True] == [] and warnings[False] == []
+    (message,) = warnings[None]
+    assert "the reproduction configs (configs/repro/labobf_*.yaml) append the raw integer 0..200" in message
+
+
+def test_every_labobf_config_says_how_it_scales_the_attribute():
+    root = Path(__file__).resolve().parents[1] / "configs"
+    specs = [(path.name, d) for path in sorted(root.rglob("*.yaml"))
+             for d in (yaml.safe_load(path.read_text()) or {}).get("defenses") or [] if d.get("name") == "labobf"]
+    assert specs and all("normalise" in d for _, d in specs), [name for name, d in specs if "normalise" not in d]
