@@ -280,3 +280,38 @@ def test_every_labobf_config_says_how_it_scales_the_attribute():
     specs = [(path.name, d) for path in sorted(root.rglob("*.yaml"))
              for d in (yaml.safe_load(path.read_text()) or {}).get("defenses") or [] if d.get("name") == "labobf"]
     assert specs and all("normalise" in d for _, d in specs), [name for name, d in specs if "normalise" not in d]
+
+
+# --- package habits -------------------------------------------------------------------------------------------------
+
+def test_the_package_ships_py_typed():
+    from importlib.resources import files
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    root = Path(__file__).resolve().parents[1]
+    assert (files("vflbench") / "py.typed").is_file()
+    data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["vflbench"]
+    assert "py.typed" in data
+
+
+def test_pre_commit_runs_what_ci_runs():
+    """The hooks run the Makefile's lint and typecheck commands (what .ci/run calls) and the format check."""
+    root = Path(__file__).resolve().parents[1]
+    hooks = yaml.safe_load((root / ".pre-commit-config.yaml").read_text())["repos"][0]["hooks"]
+    entries = {h["entry"] for h in hooks}
+    makefile = (root / "Makefile").read_text().splitlines()
+    for target in ("lint", "typecheck"):
+        recipe = makefile[makefile.index(f"{target}: $(STAMP)") + 1].strip()
+        assert recipe.replace("$(BIN)/", ".venv/bin/") in entries, (target, recipe, entries)
+    assert ".venv/bin/ruff format --check src tests benchmarks" in entries
+    assert all(h["pass_filenames"] is False and h["language"] == "system" for h in hooks)
+    assert "make lint typecheck" in (root / ".ci" / "run").read_text()
+
+
+def test_the_changelog_has_an_unreleased_section_and_the_current_version():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "CHANGELOG.md").read_text()
+    version = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings[0] == "## [Unreleased]" and any(h.startswith(f"## [{version}] - ") for h in headings)
