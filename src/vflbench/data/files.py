@@ -77,8 +77,8 @@ def check_files(
     base = root / folder
     missing = [f for f in files if not (base / f).is_file()]
     if missing:
-        present = f" ({len(files) - len(missing)} of its {len(files)} files are there)" if len(missing) < len(files) \
-            else ""
+        there = [f for f in files if f not in missing]
+        present = f" (present: {', '.join(there)})" if there else ""
         return FileCheck("missing", f"missing {', '.join(missing)} in {where}{present}{published}. {how}", base)
     checked = 0
     for algorithm, sums in (("md5", md5), ("sha256", sha256)):
@@ -88,7 +88,7 @@ def check_files(
                 return FileCheck(
                     "corrupt",
                     f"{base / name} is corrupt or a different version: {algorithm} {got}, "
-                    f"expected {want}{published}. {how}",
+                    f"expected {want}. {dataset} needs the files {', '.join(files)} in {where}{published}. {how}",
                     base,
                 )
             checked += 1
