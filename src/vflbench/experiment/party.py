@@ -41,11 +41,12 @@ violation ends the run with a :class:`~vflbench.net.errors.ProtocolError` naming
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,16 @@ def check_tensor(t: Tensor, *, sender: str, what: str, shape: tuple[int, ...] | 
     return t
 
 
+@contextlib.contextmanager
+def refusing(channel: NetChannel, sender: str) -> Iterator[None]:
+    """Checks of what ``sender`` sent: a :class:`ProtocolError` they raise is logged as this party's refusal and
+    re-raised naming both parties (:meth:`~vflbench.net.transport.NetChannel.refuse`)."""
+    try:
+        yield
+    except ProtocolError as exc:
+        raise channel.refuse(sender, str(exc)) from None
+
+
 def _nothing_else(message: Message, what: str) -> None:
     """Refuse tensors a message of this kind does not carry (a request whose content is all in its header)."""
     if message.payload.numel() or message.extra:
@@ -183,16 +194,18 @@ class OracleBottom(nn.Module):
     experimenter's ground truth, not a protocol step: it exists only when the run's plan grants it (and the passive
     party did not refuse), and the passive party logs every query it answers."""
 
-    def __init__(self, name: str, endpoint: Endpoint, *, width: int) -> None:
+    def __init__(self, name: str, endpoint: Endpoint, *, channel: NetChannel, width: int) -> None:
         super().__init__()
         self.name = name
         self.endpoint = endpoint
+        self.channel = channel
         self.width = width
 
     def forward(self, x: Tensor) -> Tensor:  # noqa: D102
         out = self.endpoint.call("passive.oracle_bottom", self.name, x, phase="eval").payload
-        return check_tensor(out, sender=self.name, what="its bottom model's outputs (passive.oracle_bottom)",
-                            shape=(len(x), self.width), dtypes=(torch.get_default_dtype(),))
+        with refusing(self.channel, self.name):
+            return check_tensor(out, sender=self.name, what="its bottom model's outputs (passive.oracle_bottom)",
+                                shape=(len(x), self.width), dtypes=(torch.get_default_dtype(),))
 
 
 class RemotePassive:
@@ -201,14 +214,15 @@ class RemotePassive:
     what the protocol expects (``width``: its embeddings' width; ``granted``: whether the scorer may query its
     bottom model, :class:`OracleBottom`)."""
 
-    def __init__(self, name: str, *, endpoint: Endpoint, transcript: Transcript, width: int,
+    def __init__(self, name: str, *, endpoint: Endpoint, channel: NetChannel, transcript: Transcript, width: int,
                  granted: bool = False) -> None:
         self.name = name
         self.endpoint = endpoint
+        self.channel = channel
         self.transcript = transcript
         self.data = None
         self.width = width
-        self.bottom = OracleBottom(name, endpoint, width=width) if granted else None
+        self.bottom = OracleBottom(name, endpoint, channel=channel, width=width) if granted else None
         self.defenses: list[Any] = []
         self.wire: list[dict[str, Any]] = []
         self._position = (-1, -1)
@@ -223,26 +237,30 @@ class RemotePassive:
         self._position = (epoch, step)
         reply = self.endpoint.call("passive.forward", self.name, ids=ids, epoch=epoch, step=step,
                                    phase="train" if train else "eval", meta={"split": split, "train": train})
-        return check_tensor(reply.payload, sender=self.name, what=f"an embedding of {len(ids)} rows",
-                            shape=(len(ids), self.width), dtypes=(torch.get_default_dtype(),))
+        with refusing(self.channel, self.name):
+            return check_tensor(reply.payload, sender=self.name, what=f"an embedding of {len(ids)} rows",
+                                shape=(len(ids), self.width), dtypes=(torch.get_default_dtype(),))
 
     def backward(self, gradient: Tensor) -> bool:
         """Send the cut gradient of the last forward; ``False`` if the remote party's defenses refused it."""
         epoch, step = self._position
         reply = self.endpoint.call("passive.backward", self.name, gradient, epoch=epoch, step=step)
         applied = reply.meta.get("applied")
-        if not isinstance(applied, bool):
-            raise ProtocolError(f"{self.name} answered passive.backward without a bool 'applied', got {applied!r}")
+        with refusing(self.channel, self.name):
+            if not isinstance(applied, bool) or reply.payload.numel() or reply.extra:
+                raise ProtocolError(f"{self.name} answered passive.backward with something else than a bool "
+                                    f"'applied' and no tensors, got {applied!r}")
         return applied
 
     def end_epoch(self, epoch: int) -> dict[str, object]:
         """The remote party's end-of-epoch report (its link counters at that point are kept in :attr:`wire`)."""
-        reply = from_bytes_tensor(self.endpoint.call("passive.end_epoch", self.name, epoch=epoch).payload,
-                                  sender=self.name, what=f"end-of-epoch report of epoch {epoch}")
-        if not isinstance(reply, dict) or set(reply) != {"report", "wire"} or not isinstance(reply["report"], dict):
-            raise ProtocolError(f"{self.name}'s end-of-epoch report must be an object with a 'report' object and its "
-                                f"'wire' counters, got {str(reply)[:200]}")
-        self.wire.append(_counts(reply["wire"], "end-of-epoch link counters", self.name))
+        payload = self.endpoint.call("passive.end_epoch", self.name, epoch=epoch).payload
+        with refusing(self.channel, self.name):
+            reply = from_bytes_tensor(payload, sender=self.name, what=f"end-of-epoch report of epoch {epoch}")
+            if not isinstance(reply, dict) or set(reply) != {"report", "wire"} or not isinstance(reply["report"], dict):
+                raise ProtocolError(f"{self.name}'s end-of-epoch report must be an object with a 'report' object and "
+                                    f"its 'wire' counters, got {str(reply)[:200]}")
+            self.wire.append(_counts(reply["wire"], "end-of-epoch link counters", self.name))
         return dict(reply["report"])
 
 
@@ -616,9 +634,13 @@ def _run_passive(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, 
 
     assert isinstance(local.data, PassiveData)
     endpoint = channel.endpoint(party)
-    embed_dim = endpoint.take("passive.setup", ACTIVE).meta.get("embed_dim")
-    if not isinstance(embed_dim, int) or isinstance(embed_dim, bool) or not 1 <= embed_dim <= 1 << 20:
-        raise ProtocolError(f"passive.setup must carry the bottom model's width as an int embed_dim, got {embed_dim!r}")
+    setup = endpoint.take("passive.setup", ACTIVE)
+    embed_dim = setup.meta.get("embed_dim")
+    with refusing(channel, ACTIVE):
+        _nothing_else(setup, "passive.setup")
+        if not isinstance(embed_dim, int) or isinstance(embed_dim, bool) or not 1 <= embed_dim <= 1 << 20:
+            raise ProtocolError(f"passive.setup must carry the bottom model's width as an int embed_dim, got "
+                                f"{embed_dim!r}")
     attacks = local.attacks
     passive = build_passive(cfg, local.data, defenses=local.defenses.passive[party], embed_dim=embed_dim,
                             link=channel.endpoint, keep=attacks.keep.get(party))
@@ -690,12 +712,13 @@ def _run_active(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, s
     refused: dict[Grant, str] = {}
     for p in fed.passives:  # while waiting, the active party answers the passive halves' set-up requests
         ready = endpoint.take("passive.ready", p.name)
-        refused.update(_refusals(ready, local.grants))
+        with refusing(channel, p.name):
+            refused.update(_refusals(ready, local.grants))
     if refused:  # not asked for at all: the scorer reports what it could not compute
         channel.grant([g for g in local.grants if g not in refused])
     log.info("active: %s ready; training", ", ".join(p.name for p in fed.passives))
     extra = attack_plan.extra_dims()
-    remotes = [RemotePassive(p.name, endpoint=endpoint, transcript=p.transcript,
+    remotes = [RemotePassive(p.name, endpoint=endpoint, channel=channel, transcript=p.transcript,
                              width=embed_dim + extra.get(p.name, 0),
                              granted=any(g.kind == "passive.oracle_bottom" and g.server == p.name and g not in refused
                                          for g in local.grants))
@@ -758,8 +781,9 @@ def _run_active(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, s
     reports = {}
     for remote in remotes:
         endpoint.post("passive.done", remote.name)
-        reports[remote.name] = _final_report(endpoint.take("passive.report", remote.name).payload, remote.name,
-                                             _positions(attack_plan, remote.name))
+        payload = endpoint.take("passive.report", remote.name).payload
+        with refusing(channel, remote.name):
+            reports[remote.name] = _final_report(payload, remote.name, _positions(attack_plan, remote.name))
     utility = utility_of(cfg, history)
     results: dict[int, AttackResult] = dict(zip(local.positions, found, strict=True))
     for report in reports.values():

@@ -612,6 +612,10 @@ class NetChannel:
                                               f"{', '.join(sorted(self._handlers)) or 'none'})")
         try:
             reply = handler(request)
+        except ProtocolError as exc:
+            if exc is self._failure:  # a failure of this party's links while the handler waited: not the request's
+                raise
+            raise self.refuse(request.sender, str(exc)) from None  # the handler's own check of the request
         except _MALFORMED as exc:
             log.debug("party %s: the %r handler failed on %s's request", self.name, request.kind, request.sender,
                       exc_info=True)
@@ -764,10 +768,12 @@ class NetChannel:
         if self._closed:
             return
         origin, epoch, step = self.name, *self._position
+        said = reason
         if isinstance(self._failure, PeerFailed):  # pass on the first failure, not this party's report of it
             failure = self._failure
             origin, epoch, step, reason = failure.origin, failure.epoch, failure.step, failure.reason
-        log.error("party %s aborts: %s", self.name, reason)
+            said = str(failure)
+        log.error("party %s aborts: %s", self.name, said)
         with self._cond:
             links = list(self._links.values())
         for link in links:
@@ -780,6 +786,10 @@ class NetChannel:
         for link in links:
             link.drained.wait(max(0.0, deadline - time.monotonic()))
             link.finished.wait(max(0.0, deadline - time.monotonic()))
+            if link.call is not None:  # a dialled link: the listener ends the call once it has read the last frame
+                ended = threading.Event()
+                link.call.add_done_callback(lambda _, ended=ended: ended.set())
+                ended.wait(max(0.0, deadline - time.monotonic()))
         with self._cond:
             self._closed = True
             self._cond.notify_all()
