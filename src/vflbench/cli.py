@@ -445,6 +445,9 @@ def party_run(
     bandwidth_mbit: Annotated[float | None, typer.Option("--bandwidth-mbit", help="shape the links to this bandwidth "
                                                                                "(Mbit/s)")] = None,
     latency_ms: Annotated[float | None, typer.Option("--latency-ms", help="and this one-way delay (ms)")] = None,
+    refuse_grants: Annotated[bool, typer.Option("--refuse-grants", help="(passive party) refuse the evaluation-only "
+                                                                        "queries of this party's bottom model that the "
+                                                                        "run's plan grants the scorer")] = False,
 ) -> None:
     """Run one party of an experiment (or VMask's dealer: --party dealer), talking to the others over mutual-TLS
     gRPC (VLR and VHNN, with defenses and attacks; each attack runs in its party's process; see docs/deployment.md)."""
@@ -472,7 +475,7 @@ def party_run(
                              shape=shape_profile(shape, bandwidth_mbit=bandwidth_mbit, latency_ms=latency_ms)))
     try:
         summary = run_party(cfg, party=party, channel=channel, out_dir=out_dir, data_root=data_root, resume=resume,
-                            stop_after=stop_after)
+                            stop_after=stop_after, refuse_grants=refuse_grants)
     except NetError as exc:
         err.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(3) from None

@@ -163,3 +163,17 @@ def test_the_launch_command_refuses_clearly(tmp_path, cli):
     proc = cli("launch", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2 and "cannot run VSNN" in proc.stderr
     assert not (tmp_path / "out").exists()  # refused before any process or directory
+
+
+def test_launch_passes_a_named_link_shape_by_name_so_net_json_records_its_source():
+    from vflbench.experiment.launch import _shape_options
+    from vflbench.net.linkmodel import LinkProfile, shape_profile
+
+    lan = shape_profile("lan")
+    assert lan is not None
+    options = _shape_options(lan)
+    assert options == ["--shape", "lan_836mbit"]
+    # what the party process makes of it: the profile with its source, not "shaped by hand"
+    again = shape_profile(options[1])
+    assert again == lan and again is not None and "836 Mbit/s" in again.as_dict()["source"]
+    assert _shape_options(LinkProfile(20.0, 10.0)) == ["--bandwidth-mbit", "20.0", "--latency-ms", "10.0"]

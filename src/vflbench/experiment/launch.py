@@ -28,7 +28,7 @@ from vflbench.experiment.config import ExperimentConfig
 from vflbench.experiment.party import check_party_config, party_names
 from vflbench.experiment.resume import check_resumable, committed_epoch
 from vflbench.experiment.run import undefended_config
-from vflbench.net.linkmodel import LinkProfile
+from vflbench.net.linkmodel import LINK_PROFILES, LinkProfile
 from vflbench.protocol.messages import ACTIVE, DEALER
 
 
@@ -122,8 +122,7 @@ def launch(cfg: ExperimentConfig, *, out_dir: Path, certs: Path | None = None, i
                     command += ["--data-root", str(data_root)]
                 command += ["--resume"] * resume + (["--stop-after", str(stop_after)] if stop_after else [])
                 if shape is not None:
-                    command += ["--bandwidth-mbit", repr(shape.bandwidth_mbit_s), "--latency-ms",
-                                repr(shape.latency_ms)]
+                    command += _shape_options(shape)
                 files[name] = (logs / f"{name}.log").open("wb")
                 procs[name] = subprocess.Popen(command, stdout=files[name], stderr=subprocess.STDOUT, env=env)
             failed = _wait(procs, timeout=timeout, grace=grace, started=tic)
@@ -148,6 +147,15 @@ def launch(cfg: ExperimentConfig, *, out_dir: Path, certs: Path | None = None, i
         return Launched(run_dir, {}, {}, seconds, stopped_after=stop_after)
     return Launched(run_dir, json.loads((run_dir / "result.json").read_text()),
                     json.loads((run_dir / "net.json").read_text()), seconds)
+
+
+def _shape_options(shape: LinkProfile) -> list[str]:
+    """The ``party run`` options that give a process ``shape``: a named profile by its name (so that ``net.json``
+    records its source), any other link by its numbers."""
+    name = next((key for key, profile in LINK_PROFILES.items() if profile == shape), None)
+    if name is not None:
+        return ["--shape", name]
+    return ["--bandwidth-mbit", repr(shape.bandwidth_mbit_s), "--latency-ms", repr(shape.latency_ms)]
 
 
 def _wait(procs: dict[str, subprocess.Popen[bytes]], *, timeout: float | None, grace: float,

@@ -29,6 +29,7 @@ from vflbench.errors import CompatibilityError, ConfigError
 from vflbench.experiment.config import ExperimentConfig
 from vflbench.experiment.scenario import DEFAULT_EMBED_DIM
 from vflbench.protocol import Federation, PassiveParty, StepState
+from vflbench.protocol.grants import Grant
 from vflbench.protocol.hooks import PartyHook
 from vflbench.protocol.messages import ACTIVE, passive_index, passive_names
 from vflbench.rng import generator
@@ -168,6 +169,24 @@ class AttackPlan:
             if extra:
                 out[planned.attack.party] = out.get(planned.attack.party, 0) + extra
         return out
+
+    def grants(self) -> list[Grant]:
+        """The evaluation-only queries the scoring of these attacks needs between parties in separate processes
+        (:mod:`vflbench.protocol.grants`): the victims' real bottom models for a feature attack of the active party
+        (its shadow's embedding errors), the active party's VMask shares for VMask weight recovery (its
+        reconstruction errors). Nothing else is granted."""
+        from vflbench.attacks.label.vmask_recovery import VMaskWeightRecovery
+
+        wanted: dict[tuple[str, str, str], list[str]] = {}
+        for planned in self.attacks:
+            attack = planned.attack
+            if attack.target == "features" and attack.party == ACTIVE:
+                for victim in victims_of(attack):
+                    wanted.setdefault(("passive.oracle_bottom", victim, ACTIVE), []).append(attack.name)
+            if isinstance(attack, VMaskWeightRecovery) and attack.party != ACTIVE:
+                wanted.setdefault(("vmask.oracle", ACTIVE, attack.party), []).append(attack.name)
+        return [Grant(kind, server, client, tuple(dict.fromkeys(names)))
+                for (kind, server, client), names in wanted.items()]
 
     def prepare(self, fed: Federation) -> None:
         """Install each attack on its own party before training."""

@@ -61,7 +61,11 @@ class Timing:
 
 @dataclass
 class RunResult:
-    """Everything ``result.json`` records for one run."""
+    """Everything ``result.json`` records for one run.
+
+    ``grants``: the evaluation-only queries between parties that the run's plan granted for scoring its attacks
+    (:class:`~vflbench.protocol.grants.Grant` records, with who refused one); left out of ``result.json`` when
+    there are none."""
 
     config_hash: str
     seed: int
@@ -72,10 +76,14 @@ class RunResult:
     timing: Timing
     comm: dict[str, int]
     baselines: dict[str, Any] = field(default_factory=dict)
+    grants: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        return asdict(self)
+        out = asdict(self)
+        if not out["grants"]:
+            del out["grants"]
+        return out
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> RunResult:

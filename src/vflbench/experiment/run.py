@@ -360,6 +360,7 @@ def _train_and_record(cfg: ExperimentConfig, vd: VerticalData, attack_plan: Atta
         timing=Timing(run.train_seconds, run.history.epoch_seconds, attack_seconds),
         comm=comm.as_dict(),
         baselines=baselines,
+        grants=[g.as_dict() for g in attack_plan.grants()],
     )
     if run_dir is not None:
         write_json(run_dir / "result.json", result.to_dict())

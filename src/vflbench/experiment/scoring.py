@@ -168,8 +168,13 @@ def score_features(inf: FeatureInference, run: TrainedRun, victims: Sequence[str
         assert reference is not None
         guess = reference.float().mean(0, keepdim=True).expand_as(truth).contiguous()
         details["prior_ssim"] = float(ssim(guess, truth, data_range=1.0).mean())
-    if inf.shadow is not None:
-        parties = {p.name: p for p in run.federation.passives}
+    parties = {p.name: p for p in run.federation.passives}
+    withheld = [v for v in victims if inf.shadow is not None and parties[v].bottom is None]
+    if withheld:  # a victim in its own process refused the evaluation-only query of its bottom model
+        why = f"{', '.join(withheld)} refused evaluation-only queries of its bottom model (passive.oracle_bottom)"
+        details["not_computed"] = {"emb_mse": why, "emb_cos": why}
+        log.warning("feature attack scores emb_mse and emb_cos not computed: %s", why)
+    elif inf.shadow is not None:
         inf.shadow.eval()
         real = torch.cat([_embed(parties[v], x) for v, x in zip(victims, truth.split(widths, -1), strict=True)], 1)
         est = torch.cat([inf.shadow(truth[i : i + EVAL_BATCH]) for i in range(0, len(truth), EVAL_BATCH)])

@@ -511,27 +511,106 @@ def _run_pool(todo: Sequence[SweepPoint], runs_dir: str, data_root: str | None, 
 
 def _run_ray(points: Sequence[SweepPoint], runs_dir: str, data_root: str | None,
              on_done: Callable[[SweepPoint], None] | None = None) -> None:
-    """Run the points as Ray tasks (one CPU each) on the Ray instance this process is connected to,
-    or on a new local one; an interruption or a failed point cancels the tasks still queued."""
+    """Run the points as Ray tasks (one CPU each) on the Ray cluster this process is connected to (``RAY_ADDRESS``),
+    or on a new local instance; an interruption or a failed point cancels the tasks still queued.
+
+    Nothing is shared through a filesystem: each task runs its point in a temporary directory of whichever node Ray
+    chose (:func:`_run_point_shipped`) and returns the files it wrote, which this process (the driver) writes into
+    ``runs_dir`` atomically, ``result.json`` last. A defended point with attacks reports its attacks' leakage
+    without the defenses, so its undefended reference runs first (a task of its own when it is not a point of the
+    sweep) and its ``result.json`` travels with the point. What a worker node needs: the same vflbench and the
+    datasets under ``data_root`` (or its own ``VFLBENCH_DATA``); see docs/deployment.md."""
     try:
         import ray
     except ImportError:
         raise ConfigError("sweep.executor 'ray' needs Ray: pip install 'vflbench[cluster]'") from None
+    from vflbench.experiment.run import undefended_config
+
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
-    remote = ray.remote(num_cpus=1)(_run_point)
-    pending = {remote.remote(p.config.model_dump(mode="json"), runs_dir, data_root): p for p in points}
+    remote = ray.remote(num_cpus=1)(_run_point_shipped)
+    runs = Path(runs_dir)
+
+    def reference(cfg: ExperimentConfig) -> str | None:
+        return undefended_config(cfg).hash() if cfg.defenses and cfg.attacks else None
+
+    waiting: dict[str, list[SweepPoint]] = {}
+    first: list[SweepPoint] = []
+    for point in points:
+        ref = reference(point.config)
+        if ref is None or (runs / ref / "result.json").is_file():
+            first.append(point)
+        else:
+            waiting.setdefault(ref, []).append(point)
+    hashes = {p.hash for p in points}
+    extra = {ref: undefended_config(later[0].config) for ref, later in waiting.items() if ref not in hashes}
+    pending: dict[Any, tuple[str, SweepPoint | None]] = {}
+
+    def submit(cfg: ExperimentConfig, point: SweepPoint | None) -> None:
+        ref = reference(cfg)
+        given = {f"{ref}/result.json": (runs / ref / "result.json").read_bytes()} if ref is not None else {}
+        pending[remote.remote(cfg.model_dump(mode="json"), data_root, given)] = (cfg.hash(), point)
+
+    for point in first:
+        submit(point.config, point)
+    for cfg in extra.values():
+        submit(cfg, None)
     try:
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
-            point = pending.pop(ready[0])
-            ray.get(ready[0])
-            if on_done is not None:
-                on_done(point)
+            done, finished = pending.pop(ready[0])
+            _write_run_files(runs, ray.get(ready[0]))
+            if finished is not None and on_done is not None:
+                on_done(finished)
+            for later in waiting.pop(done, []):  # its undefended reference is on the driver's disk now
+                submit(later.config, later)
     except BaseException:
         for ref in pending:
             ray.cancel(ref, force=True)
         raise
+
+
+def _run_point_shipped(config: dict[str, Any], data_root: str | None, given: dict[str, bytes]) -> dict[str, bytes]:
+    """A Ray task: run one point in a temporary runs directory on this node, after placing the files ``given`` there
+    (an undefended reference's ``result.json``, by path relative to the runs directory), and return every file the
+    run wrote (not the given ones, nor lock or temporary files), by the same relative paths."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="vflbench-point-") as tmp:
+        runs = Path(tmp) / RUNS
+        for rel, data in given.items():
+            path = runs / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        _run_point(config, str(runs), data_root)
+        return {rel: path.read_bytes() for path in sorted(runs.rglob("*"))
+                if path.is_file() and not path.name.startswith(".")
+                and (rel := path.relative_to(runs).as_posix()) not in given}
+
+
+def _write_run_files(runs: Path, files: dict[str, bytes]) -> None:
+    """Write the files a Ray task returned under ``runs``, each atomically, every ``result.json`` last (a run counts
+    as done once it is there)."""
+    import tempfile
+
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for rel in sorted(files, key=lambda r: (r.endswith("/result.json"), r)):
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            raise VFLBenchError(f"a sweep task returned a file outside its runs directory: {rel!r}")
+        path = runs / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            os.fchmod(fd, 0o666 & ~umask)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(files[rel])
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def _defense_label(defenses: list[dict[str, Any]]) -> str:
