@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import TypeVar
@@ -37,7 +38,7 @@ def init_parameters(model: ModuleT, generator: torch.Generator) -> ModuleT:
                 if m.bias is not None:
                     fan_in, _ = nn.init._calculate_fan_in_and_fan_out(m.weight)
                     bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
-                    fill_(m.bias, lambda t, b=bound: nn.init.uniform_(t, -b, b, generator=generator))
+                    fill_(m.bias, functools.partial(nn.init.uniform_, a=-bound, b=bound, generator=generator))
             elif isinstance(m, nn.Embedding):
                 fill_(m.weight, lambda t: nn.init.normal_(t, generator=generator))
                 if m.padding_idx is not None:

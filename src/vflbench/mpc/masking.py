@@ -58,12 +58,13 @@ class MaskableLayer(nn.Module):
 
     def plain(self, weight: Tensor, bias: Tensor | None) -> nn.Linear | nn.Conv2d:
         """A plaintext layer of this shape carrying ``weight`` and ``bias`` (on their device, in their dtype)."""
-        where = {"device": weight.device, "dtype": weight.dtype}
+        device, dtype = weight.device, weight.dtype
         if self.conv:
             c_in, c_out, k = self.shape
-            layer: nn.Linear | nn.Conv2d = nn.Conv2d(c_in, c_out, k, bias=bias is not None, **self.config, **where)
+            layer: nn.Linear | nn.Conv2d = nn.Conv2d(c_in, c_out, k, bias=bias is not None, **self.config,
+                                                     device=device, dtype=dtype)
         else:
-            layer = nn.Linear(self.shape[0], self.shape[1], bias=bias is not None, **where)
+            layer = nn.Linear(self.shape[0], self.shape[1], bias=bias is not None, device=device, dtype=dtype)
         with torch.no_grad():
             layer.weight.copy_(weight)
             if bias is not None and layer.bias is not None:
