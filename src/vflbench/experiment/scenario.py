@@ -167,8 +167,8 @@ def embed_dim_of(cfg: ExperimentConfig, out_dim: int) -> int:
 
 
 def _binder(cfg: ExperimentConfig, *, num_classes: int, num_parties: int, active_has_features: bool,
-            link: Callable[[str], Endpoint],
-            aux: Callable[[Defense, str], DefenseAux | None]) -> Callable[[Defense, str], None]:
+            link: Callable[[str], Endpoint], aux: Callable[[Defense, str], DefenseAux | None],
+            device: torch.device) -> Callable[[Defense, str], None]:
     """Bind a defense instance at a party (the same context in one process and in a party's own process)."""
     t, seed = cfg.train, cfg.seed
     assert t.aggregation
@@ -181,7 +181,7 @@ def _binder(cfg: ExperimentConfig, *, num_classes: int, num_parties: int, active
                            generator(seed, "defense", d.name, party), generator(seed, "defense", d.name, "shared"),
                            link=link(party), train=settings, aggregation=t.aggregation,
                            active_has_features=active_has_features, model_completion=completion,
-                           aux=aux(d, party), device=resolve_device(t.device)))
+                           aux=aux(d, party), device=device))
 
     return bind
 
@@ -219,7 +219,7 @@ def build_passive(cfg: ExperimentConfig, data: PassiveData, *, defenses: Sequenc
     if cfg.train.algorithm == "vsnn":
         raise ConfigError("a passive party's own process is not built for VSNN (the active party holds no features)")
     bind = _binder(cfg, num_classes=data.num_classes, num_parties=data.holders, active_has_features=True,
-                   link=link, aux=lambda d, party: None)
+                   link=link, aux=lambda d, party: None, device=data.part.x_train.device)
     return _passive_party(cfg, data.name, data.part, defenses=defenses, active_defenses=(), embed_dim=embed_dim,
                           bind=bind, transcript=Transcript(data.name, keep or ()))
 
@@ -227,7 +227,8 @@ def build_passive(cfg: ExperimentConfig, data: PassiveData, *, defenses: Sequenc
 def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: DefensePlan | None = None,
                      alone: bool = False, keep: dict[str, set[str]] | None = None,
                      extra_dims: dict[str, int] | None = None, held_out: Tensor | None = None,
-                     links: Callable[[str], Endpoint] | None = None, remote_passives: bool = False) -> Federation:
+                     links: Callable[[str], Endpoint] | None = None, remote_passives: bool = False,
+                     device: torch.device | None = None) -> Federation:
     """Build the parties of ``cfg`` over ``vd`` (``alone``: the active party by itself).
 
     ``extra_dims`` widens a party's uploaded embedding (a malicious passive party appending
@@ -243,11 +244,14 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
     a placeholder holding no data, model or optimizer (the process puts its stand-in there), and its bottom model
     is built only as an architecture from its slice's layout, for the active party's defenses to look at
     (VMask's shadow architecture, an information bottleneck's widths), then dropped.
+
+    Everything is built on ``device`` (default: ``train.device``): the data is moved there (a no-op when it is there
+    already), every model is seeded on the CPU and moved there, and each defense is told it in its bind context.
     """
     cfg = cfg.resolved()
     m, t, seed = cfg.model, cfg.train, cfg.seed
     assert m.bottom and m.top and t.aggregation
-    device = resolve_device(t.device)
+    device = resolve_device(t.device) if device is None else device
     vd = vd.to(device)  # a no-op when the run moved it already (once, after loading)
     keep = keep or {}
     passive_slices = () if alone else vd.passive
@@ -275,7 +279,8 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
                           x={n: part.train_rows(ids) for n, part in zip(names, passive_slices, strict=True)})
 
     bind = _binder(cfg, num_classes=vd.num_classes, num_parties=holders + (vd.active is None),
-                   active_has_features=vd.active is not None, link=links or channel.endpoint, aux=defense_aux)
+                   active_has_features=vd.active is not None, link=links or channel.endpoint, aux=defense_aux,
+                   device=device)
     for d in plan.active:
         bind(d, ACTIVE)
         objective = d.transform_labels(objective)

@@ -84,7 +84,7 @@ class DirectionScoring(_CutGradientAttack):
 
     def infer(self, view: PartyView) -> LabelInference:  # noqa: D102
         assert view.known is not None
-        positives = view.known.ids[view.known.labels == 1]
+        positives = view.known.ids[(view.known.labels == 1).cpu()]  # row ids are CPU tensors
         reference: Tensor | None = None
         batches = []
         for ids, g in self.messages(view):
