@@ -359,11 +359,13 @@ def comm_from_dict(raw: Mapping[str, Any]) -> CommStats:
 
 
 def _save_models(models: Mapping[str, nn.Module], party: str, out_dir: Path) -> None:
+    from vflbench.experiment.run import cpu_state_dict
+
     for role, model in models.items():
         path = out_dir / "checkpoints" / f"{party}.{role}.final.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        torch.save(model.state_dict(), tmp)
+        torch.save(cpu_state_dict(model), tmp)
         tmp.replace(path)
 
 

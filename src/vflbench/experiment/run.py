@@ -127,14 +127,19 @@ def environment(threads: int, device: torch.device | None = None) -> dict[str, A
             "cuda": torch.version.cuda}
 
 
+def cpu_state_dict(model: torch.nn.Module) -> dict[str, Any]:
+    """``model``'s state dict with its tensors copied to the CPU: a checkpoint written on a GPU loads anywhere."""
+    return {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in model.state_dict().items()}
+
+
 def save_checkpoints(run: TrainedRun, directory: Path, tag: str = "final") -> None:
-    """Save every party's models (state dicts) under ``directory/checkpoints``."""
+    """Save every party's models (state dicts, on the CPU) under ``directory/checkpoints``."""
     for party in run.federation.parties():
         for role, model in party.models().items():
             path = directory / "checkpoints" / f"{party.name}.{role}.{tag}.pt"
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
-            torch.save(model.state_dict(), tmp)
+            torch.save(cpu_state_dict(model), tmp)
             tmp.replace(path)
 
 
