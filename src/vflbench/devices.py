@@ -5,9 +5,10 @@ is set (one of the other choices), else ``cuda`` when ``torch.cuda.is_available(
 
 What runs where (docs/decisions.md, "Devices"): every model, activation, gradient, label and feature
 tensor of a run, and VMask's ring arithmetic, live on the chosen device; row ids (batch orders, auxiliary
-sets) stay on the CPU, as do every ``torch.Generator``: random tensors are drawn on the CPU and then moved
-(:func:`vflbench.rng.to_like`), so draws and initial weights are bit-identical on every device. Paillier's
-big-integer arithmetic runs on the CPU (its layers move tensors there and back).
+sets) stay on the CPU, as does every ``torch.Generator``: random tensors are drawn on the CPU and then moved
+(``.to(x.device)``; :func:`vflbench.rng.fill_` for initialisers), so draws and initial weights are
+bit-identical on every device. Paillier's big-integer arithmetic runs on the CPU (its layers move tensors
+there and back).
 """
 
 from __future__ import annotations

@@ -28,15 +28,6 @@ def generator(seed: int, *names: str | int) -> torch.Generator:
     return torch.Generator().manual_seed(derive_seed(seed, *names))
 
 
-def to_like(drawn: Tensor, like: Tensor | torch.device | None) -> Tensor:
-    """``drawn`` (a tensor drawn on the CPU from a CPU generator) moved to ``like``'s device (or to the
-    device ``like``). Generators stay on the CPU and draws are moved, never made on the device: the
-    draws are then the same, bit for bit, on every device (docs/decisions.md, "Devices")."""
-    if like is None:
-        return drawn
-    return drawn.to(like.device if isinstance(like, Tensor) else like)
-
-
 def fill_(tensor: Tensor, fill: Callable[[Tensor], object]) -> Tensor:
     """Fill ``tensor`` in place with ``fill`` (an in-place initialiser that draws from a CPU generator, e.g.
     ``lambda t: nn.init.normal_(t, generator=g)``), drawing on the CPU and copying in when ``tensor``
