@@ -316,7 +316,8 @@ def summary_text(report: dict[str, Any]) -> str:
     for name in PARTS:
         part = report["parts"].get(name, {})
         status = part.get("status", "not run")
-        lines.append(f"\n[{name}] {status} ({part.get('seconds', 0):.0f} s of {part.get('budget', 0):.0f})")
+        timing = f" ({part['seconds']:.0f} s of {part['budget']:.0f})" if "seconds" in part else ""
+        lines.append(f"\n[{name}] {status}{timing}")
         result = part.get("result") or {}
         if name == "device" and result:
             lines.append(f"  {result.get('device')}, torch {result.get('torch')}, CUDA {result.get('cuda')}")
@@ -394,7 +395,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     late = [p for p in ("dmavfl", "tests") if p in chosen and runnable[p]]
     procs: dict[str, tuple[subprocess.Popen, float, float]] = {}
     test_log = out / "tests.log"
-    log_file = open(test_log, "w")  # closed once the suite has ended
+    log_file = open(test_log, "w") if "tests" in late else None  # closed once the suite has ended
     for name in late:
         if args.serial and procs:
             done = _wait(procs)
@@ -406,7 +407,8 @@ def orchestrate(args: argparse.Namespace) -> int:
         proc = _start(cmd, env, log=log_file if name == "tests" else None)
         procs[name] = (proc, time.monotonic(), time.monotonic() + left)
     finished = _wait(procs)
-    log_file.close()
+    if log_file is not None:
+        log_file.close()
     for name, (rc, seconds) in finished.items():
         proc = procs[name][0]
         if name == "tests":
