@@ -322,8 +322,8 @@ def run_one(name: str, exp: Experiment, data_root: str, out: Path, threads: int 
         part = vd.passive[0]
         if part.kind == "image":
             rows = inference.ids[:GRID]
-            np.savez(out / f"{name}.npz", ids=rows.numpy(), victim=part.x_test[rows].numpy(),
-                     recon=inference.features[:GRID].detach().numpy(), own=vd.active.x_test[rows].numpy())
+            np.savez(out / f"{name}.npz", ids=rows.numpy(), victim=part.x_test[rows].cpu().numpy(),
+                     recon=inference.features[:GRID].detach().cpu().numpy(), own=vd.active.x_test[rows].cpu().numpy())
     record["seconds"] = time.perf_counter() - tic
     record["loadavg"] = os.getloadavg()
     return record

@@ -195,7 +195,7 @@ def mc_logit_check(directory: Path, out: Path, data_root: str | None) -> list[st
         bias = next(v for k, v in state.items() if k.endswith("bias"))
         vd = load_vertical_data(cfg.resolved(), data_root)
         logits = (vd.passive[0].x_test.flatten(1) @ weight.T + bias).squeeze(1)
-        auc = roc_auc_score(vd.y_test.numpy(), logits.double().numpy())
+        auc = roc_auc_score(vd.y_test.cpu().numpy(), logits.double().cpu().numpy())
         prior = raw["attacks"][0]["prior"]
         lines.append(f"| {NAMES[row['defense']]} | {_strength(row['strength'])} | {row['seed']} | "
                      f"{100 * row['attack_value']:.1f} | {100 * auc:.1f} | {100 * prior:.1f} | "

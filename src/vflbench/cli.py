@@ -140,17 +140,24 @@ def _result_table(result: Any) -> Table:
     return table
 
 
+def with_device(set_: list[str] | None, device: str | None) -> list[str]:
+    """The ``--set`` overrides with ``--device`` appended as ``train.device=...`` (its shorthand)."""
+    return [*(set_ or []), *([f"train.device={device}"] if device is not None else [])]
+
+
 @app.command()
 def run(
     config: Annotated[Path, typer.Argument(help="experiment YAML")],
     set_: Annotated[list[str] | None, typer.Option("--set", help="override, e.g. train.epochs=5")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="directory for run directories")] = Path("runs"),
     data_root: Annotated[Path | None, typer.Option("--data-root", help="datasets root")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N (train.device)")] = None,
 ) -> None:
     """Train and evaluate one experiment; write OUT/<config hash>/result.json."""
     from vflbench.experiment.config import load_config
     from vflbench.experiment.run import run_experiment
 
+    set_ = with_device(set_, device)
     cfg = load_config(config, set_ or [])
     if cfg.sweep is not None:
         raise VFLBenchError(f"{config} has a sweep: section, and `vflbench run` runs one experiment; run the sweep "
@@ -209,11 +216,13 @@ def sweep(
     data_root: Annotated[Path | None, typer.Option("--data-root", help="datasets root")] = None,
     force: Annotated[bool, typer.Option("--force", help="with --resume: continue even though the sweep's "
                                                         "definition changed since it started")] = False,
+    device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N (train.device)")] = None,
 ) -> None:
     """Run every point of a sweep (cached by config hash) and write summary.csv and scores.csv."""
     from vflbench.experiment.config import load_config
     from vflbench.experiment.sweep import run_sweep
 
+    set_ = with_device(set_, device)
     cfg = load_config(config, set_ or [])
     if workers is not None and workers < 1:
         raise VFLBenchError(f"--workers must be at least 1, got {workers}")
@@ -448,6 +457,7 @@ def party_run(
     refuse_grants: Annotated[bool, typer.Option("--refuse-grants", help="(passive party) refuse the evaluation-only "
                                                                         "queries of this party's bottom model that the "
                                                                         "run's plan grants the scorer")] = False,
+    device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N (train.device)")] = None,
 ) -> None:
     """Run one party of an experiment (or VMask's dealer: --party dealer), talking to the others over mutual-TLS
     gRPC (VLR and VHNN, with defenses and attacks; each attack runs in its party's process; see docs/deployment.md)."""
@@ -460,7 +470,7 @@ def party_run(
                             "pip install 'vflbench[net]'") from None
     from vflbench.experiment.config import load_config
 
-    cfg = load_config(config, set_ or []).resolved()
+    cfg = load_config(config, with_device(set_, device)).resolved()
     check_party_config(cfg)
     addresses = {}
     for item in address:
@@ -506,6 +516,7 @@ def launch(
     bandwidth_mbit: Annotated[float | None, typer.Option("--bandwidth-mbit", help="shape the links to this bandwidth "
                                                                                "(Mbit/s)")] = None,
     latency_ms: Annotated[float | None, typer.Option("--latency-ms", help="and this one-way delay (ms)")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N (train.device)")] = None,
 ) -> None:
     """Run every party (and VMask's dealer) as its own local process over loopback mutual-TLS gRPC; the active party
     writes OUT/<config hash>/result.json, as `vflbench run` does, and net.json (time per epoch, traffic, projection
@@ -518,7 +529,7 @@ def launch(
     from vflbench.experiment.config import load_config
     from vflbench.experiment.results import RunResult
 
-    cfg = load_config(config, set_ or [])
+    cfg = load_config(config, with_device(set_, device))
     if certs is not None and insecure:
         raise VFLBenchError("give --certs or --insecure-localhost, not both")
     from vflbench.net.linkmodel import shape_profile

@@ -231,7 +231,7 @@ class LabObf(Defense):
         train, test = self.attribute(party_index(self.context_.party), len(part.x_train), len(part.x_test))
 
         def column(values: Tensor, like: Tensor) -> Tensor:
-            v = values.to(like.dtype)
+            v = values.to(like.device, like.dtype)
             if self.normalise is not False:
                 v = 2 * v / self.rand_max - 1
             return torch.cat([like, v[:, None]], 1)
@@ -255,7 +255,8 @@ class LabObf(Defense):
                         "(the library's default); He et al.'s Algorithm 2 and the reproduction configs "
                         "(configs/repro/labobf_*.yaml) append the raw integer 0..%d (normalise: false), which "
                         "gives different numbers. Set normalise: true or false to say which you mean.", self.rand_max)
-        y = objective.targets
+        labels = objective.targets
+        y = labels.cpu()  # the soft labels are chosen on the CPU (the same on every device), then moved
         if y.dtype != torch.long or y.dim() != 1:
             raise ConfigError("defense 'labobf' needs class-index targets, but an earlier label defense turned "
                               "them into soft rows; list 'labobf' first in `defenses`")
@@ -283,7 +284,7 @@ class LabObf(Defense):
         padded = torch.full((c, max(len(r) for r in table)), math.nan, dtype=torch.float64)
         for k, row in enumerate(table):
             padded[k, : len(row)] = torch.tensor(row, dtype=torch.float64)
-        targets = padded[y, sub].float()
+        targets = padded[y, sub].float().to(labels.device)
         self.sub_labels_ = sub
         gaps = torch.diff(values.sort().values)
         tau = float(gaps.min()) if len(gaps) else 1.0

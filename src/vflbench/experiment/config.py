@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from vflbench.devices import check_device, resolve_device
 from vflbench.errors import ConfigError, DataError
 from vflbench.registry import closest_name
 
@@ -80,9 +81,16 @@ class TrainConfig(_Strict):
     metric: Literal["accuracy", "auc"] = "accuracy"
     eval_every: int = Field(1, ge=1)
     threads: int = Field(1, ge=1, description="torch intra-op threads (1 is fastest for small models)")
+    device: str = Field("auto", description="where models, data and VMask's ring arithmetic run: auto (cuda when "
+                        "available, or $VFLBENCH_DEVICE), cpu, cuda or cuda:N; not part of the config hash")
     checkpoint: Literal["none", "final", "every_epoch"] = "final"
     save_embeddings: int = Field(0, ge=0, description="save the attacker's embeddings of this many test rows "
                                  "(embeddings.npz, for t-SNE plots)")
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        return check_device(value)
 
 
 class ComponentSpec(BaseModel):
@@ -134,8 +142,9 @@ class ExperimentConfig(_Strict):
         return out
 
     def hash(self) -> str:
-        """A short stable hash of the resolved config (the run directory's name)."""
-        payload = self.resolved().model_dump(mode="json", exclude={"sweep"})
+        """A short stable hash of the resolved config (the run directory's name). ``train.device`` is left out:
+        it says where a run computes, not what it computes (docs/decisions.md, "Devices")."""
+        payload = self.resolved().model_dump(mode="json", exclude={"sweep": True, "train": {"device"}})
         text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -348,12 +357,14 @@ def check_components(cfg: ExperimentConfig) -> None:
     """Check every named component of ``cfg`` and its parameters against the registries before any
     data is loaded: the dataset and its options, the bottom and top models and their options, each
     defense and attack (their parameters' names, types, choices and ranges, then their own checks).
-    What needs the data's shape (classes, slice shapes) is checked by the run before training."""
+    What needs the data's shape (classes, slice shapes) is checked by the run before training. ``train.device``
+    must name a device this machine has."""
     from vflbench.attacks.registry import create_attack
     from vflbench.data import DATASETS
     from vflbench.defenses import create_defense
     from vflbench.models import BOTTOM_RESERVED, MODELS, TOP_MODELS, TOP_RESERVED
 
+    resolve_device(cfg.train.device)
     resolved = cfg.resolved()
     DATASETS.check(cfg.data.name, cfg.data.options, reserved=("root",), noun="option", error=DataError)
     if resolved.model.bottom is not None:

@@ -54,6 +54,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vflbench.devices import resolve_device
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import ExperimentConfig
 from vflbench.experiment.plan import AttackPlan
@@ -519,9 +520,10 @@ def comm_from_dict(raw: Mapping[str, Any]) -> CommStats:
 
 def _save_models(models: Mapping[str, nn.Module], party: str, out_dir: Path) -> None:
     from vflbench.experiment.results import save_torch_atomic
+    from vflbench.experiment.run import cpu_state_dict
 
     for role, model in models.items():
-        save_torch_atomic(out_dir / "checkpoints" / f"{party}.{role}.final.pt", model.state_dict())
+        save_torch_atomic(out_dir / "checkpoints" / f"{party}.{role}.final.pt", cpu_state_dict(model))
 
 
 def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir: Path | None = None,
@@ -565,6 +567,9 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
         raise ConfigError(f"--stop-after takes a number of epochs of at least 1, got {stop_after}")
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.train.threads)
+    device = resolve_device(cfg.train.device)
+    if channel.options.device is None:  # what this party receives lands where it computes
+        channel.options = dataclasses.replace(channel.options, device=str(device))
     try:
         local = local_state(cfg, party, data_root) if party != DEALER else None
         grants = local.grants if local is not None else []
@@ -608,7 +613,8 @@ def _serve_dealer(cfg: ExperimentConfig, channel: NetChannel, *, out_dir: Path |
     assert name is not None
     spec = next(s for s in cfg.defenses if s.name == name)
     defense = create_defense(name, **spec.params())
-    defense.start_party(DEALER, channel.endpoint(DEALER), generator(cfg.seed, "defense", name, ACTIVE))
+    defense.start_party(DEALER, channel.endpoint(DEALER), generator(cfg.seed, "defense", name, ACTIVE),
+                        device=resolve_device(cfg.train.device))
     service = defense.dealer_service_  # type: ignore[attr-defined]
     if out_dir is not None and resumable(cfg):
         service.save = lambda epoch, state: save_checkpoint(out_dir, DEALER, epoch, {"dealer": state})
@@ -726,7 +732,7 @@ def _run_active(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, s
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(out_dir / "config.yaml", cfg.to_yaml())
-        write_json(out_dir / "env.json", environment(cfg.train.threads))
+        write_json(out_dir / "env.json", environment(cfg.train.threads, vd.device))
     metrics_lines: list[str] = []
     active_wire: list[dict[str, Any]] = []
     epoch_walls: list[float] = []
@@ -946,7 +952,7 @@ def active_result(run: Any, *, utility: Any, comm: dict[str, Any], held_out: Ten
         utility=utility,
         defense=[{"name": s.name, "params": s.params(), **defense_details(run, s.name)} for s in cfg.defenses],
         attacks=attacks, timing=Timing(run.train_seconds, run.history.epoch_seconds, attack_seconds), comm=comm,
-        baselines=baselines, grants=list(grants or []))
+        baselines=baselines, grants=list(grants or []), device=str(vd.device))
     return result.to_dict()
 
 

@@ -110,8 +110,9 @@ def aux_ids(attack: Attack, y_train: Tensor, seed: int, exclude: Tensor | None =
     size, fraction = attack.aux_size, attack.aux_fraction if attack.aux_size is None else None  # a count first
     if fraction is not None and exclude is not None and 0.0 < fraction <= 1.0:
         # the fraction is of the training split (of its rows of aux_classes), whatever the draw avoids
-        pool = y_train if attack.aux_classes is None else y_train[torch.isin(
-            y_train, torch.as_tensor(list(attack.aux_classes), dtype=y_train.dtype))]
+        y = y_train.cpu()
+        pool = y if attack.aux_classes is None else y[torch.isin(y, torch.as_tensor(list(attack.aux_classes),
+                                                                                      dtype=y.dtype))]
         size, fraction = max(1, round(fraction * len(pool))), None
     return aux_indices(y_train, generator=generator(seed, "attack", attack.name, "aux"), size=size,
                        fraction=fraction, classes=attack.aux_classes, exclude=exclude)

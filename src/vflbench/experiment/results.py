@@ -77,6 +77,9 @@ class RunResult:
     comm: dict[str, int]
     baselines: dict[str, Any] = field(default_factory=dict)
     grants: list[dict[str, Any]] = field(default_factory=list)
+    device: str = "cpu"
+    """The device the run computed on (``train.device`` resolved: ``cpu``, ``cuda:0``...); runs written before
+    devices existed ran on the CPU."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""

@@ -112,12 +112,14 @@ def save_checkpoint(out_dir: Path, party: str, epoch: int, state: dict[str, Any]
 
 
 def load_checkpoint(out_dir: Path, party: str, epoch: int) -> dict[str, Any]:
-    """This party's own state after ``epoch`` (read with ``weights_only=True``: tensors and plain values only)."""
+    """This party's own state after ``epoch`` (read with ``weights_only=True``: tensors and plain values only), on the
+    CPU whatever device wrote it (generator states must be CPU tensors; models and optimizers copy their state onto
+    their own device when they load it)."""
     path = checkpoint_path(out_dir, party, epoch)
     if not path.is_file():
         raise ConfigError(f"{party} has no checkpoint of epoch {epoch} ({path} is missing); every party needs its "
                           f"own OUT/checkpoints/{party}/ of the run to resume")
-    state = torch.load(path, weights_only=True)
+    state = torch.load(path, weights_only=True, map_location="cpu")
     if state.get("epoch") != epoch:
         raise ConfigError(f"{path} holds epoch {state.get('epoch')}, not {epoch}")
     return dict(state)

@@ -23,6 +23,7 @@ import torch
 
 from vflbench._version import __version__
 from vflbench.data import VerticalData, aux_indices
+from vflbench.devices import device_name, resolve_device
 from vflbench.errors import ConfigError, DataError
 from vflbench.experiment.config import ExperimentConfig, build_config, check_components
 from vflbench.experiment.plan import AttackPlan, validate_attacks, wants_aux
@@ -129,8 +130,8 @@ def train_run(cfg: ExperimentConfig, vd: VerticalData, *, with_defenses: bool = 
     return TrainedRun(cfg, vd, fed, history, time.perf_counter() - tic)
 
 
-def environment(threads: int) -> dict[str, Any]:
-    """Versions, git commit and thread count, for ``env.json``."""
+def environment(threads: int, device: torch.device | None = None) -> dict[str, Any]:
+    """Versions, git commit, thread count and the device the run computed on, for ``env.json``."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
                              cwd=Path(__file__).parent).stdout.strip() or None
@@ -138,14 +139,21 @@ def environment(threads: int) -> dict[str, Any]:
         sha = None
     return {"vflbench": __version__, "python": platform.python_version(), "torch": torch.__version__,
             "numpy": np.__version__, "scikit_learn": sklearn.__version__, "platform": platform.platform(),
-            "git_sha": sha, "threads": threads, "interop_threads": torch.get_num_interop_threads()}
+            "git_sha": sha, "threads": threads, "interop_threads": torch.get_num_interop_threads(),
+            "device": device_name(device if device is not None else torch.device("cpu")),
+            "cuda": torch.version.cuda}
+
+
+def cpu_state_dict(model: torch.nn.Module) -> dict[str, Any]:
+    """``model``'s state dict with its tensors copied to the CPU: a checkpoint written on a GPU loads anywhere."""
+    return {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in model.state_dict().items()}
 
 
 def save_checkpoints(run: TrainedRun, directory: Path, tag: str = "final") -> None:
-    """Save every party's models (state dicts) under ``directory/checkpoints``."""
+    """Save every party's models (state dicts, on the CPU) under ``directory/checkpoints``."""
     for party in run.federation.parties():
         for role, model in party.models().items():
-            save_torch_atomic(directory / "checkpoints" / f"{party.name}.{role}.{tag}.pt", model.state_dict())
+            save_torch_atomic(directory / "checkpoints" / f"{party.name}.{role}.{tag}.pt", cpu_state_dict(model))
 
 
 def save_embeddings(run: TrainedRun, directory: Path, n: int) -> None:
@@ -157,7 +165,7 @@ def save_embeddings(run: TrainedRun, directory: Path, n: int) -> None:
     with torch.no_grad():
         emb = party.forward(ids, epoch=-1, step=-1, split="test", train=False)
     buffer = io.BytesIO()
-    np.savez(buffer, embedding=emb.numpy(), y=run.data.y_test[ids].numpy(), party=party.name)
+    np.savez(buffer, embedding=emb.cpu().numpy(), y=run.data.y_test[ids].cpu().numpy(), party=party.name)
     write_bytes_atomic(directory / "embeddings.npz", buffer.getvalue())
 
 
@@ -172,8 +180,12 @@ def defense_details(run: TrainedRun, name: str) -> dict[str, Any]:
 
 def run_experiment(cfg: ExperimentConfig, *, out_dir: str | Path | None = None,
                    data_root: str | Path | None = None, progress: Progress | None = None) -> RunResult:
-    """Run ``cfg`` end to end; if ``out_dir`` is given write ``out_dir/<hash>/``."""
+    """Run ``cfg`` end to end on ``train.device``; if ``out_dir`` is given write ``out_dir/<hash>/``.
+
+    ``train.threads`` sets torch's intra-op threads for the run, also with a GPU (the CPU still draws every
+    random number, deals VMask's triples and runs Paillier)."""
     cfg = cfg.resolved()
+    resolve_device(cfg.train.device)  # before anything else: a device this machine lacks is a one-line error
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.train.threads)
     try:
@@ -314,7 +326,7 @@ def _train_and_record(cfg: ExperimentConfig, vd: VerticalData, attack_plan: Atta
         if run_dir is not None and not (run_dir / "config.yaml").is_file():
             run_dir.mkdir(parents=True, exist_ok=True)
             write_atomic(run_dir / "config.yaml", cfg.to_yaml())
-            write_json(run_dir / "env.json", environment(cfg.train.threads))
+            write_json(run_dir / "env.json", environment(cfg.train.threads, vd.device))
 
     def on_epoch_end(epoch: int, record: dict[str, Any]) -> None:
         if run_dir is None:
@@ -361,6 +373,7 @@ def _train_and_record(cfg: ExperimentConfig, vd: VerticalData, attack_plan: Atta
         comm=comm.as_dict(),
         baselines=baselines,
         grants=[g.as_dict() for g in attack_plan.grants()],
+        device=str(vd.device),
     )
     if run_dir is not None:
         write_json(run_dir / "result.json", result.to_dict())

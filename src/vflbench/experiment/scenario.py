@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from vflbench.data import PartySlice, VerticalData, aux_indices, load_dataset, partition, subsample
 from vflbench.defenses import create_defense
+from vflbench.devices import resolve_device
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import ExperimentConfig
 from vflbench.models import build_bottom, build_top
@@ -36,7 +37,8 @@ DEFAULT_EMBED_DIM = 16
 
 
 def load_vertical_data(cfg: ExperimentConfig, data_root: str | Path | None = None) -> VerticalData:
-    """Load, subsample and partition the config's dataset."""
+    """Load, subsample and partition the config's dataset, and move it to ``train.device`` (once: everything
+    built from it later finds it there)."""
     d = cfg.data
     ds = load_dataset(d.name, root=d.root or data_root, **d.options)
     ds = subsample(ds, train_size=d.train_size, test_size=d.test_size,
@@ -47,7 +49,7 @@ def load_vertical_data(cfg: ExperimentConfig, data_root: str | Path | None = Non
                     "subsampled": d.train_size is not None or d.test_size is not None,
                     "slice_shapes": [list(p.sample_shape) for p in vd.passive]
                     + ([list(vd.active.sample_shape)] if vd.active is not None else [])})
-    return vd
+    return vd.to(resolve_device(cfg.train.device))
 
 
 def make_optimizer(cfg: ExperimentConfig, params: Sequence[nn.Parameter]) -> torch.optim.Optimizer:
@@ -165,8 +167,8 @@ def embed_dim_of(cfg: ExperimentConfig, out_dim: int) -> int:
 
 
 def _binder(cfg: ExperimentConfig, *, num_classes: int, num_parties: int, active_has_features: bool,
-            link: Callable[[str], Endpoint],
-            aux: Callable[[Defense, str], DefenseAux | None]) -> Callable[[Defense, str], None]:
+            link: Callable[[str], Endpoint], aux: Callable[[Defense, str], DefenseAux | None],
+            device: torch.device) -> Callable[[Defense, str], None]:
     """Bind a defense instance at a party (the same context in one process and in a party's own process)."""
     t, seed = cfg.train, cfg.seed
     assert t.aggregation
@@ -179,7 +181,7 @@ def _binder(cfg: ExperimentConfig, *, num_classes: int, num_parties: int, active
                            generator(seed, "defense", d.name, party), generator(seed, "defense", d.name, "shared"),
                            link=link(party), train=settings, aggregation=t.aggregation,
                            active_has_features=active_has_features, model_completion=completion,
-                           aux=aux(d, party)))
+                           aux=aux(d, party), device=device))
 
     return bind
 
@@ -191,13 +193,14 @@ def _passive_party(cfg: ExperimentConfig, name: str, part: PartySlice, *, defens
     party's defenses, which only look at it, then by its own), optimizer and schedule."""
     m, seed = cfg.model, cfg.seed
     assert m.bottom is not None
+    device = part.x_train.device
     for d in defenses:
         bind(d, name)
     for d in defenses:
-        part = d.augment_features(part)
-    bottom = build_bottom(m.bottom, part, embed_dim, generator(seed, name, "init"), **m.bottom_options)
+        part = d.augment_features(part).to(device)
+    bottom = build_bottom(m.bottom, part, embed_dim, generator(seed, name, "init"), device=device, **m.bottom_options)
     for d in (*active_defenses, *defenses):
-        bottom = d.wrap_bottom(bottom, name)
+        bottom = d.wrap_bottom(bottom, name).to(device)  # a wrapper's own layers are built (and seeded) on the CPU
     opt = make_optimizer(cfg, list(bottom.parameters()))
     for d in defenses:
         d.attach_optimizer(opt, name)
@@ -210,12 +213,13 @@ def build_passive(cfg: ExperimentConfig, data: PassiveData, *, defenses: Sequenc
     """Passive party ``data.name`` alone, in its own process (:mod:`vflbench.experiment.party`): built from its own
     slice only, its defense halves bound to ``link(name)``, with the bottom model's width ``embed_dim`` as the
     active party sends it (it depends on the active party's label transforms in VLR). The same party, bit for bit,
-    as :func:`build_federation` builds in one process."""
+    as :func:`build_federation` builds in one process, on ``train.device``."""
     cfg = cfg.resolved()
+    data = replace(data, part=data.part.to(resolve_device(cfg.train.device)))
     if cfg.train.algorithm == "vsnn":
         raise ConfigError("a passive party's own process is not built for VSNN (the active party holds no features)")
     bind = _binder(cfg, num_classes=data.num_classes, num_parties=data.holders, active_has_features=True,
-                   link=link, aux=lambda d, party: None)
+                   link=link, aux=lambda d, party: None, device=data.part.x_train.device)
     return _passive_party(cfg, data.name, data.part, defenses=defenses, active_defenses=(), embed_dim=embed_dim,
                           bind=bind, transcript=Transcript(data.name, keep or ()))
 
@@ -223,7 +227,8 @@ def build_passive(cfg: ExperimentConfig, data: PassiveData, *, defenses: Sequenc
 def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: DefensePlan | None = None,
                      alone: bool = False, keep: dict[str, set[str]] | None = None,
                      extra_dims: dict[str, int] | None = None, held_out: Tensor | None = None,
-                     links: Callable[[str], Endpoint] | None = None, remote_passives: bool = False) -> Federation:
+                     links: Callable[[str], Endpoint] | None = None, remote_passives: bool = False,
+                     device: torch.device | None = None) -> Federation:
     """Build the parties of ``cfg`` over ``vd`` (``alone``: the active party by itself).
 
     ``extra_dims`` widens a party's uploaded embedding (a malicious passive party appending
@@ -239,10 +244,15 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
     a placeholder holding no data, model or optimizer (the process puts its stand-in there), and its bottom model
     is built only as an architecture from its slice's layout, for the active party's defenses to look at
     (VMask's shadow architecture, an information bottleneck's widths), then dropped.
+
+    Everything is built on ``device`` (default: ``train.device``): the data is moved there (a no-op when it is there
+    already), every model is seeded on the CPU and moved there, and each defense is told it in its bind context.
     """
     cfg = cfg.resolved()
     m, t, seed = cfg.model, cfg.train, cfg.seed
     assert m.bottom and m.top and t.aggregation
+    device = resolve_device(t.device) if device is None else device
+    vd = vd.to(device)  # a no-op when the run moved it already (once, after loading)
     keep = keep or {}
     passive_slices = () if alone else vd.passive
     names = [passive_name(i + 1) for i in range(len(passive_slices))]
@@ -256,7 +266,7 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
         channel.register(transcript)
     for d in plan.active if links is None else ():  # e.g. VMask's dealer, a party that is neither of the others
         for extra in d.extra_parties:
-            d.start_party(extra, channel.endpoint(extra), generator(seed, "defense", d.name, ACTIVE))
+            d.start_party(extra, channel.endpoint(extra), generator(seed, "defense", d.name, ACTIVE), device=device)
     defense_held_out: list[Tensor] = []
 
     def defense_aux(d: Defense, party: str) -> DefenseAux | None:
@@ -269,7 +279,8 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
                           x={n: part.train_rows(ids) for n, part in zip(names, passive_slices, strict=True)})
 
     bind = _binder(cfg, num_classes=vd.num_classes, num_parties=holders + (vd.active is None),
-                   active_has_features=vd.active is not None, link=links or channel.endpoint, aux=defense_aux)
+                   active_has_features=vd.active is not None, link=links or channel.endpoint, aux=defense_aux,
+                   device=device)
     for d in plan.active:
         bind(d, ACTIVE)
         objective = d.transform_labels(objective)
@@ -279,9 +290,9 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
     for name, part in zip(names, passive_slices, strict=True):
         if remote_passives:
             architecture = build_bottom(m.bottom, part, embed_dim, generator(seed, name, "architecture"),
-                                        **m.bottom_options)
+                                        device=device, **m.bottom_options)
             for d in plan.active:
-                architecture = d.wrap_bottom(architecture, name)
+                architecture = d.wrap_bottom(architecture, name).to(device)
             passives.append(PassiveParty(name, data=None, bottom=None, optimizer=None,
                                          generator=generator(seed, name, "party"), transcript=transcripts[name]))
             continue
@@ -289,22 +300,23 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
                                        embed_dim=embed_dim, bind=bind, transcript=transcripts[name]))
     active_slice = vd.active
     for d in plan.active if active_slice is not None else ():
-        active_slice = d.augment_features(active_slice)  # type: ignore[arg-type]
+        active_slice = d.augment_features(active_slice).to(device)  # type: ignore[arg-type]
     active_bottom = None
     if active_slice is not None:
         active_bottom = build_bottom(m.bottom, active_slice, embed_dim, generator(seed, ACTIVE, "init"),
-                                     **m.bottom_options)
+                                     device=device, **m.bottom_options)
         for d in plan.active:
-            active_bottom = d.wrap_bottom(active_bottom, ACTIVE)
+            active_bottom = d.wrap_bottom(active_bottom, ACTIVE).to(device)
     if holders == 0:
         raise ConfigError("the active party holds no features in VSNN, so it cannot train alone")
     widths = [embed_dim + (extra_dims or {}).get(n, 0) for n in names] + [embed_dim] * (active_slice is not None)
     in_dim = sum(widths) if t.aggregation == "concat" else embed_dim
-    top = build_top(m.top, in_dim, objective.out_dim, generator(seed, ACTIVE, "top"), **m.top_options)
+    top = build_top(m.top, in_dim, objective.out_dim, generator(seed, ACTIVE, "top"), device=device,
+                    **m.top_options)
     if m.top == "identity" and embed_dim != objective.out_dim:
         raise ConfigError("an identity top model needs bottoms that output the logits")
     for d in plan.active:
-        top = d.wrap_top(top)
+        top = d.wrap_top(top).to(device)
     params = list(top.parameters()) + (list(active_bottom.parameters()) if active_bottom is not None else [])
     opt = make_optimizer(cfg, params)
     for d in plan.active:

@@ -57,9 +57,10 @@ def metric_name(num_classes: int, metric: str = "auto") -> str:
     return "auc" if num_classes == 2 else "accuracy"
 
 
-def _finite(s: Scores) -> Tensor:
-    """A score set's scores with non-finite entries (a diverged model) as ties at zero."""
-    return torch.nan_to_num(s.scores.detach().float(), nan=0.0, posinf=0.0, neginf=0.0)
+def _finite(s: Scores, like: Tensor) -> Tensor:
+    """A score set's scores with non-finite entries (a diverged model) as ties at zero, on ``like``'s device (the
+    ground truth's: an attack may return its scores from another device)."""
+    return torch.nan_to_num(s.scores.detach().float().to(like.device), nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def _positive(scores: Tensor) -> Tensor:
@@ -73,11 +74,11 @@ def _per_batch(sets: Sequence[Scores], y: Tensor, metric: str) -> list[float | N
     AUCs of all sets are computed in one vectorised pass (:func:`batched_binary_auc`).
     """
     if metric == "auc":
-        aucs = batched_binary_auc([_positive(_finite(s)) for s in sets], [y[s.ids] for s in sets])
+        aucs = batched_binary_auc([_positive(_finite(s, y)) for s in sets], [y[s.ids] for s in sets])
         return [None if v != v else v for v in aucs.tolist()]
     out: list[float | None] = []
     for s in sets:
-        scores = _finite(s)
+        scores = _finite(s, y)
         predicted = scores.argmax(1) if scores.dim() == 2 else (scores > 0.5).long()
         out.append(float((predicted == y[s.ids]).float().mean()))
     return out
@@ -156,7 +157,7 @@ def score_features(inf: FeatureInference, run: TrainedRun, victims: Sequence[str
     truth, widths = victim_features(run.data, victims, inf.split, inf.ids)
     truth = truth.float()
     train_slice = victim_features(run.data, victims, "train")[0] if aux is None else None
-    recon = inf.features.detach().float().reshape(truth.shape)
+    recon = inf.features.detach().float().to(truth.device).reshape(truth.shape)
     recon = torch.nan_to_num(recon, nan=0.0, posinf=0.0, neginf=0.0)
     value = float(((recon - truth) ** 2).mean())
     prior = feature_prior(truth, aux, train_slice)

@@ -35,6 +35,7 @@ offending peer is told why. Evaluation-only requests pass only where the run's p
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import itertools
 import logging
@@ -49,6 +50,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 import grpc
+import torch
+from torch import Tensor
 
 from vflbench.errors import ConfigError
 from vflbench.net.errors import BarrierTimeout, NetError, PeerFailed, ProtocolError
@@ -89,6 +92,10 @@ class NetOptions:
     """A traffic shaper on every link this party sends on (``None``: none): each frame leaves after the link has
     carried the frames before it at ``bandwidth_mbit_s`` and its own bytes, and arrives ``latency_ms`` later
     (:class:`Shaper`)."""
+    device: str | None = None
+    """Where the tensors of received messages are put: the party's ``train.device`` (``None``: the CPU, where frames
+    are decoded). Row ids and byte payloads (uint8: ciphertexts, keys, JSON reports) stay on the CPU, where they are
+    read; frames are always encoded from CPU copies."""
 
 
 class Shaper:
@@ -162,6 +169,17 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _placed(message: Message, device: str | None) -> Message:
+    """``message`` with its tensors on ``device`` (see :attr:`NetOptions.device`)."""
+    if device is None or device == "cpu":
+        return message
+
+    def put(t: Tensor) -> Tensor:
+        return t if t.dtype == torch.uint8 else t.to(device)
+
+    return dataclasses.replace(message, payload=put(message.payload), extra=tuple(put(t) for t in message.extra))
 
 
 class NetChannel:
@@ -550,7 +568,7 @@ class NetChannel:
             raise ProtocolError(f"{peer} addressed a {frame.kind!r} frame to {frame.receiver!r} on its link to "
                                 f"{self.name}")
         self.policy.check(frame.kind, peer, self.name, frame.role)
-        message = frame.message(peer)
+        message = _placed(frame.message(peer), self.options.device)
         if message.step >= 0:
             self._peer_position[peer] = (message.epoch, message.step)
         with self._cond:

@@ -68,7 +68,9 @@ class BindContext:
     advance, e.g. MixUp's permutation and mixing weight). ``link``: this party's endpoint of the
     channel, through which the instance talks to its halves at other parties (only messages).
     ``model_completion``: the parameters of a configured ``model_completion`` attack (the attacker
-    a defense may simulate), if any.
+    a defense may simulate), if any. ``device``: where the party's models and data live (``train.device``); a
+    defense that makes tensors before it sees any of the party's puts them there (its generators stay on the CPU:
+    draws are made there and moved).
     """
 
     party: str
@@ -83,6 +85,7 @@ class BindContext:
     active_has_features: bool = True
     model_completion: Mapping[str, Any] | None = None
     aux: DefenseAux | None = None
+    device: torch.device | None = None
 
 
 @dataclass
@@ -144,9 +147,11 @@ class Defense(Params):
         (called before the party's models are loaded)."""
         raise NotImplementedError(f"defense {self.name!r} keeps no checkpointable state; --resume refuses it")
 
-    def start_party(self, name: str, link: Endpoint, generator: torch.Generator) -> None:
+    def start_party(self, name: str, link: Endpoint, generator: torch.Generator, *,
+                    device: torch.device | None = None) -> None:
         """Run the extra party ``name`` (one of :attr:`extra_parties`) at ``link``, before any instance is
-        bound; ``generator`` is a fresh generator on the active instance's seed path."""
+        bound; ``generator`` is a fresh generator on the active instance's seed path (a CPU generator);
+        ``device``: where the party computes (``train.device``; ``None``: the CPU)."""
         raise NotImplementedError(f"{self.name} declares no extra party {name!r}")
 
     def bind(self, context: BindContext) -> None:

@@ -503,6 +503,7 @@ class MaliciousActiveAttack(Attack):
                                                                                  if view.aux is not None else 0})
 
 
-def seeded(module: nn.Module, generator: torch.Generator) -> nn.Module:
-    """Initialise ``module`` from ``generator`` (the attack's own stream)."""
-    return init_parameters(module, generator)
+def seeded(module: nn.Module, generator: torch.Generator, like: Tensor) -> nn.Module:
+    """Initialise ``module`` from ``generator`` (the attack's own stream, drawn on the CPU) and move it to the
+    device of ``like`` (the data it will run on)."""
+    return init_parameters(module, generator).to(like.device)

@@ -186,7 +186,7 @@ class DMAVFL(MaliciousActiveAttack):
         try:
             decoder = seeded(decoder_for(own_width + embed, aux.victim[0], hidden=self.hidden,
                                           width=self.decoder_width, output=self.decoder_output,
-                                          victim_map=self.decoder_map, own_width=own_width), generator)
+                                          victim_map=self.decoder_map, own_width=own_width), generator, aux.victim)
         except ValueError as exc:
             raise ConfigError(f"dmavfl: decoder_map {tuple(self.decoder_map or ())}: {exc}") from None
         classes = 2 * self.scenario_.num_classes
@@ -196,9 +196,9 @@ class DMAVFL(MaliciousActiveAttack):
             if math.prod(self.dac_map) != embed:
                 raise ConfigError(f"dmavfl: dac_map {tuple(self.dac_map)} holds {math.prod(self.dac_map)} values, "
                                   f"the victims' embedding {embed}")
-            dac = seeded((ConvDAC if kind == "cnn" else BNConvDAC)(self.dac_map, classes), generator)
+            dac = seeded((ConvDAC if kind == "cnn" else BNConvDAC)(self.dac_map, classes), generator, aux.victim)
         else:
-            dac = seeded(mlp(embed, (self.hidden, self.hidden), classes, leaky=True), generator)
+            dac = seeded(mlp(embed, (self.hidden, self.hidden), classes, leaky=True), generator, aux.victim)
         optimizers = {"autoencoder": self.adam([own, shadow, decoder], self.lr),
                       "discriminator": self.adam([dac], self.disc_lr)}
         return Adversary(party, aux, AuxBatches(len(aux.ids), generator), generator, own, shadow, decoder, dac,

@@ -87,8 +87,8 @@ class FSHA(MaliciousActiveAttack):
         pilot = self.make_shadow(aux, generator)
         embed = self.scenario_.embed_dim
         decoder = seeded(decoder_for(self.own_width(party, aux) + embed, aux.victim[0], hidden=self.hidden,
-                                     width=self.decoder_width), generator)
-        critic = seeded(mlp(embed, (self.hidden, self.hidden), 1, leaky=True), generator)
+                                     width=self.decoder_width), generator, aux.victim)
+        critic = seeded(mlp(embed, (self.hidden, self.hidden), 1, leaky=True), generator, aux.victim)
         optimizers = {"autoencoder": self.adam([own, pilot, decoder], self.lr),
                       "discriminator": self.adam([critic], self.disc_lr)}
         return Adversary(party, aux, AuxBatches(len(aux.ids), generator), generator, own, pilot, decoder, critic,

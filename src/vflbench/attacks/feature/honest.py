@@ -181,9 +181,9 @@ def invert_embeddings(model: nn.Module, u: Tensor, shape: Sequence[int], *, step
     out = []
     for i in range(0, len(u), EVAL_CHUNK):
         target = u[i : i + EVAL_CHUNK]
-        x = torch.zeros((len(target), *shape))
+        x = torch.zeros((len(target), *shape), device=u.device)
         if init is not None:
-            x = x + init.to(x.dtype)
+            x = x + init.to(x.device, x.dtype)
         x.requires_grad_(True)
         opt = torch.optim.Adam([x], lr=lr, eps=eps, amsgrad=amsgrad)
         for _ in range(steps):
@@ -199,7 +199,7 @@ def invert_embeddings(model: nn.Module, u: Tensor, shape: Sequence[int], *, step
                 with torch.no_grad():
                     x.clamp_(*bounds)
         out.append(x.detach())
-    return torch.cat(out) if out else torch.empty((0, *shape))
+    return torch.cat(out) if out else torch.empty((0, *shape), device=u.device)
 
 
 class Conditional(nn.Module):
@@ -346,7 +346,7 @@ class CuriousActiveAttack(Attack):
                 hit = aux.ids[pos] == ids
                 if hit.any():
                     if self.aux_h_ is None:
-                        self.aux_h_ = torch.zeros((len(aux.ids), *h.shape[1:]), dtype=h.dtype)
+                        self.aux_h_ = torch.zeros((len(aux.ids), *h.shape[1:]), dtype=h.dtype, device=h.device)
                     self.aux_h_[pos[hit]] = h[hit].clone()
                     self.aux_seen_[pos[hit]] = True
             if self.observes_steps:

@@ -126,7 +126,7 @@ class PCAT(CuriousActiveAttack):
             parts = [] if own_bottom is None else [apply_in_chunks(own_bottom, aux.own)]
             inputs = torch.cat([*parts, apply_in_chunks(shadow, aux.victim)], 1)
         decoder = seeded(decoder_for(inputs.shape[1], aux.victim[0], hidden=self.hidden, width=self.decoder_width),
-                         view.generator)
+                         view.generator, inputs)
         opt = torch.optim.Adam(decoder.parameters(), lr=self.decoder_lr)
         losses = []
         decoder.train()

@@ -128,11 +128,11 @@ class SDAR(CuriousActiveAttack):
         self.simulator_ = self.build_shadow(aux, generator)
         decoder = decoder_for(own_width + embed + self.label_dim, aux.victim[0], hidden=self.hidden,
                               width=self.decoder_width)
-        self.decoder_ = seeded(Conditional(decoder, classes, self.label_dim), generator)
+        self.decoder_ = seeded(Conditional(decoder, classes, self.label_dim), generator, aux.victim)
         self.e_dis_ = seeded(Conditional(mlp(embed + self.label_dim, (self.hidden, self.hidden), 1, leaky=True),
-                                         classes, self.label_dim), generator)
+                                         classes, self.label_dim), generator, aux.victim)
         self.d_dis_ = seeded(Conditional(mlp(flat_dim(aux.victim[0]) + self.label_dim, (self.hidden, self.hidden), 1,
-                                             leaky=True), classes, self.label_dim), generator)
+                                             leaky=True), classes, self.label_dim), generator, aux.victim)
         e_dis_lr = self.e_dis_lr if self.e_dis_lr is not None else self.e_lr * self.lambda1
         d_dis_lr = self.d_dis_lr if self.d_dis_lr is not None else self.d_lr * self.lambda2
         self.optimizers_ = {

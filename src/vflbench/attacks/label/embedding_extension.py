@@ -150,7 +150,7 @@ class EmbeddingExtension(Attack):
         x_aux = party.data.x_train[known.ids]
         with torch.no_grad():
             width = base.eval()(x_aux[:1]).shape[1]
-        perturb = init_parameters(nn.Linear(width, self.perturb_dims), party.generator)
+        perturb = init_parameters(nn.Linear(width, self.perturb_dims), party.generator).to(x_aux.device)
         perturb.requires_grad_(False)
         party.bottom = ExtendedBottom(base, perturb)
         num_classes = int(known.labels.max()) + 1

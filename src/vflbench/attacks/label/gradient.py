@@ -84,7 +84,7 @@ class DirectionScoring(_CutGradientAttack):
 
     def infer(self, view: PartyView) -> LabelInference:  # noqa: D102
         assert view.known is not None
-        positives = view.known.ids[view.known.labels == 1]
+        positives = view.known.ids[(view.known.labels == 1).cpu()]  # row ids are CPU tensors
         reference: Tensor | None = None
         batches = []
         for ids, g in self.messages(view):
@@ -142,7 +142,7 @@ class _ModelGradientAttack(_CutGradientAttack):
             assert r.param_grads is not None
             weight, bias = r.param_grads
             x = view.data.x_train[r.ids].flatten(1)
-            xb = torch.cat([x, torch.ones(len(x), 1)], 1)
+            xb = torch.cat([x, torch.ones(len(x), 1, device=x.device, dtype=x.dtype)], 1)
             out.append((r.ids, xb, r.embedding, torch.cat([weight.T, bias[None]], 0), r.gradient))
         return out
 
@@ -159,7 +159,8 @@ class ResidueReconstruction(_ModelGradientAttack):
     def infer(self, view: PartyView) -> LabelInference:  # noqa: D102
         batches = []
         for ids, xb, _, grad, _ in self.batches(view):
-            residue = torch.linalg.lstsq(xb.T.double(), grad.double(), driver="gelsd").solution.float()
+            # gelsd (SVD-based, minimum norm) exists on the CPU only: solved there whatever the device
+            residue = torch.linalg.lstsq(xb.T.double().cpu(), grad.double().cpu(), driver="gelsd").solution.float()
             batches.append(Scores(ids, -(residue.squeeze(1) if residue.shape[1] == 1 else residue)))
         return LabelInference(batches=batches)
 

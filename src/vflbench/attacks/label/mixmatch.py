@@ -177,7 +177,7 @@ class MixMatchCompletion(ModelCompletion):
                                      "codes or token ids, which mixup cannot mix")
         k = view.scenario.num_classes
         gen = view.generator
-        head = init_parameters(inference_head(view.scenario.embed_dim, k, self.head_hidden), gen)
+        head = init_parameters(inference_head(view.scenario.embed_dim, k, self.head_hidden), gen).to(x_all.device)
         model = nn.Sequential(bottom, head)
         if not self.finetune_bottom:
             bottom.requires_grad_(False)
