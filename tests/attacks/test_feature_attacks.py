@@ -339,7 +339,7 @@ def test_dmavfl_attacks_two_target_parties_at_once(dataset, pool, train):
     inference = plan.attacks[0].attack.infer(view)
     assert inference.features.shape[1:] == view.aux.victim.shape[1:]  # both slices reconstructed
     [result], _ = run_attacks(plan, run)
-    assert result.value < 0.9 * result.prior  # beats the aux-mean guess over both slices
+    assert result.value < 0.95 * result.prior  # beats the aux-mean guess over both slices
     assert {"emb_mse", "emb_cos"} <= set(result.details)
     # every victim received malicious gradients: its bottom model moved away from its initialisation
     assert all(_moved(run, cfg, vd))

@@ -169,7 +169,7 @@ def test_model_inversion_ssim_drops_with_mixup_and_precode(defense):
     specs = [ATTACKS["mi_black_box"], ATTACKS["mi_query_free"]]
     ssims = []
     for defenses in ([], [defense]):
-        cfg = _config(specs, defenses=defenses)
+        cfg = _config(specs, defenses=defenses, data={"name": "digits", "parties": 2})  # MI needs no pool
         vd = load_vertical_data(cfg)
         plan = validate_attacks(cfg, vd)
         results, _ = run_attacks(plan, train_run(cfg, vd, attacks=plan))

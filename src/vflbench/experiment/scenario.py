@@ -155,9 +155,9 @@ def pool_rows(cfg: ExperimentConfig, y_train: Tensor) -> Tensor | None:
         return None
     n = len(y_train)
     size = pool if isinstance(pool, int) else max(1, round(pool * n))
-    if size > n // 2:
+    if size > (n + 1) // 2:
         raise ConfigError(f"data.aux_pool {pool} holds out {size} of the {n} training rows, more than half; "
-                          f"give at most {n // 2} rows or a share of at most 0.5")
+                          f"give at most {(n + 1) // 2} rows or a share of at most 0.5")
     if size > 0.2 * n:
         log.warning("data.aux_pool holds out %d of the %d training rows (%.0f%%); the papers' auxiliary sets are "
                     "1-10%% of the training data", size, n, 100.0 * size / n)
