@@ -130,13 +130,23 @@ def _result_table(result: Any) -> Table:
             table.add_row(label, base["metric"], _value(base["value"], base.get("diverged", False)), "", "", "")
     for a in result.attacks:
         metric = f"{a.metric} ({a.direction} leaks more)"
-        if a.leaks_without_defense is None:
+        if a.details.get("selection") == "test_oracle":
+            metric += " [test-oracle epoch]"
+        leakage = f"{a.leakage:.2f}" + (f" [{a.leakage_ci[0]:.2f}, {a.leakage_ci[1]:.2f}]" if a.leakage_ci else "")
+        if a.undefended_leakage is None:
             undefended = "unknown"
         else:
-            verdict = "leaks" if a.leaks_without_defense else "does not leak: nothing to defend"
+            verdict = {True: "leaks", False: "no measurable leak: nothing to defend",
+                       None: "unknown: no interval"}[a.leaks_without_defense]
             undefended = f"{a.undefended_leakage:.2f} ({verdict})"
-        table.add_row(f"attack {a.name}", metric, f"{a.value:.4f}", f"{a.prior:.4f} ({a.prior_name})",
-                      f"{a.leakage:.2f}", undefended)
+        table.add_row(f"attack {a.name}", metric, f"{a.value:.4f}", f"{a.prior:.4f} ({a.prior_name})", leakage,
+                      undefended)
+    if result.attacks:
+        repeats = max(len(a.leakages) for a in result.attacks)
+        table.caption = (f"leakage: mean over {repeats} repeat(s) of each attack on this trained model"
+                         + (" with its 95% interval [low, high] over the attack's randomness" if repeats > 1 else
+                            "; set evaluation.repeats >= 2 for intervals, and sweep seeds for the training's "
+                            "randomness"))
     return table
 
 

@@ -79,10 +79,10 @@ def test_a_label_transform_that_sizes_the_bottoms_reaches_the_passive_process_an
 
 @pytest.mark.slow
 def test_launched_vmask_with_its_dealer_process_equals_one_process(tmp_path):
-    raw = {"data": {"name": "digits", "parties": 2, "train_size": 600, "test_size": 200},
+    raw = {"data": {"name": "digits", "parties": 2, "train_size": 600, "test_size": 200, "aux_pool": 100},
            "model": {"bottom": "mlp2", "top": "mlp2"},
            "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1},
-           "defenses": [{"name": "vmask", "aux_size": 100, "mc_epochs": 2}], "seed": 1}
+           "defenses": [{"name": "vmask", "mc_epochs": 2}], "seed": 1}
     assert party_names(build_config(raw)) == ["active", "passive_1", "dealer"]
     result, net = check_same(raw, tmp_path)
     kinds = result["comm"]["by_kind"]
@@ -95,11 +95,11 @@ def test_launched_vmask_with_its_dealer_process_equals_one_process(tmp_path):
 
 @pytest.mark.slow
 def test_launched_attacks_run_in_their_parties_processes_and_equal_one_process(tmp_path):
-    raw = {"data": {"name": "digits", "parties": 2, "train_size": 600, "test_size": 200},
+    raw = {"data": {"name": "digits", "parties": 2, "train_size": 600, "test_size": 200, "aux_pool": 100},
            "model": {"bottom": "mlp2", "top": "mlp2"},
            "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1},
            "attacks": [{"name": "model_completion", "known_per_class": 4, "epochs": 2},
-                       {"name": "dmavfl", "aux_size": 100, "aux_batch_size": 100}], "seed": 2}
+                       {"name": "dmavfl", "aux_batch_size": 100}], "seed": 2}
     result, _ = check_same(raw, tmp_path)
     # model completion ran in the passive process (its bottom model), DMAVFL in the active one (its shadow,
     # compared with the victim's real model through the scorer's oracle)

@@ -140,8 +140,8 @@ def test_the_active_partys_process_holds_its_columns_and_labels_and_no_passive_c
 
 
 def test_with_vmask_the_active_party_holds_the_passive_columns_of_its_auxiliary_rows_only():
-    raw = {**RAW, "data": {**RAW["data"], "parties": 2},
-           "defenses": [{"name": "vmask", "aux_size": 40, "mc_epochs": 1}]}
+    raw = {**RAW, "data": {**RAW["data"], "parties": 2, "aux_pool": 40},
+           "defenses": [{"name": "vmask", "mc_epochs": 1}]}
     cfg = build_config(raw).resolved()
     vd = load_vertical_data(cfg)
     local = local_state(cfg, "active")

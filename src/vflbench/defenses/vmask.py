@@ -191,8 +191,9 @@ class VMask(Defense):
     Algorithm 3 names no optimiser or batching, and the estimate is only useful if it simulates
     the attack the defender fears, so each of these left ``None`` (the default) is taken from the
     configured ``model_completion`` attack, else from model completion's defaults (Adam lr 1e-3,
-    batch 16; docs/decisions.md). The auxiliary set (``aux_size`` rows) is disjoint from the rows
-    the federation trains on (§IV-A).
+    batch 16; docs/decisions.md). The auxiliary set is disjoint from the rows the federation trains on
+    (§IV-A): the pool of held-out rows (``data.aux_pool``, which every run of the config holds out, defended or
+    not), all of it, or ``aux_size`` rows of it.
     ``shadow_epochs`` (default 1, as Algorithm 6) passes over the auxiliary set per VFL epoch let
     a run shortened to fewer VFL epochs give the shadow model the paper's number of steps.
 
@@ -214,8 +215,10 @@ class VMask(Defense):
     strength_direction = "smaller is stronger"
     extra_parties = (DEALER,)
     selection: ClassVar[str] = "greedy"
+    uses_aux: ClassVar[bool] = True  # its shadow models train on rows of the held-out pool (data.aux_pool)
 
-    def __init__(self, *, budget: float = 0.25, sigma: float = 0.01, aux_size: int = 640, known_per_class: int = 4,
+    def __init__(self, *, budget: float = 0.25, sigma: float = 0.01, aux_size: int | None = None,
+                 known_per_class: int = 4,
                  mc_epochs: int = 20, mc_optimizer: Literal["sgd", "adam"] | None = None, mc_lr: float | None = None,
                  mc_batch_size: int | Literal["full"] | None = None, mc_momentum: float | None = None,
                  shadow_epochs: int = 1, frac_bits: int = 16,
@@ -238,7 +241,8 @@ class VMask(Defense):
         if attacker_view not in ATTACKER_VIEWS:
             raise ValueError(f"attacker_view must be 'reinit' or 'share' (the recovered view is the attack "
                              f"vmask_weight_recovery), got {attacker_view!r}")
-        if sigma < 0 or aux_size < 1 or known_per_class < 1 or mc_epochs < 1 or shadow_epochs < 1:
+        if sigma < 0 or (aux_size is not None and aux_size < 1) or known_per_class < 1 or mc_epochs < 1 \
+                or shadow_epochs < 1:
             raise ValueError("sigma must be >= 0 and aux_size, known_per_class, mc_epochs, shadow_epochs >= 1")
         if mc_optimizer not in (None, "sgd", "adam"):
             raise ValueError(f"mc_optimizer must be 'sgd', 'adam' or None (the attack's), got {mc_optimizer!r}")
@@ -290,7 +294,7 @@ class VMask(Defense):
 
     def _aux(self) -> DefenseAux:
         if self.context_.aux is None:
-            raise CompatibilityError("vmask needs an auxiliary set (aux_size) granted by the scenario")
+            raise CompatibilityError("vmask needs an auxiliary set granted by the scenario (data.aux_pool)")
         return self.context_.aux
 
     def _recipe(self, attack: dict[str, Any]) -> dict[str, Any]:

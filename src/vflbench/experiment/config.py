@@ -49,7 +49,18 @@ class DataConfig(_Strict):
     standardise: bool = True
     train_size: int | None = Field(None, description="subsample this many training rows")
     test_size: int | None = Field(None, description="subsample this many test rows")
+    aux_pool: int | float = Field(0, description="training rows held out of every party's training as the "
+                                  "auxiliary pool that attacks and defenses with auxiliary sets disjoint from the "
+                                  "training set draw from: a share in [0, 0.5] or a row count (0: none)")
     options: dict[str, Any] = Field(default_factory=dict, description="dataset-specific options")
+
+    @field_validator("aux_pool")
+    @classmethod
+    def _check_pool(cls, value: int | float) -> int | float:
+        if isinstance(value, bool) or value < 0 or (isinstance(value, float) and value > 0.5):
+            raise ValueError(f"aux_pool is a share of the training rows in [0, 0.5] (e.g. 0.1) or a row count (e.g. "
+                             f"640), got {value!r}")
+        return value
 
 
 class ModelConfig(_Strict):
@@ -93,6 +104,15 @@ class TrainConfig(_Strict):
         return check_device(value)
 
 
+class EvaluationConfig(_Strict):
+    """How attacks are evaluated on each trained model."""
+
+    repeats: int = Field(1, ge=1, le=100, description="independent repeats of every attack on each trained model "
+                         "(its own random stream and known labels each): the attack randomness, apart from the "
+                         "training randomness that seeds measure")
+    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="level of every confidence interval reported")
+
+
 class ComponentSpec(BaseModel):
     """A defense or attack by registry name, with its keyword parameters beside the name."""
 
@@ -113,6 +133,7 @@ class ExperimentConfig(_Strict):
     defenses: list[ComponentSpec] = Field(default_factory=list)
     attacks: list[ComponentSpec] = Field(default_factory=list)
     baselines: list[Literal["vanilla", "alone"]] = Field(default_factory=list)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     seed: int = Field(0, ge=0, le=MAX_SEED, description=f"the experiment seed, 0..{MAX_SEED}")
     sweep: dict[str, Any] | None = None
 

@@ -673,7 +673,7 @@ def _run_passive(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, 
     if attacks.attacks:
         assert local.ground_truth is not None
         results, seconds = run_attacks(attacks, TrainedRun(cfg, local.ground_truth, side,  # type: ignore[arg-type]
-                                                           History(), 0.0))
+                                                           History(), 0.0, attacks.held_out()))
     endpoint.post("passive.report", ACTIVE, to_bytes_tensor({
         "stats": {k: v.as_dict() for k, v in channel.stats.items()}, "wire": wire_of(channel),
         "attacks": {str(i): dataclasses.asdict(r) for i, r in zip(local.positions, results, strict=True)},
@@ -780,7 +780,7 @@ def _run_active(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, s
         return fed.active.models()
     # the experimenter's ground truth scores this party's attacks; the party's own objects hold only its part
     run = TrainedRun(cfg, local.ground_truth if local.ground_truth is not None else vd, fed, history,
-                     time.perf_counter() - tic)
+                     time.perf_counter() - tic, held_out)
     found, attack_seconds = run_attacks(attacks, run)  # before passive.done: it may query the passive parties
     reports = {}
     for remote in remotes:
@@ -797,7 +797,8 @@ def _run_active(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, s
     undefended = (_undefended_result(cfg, out_dir=out_dir.parent if out_dir else None,
                                       data_root=data_root)
                   if cfg.defenses and cfg.attacks else None)
-    mark_undefended(attack_results, None if undefended is None else undefended["attacks"])
+    mark_undefended(attack_results, None if undefended is None else undefended["attacks"], seed=cfg.seed,
+                    confidence=cfg.evaluation.confidence)
     comm = merged_comm([(fed.channel.train, lambda kind: True),
                         (channel.train, lambda kind: not kind.startswith("passive.")),
                         *((comm_from_dict(r["stats"]["train"]), lambda kind: kind.startswith("dealer."))

@@ -31,9 +31,15 @@ class AttackResult:
     ``direction``: ``"higher"`` when a higher ``value`` means more leakage (AUC, accuracy),
     ``"lower"`` when a lower one does (MSE). ``leakage``: eps_p in points on one scale where
     higher always means more leakage (:func:`vflbench.metrics.scores.leakage_points`).
-    ``undefended_leakage``: the same attack's leakage on the same config without defenses (its
-    own leakage when the run has none; ``None`` when unknown); ``leaks_without_defense``: whether
-    that beats the prior (> 0 points), i.e. whether a defense can be credited for stopping it.
+    ``values``/``priors``/``leakages``: each repeat's (``evaluation.repeats`` runs of the attack on the
+    trained model; ``value``, ``prior`` and ``leakage`` are their means); ``leakage_ci``: the confidence
+    interval of the leakage over them (``None`` without one; ``ci_basis`` says what it is over).
+    ``undefended_leakage``/``undefended_leakages``: the same attack's leakage (mean, per repeat) on the
+    same config without defenses (its own when the run has none; ``None`` when unknown);
+    ``leaks_without_defense``: whether the interval of that leakage lies above 0 points, i.e. whether a
+    defense can be credited for stopping it (``None``: no interval, unknown).
+    ``details["selection"]``: how the reported epoch of a trained attack was picked (``last``,
+    ``validation`` or ``test_oracle``).
     """
 
     name: str
@@ -48,6 +54,13 @@ class AttackResult:
     details: dict[str, Any] = field(default_factory=dict)
     undefended_leakage: float | None = None
     leaks_without_defense: bool | None = None
+    values: list[float] = field(default_factory=list)
+    priors: list[float] = field(default_factory=list)
+    leakages: list[float] = field(default_factory=list)
+    leakage_ci: list[float] | None = None
+    ci_basis: str = "none"
+    undefended_leakages: list[float] | None = None
+    undefended_ci: list[float] | None = None
 
 
 @dataclass

@@ -22,11 +22,11 @@ import sklearn
 import torch
 
 from vflbench._version import __version__
-from vflbench.data import VerticalData, aux_indices
+from vflbench.data import VerticalData
 from vflbench.devices import device_name, resolve_device
 from vflbench.errors import ConfigError, DataError
 from vflbench.experiment.config import ExperimentConfig, build_config, check_components
-from vflbench.experiment.plan import AttackPlan, validate_attacks, wants_aux
+from vflbench.experiment.plan import AttackPlan, aux_ids, validate_attacks, wants_aux
 from vflbench.experiment.results import (
     AttackResult,
     RunResult,
@@ -40,6 +40,7 @@ from vflbench.experiment.results import (
 from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
 from vflbench.experiment.scoring import run_attacks
 from vflbench.metrics.scores import attack_leakage, leaks
+from vflbench.metrics.stats import mean_interval
 from vflbench.protocol import Federation, History, Progress
 from vflbench.protocol.messages import passive_names
 from vflbench.rng import generator
@@ -57,6 +58,7 @@ class TrainedRun:
     federation: Federation
     history: History
     train_seconds: float
+    held_out: torch.Tensor | None = None  #: training rows no party trained on (the auxiliary pool)
 
 
 def utility_of(cfg: ExperimentConfig, history: History) -> UtilityResult:
@@ -83,18 +85,20 @@ def check_before_training(cfg: ExperimentConfig, vd: VerticalData, plan: AttackP
         which = f"only class {present[0]}" if present else "no class"
         raise DataError(f"the {len(vd.y_train)} training rows of {cfg.data.name} hold {which}; a classifier needs "
                         "at least two classes (check the label column, or a data.train_size too small to hold two)")
+    trained = torch.ones(len(vd.y_train), dtype=torch.bool)
+    if plan.pool is not None:
+        trained[plan.pool] = False
+    counts = torch.bincount(vd.y_train.cpu()[trained].long(), minlength=vd.num_classes)
     smallest = int(counts.min())
     for planned in plan.attacks:
         attack = planned.attack
         if attack.known_per_class > smallest:
             raise ConfigError(f"attack {attack.name!r}: known_per_class {attack.known_per_class} is more than the "
-                              f"smallest class of the {len(vd.y_train)} training rows has ({smallest} rows, class "
-                              f"{int(counts.argmin())}); use known_per_class <= {smallest}")
+                              f"smallest class of the {int(trained.sum())} rows the parties train on has ({smallest} "
+                              f"rows, class {int(counts.argmin())}); use known_per_class <= {smallest}")
         if wants_aux(attack):
             try:
-                aux_indices(vd.y_train, generator=generator(cfg.seed, "attack", attack.name, "aux"),
-                            size=attack.aux_size, fraction=attack.aux_fraction if attack.aux_size is None else None,
-                            classes=attack.aux_classes)
+                aux_ids(attack, vd.y_train, cfg.seed, plan.pool)
             except DataError as exc:
                 raise ConfigError(f"attack {attack.name!r}: {exc}") from None
 
@@ -127,7 +131,7 @@ def train_run(cfg: ExperimentConfig, vd: VerticalData, *, with_defenses: bool = 
     history = fed.fit(epochs=cfg.train.epochs, batch_size=cfg.train.batch_size,
                       generator=generator(cfg.seed, "active", "batches"), y_test=vd.y_test,
                       eval_every=cfg.train.eval_every, progress=progress, on_epoch_end=epoch_end)
-    return TrainedRun(cfg, vd, fed, history, time.perf_counter() - tic)
+    return TrainedRun(cfg, vd, fed, history, time.perf_counter() - tic, held_out)
 
 
 def environment(threads: int, device: torch.device | None = None) -> dict[str, Any]:
@@ -268,17 +272,25 @@ def _holder_alive(lock: Path) -> bool:
     return True
 
 
-def mark_undefended(attacks: list[AttackResult], undefended: list[dict[str, Any]] | None) -> None:
-    """Set each attack's ``undefended_leakage`` and ``leaks_without_defense`` (attacks match by
-    position: the undefended run has the same attack list); ``undefended=None``: the run itself
-    has no defenses, so its own leakage is the undefended one."""
+def mark_undefended(attacks: list[AttackResult], undefended: list[dict[str, Any]] | None, *, seed: int,
+                    confidence: float) -> None:
+    """Set each attack's undefended leakage (mean and per repeat), its interval and ``leaks_without_defense``
+    (attacks match by position: the undefended run has the same attack list and repeats); ``undefended=None``:
+    the run itself has no defenses, so its own leakage is the undefended one."""
     for i, attack in enumerate(attacks):
-        base = attack.leakage if undefended is None else attack_leakage(undefended[i])
-        attack.undefended_leakage = base
-        attack.leaks_without_defense = leaks(base)
+        if undefended is None:
+            base = list(attack.leakages) or [attack.leakage]
+        else:
+            base = [float(v) for v in undefended[i].get("leakages") or [attack_leakage(undefended[i])]]
+        interval = mean_interval({seed: base}, confidence)
+        attack.undefended_leakage = sum(base) / len(base)
+        attack.undefended_leakages = base
+        attack.undefended_ci = [interval.low, interval.high] if interval.defined else None
+        attack.leaks_without_defense = leaks(interval)
         if attack.leaks_without_defense is False:
-            log.warning("attack %s does not beat its prior without a defense (leakage %.2f points <= 0): "
-                        "no defense can be credited for stopping it", attack.name, base)
+            log.warning("attack %s does not leak measurably without a defense (leakage %.2f points, %d%% interval "
+                        "[%.2f, %.2f] does not lie above 0): no defense can be credited for stopping it", attack.name,
+                        attack.undefended_leakage, round(100 * confidence), interval.low, interval.high)
 
 
 def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path | None,
@@ -360,7 +372,8 @@ def _train_and_record(cfg: ExperimentConfig, vd: VerticalData, attack_plan: Atta
             baselines["alone"] = utility_of(cfg, train_run(cfg, vd, with_defenses=False, alone=True,
                                                            held_out=held_out).history).__dict__
     attack_results, attack_seconds = run_attacks(attack_plan, run)
-    mark_undefended(attack_results, None if undefended is None else undefended["attacks"])
+    mark_undefended(attack_results, None if undefended is None else undefended["attacks"], seed=cfg.seed,
+                    confidence=cfg.evaluation.confidence)
     comm = run.federation.channel.train
     result = RunResult(
         config_hash=cfg.hash(), seed=cfg.seed,

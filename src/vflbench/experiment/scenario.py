@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,6 +35,7 @@ from vflbench.protocol.messages import passive_index
 from vflbench.rng import generator
 
 DEFAULT_EMBED_DIM = 16
+log = logging.getLogger(__name__)
 
 
 def load_vertical_data(cfg: ExperimentConfig, data_root: str | Path | None = None) -> VerticalData:
@@ -141,17 +143,56 @@ def active_data(vd: VerticalData, *, granted: Tensor | None = None) -> VerticalD
                         vd.y_test.clone(), info=dict(vd.info))
 
 
-def defense_aux_ids(d: Defense, y_train: Tensor, seed: int) -> Tensor | None:
-    """The auxiliary labelled rows defense ``d``'s threat model grants the active party (``aux_size``), if any."""
-    size = getattr(d, "aux_size", None)
-    if not size:
+def pool_rows(cfg: ExperimentConfig, y_train: Tensor) -> Tensor | None:
+    """The training rows held out of every party's training as the auxiliary pool (``data.aux_pool``: a share
+    of the training split, or a row count), sorted; ``None`` without a pool.
+
+    A function of the dataset, its split options and the seed only, never of the attacks or defenses: every
+    config with the same data section and seed trains on the same rows, so that verdicts compare like with
+    like. Attacks and defenses whose threat model keeps their auxiliary set disjoint from the training set
+    (``aux_disjoint``; VMask's shadow set) draw it from this pool.
+    """
+    pool = cfg.data.aux_pool
+    if not pool:
         return None
-    return aux_indices(y_train, size=min(int(size), len(y_train)), generator=generator(seed, "defense", d.name, "aux"))
+    n = len(y_train)
+    size = pool if isinstance(pool, int) else max(1, round(pool * n))
+    if size > (n + 1) // 2:
+        raise ConfigError(f"data.aux_pool {pool} holds out {size} of the {n} training rows, more than half; "
+                          f"give at most {(n + 1) // 2} rows or a share of at most 0.5")
+    if size > 0.2 * n:
+        log.warning("data.aux_pool holds out %d of the %d training rows (%.0f%%); the papers' auxiliary sets are "
+                    "1-10%% of the training data", size, n, 100.0 * size / n)
+    return aux_indices(y_train, generator=generator(cfg.seed, "data", "aux_pool"), size=size)
+
+
+def defense_aux_ids(d: Defense, y_train: Tensor, seed: int, pool: Tensor | None) -> Tensor | None:
+    """The auxiliary labelled rows defense ``d``'s threat model grants the active party, if it uses any
+    (``uses_aux``): rows of the pool (:func:`pool_rows`), which no party trains on (VMask §IV-A) — all of it,
+    or ``aux_size`` rows of it."""
+    if not d.uses_aux:
+        return None
+    if pool is None or not len(pool):
+        raise ConfigError(f"defense {d.name!r} trains on an auxiliary set disjoint from the rows the parties train "
+                          "on, drawn from a pool of held-out rows: set data.aux_pool (a share of the training rows, "
+                          "e.g. 0.02, or a row count such as 640); the pool is held out for every run of the config, "
+                          "defended or not")
+    size = getattr(d, "aux_size", None)
+    if size is None:
+        return pool
+    if size > len(pool):
+        raise ConfigError(f"defense {d.name!r} asks for aux_size {size} rows, but the pool (data.aux_pool) holds "
+                          f"{len(pool)}; raise data.aux_pool or leave aux_size unset to take the whole pool")
+    trained = torch.ones(len(y_train), dtype=torch.bool)
+    trained[pool] = False
+    return aux_indices(y_train, size=int(size), generator=generator(seed, "defense", d.name, "aux"),
+                       exclude=torch.nonzero(trained).flatten())
 
 
 def defense_aux_rows(cfg: ExperimentConfig, plan: DefensePlan, y_train: Tensor) -> Tensor | None:
     """Every training row the active party's defenses in ``plan`` take as their auxiliary set (sorted)."""
-    drawn = [ids for d in plan.active if (ids := defense_aux_ids(d, y_train, cfg.seed)) is not None]
+    pool = pool_rows(cfg, y_train)
+    drawn = [ids for d in plan.active if (ids := defense_aux_ids(d, y_train, cfg.seed, pool)) is not None]
     return torch.cat(drawn).unique() if drawn else None
 
 
@@ -232,9 +273,9 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
     """Build the parties of ``cfg`` over ``vd`` (``alone``: the active party by itself).
 
     ``extra_dims`` widens a party's uploaded embedding (a malicious passive party appending
-    dimensions); the top model is sized by what it receives, as in a deployment. ``held_out``:
-    training rows no party trains on (an attacker's auxiliary set that its threat model keeps
-    disjoint from the training set, :meth:`AttackPlan.held_out`). Every defense instance is bound
+    dimensions); the top model is sized by what it receives, as in a deployment. No party trains on
+    the auxiliary pool (:func:`pool_rows`, a function of the data section and the seed) nor on
+    ``held_out``, further training rows to leave out. Every defense instance is bound
     with its party's endpoint of the federation's channel (its only way to reach other parties), or
     with ``links(party)`` when given: a party's endpoint of a network channel, in a process that runs
     one party (:mod:`vflbench.experiment.party`); VMask's dealer is then a process of its own, not
@@ -267,11 +308,12 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
     for d in plan.active if links is None else ():  # e.g. VMask's dealer, a party that is neither of the others
         for extra in d.extra_parties:
             d.start_party(extra, channel.endpoint(extra), generator(seed, "defense", d.name, ACTIVE), device=device)
+    pool = pool_rows(cfg, vd.y_train)  # held out of training whatever the attacks and defenses
     defense_held_out: list[Tensor] = []
 
     def defense_aux(d: Defense, party: str) -> DefenseAux | None:
         """The auxiliary labelled set a defense's threat model grants the active party (``aux_size``)."""
-        ids = defense_aux_ids(d, vd.y_train, seed) if party == ACTIVE else None
+        ids = defense_aux_ids(d, vd.y_train, seed, pool) if party == ACTIVE else None
         if ids is None:
             return None
         defense_held_out.append(ids)  # the auxiliary rows do not overlap the rows the parties train on (VMask §IV-A)
@@ -326,7 +368,7 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
                          generator=generator(seed, ACTIVE, "party"), defenses=plan.active,
                          transcript=transcripts[ACTIVE])
     train_rows = None
-    excluded = [*([held_out] if held_out is not None and len(held_out) else []), *defense_held_out]
+    excluded = [rows for rows in (pool, held_out, *defense_held_out) if rows is not None and len(rows)]
     if excluded:
         keep_rows = torch.ones(len(vd.y_train), dtype=torch.bool)
         keep_rows[torch.cat(excluded)] = False

@@ -50,6 +50,7 @@ from vflbench.metrics.scores import (
     pu_score,
     type_dcs,
 )
+from vflbench.metrics.stats import difference_interval, mean_interval
 
 log = logging.getLogger(__name__)
 RUNS = "runs"
@@ -640,9 +641,28 @@ def _final_mask_ratio(metrics: Path) -> float | None:
     return next((float(v) for k, v in last.items() if k.endswith(".mask_ratio")), None)
 
 
+def _setting(point: SweepPoint) -> str:
+    """The point's grid coordinates other than the seed and the defenses' (``""`` when there are none): points
+    that differ in them are different experiments, never averaged together."""
+    rest = {k: v for k, v in point.coords.items() if k != "seed" and not k.startswith("defenses.")}
+    return json.dumps(rest, sort_keys=True) if rest else ""
+
+
+#: Columns of summary.csv computed over every (dataset, algorithm, setting, defense, strength, attack) group.
+GROUP = ["dataset", "algorithm", "setting", "defense", "strength", "attack"]
+
+
 def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
-    """Build the tidy table from the finished runs and write summary.csv, scores.csv and coverage.csv."""
+    """Build the tidy table from the finished runs and write summary.csv, scores.csv and coverage.csv.
+
+    One row per run and attack. Beside each run's own numbers (its leakage is the mean over its repeats) every
+    row carries its group's statistics over seeds × repeats (:mod:`vflbench.metrics.stats`): ``leakage_mean``
+    with ``leakage_ci_low``/``leakage_ci_high``; ``delta_leakage`` = ε_p − ε_p(undefended), paired by seed,
+    with ``delta_ci_low``/``delta_ci_high``; ``change`` (``lower``, ``higher``, or ``no measurable change`` when
+    that interval reaches 0); and ``leaks_without_defense`` (the interval of the undefended leakage lies above 0).
+    """
     rows = []
+    repeats: list[tuple[list[float], list[float] | None]] = []
     stacks: list[tuple[list[dict[str, Any]], set[str]]] = []
     for point in points:
         path = out_dir / RUNS / point.hash / "result.json"
@@ -650,9 +670,10 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
             continue
         result = json.loads(path.read_text())
         cfg = point.config
-        base = {"dataset": cfg.data.name, "algorithm": cfg.train.algorithm,
+        base = {"dataset": cfg.data.name, "algorithm": cfg.train.algorithm, "setting": _setting(point),
                 "defense": _defense_label(result["defense"]),
                 "strength": _strength(result["defense"]), "seed": cfg.seed, "config_hash": point.hash,
+                "confidence": cfg.evaluation.confidence,
                 "utility_metric": result["utility"]["metric"], "utility": result["utility"]["value"],
                 "train_seconds": result["timing"]["train_seconds"]}
         ratio = _final_mask_ratio(out_dir / RUNS / point.hash / "metrics.jsonl")
@@ -661,23 +682,33 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
         stacks.append((result["defense"], {a["name"] for a in result["attacks"]}))
         if not result["attacks"]:
             rows.append({**base, "attack": None})
+            repeats.append(([], None))
         for a in result["attacks"]:
             leakage = attack_leakage(a)
-            undefended = a.get("undefended_leakage", leakage if not result["defense"] else None)
+            own = [float(v) for v in a.get("leakages") or [leakage]]
+            undefended_repeats = a.get("undefended_leakages")
+            if undefended_repeats is None and a.get("undefended_leakage") is not None:
+                undefended_repeats = [a["undefended_leakage"]]
+            if undefended_repeats is None and not result["defense"]:
+                undefended_repeats = own
+            undefended = (sum(undefended_repeats) / len(undefended_repeats)) if undefended_repeats else math.nan
             rows.append({**base, "attack": a["name"], "attack_target": a["target"], "attack_metric": a["metric"],
-                         "attack_direction": a.get("direction"), "attack_value": a["value"], "prior": a["prior"],
-                         "prior_name": a["prior_name"], "leakage": leakage,
-                         "undefended_leakage": math.nan if undefended is None else undefended,
-                         "leaks_without_defense": leaks(undefended)})
+                         "attack_direction": a.get("direction"),
+                         "selection": a.get("details", {}).get("selection", "unknown"),
+                         "attack_value": a["value"], "prior": a["prior"], "prior_name": a["prior_name"],
+                         "leakage": leakage, "repeats": len(own), "undefended_leakage": undefended})
+            repeats.append((own, None if undefended_repeats is None else [float(v) for v in undefended_repeats]))
     table = pd.DataFrame(rows)
     if table.empty:
         return table
-    vanilla = (table[table["defense"] == NO_DEFENSE].groupby(["dataset", "algorithm", "seed"])["utility"].first())
-    keys = list(zip(table["dataset"], table["algorithm"], table["seed"], strict=True))
+    _group_statistics(table, repeats)
+    vanilla = (table[table["defense"] == NO_DEFENSE].groupby(["dataset", "algorithm", "setting", "seed"])["utility"]
+               .first())
+    keys = list(zip(table["dataset"], table["algorithm"], table["setting"], table["seed"], strict=True))
     table["utility_loss"] = [100.0 * (vanilla[k] - u) if k in vanilla.index else math.nan
                              for k, u in zip(keys, table["utility"], strict=True)]
     scored = [_row_pu(r) for r in table.to_dict("records")]
-    table["pu_score"] = [score for score, _ in scored]
+    table["pu_score"] = pd.array([score for score, _ in scored], dtype="Int64")
     table["pu_note"] = [note for _, note in scored]
     coverage = adaptive_coverage(stacks)
     write_atomic(out_dir / "summary.csv", table.to_csv(index=False))
@@ -686,81 +717,219 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
     return table
 
 
-def _undefended_note(attack: str, undefended: float) -> str:
-    return (f"{attack} does not beat its prior without a defense (undefended leakage {undefended:.2f} points "
-            "<= 0), so no defense can be credited for stopping it")
+def _group_statistics(table: pd.DataFrame, repeats: list[tuple[list[float], list[float] | None]]) -> None:
+    """Add each row's group statistics (see :func:`collect`) to ``table``, in place. ``repeats``: each row's
+    leakage per repeat and its undefended leakage per repeat (``None`` when unknown)."""
+    columns: dict[str, list[Any]] = {k: [math.nan] * len(table) for k in (
+        "leakage_mean", "leakage_ci_low", "leakage_ci_high", "delta_leakage", "delta_ci_low", "delta_ci_high",
+        "undefended_ci_low", "undefended_ci_high")}
+    extra: dict[str, list[Any]] = {"ci_basis": [""] * len(table), "delta_basis": [""] * len(table),
+                                   "n_seeds": [0] * len(table), "change": [""] * len(table),
+                                   "leaks_without_defense": [None] * len(table)}
+    attacked = table["attack"].notna()
+    for _, group in table[attacked].groupby(GROUP, dropna=False):
+        rows = list(group.index)
+        confidence = float(group["confidence"].iloc[0])
+        own: dict[int, list[float]] = {}
+        undefended: dict[int, list[float]] = {}
+        for i in rows:
+            seed = int(table.at[i, "seed"])
+            own.setdefault(seed, []).extend(repeats[i][0])
+            if repeats[i][1] is not None:
+                undefended.setdefault(seed, []).extend(repeats[i][1] or [])
+        li = mean_interval(own, confidence)
+        ui = mean_interval(undefended, confidence) if undefended else None
+        baseline = group["defense"].iloc[0] == NO_DEFENSE  # its own undefended run: no difference to report
+        di = difference_interval(own, undefended, confidence) if undefended and not baseline else None
+        change = "" if di is None else ("lower" if di.below(0.0) else "higher" if di.above(0.0)
+                                        else "no measurable change")
+        values = {"leakage_mean": li.mean, "leakage_ci_low": li.low, "leakage_ci_high": li.high,
+                  "delta_leakage": math.nan if di is None else di.mean,
+                  "delta_ci_low": math.nan if di is None else di.low,
+                  "delta_ci_high": math.nan if di is None else di.high,
+                  "undefended_ci_low": math.nan if ui is None else ui.low,
+                  "undefended_ci_high": math.nan if ui is None else ui.high}
+        for i in rows:
+            for key, value in values.items():
+                columns[key][i] = value
+            extra["ci_basis"][i] = li.basis
+            extra["delta_basis"][i] = "" if di is None else di.basis
+            extra["n_seeds"][i] = li.seeds
+            extra["change"][i] = change
+            extra["leaks_without_defense"][i] = leaks(ui)
+    for key, column in {**columns, **extra}.items():
+        table[key] = column
+
+
+def _true(value: Any) -> bool:
+    """Whether a table cell holds True (not False, None or NaN)."""
+    return bool(pd.notna(value) and value)
+
+
+def _interval_text(low: float, high: float, confidence: float) -> str:
+    return (f"{round(100 * confidence)}% CI [{low:.2f}, {high:.2f}]" if not (math.isnan(low) or math.isnan(high))
+            else "no interval (one seed and one repeat, or a deterministic attack on one seed)")
+
+
+def _undefended_note(row: dict[str, Any]) -> str:
+    return (f"{row['attack']} does not leak measurably without a defense (undefended leakage "
+            f"{row['undefended_leakage']:.2f} points, "
+            f"{_interval_text(row['undefended_ci_low'], row['undefended_ci_high'], row['confidence'])}), so no "
+            "defense can be credited for stopping it")
 
 
 def _row_pu(row: dict[str, Any]) -> tuple[int | None, str]:
-    """Kang eq. 21 for one summary row, or ``None`` and why it is not defined there."""
+    """Kang eq. 21 for one summary row, or ``None`` and why it is not given there."""
     if pd.isna(row.get("attack")):
         return None, ""
     reason = pu_scorable(row["attack_target"], row["attack_metric"])
     if reason is not None:
         return None, f"PU score {reason}"
-    if leaks(row["undefended_leakage"]) is False:
-        return None, "not scored: " + _undefended_note(row["attack"], row["undefended_leakage"])
+    if not _true(row["leaks_without_defense"]):
+        return None, "not scored: " + _undefended_note(row)
     if row["defense"] == NO_DEFENSE:
         return NO_PROTECTION_SCORE, "no defense: scored 0 by Kang's convention for 'No Protect' (Tables 10-14)"
     if math.isnan(row["utility_loss"]):
         return None, "not scored: no run without defense for this seed (sweep.baseline: false), so no utility loss"
+    if row["change"] != "lower":
+        return None, ("no measurable protection: ε_p − ε_p(undefended) = "
+                      f"{row['delta_leakage']:.2f} points, "
+                      f"{_interval_text(row['delta_ci_low'], row['delta_ci_high'], row['confidence'])}")
     return pu_score(row["leakage"], row["utility_loss"]), ""
 
 
+#: The verdicts of scores.csv, in the order its rows are ranked.
+VERDICTS = ("protects", "no protection (baseline)", "no measurable protection", "not scored")
+
+
 def scores_table(table: pd.DataFrame, score_table: ScoreTable = ScoreTable()) -> pd.DataFrame:
-    """One row per (dataset, algorithm, defense): Kang's optimal PU score over strengths (means
-    over seeds) against the worst label attack that leaks without a defense, the leakage of each
-    attack and the utility loss at that strength, C-DCS over the same attacks, and a ``note`` on
-    every attack left out of the scores and why (feature attacks; attacks that do not beat their
-    prior without a defense). With no attack left, ``s_pu`` and ``c_dcs`` are empty. A table of an
-    older sweep without ``undefended_leakage`` scores every label attack (its verdict is unknown)."""
+    """One row per (dataset, algorithm, setting, defense): Kang's optimal PU score (eq. 22) over the strengths
+    at which the defense measurably lowers the worst label attack that leaks without a defense.
+
+    At each strength the worst attack is the scored attack with the highest mean leakage over seeds × repeats;
+    the strength *protects* when the interval of that attack's ε_p − ε_p(undefended) (paired by seed) lies
+    below 0. ``s_pu`` is the best PU score over protecting strengths (means over seeds), with the leakage of
+    each attack, C-DCS and the worst attack's leakage, difference and intervals at that strength. A defense
+    with no protecting strength gets ``significant = false``, no ``s_pu`` and the verdict "no measurable
+    protection", and is ranked below No Protect (whose ``s_pu`` is 0 by Kang's convention). Attacks left out
+    (feature attacks; attacks that do not leak measurably without a defense) are named in ``note``.
+    """
     attacked = table.dropna(subset=["attack"]) if "attack" in table else table.iloc[0:0]
+    attacked = _with_statistics(attacked.reset_index(drop=True))
     rows = []
-    for (dataset, algorithm, defense), group in attacked.groupby(["dataset", "algorithm", "defense"], dropna=False):
-        means = group.groupby(["strength", "attack"], dropna=False).agg(
-            leakage=("leakage", "mean"), utility_loss=("utility_loss", "mean"), utility=("utility", "mean"),
-            target=("attack_target", "first"), metric=("attack_metric", "first")).reset_index()
+    for (dataset, algorithm, setting, defense), group in attacked.groupby(["dataset", "algorithm", "setting",
+                                                                          "defense"], dropna=False):
+        per = group.groupby(["strength", "attack"], dropna=False).agg(
+            leakage=("leakage_mean", "first"), utility_loss=("utility_loss", "mean"), utility=("utility", "mean"),
+            target=("attack_target", "first"), metric=("attack_metric", "first"),
+            low=("leakage_ci_low", "first"), high=("leakage_ci_high", "first"), delta=("delta_leakage", "first"),
+            delta_low=("delta_ci_low", "first"), delta_high=("delta_ci_high", "first"), change=("change", "first"),
+            leaks=("leaks_without_defense", "first"), confidence=("confidence", "first")).reset_index()
         notes, scored = [], []
-        for attack, per in group.groupby("attack"):
-            first = per.iloc[0]
-            reason = pu_scorable(first["attack_target"], first["attack_metric"])
-            undefended = per["undefended_leakage"].mean() if "undefended_leakage" in per else math.nan
+        for attack, rows_of in per.groupby("attack"):
+            first = rows_of.iloc[0]
+            reason = pu_scorable(first["target"], first["metric"])
             if reason is not None:
                 notes.append(f"{attack}: left out of s_pu and c_dcs, {reason}")
-            elif leaks(undefended) is False:
-                notes.append(f"{attack}: left out of s_pu and c_dcs, " + _undefended_note(str(attack), undefended))
+            elif not _true(first["leaks"]):
+                notes.append(f"{attack}: left out of s_pu and c_dcs, it does not leak measurably without a "
+                             "defense (the interval of its undefended leakage reaches 0, or there is none)")
             else:
                 scored.append(attack)
-        row: dict[str, Any] = {"dataset": dataset, "algorithm": algorithm, "defense": defense,
-                               "best_strength": None, "utility_loss": None, "s_pu": None, "c_dcs": None}
-        usable = means[means["attack"].isin(scored)]
+        row: dict[str, Any] = {"dataset": dataset, "algorithm": algorithm, "setting": setting, "defense": defense,
+                               "verdict": "not scored", "significant": None, "best_strength": None,
+                               "utility_loss": None, "s_pu": None, "c_dcs": None}
+        usable = per[per["attack"].isin(scored)]
         if usable.empty:
-            notes.append("s_pu and c_dcs not defined: no label attack that leaks without a defense")
-            if means["strength"].nunique(dropna=False) == 1:
-                row.update({f"eps_p.{k}": round(v, 2) for k, v in zip(means["attack"], means["leakage"], strict=True)})
+            notes.append("s_pu and c_dcs not defined: no label attack that leaks measurably without a defense")
+            if per["strength"].nunique(dropna=False) == 1:
+                row.update({f"eps_p.{k}": round(v, 2) for k, v in zip(per["attack"], per["leakage"], strict=True)})
         elif usable["utility_loss"].isna().any():
             notes.append("s_pu and c_dcs not defined: no run without defense (sweep.baseline: false)")
         else:
-            points = [(None if pd.isna(strength) else float(strength), float(per["utility_loss"].iloc[0]),
-                       dict(zip(per["attack"], per["leakage"], strict=True)))
-                      for strength, per in usable.groupby("strength", dropna=False)]
-            best = optimal_pu_score(points, score_table, no_protection=defense == NO_DEFENSE)
-            if defense == NO_DEFENSE:
-                notes.append("s_pu 0 by Kang's convention for 'No Protect' (Tables 10-14)")
-            at = usable[(usable["strength"] == best.strength) | (usable["strength"].isna() & (best.strength is None))]
-            vanilla_utility = at["utility"].iloc[0] + at["utility_loss"].iloc[0] / 100.0
-            by_type: dict[str, list[float]] = {}
-            for _, r in at.iterrows():
-                by_type.setdefault(ATTACK_TYPES.get(r["target"], str(r["target"])), []).append(
-                    dcs(r["utility"], r["leakage"] / 100.0, main_ideal=vanilla_utility, attack_ideal=0.0))
-            row.update(best_strength=best.strength, utility_loss=round(best.utility_loss, 2), s_pu=best.score,
-                       c_dcs=round(comprehensive_dcs({k: type_dcs(v) for k, v in by_type.items()}), 4))
-            at_all = means[(means["strength"] == best.strength)
-                           | (means["strength"].isna() & (best.strength is None))]
-            row.update({f"eps_p.{k}": round(v, 2) for k, v in zip(at_all["attack"], at_all["leakage"], strict=True)})
+            row.update(_optimal(usable, per, defense, score_table, notes))
         row["note"] = "; ".join(notes)
         rows.append(row)
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    order = out["verdict"].map(VERDICTS.index)
+    return (out.assign(_order=order, _score=-out["s_pu"].astype(float).fillna(-1.0),
+                       _loss=out["utility_loss"].astype(float))
+            .sort_values(["_order", "_score", "_loss"], kind="stable").drop(columns=["_order", "_score", "_loss"])
+            .reset_index(drop=True))
+
+
+def _worst_entry(worst: pd.Series) -> dict[str, Any]:
+    """scores.csv's columns on the worst attack at a strength: its leakage and ε_p − ε_p(undefended), with intervals."""
+    return {"worst_attack": worst["attack"], "worst_leakage": round(float(worst["leakage"]), 2),
+            "worst_ci_low": round(float(worst["low"]), 2), "worst_ci_high": round(float(worst["high"]), 2),
+            "delta_leakage": round(float(worst["delta"]), 2), "delta_ci_low": round(float(worst["delta_low"]), 2),
+            "delta_ci_high": round(float(worst["delta_high"]), 2)}
+
+
+def _with_statistics(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with the group statistics of :func:`collect`; a table without them (a summary written before
+    intervals, or one built by hand) gets them from its rows, each row one repeat of its seed."""
+    if "leakage_mean" in table:
+        return table
+    table = table.copy()
+    for column, default in (("setting", ""), ("confidence", 0.95)):
+        if column not in table:
+            table[column] = default
+    undefended = table["undefended_leakage"] if "undefended_leakage" in table else pd.Series(math.nan, table.index)
+    _group_statistics(table, [([float(v)], None if pd.isna(u) else [float(u)])
+                              for v, u in zip(table["leakage"], undefended, strict=True)])
+    return table
+
+
+def _at(frame: pd.DataFrame, strength: float | None) -> pd.DataFrame:
+    return frame[(frame["strength"] == strength) | (frame["strength"].isna() & (strength is None))]
+
+
+def _optimal(usable: pd.DataFrame, per: pd.DataFrame, defense: str, score_table: ScoreTable,
+             notes: list[str]) -> dict[str, Any]:
+    """The scores.csv entries of one defense with label attacks to score (see :func:`scores_table`)."""
+    points, protecting = [], []
+    for strength, at in usable.groupby("strength", dropna=False):
+        value = None if pd.isna(strength) else float(strength)
+        worst = at.loc[at["leakage"].idxmax()]
+        points.append((value, float(at["utility_loss"].iloc[0]), dict(zip(at["attack"], at["leakage"], strict=True))))
+        if worst["change"] == "lower":
+            protecting.append(points[-1])
+    baseline = defense == NO_DEFENSE
+    if not baseline and not protecting:
+        # what it did at its strongest (the lowest worst-attack leakage), shown with the interval that says why
+        # that is not measurable protection; no strength is credited
+        strength = min(points, key=lambda p: max(p[2].values()))[0]
+        at = _at(usable, strength)
+        worst = at.loc[at["leakage"].idxmax()]
+        notes.append("no measurable protection: at no strength is the worst attack's leakage measurably below its "
+                     f"undefended leakage (at strength {strength}, {worst['attack']}: ε_p − ε_p(undefended) = "
+                     f"{worst['delta']:.2f} points, "
+                     f"{_interval_text(worst['delta_low'], worst['delta_high'], worst['confidence'])})")
+        return {"verdict": "no measurable protection", "significant": False, **_worst_entry(worst),
+                **{f"eps_p.{k}": round(v, 2) for k, v in zip(_at(per, strength)["attack"],
+                                                            _at(per, strength)["leakage"], strict=True)}}
+    best = optimal_pu_score(points if baseline else protecting, score_table, no_protection=baseline)
+    if baseline:
+        notes.append("s_pu 0 by Kang's convention for 'No Protect' (Tables 10-14)")
+    at = _at(usable, best.strength)
+    worst = at.loc[at["leakage"].idxmax()]
+    vanilla_utility = at["utility"].iloc[0] + at["utility_loss"].iloc[0] / 100.0
+    by_type: dict[str, list[float]] = {}
+    for _, r in at.iterrows():
+        by_type.setdefault(ATTACK_TYPES.get(r["target"], str(r["target"])), []).append(
+            dcs(r["utility"], r["leakage"] / 100.0, main_ideal=vanilla_utility, attack_ideal=0.0))
+    entry: dict[str, Any] = {
+        "verdict": "no protection (baseline)" if baseline else "protects", "significant": None if baseline else True,
+        "best_strength": best.strength, "utility_loss": round(best.utility_loss, 2), "s_pu": best.score,
+        "c_dcs": round(comprehensive_dcs({k: type_dcs(v) for k, v in by_type.items()}), 4), **_worst_entry(worst)}
+    if baseline:
+        entry = {k: v for k, v in entry.items() if not k.startswith("delta")}
+    at_all = _at(per, best.strength)
+    entry.update({f"eps_p.{k}": round(v, 2) for k, v in zip(at_all["attack"], at_all["leakage"], strict=True)})
+    return entry
 
 
 def _coverage_row(defense: str, adaptive: str, kind: str, evaluated: bool) -> dict[str, Any]:

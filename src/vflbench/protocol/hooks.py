@@ -49,7 +49,8 @@ class TrainSettings:
 
 @dataclass(frozen=True)
 class DefenseAux:
-    """The auxiliary labelled rows a defense's threat model grants the active party (``aux_size``).
+    """The auxiliary labelled rows a defense's threat model grants the active party (a defense that declares
+    ``uses_aux``: rows of the held-out pool, ``data.aux_pool``).
 
     They are held out of the rows the parties train on. ``x``: each passive party's slice of them.
     """
@@ -118,7 +119,9 @@ class Defense(Params):
     ``protects``: the attack targets it defends (``"labels"``, ``"features"``);
     ``adaptive_attacks``: names of attacks built against this defense (they need not be
     registered); ``adaptive_settings``: ``(parameter, value)`` pairs of this defense that model an
-    adaptive or misbehaving party (e.g. LabObf's false-attribute client).
+    adaptive or misbehaving party (e.g. LabObf's false-attribute client). ``uses_aux``: the active party's
+    instance is granted an auxiliary labelled set disjoint from the training rows (:class:`DefenseAux`: the
+    held-out pool, all of it or ``aux_size`` rows of it).
     """
 
     name: ClassVar[str] = ""
@@ -130,6 +133,7 @@ class Defense(Params):
     protects: ClassVar[tuple[str, ...]] = ()
     adaptive_attacks: ClassVar[tuple[str, ...]] = ()
     adaptive_settings: ClassVar[tuple[tuple[str, Any], ...]] = ()
+    uses_aux: ClassVar[bool] = False
     #: Parties beside the federation's that this defense needs (VMask's trusted dealer: ``"dealer"``);
     #: the experiment runs each with :meth:`start_party` at its own endpoint, in one process or as its own.
     extra_parties: ClassVar[tuple[str, ...]] = ()

@@ -54,7 +54,7 @@ class AGN(MaliciousActiveAttack):
     aux_disjoint = True  # evaluated in DMAVFL's setting (§6.1: D_aux ∩ D_train = ∅)
     has_shadow: ClassVar[bool] = False
 
-    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,
+    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = None,
                  aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
                  n_targets: int | None = None, aux_batch_size: int = 128, lr: float = 1e-4, disc_lr: float = 1e-4,
                  hidden: int = 256, decoder_width: int = 64, shadow_model: str | None = None,

@@ -67,7 +67,7 @@ class FSHA(MaliciousActiveAttack):
     paper = FSHA_PAPER
     aux_disjoint = True  # FSHA: the attacker's public set X_pub is not the clients' training set
 
-    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,
+    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = None,
                  aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
                  n_targets: int | None = None, aux_batch_size: int = 128, lr: float = 1e-5, disc_lr: float = 1e-4,
                  gradient_penalty: float = 500.0, wgan: bool = True, shadow_model: str | None = None,

@@ -279,8 +279,9 @@ class CuriousActiveAttack(Attack):
     def __init__(self, *, victim: str, aux_size: int | None, aux_fraction: float | None,
                  aux_classes: Sequence[int] | None, target_split: Literal["train", "test"],
                  n_targets: int | None, shadow_model: str | None, shadow_options: dict[str, Any] | None) -> None:
-        if aux_size is None and aux_fraction is None:
-            raise ValueError("a feature attack needs an auxiliary set: give aux_size or aux_fraction")
+        if aux_size is None and aux_fraction is None and not self.aux_disjoint:
+            raise ValueError("a feature attack whose auxiliary rows are trained on needs an auxiliary set: give "
+                             "aux_size or aux_fraction")
         if target_split not in ("train", "test"):
             raise ValueError(f"target_split must be 'train' or 'test', got {target_split!r}")
         if n_targets is not None and n_targets < 1:

@@ -25,6 +25,7 @@ def _epochs_ok(epoch: int, epochs: Sequence[int] | None) -> bool:
 class _CutGradientAttack(Attack):
     reads = ("cut_gradient",)
     phase = "observer"
+    repeatable = False  # a function of the transcript alone
 
     def __init__(self, *, party: str = "passive_1", epochs: list[int] | None = None) -> None:
         self.party = party
@@ -70,6 +71,7 @@ class DirectionScoring(_CutGradientAttack):
     """
 
     name = "direction_scoring"
+    repeatable = True  # its known positive is drawn anew on every repeat
     paper = "Li et al., Label Leakage and Protection in Two-party Split Learning (ICLR 2022)"
     threat = "honest-but-curious passive party observing cut-layer gradients, knowing a positive sample (T1)"
     requirements = ("binary labels",)

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vflbench.attacks.base import LabelInference, LabelMetric, PartyView, Prior
+from vflbench.attacks.base import LabelInference, LabelMetric, PartyView, Prior, Selection
 from vflbench.attacks.label.model_completion import ModelCompletion
 from vflbench.attacks.registry import ATTACKS
 from vflbench.mpc.masking import AttackerBottom, MaskableLayer, VMaskBottom
@@ -291,13 +291,14 @@ class VMaskWeightRecovery(ModelCompletion):
 
     def __init__(self, *, party: str = "passive_1", known_per_class: int = 4, epochs: int = 50,
                  optimizer: Literal["adam", "sgd"] = "adam", lr: float = 1e-3, batch_size: int | None = 16,
-                 head_hidden: int = 64, finetune_bottom: bool = True, select: Literal["best", "last"] = "best",
-                 prior: Prior = "local", every_epoch: bool = False, momentum: float = 0.9,
+                 head_hidden: int = 64, finetune_bottom: bool = True, select: Selection = "last",
+                 val_per_class: int = 1, prior: Prior = "local", every_epoch: bool = False, momentum: float = 0.9,
                  metric: LabelMetric = "auto", max_openings: int | None = 64,
                  fallback: Literal["tracked", "share"] = "tracked") -> None:
         super().__init__(party=party, known_per_class=known_per_class, epochs=epochs, optimizer=optimizer, lr=lr,
                          batch_size=batch_size, head_hidden=head_hidden, finetune_bottom=finetune_bottom,
-                         select=select, prior=prior, every_epoch=every_epoch, momentum=momentum, metric=metric)
+                         select=select, val_per_class=val_per_class, prior=prior, every_epoch=every_epoch,
+                         momentum=momentum, metric=metric)
         if every_epoch:
             raise ValueError("every_epoch is not supported: the weights are recovered from the final masking "
                              "episode, at the end of training")
