@@ -145,10 +145,10 @@ def _vmask_federations(dataset: str, bottom: str, data_root: str, rows: int, dev
     from vflbench.experiment.config import build_config
     from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
 
-    variants = {"vanilla": [], "vmask (layer 1 masked)": [{"name": "vmask", "aux_size": 640}]}
+    variants = {"vanilla": [], "vmask (layer 1 masked)": [{"name": "vmask"}]}
     feds = {}
     for name, defenses in variants.items():
-        cfg = build_config({"data": {"name": dataset, "root": data_root, "train_size": rows},
+        cfg = build_config({"data": {"name": dataset, "root": data_root, "train_size": rows, "aux_pool": 640},
                             "model": {"bottom": bottom, "top": "mlp2"},
                             "train": {"epochs": 2, "batch_size": 128, "lr": 0.1, "momentum": 0.0, "device": device},
                             "defenses": defenses})

@@ -39,7 +39,8 @@ RAW = {"data": {"name": "digits", "parties": 2, "train_size": 200, "test_size": 
        "model": {"bottom": "mlp2", "top": "mlp2"},
        "train": {"algorithm": "vhnn", "epochs": 1, "batch_size": 64, "lr": 0.1}, "seed": 7}
 #: DMAVFL is scored against the victim's real bottom model: this plan grants passive.oracle_bottom
-GRANTING = {**RAW, "attacks": [{"name": "dmavfl", "aux_size": 40, "aux_batch_size": 40, "n_targets": 16}]}
+GRANTING = {**RAW, "data": {**RAW["data"], "aux_pool": 40},
+            "attacks": [{"name": "dmavfl", "aux_batch_size": 40, "n_targets": 16}]}
 FAST = NetOptions(keepalive_ms=1000, keepalive_timeout_ms=1000, receive_timeout=20, start_timeout=20,
                   close_timeout=2)
 ORACLE = Grant("passive.oracle_bottom", "passive_1", "active")
