@@ -148,7 +148,8 @@ def _vmask_federations(dataset: str, bottom: str, data_root: str, rows: int, dev
     variants = {"vanilla": [], "vmask (layer 1 masked)": [{"name": "vmask"}]}
     feds = {}
     for name, defenses in variants.items():
-        cfg = build_config({"data": {"name": dataset, "root": data_root, "train_size": rows, "aux_pool": 640},
+        cfg = build_config({"data": {"name": dataset, "root": data_root, "train_size": rows,
+                                     "aux_pool": min(640, rows // 4)},
                             "model": {"bottom": bottom, "top": "mlp2"},
                             "train": {"epochs": 2, "batch_size": 128, "lr": 0.1, "momentum": 0.0, "device": device},
                             "defenses": defenses})
@@ -213,8 +214,8 @@ def part_dmavfl(args: argparse.Namespace) -> dict[str, Any]:
 
     exp = rd.EXPERIMENTS[DMAVFL_ROW]
     if args.smoke:  # the plumbing only: a few rows, one epoch of each phase
-        exp = dataclasses.replace(exp, data={"train_size": 700, "test_size": 100}, train={"epochs": 1},
-                                  attack_params={"aux_size": 100, "pretrain_epochs": 1})
+        exp = dataclasses.replace(exp, data={"train_size": 700, "test_size": 100, "aux_pool": 100},
+                                  train={"epochs": 1}, attack_params={"pretrain_epochs": 1})
     record = rd.run_one(DMAVFL_ROW, exp, args.data_root, Path(args.work))
     value, prior = record.get("value"), record.get("prior")
     record.pop("details", None)
@@ -276,7 +277,7 @@ def _part_cmd(args: argparse.Namespace, name: str) -> list[str]:
 def _tests_cmd(args: argparse.Namespace) -> list[str]:
     cmd = [sys.executable, "-m", "pytest", "-o", "addopts=", "-m", "not slow", "-p", "no:cacheprovider", "-v",
            "--tb=short", "-rfE", "--color=no"]
-    if args.workers > 1:
+    if args.workers > 1 and importlib.util.find_spec("xdist") is not None:
         cmd += ["-n", str(args.workers)]
     if importlib.util.find_spec("pytest_timeout") is not None:
         cmd += ["--timeout", "120"]  # a test that hangs on the GPU fails alone instead of stopping the suite
