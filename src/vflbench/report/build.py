@@ -136,12 +136,17 @@ def _mean_table(summary: pd.DataFrame) -> pd.DataFrame:
             row["change"] = "" if defense == NO_DEFENSE else first["change"]
         else:  # a summary written before intervals: the mean over seeds only
             row["ε_p (points)"] = _number(group["leakage"].mean())
-        if "search" in has and group["search"].fillna("").astype(str).str.len().any():
+        if "search" in has and group["search"].map(_text).any():
             row.update(_searched_cells(group, defense == NO_DEFENSE))
         scores = group["pu_score"].dropna() if "pu_score" in has else pd.Series(dtype=float)
         row["PU score"] = _number(int(scores.min())) if len(scores) else ""
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _text(value: Any) -> bool:
+    """Whether a table cell holds a non-empty string (not NaN, as an empty CSV column reads)."""
+    return isinstance(value, str) and bool(value)
 
 
 def _searched_cells(group: pd.DataFrame, baseline: bool) -> dict[str, str]:
@@ -150,7 +155,7 @@ def _searched_cells(group: pd.DataFrame, baseline: bool) -> dict[str, str]:
     (the most frequent first); "default attacker only" for an attack whose settings cannot be searched."""
     first = group.iloc[0]
     if not (group["search"] == "searched").any():
-        status = str(first["search"]) if isinstance(first["search"], str) else ""
+        status = first["search"] if _text(first["search"]) else ""
         return {"searched ε_p [95% CI]": status, "searched ε_p − undefended [95% CI]": "", "attacker setting": ""}
     settings = group["attacker_setting"].dropna().astype(str)
     counts = settings[settings != ""].value_counts()
@@ -275,7 +280,7 @@ def build_report(directory: str | Path) -> Path:
           "below 0; one that protects at no strength is reported as 'no measurable protection', without a PU "
           "score, below No Protect. The `selection` column says how trained attacks picked their epoch "
           "(`last`, `validation` on their own known labels, or `test_oracle`: an oracle, flagged).", ""]
-    searched = "search" in summary and bool(summary["search"].fillna("").astype(str).str.len().any())
+    searched = "search" in summary and bool(summary["search"].map(_text).any())
     if searched:
         md += ["Attacker search (`evaluation.attacker_search`): every attack with a search grid was also run at the "
                "setting that scored best on the attacker's own validation rows (held-out known labels, or held-out "
