@@ -406,6 +406,11 @@ def describe(name: Annotated[str, typer.Argument(help="a dataset, model, attack 
             elif isinstance(value, (list, tuple)):
                 value = ", ".join(map(str, value))
             out.print(f"  {key}: {value}")
+        if kind == "attacks":
+            grid = getattr(factory, "search_space", {})
+            shown = "; ".join(f"{k} " + ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+                              for k, values in grid.items())
+            out.print(f"  attacker search grid: {shown or 'none (default attacker only)'}")
         if kind == "defenses":
             _describe_attacks_against(factory, _registries()["attacks"])
         params = _parameters(factory)

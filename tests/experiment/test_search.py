@@ -11,13 +11,17 @@ import json
 import pandas as pd
 import pytest
 import torch
+import yaml
 from conftest import minimal
+from rich.console import Console
 
 from vflbench.attacks import ATTACKS
 from vflbench.attacks.base import Attack, Scale
+from vflbench.cli import _result_table
 from vflbench.errors import CompatibilityError, ConfigError
 from vflbench.experiment.config import build_config
 from vflbench.experiment.plan import scenario_of, validate_attacks
+from vflbench.experiment.results import RunResult
 from vflbench.experiment.run import run_experiment, train_run
 from vflbench.experiment.scenario import load_vertical_data
 from vflbench.experiment.scoring import run_attacks
@@ -242,3 +246,20 @@ def test_feature_attacks_are_searched_on_held_out_auxiliary_rows(attack):
     assert all(t["validation"] > 0 for t in search["tried"])
     assert result.leakage_worst is not None and result.attacker_setting is not None
     assert set(result.attacker_setting) == set(plan.attacks[0].attack.search_grid(plan.scenario))
+
+
+def test_the_cli_run_table_shows_the_searched_attacker_beside_the_default(tmp_path, cli):
+    config = tmp_path / "search.yaml"
+    config.write_text(yaml.safe_dump(minimal(train={"epochs": 4}, attacks=[WEAK_MC, {"name": "norm_scoring"}],
+                                             data={"name": "breast_cancer"}, evaluation={"search_budget": 3})))
+    done = cli("run", str(config), "--set", "evaluation.attacker_search=true", "--out", str(tmp_path / "runs"))
+    assert done.returncode == 0, done.stderr
+    assert "searched" in done.stdout
+    result = json.loads(next((tmp_path / "runs").glob("*/result.json")).read_text())
+    console = Console(width=250, record=True)
+    console.print(_result_table(RunResult.from_dict(result)))
+    table = console.export_text()
+    assert "searched: lr=" in table and "default attacker only" in table
+    mc, norm = result["attacks"]
+    assert mc["attacker_setting"] is not None and mc["leakage_worst"] is not None
+    assert norm["attacker_setting"] is None and norm["details"]["search"]["status"] == "default attacker only"
