@@ -78,11 +78,6 @@ class AttackResult:
     undefended_leakage_worst: float | None = None
     undefended_leakages_worst: list[float] | None = None
 
-    @property
-    def strongest_leakage(self) -> float:
-        """The leakage of the stronger of the default and the searched attacker (the default's without a search)."""
-        return self.leakage if self.leakage_worst is None else max(self.leakage, self.leakage_worst)
-
 
 @dataclass
 class Timing:
