@@ -298,7 +298,7 @@ def test_a_live_passive_process_receives_only_its_surface_and_holds_no_labels_or
     assert {f["peer"] for f in received} == {"active"}  # nothing from passive_2: passive parties have no link
     assert {"passive.setup", "passive.forward", "passive.backward", "passive.end_epoch", "passive.done"} \
         <= {f["kind"] for f in received}
-    vd = load_vertical_data(cfg)
+    vd = load_vertical_data(cfg).to("cpu")  # the ground truth beside the values the frames recorded (CPU tensors)
     y = vd.y_train
     onehot = torch.nn.functional.one_hot(y, vd.num_classes).float()
     ids = torch.empty(0, dtype=torch.long)
