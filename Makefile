@@ -13,7 +13,7 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 TORCH_INDEX_ARGS := $(if $(strip $(TORCH_INDEX)),--index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple,)
 
-.PHONY: demo test test-fast lint typecheck venv clean
+.PHONY: demo test test-fast lint typecheck docs venv clean
 
 venv: $(STAMP)
 
@@ -25,8 +25,8 @@ $(STAMP): pyproject.toml
 	@echo "==> [2/3] installing $(TORCH), the CPU build: a large download that takes a few minutes and prints" \
 		"nothing until it is done"
 	$(BIN)/python -m pip install --quiet $(TORCH_INDEX_ARGS) "$(TORCH)"
-	@echo "==> [3/3] installing vflbench and its other dependencies (editable, extras dev, cluster, he, net)"
-	$(BIN)/python -m pip install --quiet -e ".[dev,cluster,he,net]"
+	@echo "==> [3/3] installing vflbench and its other dependencies (editable, extras dev, cluster, he, net, docs)"
+	$(BIN)/python -m pip install --quiet -e ".[dev,cluster,he,net,docs]"
 	@touch $(STAMP)
 	@echo "==> $(VENV) is ready"
 
@@ -47,5 +47,9 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy src
 
+# The documentation site (MkDocs + Material + mkdocstrings): every warning is an error; site/ is the output.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet -d site
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache
