@@ -77,12 +77,12 @@ def test_splitguard_at_the_papers_settings_flags_dmavfl_unless_the_attacker_answ
 
 @pytest.mark.slow
 def test_splitguard_flags_fsha_at_every_decision_and_honest_training_rarely(tmp_path):
-    result = run_experiment(_config({"name": "fsha", "aux_batch_size": 32, "lr": 1e-3}, [SG], train={"epochs": 6}),
-                            out_dir=tmp_path)
+    result = run_experiment(_config({"name": "fsha", "aux_batch_size": 32, "lr": 1e-3}, [SG]), out_dir=tmp_path)
     detected, false_alarm = _rates(result.defense[0])
-    assert detected == 1.0 and false_alarm < 0.1  # FSHA ignores the labels: fake and regular gradients look alike
+    assert result.defense[0]["details"]["decisions"] >= 60
+    assert detected == 1.0 and false_alarm < 0.05  # FSHA ignores the labels: fake and regular gradients look alike
     sg = result.defense[0]["details"]["parties"]["passive_1"]
-    assert sg["halted"] and sg["first_flag_step"] <= 150
+    assert sg["halted"] and sg["first_flag_step"] <= 200  # at its first decision (its 10th fake batch)
 
 
 @pytest.mark.slow
@@ -92,6 +92,22 @@ def test_gradient_scrutinizer_flags_fsha_but_not_honest_training():
     h = [s for _, _, s in honest.scores_]
     assert len(h) >= 5 and honest.detected_step_ is None and min(h) > 0.5
     assert fsha.detected_step_ == 51 and fsha.scores_[0][2] < 0.1  # no same/different-label gap at all
+
+
+@pytest.mark.slow
+def test_gradient_scrutinizer_flags_dmavfl_and_honest_training_alike_on_digits(tmp_path):
+    """Both configurations of GS, watching only, seed 0: DMAVFL is flagged at most decisions (as at MNIST paper scale,
+    docs/reproduction_dmavfl.md), but honest training of the same scenario is flagged at most of them too, so GS
+    detects nothing here; the shape of the issue's measurement on a tabular dataset (honest training flagged at 228
+    of 346 decisions, DMAVFL at 313 of 316)."""
+    watch = [{**GS, "halt": False}, {"name": "gradient_scrutinizer_dmavfl", "halt": False}]
+    result = run_experiment(_config({"name": "dmavfl"}, watch), out_dir=tmp_path)
+    for entry in result.defense:
+        detected, false_alarm = _rates(entry)
+        assert entry["details"]["decisions"] >= 10 and entry["honest_reference"]["decisions"] >= 10
+        assert detected >= 0.8 and false_alarm >= 0.5 and detected - false_alarm <= 0.35
+    attack = result.attacks[0]
+    assert attack.value < attack.prior  # the attack it cannot tell from honest training reconstructs
 
 
 def _run(attack: str, defense: dict, *, epochs: int, lr: float):
