@@ -10,6 +10,11 @@ the markdown table (``--table``) and the PNGs (``--img``) from what is in ``OUT`
 
 Run:  .venv/bin/python benchmarks/reproduce_dmavfl.py --data-root /work/shared/datasets \\
           --out /tmp/dmavfl/runs [--only NAME ...] [--report --table T.md --img docs/img]
+
+``--detector-rates`` instead runs the sweep ``configs/repro/dmavfl_digits_detectors.yaml`` (SplitGuard at the
+paper's settings and Gradients Scrutinizer against DMAVFL on digits, under both conventions for SplitGuard's fake
+batches, 5 seeds; cached under ``OUT/detector_rates``) and prints each detector's detection and false-alarm rate
+with their intervals and verdict, and DMAVFL's leakage under it.
 """
 
 from __future__ import annotations
@@ -29,12 +34,14 @@ import torch
 
 from vflbench.attacks.base import victims_of
 from vflbench.defenses.detectors import urvfl_scrutinizer_terms
+from vflbench.experiment import detection
 from vflbench.experiment.config import build_config, load_config
 from vflbench.experiment.plan import validate_attacks, victim_features
 from vflbench.experiment.results import write_atomic
 from vflbench.experiment.run import TrainedRun
 from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
 from vflbench.experiment.scoring import score_features
+from vflbench.experiment.sweep import run_sweep
 from vflbench.experiment.views import _view
 from vflbench.metrics.scores import leakage_points
 from vflbench.rng import generator
@@ -712,6 +719,40 @@ def gs_cause_table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+DETECTOR_RATES = REPRO / "dmavfl_digits_detectors.yaml"
+
+
+def detector_rates(out: Path, data_root: str, workers: int | None = None) -> str:
+    """Run (or resume) the detector-rates sweep into ``out`` and return its markdown table: per detector and
+    convention for SplitGuard's fake batches, both rates over seeds with 95% intervals, the verdict, and DMAVFL's
+    leakage (points, mean [95% CI] over seeds) under that detector."""
+    cfg = load_config(DETECTOR_RATES)
+    if workers is not None:
+        cfg = build_config(cfg.model_dump(mode="json"), [f"sweep.workers={workers}"])
+    summary = run_sweep(cfg, out, resume=True, data_root=data_root)
+    rows = detection.frame(summary)
+    lines = ["| detector | DMAVFL's convention | seeds | detection rate (%) [95% CI] | false alarms on honest "
+             "training (%) [95% CI] | verdict | DMAVFL leakage (points) [95% CI] | without detector |",
+             "|---|---|---:|---|---|---|---|---|"]
+
+    def percent(r: Any, what: str) -> str:
+        low, high = r[f"{what}_ci_low"], r[f"{what}_ci_high"]
+        text = f"{100 * r[f'{what}_mean']:.1f}"
+        return text + (f" [{100 * low:.1f}, {100 * high:.1f}]" if not (math.isnan(low) or math.isnan(high)) else "")
+
+    def leakage(defense: str, setting: str) -> str:
+        at = summary[(summary["defense"] == defense) & (summary["setting"] == setting)
+                     & (summary["attack"] == "dmavfl")].iloc[0]
+        return f"{at['leakage_mean']:.1f} [{at['leakage_ci_low']:.1f}, {at['leakage_ci_high']:.1f}]"
+
+    for _, r in rows.sort_values(["detector", "setting"]).iterrows():
+        convention = json.loads(r["setting"])["attacks.0.splitguard"] if r["setting"] else "–"
+        lines.append(f"| {r['detector']} | {convention} | {r['seeds']} | {percent(r, 'detection_rate')} | "
+                     f"{percent(r, 'false_alarm_rate')} | {r['detector_verdict'].split(': ', 1)[-1]} | "
+                     f"{leakage(r['defense'], r['setting'])} | {leakage('none', r['setting'])} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "datasets"))
@@ -721,9 +762,18 @@ def main() -> None:
     parser.add_argument("--table", help="write the markdown tables here")
     parser.add_argument("--img", help="write the PNGs into this folder")
     parser.add_argument("--threads", type=int, help="torch threads per run (default: the config's train.threads)")
+    parser.add_argument("--detector-rates", action="store_true",
+                        help="run the detector-rates sweep (configs/repro/dmavfl_digits_detectors.yaml) into "
+                             "OUT/detector_rates and print its table")
+    parser.add_argument("--workers", type=int, help="with --detector-rates: parallel sweep workers")
     swap.add_arguments(parser)
     args = parser.parse_args()
     swapped = swap.overrides(args)
+    if args.detector_rates:
+        import sys
+
+        sys.stdout.write(detector_rates(Path(args.out) / "detector_rates", args.data_root, args.workers))
+        return
     out = Path(args.out) / f"swap{swap.tag(swapped)}" if swapped else Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if swapped:

@@ -170,6 +170,36 @@ def _searched_row(table: Table, a: Any) -> None:
         table.add_row("  searched", "", "default attacker only", "", "", "")
 
 
+def _share(flagged: Any, decisions: Any) -> str:
+    """``flagged / decisions (rate%)``, or why there is no rate."""
+    if decisions is None:
+        return "unknown"
+    if not decisions:
+        return "no decision (too few scores)"
+    return f"{flagged} / {decisions} ({100.0 * flagged / decisions:.1f}%)"
+
+
+def detector_table(result: Any) -> Table | None:
+    """The run's detectors: the share of their decisions that flagged this run, and the same detector's share on
+    honest training of the same scenario (its false-alarm rate); ``None`` when the run has no detector."""
+    rows = [d for d in result.defense if "honest_reference" in d]
+    if not rows:
+        return None
+    table = Table(title="detectors: decisions that flagged the training")
+    for col in ("detector", "this run", "honest training (false alarms)", "first flag (step)", "halted"):
+        table.add_column(col, justify="left" if col == "detector" else "right")
+    for d in rows:
+        own, ref = d.get("details", {}), d["honest_reference"]
+        honest = _share(ref.get("flagged"), ref.get("decisions")) + (" (this run)" if ref.get("same_run") else "")
+        first = [p["first_flag_step"] for p in own.get("parties", {}).values() if p.get("first_flag_step") is not None]
+        halted = any(p.get("halted") for p in own.get("parties", {}).values())
+        table.add_row(d["name"], _share(own.get("flagged"), own.get("decisions")), honest,
+                      str(min(first)) if first else "-", "yes" if halted else "no")
+    table.caption = ("a detector that flags honest training about as often as the attack detects nothing; rates over "
+                     "seeds with intervals: vflbench sweep")
+    return table
+
+
 def with_device(set_: list[str] | None, device: str | None) -> list[str]:
     """The ``--set`` overrides with ``--device`` appended as ``train.device=...`` (its shorthand)."""
     return [*(set_ or []), *([f"train.device={device}"] if device is not None else [])]
@@ -196,6 +226,9 @@ def run(
     check_out_dir(out_dir)
     result = run_experiment(cfg, out_dir=out_dir, data_root=data_root, progress=RichProgress(err))
     out.print(_result_table(result))
+    detectors = detector_table(result)
+    if detectors is not None:
+        out.print(detectors)
     out.print(f"results in {out_dir / result.config_hash}")
 
 

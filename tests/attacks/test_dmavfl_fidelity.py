@@ -162,7 +162,7 @@ def test_gradient_scrutinizer_dmavfl_preset_averages_five_scores_against_0_8():
     preset = create_defense("gradient_scrutinizer_dmavfl")
     assert isinstance(preset, GradientScrutinizerDMAVFL)
     assert preset.get_params() == {"every": 50, "start": 50, "threshold": 0.8, "window": 5, "variant": "urvfl",
-                                   "lag": 49, "min_scores": 6}
+                                   "lag": 49, "min_scores": 6, "halt": True}
     # a lone low score after high ones: the original rule (each score against 0.5) flags it, the average does not
     assert _detects(_passive(GradientScrutinizer()), [0.95, 0.95, 0.95, 0.95, 0.4])
     assert not _detects(_passive(create_defense("gradient_scrutinizer_dmavfl")), [0.95, 0.95, 0.95, 0.95, 0.4])
@@ -197,9 +197,13 @@ def test_gradient_scrutinizer_dmavfl_scores_and_decides_on_urvfls_schedule():
     assert [s for s, _, _ in preset.scores_][:2] == [100, 150]  # record 50 (the 51st) scored at the 100th
     assert [s for s, _, _ in at_once.scores_][:2] == [51, 101]
     assert preset.detected_step_ == 350 and at_once.detected_step_ == 251
-    n = min(len(preset.scores_), len(at_once.scores_))
-    assert n == 5 and [v for _, _, v in preset.scores_][:n] == pytest.approx([v for _, _, v in at_once.scores_][:n])
+    # both keep scoring after they halt: records 50, 100, ..., 350 scored, at once or 49 records later
+    assert len(preset.scores_) == len(at_once.scores_) == 7
+    assert [v for _, _, v in preset.scores_] == pytest.approx([v for _, _, v in at_once.scores_])
     assert max(v for _, _, v in preset.scores_) < 0.8
+    # decisions from the 6th (URVFL) or the 5th score, every one flagged
+    assert preset.details()["decisions"] == 2 and at_once.details()["decisions"] == 3
+    assert preset.details()["rate"] == at_once.details()["rate"] == 1.0
 
 
 # -- Figure 6 plot ------------------------------------------------------------------------------

@@ -1,19 +1,26 @@
-"""SplitGuard, Gradients Scrutinizer and received-gradient DP on digits.
+"""SplitGuard, Gradients Scrutinizer and received-gradient DP on digits; detectors judged by both rates.
 
-Settings are small (digits, batch 32, a few epochs, 300 aux rows). SplitGuard starts scoring
-after 100 batches (its N; the original's 20 batches fall inside DMAVFL's first epoch of attack,
-when its discriminator still separates real from shadow embeddings without the labels) and
-sends fake batches with p = 0.2 so that its 10-score window fills within the run.
+Every detector result carries its detection rate (the share of its decisions that flag the run with the attack)
+and its false-alarm rate (the same on honest training of the same scenario: the config without its malicious
+attacks, same data, pool and seed). SplitGuard runs at the paper's settings (p_fake 0.1, N = 20, mean of the last
+10 scores below 0.9; DMAVFL with its defaults: URVFL's tanh decoder, Adam 1e-4, 720 pretraining steps) on digits
+(batch 32, 25 epochs, 300 held-out aux rows), under both conventions for DMAVFL's malicious party: it trains
+SplitGuard's fake batches on their randomised labels (``cooperative``, DMAVFL's evaluation) or it recognises them,
+owning the labels, and answers them honestly (``aware``). The rates over seeds are in
+docs/reproduction_dmavfl.md (benchmarks/reproduce_dmavfl.py, ``sg_digits_*``).
 """
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
 from conftest import minimal
 
+from vflbench.attacks.feature.dmavfl import DMAVFL
+from vflbench.cli import detector_table
 from vflbench.defenses import create_defense
 from vflbench.defenses.detectors import (
     GradientScrutinizer,
@@ -25,55 +32,57 @@ from vflbench.defenses.detectors import (
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import build_config
 from vflbench.experiment.plan import validate_attacks
-from vflbench.experiment.run import train_run
-from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
-from vflbench.experiment.scoring import run_attacks
+from vflbench.experiment.run import honest_config, run_experiment, train_run
+from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses, pool_rows
 from vflbench.protocol import BindContext, Channel, StepState, default_objective
 
 PARTIES = ("active", "passive_1")
 
-SG = {"name": "splitguard", "p_fake": 0.2, "start": 100, "window": 10}
-GS = {"name": "gradient_scrutinizer"}
-AUX = {"aux_batch_size": 32, "lr": 1e-3, "disc_lr": 3e-4}
+SG = {"name": "splitguard"}  # the paper's settings: p_fake 0.1, start (N) 20, window 10, threshold 0.9
+GS = {"name": "gradient_scrutinizer"}  # the original: a score every 50 gradients, each against 0.5
 DATA = {"name": "digits", "parties": 2, "aux_pool": 300}  # the attackers' aux rows, held out of training
-# DMAVFL keeps the [0, 1] sigmoid decoder here: with URVFL's tanh decoder (the default since the
-# fidelity work) 8 epochs at this size leave it at the mean guess (MSE 0.0689 vs 0.0680), and this
-# test is about stealth of an attack that does reconstruct.
-ATTACKS = {"honest": None, "dmavfl": {"name": "dmavfl", **AUX, "pretrain_epochs": 20, "decoder_output": "sigmoid"},
-           "fsha": {"name": "fsha", **AUX}}
+TRAIN = {"epochs": 25, "batch_size": 32, "optimizer": "adam", "lr": 1e-3}
 
 
-def _run(attack: str, defense: dict, *, epochs: int, lr: float):
-    spec = ATTACKS[attack]
-    cfg = build_config(minimal(data=DATA, train={"epochs": epochs, "batch_size": 32, "optimizer": "adam", "lr": lr},
-                               defenses=[defense], attacks=[spec] if spec else []))
-    vd = load_vertical_data(cfg)
-    plan = validate_attacks(cfg, vd)
-    run = train_run(cfg, vd, attacks=plan)
-    [detector] = run.federation.passives[0].defenses
-    return run, plan, detector
+def _config(attack: dict | None, defenses: list[dict], *, seed: int = 0, train: dict | None = None):
+    return build_config(minimal(data=DATA, train={**TRAIN, **(train or {})}, defenses=defenses,
+                                attacks=[attack] if attack else [], seed=seed))
+
+
+def _rates(entry: dict) -> tuple[float, float]:
+    """(detection rate, false-alarm rate) of one detector entry of result.json."""
+    return entry["details"]["rate"], entry["honest_reference"]["rate"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("attack", "flagged"), [("honest", False), ("dmavfl", False), ("fsha", True)])
-def test_splitguard_flags_fsha_but_not_honest_training_or_dmavfl(attack, flagged):
-    run, plan, sg = _run(attack, SG, epochs=8 if attack != "fsha" else 6, lr=1e-3)  # FSHA: halted from epoch 5
-    scores = [s for _, _, s in sg.scores_]
-    assert len(scores) >= 10
-    assert (sg.detected_step_ is not None) == flagged
-    if flagged:
-        assert sum(scores[:10]) / 10 < 0.5  # FSHA ignores the labels: fake and regular gradients look alike
-        # after detection every update is refused
-        halted = [r for r in run.history.epochs if r["epoch"] > sg.detected_epoch_]
-        steps = math.ceil(len(run.federation.train_rows) / 32)  # 36: the 300 aux rows are not trained on
-        assert halted and all(r["refused_updates"] == steps for r in halted)
-    else:
-        assert sum(scores[-10:]) / 10 > 0.9
-    if attack == "dmavfl":
-        [result], _ = run_attacks(plan, run)
-        assert result.value < result.prior  # the stealthy attack still reconstructs
-    record = run.history.epochs[-1]
-    assert "splitguard.passive_1.detected" in record and isinstance(record["splitguard.passive_1.scores"], list)
+def test_splitguard_at_the_papers_settings_flags_dmavfl_unless_the_attacker_answers_fake_batches_honestly(tmp_path):
+    """Seed 0. Cooperative DMAVFL (training SplitGuard's fake batches on their randomised labels) is flagged at most
+    decisions from early on, which halts the victim and spoils the reconstruction; the aware attacker passes like
+    honest training and reconstructs. The honest reference is one run, shared by both."""
+    results = {mode: run_experiment(_config({"name": "dmavfl", "splitguard": mode}, [SG]), out_dir=tmp_path)
+               for mode in ("cooperative", "aware")}
+    coop, aware = (results[m].defense[0] for m in ("cooperative", "aware"))
+    assert coop["honest_reference"] == aware["honest_reference"]
+    assert coop["honest_reference"]["decisions"] == coop["details"]["decisions"] >= 60
+    detected, false_alarm = _rates(coop)
+    assert detected > 0.9 and false_alarm < 0.05
+    assert coop["details"]["parties"]["passive_1"]["first_flag_step"] < 200  # within DMAVFL's first epochs
+    assert results["cooperative"].attacks[0].leakage < 0  # halted: worse than the aux-mean guess
+    detected, false_alarm = _rates(aware)
+    assert detected == 0.0 and false_alarm < 0.05
+    attack = results["aware"].attacks[0]
+    assert attack.value < attack.prior and attack.leakage > 30  # it still reconstructs
+    assert attack.details["honest_batches"] > 0.05 * attack.details["malicious_batches"]
+
+
+@pytest.mark.slow
+def test_splitguard_flags_fsha_at_every_decision_and_honest_training_rarely(tmp_path):
+    result = run_experiment(_config({"name": "fsha", "aux_batch_size": 32, "lr": 1e-3}, [SG]), out_dir=tmp_path)
+    detected, false_alarm = _rates(result.defense[0])
+    assert result.defense[0]["details"]["decisions"] >= 60
+    assert detected == 1.0 and false_alarm < 0.05  # FSHA ignores the labels: fake and regular gradients look alike
+    sg = result.defense[0]["details"]["parties"]["passive_1"]
+    assert sg["halted"] and sg["first_flag_step"] <= 200  # at its first decision (its 10th fake batch)
 
 
 @pytest.mark.slow
@@ -86,19 +95,129 @@ def test_gradient_scrutinizer_flags_fsha_but_not_honest_training():
 
 
 @pytest.mark.slow
-def test_gradient_scrutinizer_scores_dmavfl_far_above_fsha():
-    """DMAVFL's label-dependent gradients keep a same/different-label gap that FSHA lacks.
+def test_gradient_scrutinizer_flags_dmavfl_and_honest_training_alike_on_digits(tmp_path):
+    """Both configurations of GS, watching only, seed 0: DMAVFL is flagged at most decisions (as at MNIST paper scale,
+    docs/reproduction_dmavfl.md), but honest training of the same scenario is flagged at most of them too, so GS
+    detects nothing here; the shape of the issue's measurement on a tabular dataset (honest training flagged at 228
+    of 346 decisions, DMAVFL at 313 of 316)."""
+    watch = [{**GS, "halt": False}, {"name": "gradient_scrutinizer_dmavfl", "halt": False}]
+    result = run_experiment(_config({"name": "dmavfl"}, watch), out_dir=tmp_path)
+    for entry in result.defense:
+        detected, false_alarm = _rates(entry)
+        assert entry["details"]["decisions"] >= 10 and entry["honest_reference"]["decisions"] >= 10
+        assert detected >= 0.8 and false_alarm >= 0.5 and detected - false_alarm <= 0.35
+    attack = result.attacks[0]
+    assert attack.value < attack.prior  # the attack it cannot tell from honest training reconstructs
 
-    On digits the original GS still ends up flagging DMAVFL (its scores fall as the
-    discriminator is fooled; see docs/reproduction_dmavfl.md), so the threshold is 0 here and only
-    the scores are compared.
-    """
-    _, _, dm = _run("dmavfl", {**GS, "threshold": 0.0}, epochs=5, lr=3e-4)  # 180 steps: scores at 50, 100, 150
-    _, _, fsha = _run("fsha", {**GS, "threshold": 0.0}, epochs=5, lr=3e-4)
-    d = [s for _, _, s in dm.scores_]
-    f = [s for _, _, s in fsha.scores_]
-    assert len(d) == len(f) >= 3
-    assert d[0] > 0.2 and sum(d) / len(d) > 3 * sum(f) / len(f)
+
+def _run(attack: str, defense: dict, *, epochs: int, lr: float):
+    spec = {"fsha": {"name": "fsha", "aux_batch_size": 32, "lr": 1e-3}}.get(attack)
+    cfg = _config(spec, [defense], train={"epochs": epochs, "lr": lr})
+    vd = load_vertical_data(cfg)
+    plan = validate_attacks(cfg, vd)
+    run = train_run(cfg, vd, attacks=plan)
+    [detector] = run.federation.passives[0].defenses
+    return run, plan, detector
+
+
+# -- decisions, both rates, the honest reference -----------------------------------------------
+
+
+class _RecordingDMAVFL(DMAVFL):
+    """DMAVFL that records the batches it computes the malicious loss on."""
+
+    def attack_step(self, state, ids, h, y):
+        self.attacked.append(ids.clone())
+        return super().attack_step(state, ids, h, y)
+
+
+@pytest.mark.parametrize("mode", ["cooperative", "aware"])
+def test_an_aware_dmavfl_never_applies_the_malicious_loss_on_a_fake_batch(mode):
+    cfg = _config({"name": "dmavfl", "pretrain_epochs": 1, "splitguard": mode},
+                  [{**SG, "p_fake": 0.3, "halt": False}], train={"epochs": 2})
+    vd = load_vertical_data(cfg)
+    plan = validate_attacks(cfg, vd)
+    attack = _RecordingDMAVFL(pretrain_epochs=1, splitguard=mode)
+    attack.attacked = []
+    attack.check(plan.scenario)
+    plan.attacks[0].attack = attack
+    run = train_run(cfg, vd, attacks=plan)
+    [sg] = run.federation.passives[0].defenses
+    fake = [sg.is_fake(ids) for ids in attack.attacked]
+    steps = 2 * math.ceil(len(run.federation.train_rows) / 32)
+    assert attack.malicious_batches_ + attack.honest_batches_ == sg.count_ == steps
+    if mode == "cooperative":  # DMAVFL's evaluation: the fake batches get the malicious loss on randomised labels
+        assert len(attack.attacked) == sg.count_ and sum(fake) > 0.15 * sg.count_
+        return
+    assert not any(fake)
+    assert len(attack.attacked) == attack.malicious_batches_ and attack.honest_batches_ > 0.15 * sg.count_
+    # every batch not attacked was a fake one: the fake batches of the run are exactly the ones answered honestly
+    refused = sum(r["refused_updates"] for r in run.history.epochs)  # SplitGuard never applies a fake batch
+    assert refused == attack.honest_batches_
+
+
+def test_a_detector_counts_its_decisions_and_keeps_deciding_after_it_halts():
+    sg = _bind(SplitGuard(window=2, threshold=0.5, start=0, p_fake=0.0, vector="embedding"), "passive_1")
+    g = torch.ones(4, 3)
+    state = StepState(0, 0, torch.arange(4), "passive_1")
+    assert sg.on_received_gradient(g, state) is g
+    for score in (0.9, 0.9, 0.2, 0.1, 0.9, 0.9):  # decisions from the 2nd score: means 0.9, 0.55, 0.15, 0.5, 0.9
+        sg.record(state, score)
+    details = sg.details()
+    assert (details["decisions"], details["flagged"], details["rate"]) == (5, 1, 0.2)  # 0.5 is not below 0.5
+    assert details["first_flag_step"] == 1 and details["halted"]
+    assert sg.on_received_gradient(g, state) is None  # halted: every update refused, the scoring goes on
+    watcher = _bind(SplitGuard(window=1, threshold=0.5, start=0, p_fake=0.0, vector="embedding", halt=False),
+                    "passive_1")
+    watcher.record(state, 0.1)
+    assert watcher.details()["flagged"] == 1 and not watcher.halted and watcher.on_received_gradient(g, state) is g
+    assert _bind(SplitGuard(), "active").details() == {}  # the active instance only coordinates
+
+
+def test_result_json_gives_both_rates_and_the_honest_reference_is_the_same_scenario_without_the_attack(tmp_path):
+    # GS first and both only watching: a detector that refuses a gradient hides it from those listed after it
+    detectors = [{**GS, "halt": False}, {**SG, "p_fake": 0.3, "halt": False}]
+    cfg = _config({"name": "dmavfl", "pretrain_epochs": 1}, detectors, train={"epochs": 3})
+    result = run_experiment(cfg, out_dir=tmp_path)
+    honest, resolved = honest_config(cfg), cfg.resolved()
+    assert honest.attacks == [] and (honest.seed, honest.data, honest.defenses, honest.train, honest.model) == (
+        resolved.seed, resolved.data, resolved.defenses, resolved.train, resolved.model)
+    reference = json.loads((tmp_path / honest.hash() / "result.json").read_text())  # a run of its own, kept
+    saved = json.loads((tmp_path / cfg.hash() / "result.json").read_text())
+    assert saved["defense"] == [dict(d) for d in result.defense]
+    for entry, theirs in zip(saved["defense"], reference["defense"], strict=True):
+        own, ref = entry["details"], entry["honest_reference"]
+        assert own["decisions"] >= 1 and own["rate"] == own["flagged"] / own["decisions"]
+        assert ref == {"config_hash": honest.hash(), "same_run": False, "without": ["dmavfl"],
+                       **{k: theirs["details"][k] for k in ("decisions", "flagged", "rate")}}
+        assert theirs["honest_reference"]["same_run"] and theirs["honest_reference"]["config_hash"] == honest.hash()
+    # the same scenario: the same rows held out (the pool) and trained on
+    vd = load_vertical_data(cfg)
+    assert torch.equal(pool_rows(honest, vd.y_train), pool_rows(cfg, vd.y_train))
+    rows = [build_federation(c, vd, defenses=plan_defenses(c, ["passive_1"]),
+                             held_out=validate_attacks(c, vd).held_out()).train_rows for c in (cfg, honest)]
+    assert torch.equal(rows[0], rows[1])
+    # an observer attack leaves the training as it is: that run is its own honest reference, with the same numbers
+    observed = run_experiment(build_config({**cfg.model_dump(mode="json", exclude={"sweep"}),
+                                            "attacks": [{"name": "model_completion"}]}), out_dir=tmp_path)
+    for entry, theirs in zip(observed.defense, reference["defense"], strict=True):
+        assert entry["honest_reference"]["same_run"] and entry["details"]["decisions"] == theirs["details"]["decisions"]
+        assert entry["details"]["flagged"] == theirs["details"]["flagged"]
+    # a second attacked config of the same scenario reuses the honest run
+    stamp = (tmp_path / honest.hash() / "result.json").stat().st_mtime_ns
+    aware = run_experiment(_config({"name": "dmavfl", "pretrain_epochs": 1, "splitguard": "aware"}, detectors,
+                                   train={"epochs": 3}), out_dir=tmp_path)
+    assert (tmp_path / honest.hash() / "result.json").stat().st_mtime_ns == stamp
+    assert aware.defense[0]["honest_reference"] == result.defense[0]["honest_reference"]
+    # the CLI's table names both rates
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    console.print(detector_table(result))
+    text = console.export_text()
+    for entry in result.defense:
+        assert f"{entry['details']['flagged']} / {entry['details']['decisions']}" in text
+        assert f"{entry['honest_reference']['flagged']} / {entry['honest_reference']['decisions']}" in text
 
 
 # -- coordination and score functions -------------------------------------------------------

@@ -10,7 +10,17 @@ scoring round (``scores_``: ``(global step, epoch, score)``; per-epoch metrics
 ``<name>.<party>.scores``, for plots like DMAVFL Figure 6) and compare a moving average of the
 last ``window`` scores with ``threshold``. When an attack is detected the party halts: from
 that batch on, ``on_received_gradient`` returns ``None`` (the update is refused) and the
-detection step and epoch are recorded (``detected_step_``, ``detected_epoch_``).
+detection step and epoch are recorded (``detected_step_``, ``detected_epoch_``); ``halt: false``
+only watches (nothing is refused).
+
+**Decisions.** Every comparison of the moving average with the threshold is a *decision*
+(``decisions_``: ``(global step, epoch, statistic, flagged)``). A detector keeps scoring and
+deciding on what it receives after it halted (refusing an update does not stop it from
+observing), so that a run reports how often the detector flags it: ``details()`` gives the
+decisions made, those flagged and their share (``rate``). On an attack that share is the
+detection rate; on honest training of the same scenario it is the false-alarm rate (the run's
+honest reference, :mod:`vflbench.experiment.run`). After a halt the decisions are on a victim
+that no longer updates; ``halt: false`` measures both rates on undisturbed training.
 
 **Adaptation to VFL and what the defender is assumed to know.** Both detectors come from split
 learning, where the defending client holds the labels. In VFL the labels are the active
@@ -31,8 +41,11 @@ batches). We follow that and make the assumptions explicit:
   ids; the active-side instance wraps the objective's targets so that every label read of a
   fake batch (the honest loss, or a malicious party's DAC) gets ``(y + r) mod C`` with
   ``r`` uniform in 1..C-1 (SplitGuard's ``(y + randint) % 10``; URVFL's binary code uses
-  ``(y + 1) % 2``, the same for C = 2). A malicious active party is assumed not to tell fake
-  from regular batches (it sees the same ids and labels it always sees).
+  ``(y + 1) % 2``, the same for C = 2). By default a malicious active party is assumed not to
+  tell fake from regular batches and to train on the labels it is given (DMAVFL's evaluation:
+  ``dmavfl``'s ``splitguard: cooperative``). It owns the labels, though, and sees the same row
+  ids relabelled; ``splitguard: aware`` is the attacker that notices and answers fake batches
+  honestly (:class:`~vflbench.attacks.feature.dmavfl.DMAVFL`).
 """
 
 from __future__ import annotations
@@ -147,8 +160,12 @@ def splitguard_score(fakes: _Running, r1: _Running, r2: _Running, *, mult: float
     return float((1.0 / (1.0 + math.exp(-mult * (x - shift)))) ** exp)
 
 
-class _Detector(Defense):
-    """Shared bookkeeping of the two detectors (side ``both``: the active instance only coordinates)."""
+class Detector(Defense):
+    """Shared bookkeeping of the detectors (side ``both``: the active instance only coordinates).
+
+    A detector decides at each of its scoring rounds (from its ``min_scores``-th score) whether the
+    training is hijacked; :meth:`details` reports the decisions made and flagged (module docstring).
+    """
 
     side = "both"
     protects = ("features",)
@@ -156,20 +173,22 @@ class _Detector(Defense):
     strength_param = "threshold"
     strength_direction = "larger is stronger"
 
-    def __init__(self, *, threshold: float, window: int, min_scores: int | None = None) -> None:
+    def __init__(self, *, threshold: float, window: int, min_scores: int | None = None, halt: bool = True) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         if min_scores is not None and min_scores < window:
             raise ValueError(f"min_scores must be >= window ({window}), got {min_scores}")
         self.threshold = threshold
         self.window = window
+        self.halt = halt
         self._min_scores = window if min_scores is None else min_scores
 
-    def bind(self, context: BindContext) -> None:
+    def bind(self, context: BindContext) -> None:  # noqa: D102
         super().bind(context)
         self.key_ = _key(context.shared_generator)
         self.count_ = 0
         self.scores_: list[tuple[int, int, float]] = []
+        self.decisions_: list[tuple[int, int, float, bool]] = []
         self.detected_step_: int | None = None
         self.detected_epoch_: int | None = None
         self._reported = 0
@@ -179,17 +198,37 @@ class _Detector(Defense):
         """Whether this instance sits at a passive party (where detection happens)."""
         return self.context_.party != ACTIVE
 
+    @property
+    def halted(self) -> bool:
+        """Whether this instance refuses every update from now on (it flagged an attack and ``halt`` is set)."""
+        return self.halt and self.detected_step_ is not None
+
     def record(self, state: StepState, score: float) -> None:
-        """Add a score; halt when the mean of the last ``window`` scores is below ``threshold`` (once at least
-        ``min_scores`` scores exist)."""
+        """Add a score and, once at least ``min_scores`` scores exist, decide: the mean of the last ``window``
+        scores below ``threshold`` flags the batch (the first flag is the detection, and halts with ``halt``)."""
         self.scores_.append((self.count_, state.epoch, score))
+        if len(self.scores_) < self._min_scores:
+            return
         recent = [s for _, _, s in self.scores_[-self.window :]]
-        if (len(self.scores_) >= self._min_scores and sum(recent) / len(recent) < self.threshold
-                and self.detected_step_ is None):
+        statistic = sum(recent) / len(recent)
+        flagged = statistic < self.threshold
+        self.decisions_.append((self.count_, state.epoch, statistic, flagged))
+        if flagged and self.detected_step_ is None:
             self.detected_step_ = self.count_
             self.detected_epoch_ = state.epoch
 
-    def on_epoch_end(self, epoch: int) -> dict[str, Any]:
+    def details(self) -> dict[str, Any]:
+        """The decisions this (passive) instance made: ``decisions``, ``flagged``, ``rate`` (their share, ``None``
+        before the first decision), where it first flagged and whether it halted there."""
+        if not self.passive:
+            return {}
+        flagged = sum(f for *_, f in self.decisions_)
+        n = len(self.decisions_)
+        return {"party": self.context_.party, "decisions": n, "flagged": flagged, "rate": flagged / n if n else None,
+                "first_flag_step": self.detected_step_, "first_flag_epoch": self.detected_epoch_,
+                "halted": self.halted, "received": self.count_, "scores": len(self.scores_)}
+
+    def on_epoch_end(self, epoch: int) -> dict[str, Any]:  # noqa: D102
         if not self.passive:
             return {}
         new = [s for _, _, s in self.scores_[self._reported :]]
@@ -206,7 +245,7 @@ class _Detector(Defense):
 
 @DEFENSES.register(summary="SplitGuard: fake batches with randomised labels; halts when gradients "
                                          "of fake and regular batches look alike")
-class SplitGuard(_Detector):
+class SplitGuard(Detector):
     """SplitGuard (Erdogan et al. 2022) at each passive party, with the original constants.
 
     From the ``start``-th received gradient on (N = 20), a batch is *fake* with probability
@@ -220,7 +259,8 @@ class SplitGuard(_Detector):
     honest training (fake gradients differ from regular ones more than regular ones differ from
     each other), near 0 under hijacking. The original notebook sets no threshold; following
     DMAVFL §6.2 an attack is detected when the mean of the last ``window`` = 10 scores is below
-    ``threshold`` = 0.9.
+    ``threshold`` = 0.9 (then every update is refused; ``halt: false`` only watches). Scoring and
+    deciding go on after a halt (see :class:`Detector`).
 
     ``vector``: ``"parameter"`` (original) is the gradient of the party's first parameter tensor
     (its first layer's weights) implied by the received cut gradient; ``"embedding"`` is URVFL's
@@ -238,8 +278,8 @@ class SplitGuard(_Detector):
 
     def __init__(self, *, p_fake: float = 0.1, start: int = 20, fake_fraction: float = 1.0, mult: float = 5.0,
                  exp: float = 2.0, shift: float = 0.0, threshold: float = 0.9, window: int = 10,
-                 vector: Literal["parameter", "embedding"] = "parameter") -> None:
-        super().__init__(threshold=threshold, window=window)
+                 vector: Literal["parameter", "embedding"] = "parameter", halt: bool = True) -> None:
+        super().__init__(threshold=threshold, window=window, halt=halt)
         if not 0.0 <= p_fake <= 1.0 or not 0.0 < fake_fraction <= 1.0:
             raise ValueError(f"p_fake must be in [0, 1] and fake_fraction in (0, 1], got {p_fake}, {fake_fraction}")
         if start < 0:
@@ -308,11 +348,9 @@ class SplitGuard(_Detector):
         if not self.passive:
             return gradient
         self.count_ += 1
-        if self.detected_step_ is not None:
-            return None
         fake = self.is_fake(state.ids)
         if self.count_ <= self.start:
-            return None if fake else gradient
+            return None if fake or self.halted else gradient
         v = self._vector(gradient, state)
         if fake:
             if v is not None:
@@ -324,7 +362,7 @@ class SplitGuard(_Detector):
         if v is not None:
             coin = float(torch.rand((), generator=self.context_.generator))
             (self.r1_ if coin <= 0.5 else self.r2_).add(v)
-        return gradient
+        return None if self.halted else gradient
 
 
 # ----------------------------------------------------------------------------------------------
@@ -406,7 +444,7 @@ def urvfl_scrutinizer_score(diff_mean: list[float], same_mean: list[float], diff
 
 
 @DEFENSES.register(summary="Gradients Scrutinizer: same-label vs different-label similarity of received gradients")
-class GradientScrutinizer(_Detector):
+class GradientScrutinizer(Detector):
     """Gradients Scrutinizer (Fu et al., NDSS 2023) at each passive party, original constants.
 
     For every received cut gradient (B rows, flattened), the similarities ``0.5 + 0.5 cos`` of
@@ -415,8 +453,9 @@ class GradientScrutinizer(_Detector):
     records i = ``start``, ``start + every``, ... (50, 100, ...) the score
     :func:`scrutinizer_score` is recorded; an attack is detected when the mean of the last
     ``window`` scores is below ``threshold`` (once ``min_scores``, default ``window``, scores
-    exist). The score of record i is computed when record ``i + lag`` arrives (default 0: at once;
-    it only reads records 0..i). Original: every score on its own (``window`` 1) against 0.5.
+    exist; then every update is refused, ``halt: false`` only watches). The score of record i is
+    computed when record ``i + lag`` arrives (default 0: at once; it only reads records 0..i).
+    Original: every score on its own (``window`` 1) against 0.5.
     Honest training has a clear gap (same-label gradients are more alike), smooth curves and
     disjoint intervals, so a high score; label-free hijacking (FSHA, AGN) has no gap.
 
@@ -440,8 +479,8 @@ class GradientScrutinizer(_Detector):
 
     def __init__(self, *, every: int = 50, start: int = 50, threshold: float = 0.5, window: int = 1,
                  variant: Literal["original", "urvfl"] = "original", lag: int = 0,
-                 min_scores: int | None = None) -> None:
-        super().__init__(threshold=threshold, window=window, min_scores=min_scores)
+                 min_scores: int | None = None, halt: bool = True) -> None:
+        super().__init__(threshold=threshold, window=window, min_scores=min_scores, halt=halt)
         if every < 1 or start < 3:
             raise ValueError(f"every must be >= 1 and start >= 3 (a degree-2 fit), got {every}, {start}")
         if variant not in ("original", "urvfl"):
@@ -488,8 +527,6 @@ class GradientScrutinizer(_Detector):
         if not self.passive:
             return gradient
         self.count_ += 1
-        if self.detected_step_ is not None:
-            return None
         if self.labels_ is None:
             raise RuntimeError("gradient_scrutinizer: the active side shared no labels")
         y = self.labels_[state.ids].to(gradient.device)
@@ -503,7 +540,7 @@ class GradientScrutinizer(_Detector):
             sim, keep = cos, same
         s, d = sim[keep], sim[~same]
         if len(s) == 0 or len(d) == 0:
-            return gradient
+            return None if self.halted else gradient
         self.same_mean_.append(float(s.mean()))
         self.same_std_.append(float(s.std(unbiased=False)))
         self.diff_mean_.append(float(d.mean()))
@@ -512,9 +549,7 @@ class GradientScrutinizer(_Detector):
         if i >= self.start and (i - self.start) % self.every == 0:
             score = scrutinizer_score if self.variant == "original" else urvfl_scrutinizer_score
             self.record(state, score(self.diff_mean_, self.same_mean_, self.diff_std_, self.same_std_, i))
-            if self.detected_step_ is not None:
-                return None
-        return gradient
+        return None if self.halted else gradient
 
 
 @DEFENSES.register(summary="Gradients Scrutinizer in DMAVFL's configuration (URVFL's score, mean of 5 against 0.8)")
@@ -537,10 +572,10 @@ class GradientScrutinizerDMAVFL(GradientScrutinizer):
 
     def __init__(self, *, every: int = 50, start: int = 50, threshold: float = 0.8, window: int = 5,
                  variant: Literal["original", "urvfl"] = "urvfl", lag: int | None = None,
-                 min_scores: int | None = None) -> None:
+                 min_scores: int | None = None, halt: bool = True) -> None:
         super().__init__(every=every, start=start, threshold=threshold, window=window, variant=variant,
                          lag=every - 1 if lag is None else lag,
-                         min_scores=window + 1 if min_scores is None else min_scores)
+                         min_scores=window + 1 if min_scores is None else min_scores, halt=halt)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -592,5 +627,5 @@ class ReceivedGradientDP(Defense):
         return noisy.to(gradient.dtype).view_as(gradient)
 
 
-__all__ = ["GradientScrutinizer", "ReceivedGradientDP", "SplitGuard", "scrutinizer_score", "splitguard_score",
-           "urvfl_scrutinizer_score"]
+__all__ = ["Detector", "GradientScrutinizer", "ReceivedGradientDP", "SplitGuard", "scrutinizer_score",
+           "splitguard_score", "urvfl_scrutinizer_score"]

@@ -23,6 +23,8 @@ import torch
 
 from vflbench._version import __version__
 from vflbench.data import VerticalData
+from vflbench.defenses import DEFENSES
+from vflbench.defenses.detectors import Detector
 from vflbench.devices import device_name, resolve_device
 from vflbench.errors import ConfigError, DataError
 from vflbench.experiment.config import ExperimentConfig, build_config, check_components
@@ -177,12 +179,35 @@ def save_embeddings(run: TrainedRun, directory: Path, n: int) -> None:
 
 
 def defense_details(run: TrainedRun, name: str) -> dict[str, Any]:
-    """``{"details": ...}`` of the first instance of defense ``name`` that reports any (else nothing)."""
-    for party in run.federation.parties():
-        for d in party.defenses:
-            if d.name == name and (details := d.details()):
-                return {"details": details}
+    """``{"details": ...}`` of the first instance of defense ``name`` that reports any (else nothing); a detector's
+    are the decisions of all its instances together (:func:`detector_details`)."""
+    instances = [d for party in run.federation.parties() for d in party.defenses if d.name == name]
+    if instances and isinstance(instances[0], Detector):
+        found = [details for d in instances if (details := d.details())]
+        return {"details": detector_details(found)} if found else {}
+    for d in instances:
+        if details := d.details():
+            return {"details": details}
     return {}
+
+
+def detector_details(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """A detector's decisions over the passive parties it watches at (each instance's
+    :meth:`~vflbench.defenses.detectors.Detector.details`): ``decisions`` and ``flagged`` summed, ``rate`` their
+    share (``None`` without a decision), ``detected`` whether any instance flagged, and each party's own under
+    ``parties``."""
+    decisions = sum(int(p["decisions"]) for p in parts)
+    flagged = sum(int(p["flagged"]) for p in parts)
+    return {"decisions": decisions, "flagged": flagged, "rate": flagged / decisions if decisions else None,
+            "detected": any(p["first_flag_step"] is not None for p in parts),
+            "parties": {p["party"]: {k: v for k, v in p.items() if k != "party"} for p in parts}}
+
+
+def is_detector(name: str) -> bool:
+    """Whether defense ``name`` is a detector (it decides whether the training is hijacked, and reports how often
+    it flags: :class:`~vflbench.defenses.detectors.Detector`)."""
+    factory = DEFENSES.get(name).factory
+    return isinstance(factory, type) and issubclass(factory, Detector)
 
 
 def run_experiment(cfg: ExperimentConfig, *, out_dir: str | Path | None = None,
@@ -221,6 +246,59 @@ def _undefended_result(cfg: ExperimentConfig, *, out_dir: Path | None,
         log.info("undefended attacks: running %s without defenses (run %s) to check that the attacks leak "
                  "without protection", cfg.hash(), plain.hash())
         return _run(plain, out_dir=out_dir, data_root=data_root, progress=None).to_dict()
+
+
+def honest_config(cfg: ExperimentConfig) -> ExperimentConfig:
+    """``cfg`` without its attacks (with its defenses, data, pool and seed): honest training of the same scenario, on
+    which a detector's flags are false alarms. Attacks that only observe do not change training, and the rows held
+    out are the pool's whatever the attacks (issue 24), so this is the training the run's attackers hijacked."""
+    return build_config({**cfg.model_dump(mode="json", exclude={"sweep"}), "attacks": []}).resolved()
+
+
+def needs_honest_reference(cfg: ExperimentConfig, plan: AttackPlan) -> bool:
+    """Whether the run's detectors need an honest reference run: it has a detector and a malicious attack (without
+    one the run is honest training itself)."""
+    return (any(is_detector(d.name) for d in cfg.defenses)
+            and any(p.attack.phase == "malicious" for p in plan.attacks))
+
+
+def _honest_result(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path | None) -> dict[str, Any]:
+    """The result of :func:`honest_config` of ``cfg`` (a run of its own, read from ``out_dir/<hash>/result.json``
+    when that exists, so that a sweep's points with the same detectors and scenario share one honest run)."""
+    honest = honest_config(cfg)
+    if out_dir is None:
+        return _run(honest, out_dir=None, data_root=data_root, progress=None).to_dict()
+    path = out_dir / honest.hash() / "result.json"
+    with claim_reference(honest, out_dir) as mine:
+        if not mine or path.is_file():
+            log.info("detectors' honest reference: reusing run %s", honest.hash())
+            return dict(json.loads(path.read_text()))
+        log.info("detectors' honest reference: running %s without its attacks (run %s) to measure the detectors' "
+                 "false alarms on honest training", cfg.hash(), honest.hash())
+        return _run(honest, out_dir=out_dir, data_root=data_root, progress=None).to_dict()
+
+
+def mark_honest_reference(defense: list[dict[str, Any]], honest: dict[str, Any] | None, *, config_hash: str,
+                          malicious: list[str]) -> None:
+    """Give each detector entry of ``defense`` (a run's ``result.json`` entries) its ``honest_reference``: the same
+    detector's decisions on honest training of the same scenario (``honest``: that run's result; ``None``: the run
+    has no malicious attack, so it is its own reference) and the malicious attacks left out for it (``without``).
+    Entries match by position (same defense list)."""
+    for i, entry in enumerate(defense):
+        if not is_detector(entry["name"]):
+            continue
+        source = entry if honest is None else honest["defense"][i]
+        numbers = source.get("details", {})
+        entry["honest_reference"] = {"config_hash": config_hash if honest is None else honest["config_hash"],
+                                     "same_run": honest is None, "without": list(malicious),
+                                     **{k: numbers.get(k) for k in ("decisions", "flagged", "rate")}}
+
+
+def claim_reference(cfg: ExperimentConfig, out_dir: Path) -> contextlib.AbstractContextManager[bool]:
+    """Claim the reference run of ``cfg`` (a detector's honest reference) in ``out_dir`` for this process
+    (``True``), or wait until the process that claimed it has written its result (``False``), as
+    :func:`claim_undefended` does for the undefended run."""
+    return _claim(out_dir / f".{cfg.hash()}.reference", out_dir / cfg.hash() / "result.json")
 
 
 def claim_undefended(cfg: ExperimentConfig, out_dir: Path) -> contextlib.AbstractContextManager[bool]:
@@ -310,10 +388,13 @@ def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path |
     check_before_training(cfg, vd, attack_plan)
     undefended = (_undefended_result(cfg, out_dir=out_dir, data_root=data_root)
                   if cfg.defenses and cfg.attacks else None)
+    honest = (_honest_result(cfg, out_dir=out_dir, data_root=data_root)
+              if needs_honest_reference(cfg, attack_plan) else None)
     run_dir = out_dir / cfg.hash() if out_dir else None
     fresh = run_dir is not None and not run_dir.exists()
     try:
-        return _train_and_record(cfg, vd, attack_plan, undefended, run_dir=run_dir, progress=progress)
+        return _train_and_record(cfg, vd, attack_plan, undefended, run_dir=run_dir, progress=progress,
+                                 honest=honest)
     except OSError as exc:  # a full disk, a quota, a directory removed under us
         raise unfinished_run_error(exc, run_dir, fresh=fresh) from None
 
@@ -338,8 +419,9 @@ def unfinished_run_error(exc: OSError, run_dir: Path | None, *, fresh: bool) -> 
 
 def _train_and_record(cfg: ExperimentConfig, vd: VerticalData, attack_plan: AttackPlan,
                       undefended: dict[str, Any] | None, *, run_dir: Path | None,
-                      progress: Progress | None) -> RunResult:
-    """Train ``cfg``, run its baselines and attacks, and write its run directory ``run_dir`` (if any)."""
+                      progress: Progress | None, honest: dict[str, Any] | None = None) -> RunResult:
+    """Train ``cfg``, run its baselines and attacks, and write its run directory ``run_dir`` (if any); ``honest``:
+    the result of its detectors' honest reference run (:func:`honest_config`), ``None`` when the run is one."""
     metrics_lines: list[str] = []
 
     def open_run_dir() -> None:
@@ -385,12 +467,15 @@ def _train_and_record(cfg: ExperimentConfig, vd: VerticalData, attack_plan: Atta
     mark_undefended(attack_results, None if undefended is None else undefended["attacks"], seed=cfg.seed,
                     confidence=cfg.evaluation.confidence)
     comm = run.federation.channel.train
+    defense = [{"name": s.name, "params": s.params(), **defense_details(run, s.name)} for s in cfg.defenses]
+    mark_honest_reference(defense, honest, config_hash=cfg.hash(),
+                          malicious=[p.attack.name for p in attack_plan.attacks if p.attack.phase == "malicious"])
     result = RunResult(
         config_hash=cfg.hash(), seed=cfg.seed,
         data={**vd.info, "n_train": len(vd.y_train), "n_test": len(vd.y_test),
               "n_held_out": 0 if held_out is None else len(held_out)},
         utility=utility,
-        defense=[{"name": s.name, "params": s.params(), **defense_details(run, s.name)} for s in cfg.defenses],
+        defense=defense,
         attacks=attack_results,
         timing=Timing(run.train_seconds, run.history.epoch_seconds, attack_seconds),
         comm=comm.as_dict(),

@@ -364,9 +364,9 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
     for d in plan.active:
         d.attach_optimizer(opt, ACTIVE)
     active = ActiveParty(ACTIVE, data=active_slice, bottom=active_bottom, top=top, objective=objective,
-                         aggregation=t.aggregation, optimizer=opt, scheduler=make_scheduler(cfg, opt),
-                         generator=generator(seed, ACTIVE, "party"), defenses=plan.active,
-                         transcript=transcripts[ACTIVE])
+                         aggregation=t.aggregation, labels=vd.y_train, optimizer=opt,
+                         scheduler=make_scheduler(cfg, opt), generator=generator(seed, ACTIVE, "party"),
+                         defenses=plan.active, transcript=transcripts[ACTIVE])
     train_rows = None
     excluded = [rows for rows in (pool, held_out, *defense_held_out) if rows is not None and len(rows)]
     if excluded:

@@ -27,6 +27,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vflbench.errors import VFLBenchError
+from vflbench.experiment import detection
 from vflbench.experiment.config import (
     ComponentSpec,
     ConfigError,
@@ -691,6 +692,7 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
         ratio = _final_mask_ratio(out_dir / RUNS / point.hash / "metrics.jsonl")
         if ratio is not None:
             base["mask_ratio"] = ratio
+        base.update(detection.run_columns(result))
         stacks.append((result["defense"], {a["name"] for a in result["attacks"]}))
         if not result["attacks"]:
             rows.append({**base, "attack": None})
@@ -728,6 +730,7 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
         return table
     _group_statistics(table, repeats)
     _group_statistics(table, worst_repeats, WORST_COLUMNS)
+    detection.group_statistics(table)
     vanilla = (table[table["defense"] == NO_DEFENSE].groupby(["dataset", "algorithm", "setting", "seed"])["utility"]
                .first())
     keys = list(zip(table["dataset"], table["algorithm"], table["setting"], table["seed"], strict=True))
@@ -896,6 +899,10 @@ def scores_table(table: pd.DataFrame, score_table: ScoreTable = ScoreTable()) ->
     out = pd.DataFrame(rows)
     if out.empty:
         return out
+    detectors = detection.scores_column(table)
+    if detectors:
+        out["detectors"] = [detectors.get(key, "") for key in zip(out["dataset"], out["algorithm"], out["setting"],
+                                                                   out["defense"], strict=True)]
     order = out["verdict"].map(VERDICTS.index)
     return (out.assign(_order=order, _score=-out["s_pu"].astype(float).fillna(-1.0),
                        _loss=out["utility_loss"].astype(float))

@@ -135,22 +135,32 @@ class PassiveParty(Party):
 
 
 class ActiveParty(Party):
-    """Holds the labels (as an :class:`Objective`), maybe a bottom model, and the top model."""
+    """Holds the labels (as an :class:`Objective`), maybe a bottom model, and the top model.
+
+    ``labels``: the label column the party stores for the training rows (class indices, as loaded). Defenses at
+    the party may change what it trains on (the ``objective``'s targets: soft labels, SplitGuard's fake batches),
+    never these; ``None``: the objective's targets as given.
+    """
 
     def __init__(self, name: str, *, top: nn.Module, objective: Objective,
-                 aggregation: Aggregation, **kwargs: object) -> None:
+                 aggregation: Aggregation, labels: Tensor | None = None, **kwargs: object) -> None:
         super().__init__(name, **kwargs)  # type: ignore[arg-type]
         self.top = top
         self.objective = objective
         self.aggregation = aggregation
+        self.labels = objective.targets if labels is None else labels
 
     def own_models(self) -> dict[str, nn.Module]:  # noqa: D102
         return {**super().own_models(), "top": self.top}
 
-    def _outputs(self, ids: Tensor, received: Sequence[Tensor], split: Split) -> Tensor:
+    def _outputs(self, ids: Tensor, received: Sequence[Tensor], split: Split, *, own_bottom: bool = True) -> Tensor:
         parts = list(received)
         if self.bottom is not None:
-            parts.insert(0, self.bottom(self.features(split)[ids]))
+            if own_bottom:
+                parts.insert(0, self.bottom(self.features(split)[ids]))
+            else:
+                with torch.no_grad():
+                    parts.insert(0, self.bottom(self.features(split)[ids]))
         return self.top(aggregate(parts, self.aggregation))
 
     def step(self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int,
@@ -162,13 +172,18 @@ class ActiveParty(Party):
         return run(ids, received, epoch=epoch, step=step, senders=senders)
 
     def honest_step(self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int,
-                    senders: Sequence[str]) -> list[Tensor]:
-        """The protocol's training step: loss, update, and the cut gradient for each sender."""
+                    senders: Sequence[str], own_bottom: bool = True) -> list[Tensor]:
+        """The protocol's training step: loss, update, and the cut gradient for each sender.
+
+        ``own_bottom=False``: the party's own bottom model takes no part in the update (its embedding enters as a
+        constant, computed in the mode the model is in); the top model is trained and the cut gradients are the
+        same function of the received embeddings."""
         assert self.optimizer is not None
         for m in self.models().values():
-            m.train()
+            if own_bottom or m is not self.bottom:
+                m.train()
         leaves = [r.detach().requires_grad_() for r in received]
-        outputs = self._outputs(ids, leaves, "train")
+        outputs = self._outputs(ids, leaves, "train", own_bottom=own_bottom)
         targets = self.objective.targets[ids]
         state = StepState(epoch, step, ids, self.name, embeddings=leaves, outputs=outputs, targets=targets)
         loss = self.objective.loss(outputs, targets)

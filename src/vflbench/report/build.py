@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from vflbench.errors import VFLBenchError
+from vflbench.experiment import detection
 from vflbench.experiment.results import write_atomic
 from vflbench.experiment.sweep import NO_DEFENSE, RUNS, with_searched
 from vflbench.report import plots
@@ -169,6 +170,33 @@ def _searched_cells(group: pd.DataFrame, baseline: bool) -> dict[str, str]:
             "attacker setting": shown}
 
 
+def _detectors_view(summary: pd.DataFrame) -> pd.DataFrame:
+    """One row per defense × strength × detector: both rates (percent of decisions, 95% interval over seeds) and
+    the verdict (:mod:`vflbench.experiment.detection`); empty without detectors."""
+    rows = detection.frame(summary)
+    if rows.empty:
+        return rows
+
+    def percent(r: pd.Series, what: str) -> str:
+        return _with_interval(*(100.0 * r[f"{what}_{k}"] for k in ("mean", "ci_low", "ci_high")))
+
+    view = pd.DataFrame([{"defense": r["defense"], "strength": "" if pd.isna(r["strength"]) else f"{r['strength']:g}",
+                          "setting": "" if pd.isna(r["setting"]) else r["setting"],
+                          "detector": r["detector"], "attack": r["attack"], "seeds": r["seeds"],
+                          "detection rate (%) [95% CI]": percent(r, "detection_rate"),
+                          "false alarms on honest training (%) [95% CI]": percent(r, "false_alarm_rate"),
+                          "verdict": r["detector_verdict"]} for _, r in rows.iterrows()])
+    return view if view["setting"].astype(bool).any() else view.drop(columns="setting")
+
+
+DETECTORS_TEXT = ("A detector decides at each of its scoring rounds whether the training is hijacked. The detection "
+                  "rate is the share of its decisions that flag the run with the attack; the false-alarm rate the "
+                  "share that flag honest training of the same scenario (the same config without its malicious "
+                  "attacks: same data, pool and seed). Both are means over seeds with 95% intervals; a detector "
+                  "detects the attack only when the interval of the difference (paired by seed) lies above 0. One "
+                  "that flags honest training as often as the attack detects nothing.")
+
+
 #: How scores.csv's columns read in the report.
 SCORE_LABELS = {"defense": "defense", "verdict": "verdict", "best_strength": "best strength", "s_pu": "S*_PU",
                 "utility_loss": "ε_u (points)", "worst_attack": "worst attack", "c_dcs": "C-DCS"}
@@ -297,6 +325,9 @@ def build_report(directory: str | Path) -> Path:
         md += [f"- {r['defense']}: {r['note']}" for _, r in scores.iterrows() if isinstance(r.get("note"), str)
                and r["note"]] + [""]
     md += _verdicts(with_searched(summary))
+    detectors = _detectors_view(summary)
+    if not detectors.empty:
+        md += ["## Detectors: detection and false-alarm rates", "", DETECTORS_TEXT, "", markdown_table(detectors), ""]
     if coverage is not None and not coverage.empty:
         md += ["## Adaptive attacks", "", "Whether each defense was evaluated against the adaptive attacks (and "
                "adaptive settings) that exist for it.", "", markdown_table(coverage), ""]
@@ -323,6 +354,9 @@ def build_report(directory: str | Path) -> Path:
     if verdicts:
         body += ["<h2>Attacks that do not leak without a defense</h2>", f"<p>{html.escape(verdicts[2])}</p>",
                  "<ul>" + "".join(f"<li>{html.escape(v[2:])}</li>" for v in verdicts[4:] if v) + "</ul>"]
+    if not detectors.empty:
+        body += ["<h2>Detectors: detection and false-alarm rates</h2>", f"<p>{html.escape(DETECTORS_TEXT)}</p>",
+                 detectors.to_html(index=False, na_rep="")]
     if coverage is not None and not coverage.empty:
         body += ["<h2>Adaptive attacks</h2>", coverage.to_html(index=False, na_rep="")]
     body += ["<h2>Per defense, strength and attack</h2>", mean_table.to_html(index=False, na_rep="")]

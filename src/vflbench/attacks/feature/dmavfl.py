@@ -38,6 +38,16 @@ DMAVFL would answer with. A task whose objective does not have one output per cl
 VLR's single logit) is refused before training rather than answered by the never-trained top
 model.
 
+SplitGuard's fake batches (``splitguard``): SplitGuard makes the active party train some batches on
+randomised labels and compares the gradients those get with the others'. DMAVFL's evaluation has the
+malicious party train every batch as it comes, fake ones included (``cooperative``, the default: L_M
+and L_D with the randomised labels). The active party owns the labels, though, and sees the same row ids
+relabelled, so it can tell a fake batch from a regular one: under ``aware`` the malicious step runs only
+on batches whose labels match its own stored labels; a fake batch gets the honest step's gradient (the
+top model trained on the labels as given, the party's own bottom f_a untouched, no DAC update), and
+its top model keeps training honestly on the regular batches too, so that its answers to fake batches
+are those of a model trained on the task.
+
 Defaults follow URVFL's ``config_cifar.json`` (Adam 1e-4 for every model, pretraining 20
 epochs = 720 steps, batch 128) and DMAVFL §6.1 and Table 10 (aux : train = 1 : 10); the VFL
 epochs, batch size and the victim's optimizer are the config's ``train`` section (URVFL trains 25
@@ -55,7 +65,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vflbench.attacks.base import AuxData, Scenario, require, victims_of
+from vflbench.attacks.base import AuxData, FeatureInference, KnownLabels, PartyView, Scenario, require, victims_of
 from vflbench.attacks.feature.common import (
     DMAVFL_PAPER,
     Adversary,
@@ -63,6 +73,7 @@ from vflbench.attacks.feature.common import (
     BNConvDAC,
     ConvDAC,
     MaliciousActiveAttack,
+    class_indices,
     decoder_for,
     mlp,
     seeded,
@@ -109,7 +120,10 @@ class DMAVFL(MaliciousActiveAttack):
     ``shadow_mode`` (``"eval"``: the frozen f_e embeds the aux rows for the DAC in evaluation
     mode, as URVFL's ``cls_pretrain``; ``"train"``: in training mode, BatchNorm on each aux
     batch's own statistics like the victim's bottom, as URVFL's detection runs
-    ``defense.py::gradient_scru`` leave it; f_e's weights stay frozen either way).
+    ``defense.py::gradient_scru`` leave it; f_e's weights stay frozen either way), ``splitguard``
+    (``"cooperative"``: every batch gets the malicious gradient, SplitGuard's fake batches on their
+    randomised labels, as in DMAVFL's evaluation; ``"aware"``: the attacker recognises fake batches by
+    their labels and answers them honestly, see the module docstring).
     """
 
     name = "dmavfl"
@@ -128,7 +142,8 @@ class DMAVFL(MaliciousActiveAttack):
                  dac: Literal["mlp", "cnn", "cnn_bn"] | None = None,
                  dac_map: Sequence[int] | None = None, dac_update: Literal["paper", "urvfl"] = "paper",
                  decoder_map: Sequence[int] | None = None, honest_epochs: int = 0,
-                 shadow_mode: Literal["eval", "train"] = "eval") -> None:
+                 shadow_mode: Literal["eval", "train"] = "eval",
+                 splitguard: Literal["cooperative", "aware"] = "cooperative") -> None:
         super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
                          target_split=target_split, n_targets=n_targets, aux_batch_size=aux_batch_size, lr=lr,
                          shadow_model=shadow_model, shadow_options=shadow_options, hidden=hidden,
@@ -161,6 +176,11 @@ class DMAVFL(MaliciousActiveAttack):
             raise ConfigError(f"dmavfl: shadow_mode must be 'eval' (URVFL's attack) or 'train' (URVFL's detection "
                               f"runs), got {shadow_mode!r}")
         self.shadow_mode = shadow_mode
+        if splitguard not in ("cooperative", "aware"):
+            raise ConfigError(f"dmavfl: splitguard must be 'cooperative' (train SplitGuard's fake batches as they "
+                              f"come, DMAVFL's evaluation) or 'aware' (recognise them and answer honestly), got "
+                              f"{splitguard!r}")
+        self.splitguard = splitguard
 
     def check(self, scenario: Scenario) -> None:
         """Refuse tasks whose objective has no output per class (binary VLR's single logit): the
@@ -236,6 +256,37 @@ class DMAVFL(MaliciousActiveAttack):
         batches = math.ceil(n_aux / self.aux_batch_size)
         return max(URVFL_PRETRAIN_EPOCHS, math.ceil(URVFL_PRETRAIN_STEPS / batches))
 
+    def corrupt(self, party: Any, known: KnownLabels | None, aux: AuxData | None = None,
+                generator: torch.Generator | None = None) -> None:
+        """Build, pretrain and take over the step (:meth:`MaliciousActiveAttack.corrupt`); count the batches
+        answered honestly (``honest_batches_``, ``splitguard: aware``)."""
+        self.honest_batches_ = 0
+        self.malicious_batches_ = 0
+        super().corrupt(party, known, aux, generator)
+
+    def relabelled(self, party: ActiveParty, ids: Tensor) -> bool:
+        """Whether the labels the party is given for batch ``ids`` differ from the ones it stores (SplitGuard's fake
+        batch, as an attacker that owns the labels sees it)."""
+        given = class_indices(party.objective.targets[ids])
+        return not torch.equal(given, party.labels[ids].to(given.device, given.dtype))
+
+    def _step(self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int,
+              senders: Sequence[str]) -> list[Tensor]:
+        """``cooperative``: the malicious step on every batch. ``aware``: the top model takes the honest step on
+        every batch (the party's own bottom f_a untouched); its cut gradients are sent for a relabelled batch, the
+        malicious step's for the others."""
+        if self.splitguard == "cooperative":
+            self.malicious_batches_ += 1
+            return super()._step(ids, received, epoch=epoch, step=step, senders=senders)
+        party = self.state_.party
+        fake = self.relabelled(party, ids)
+        honest = party.honest_step(ids, received, epoch=epoch, step=step, senders=senders, own_bottom=False)
+        if fake:
+            self.honest_batches_ += 1
+            return honest
+        self.malicious_batches_ += 1
+        return super()._step(ids, received, epoch=epoch, step=step, senders=senders)
+
     def attack_step(self, state: Adversary, ids: Tensor, h: Tensor, y: Tensor) -> tuple[Tensor, float]:  # noqa: D102
         rows = state.batches.next(self.aux_batch_size)
         if self.sync:
@@ -260,6 +311,14 @@ class DMAVFL(MaliciousActiveAttack):
         loss_d.backward()
         opt.step()
         return g, float(loss_m.detach())
+
+    def infer(self, view: PartyView) -> FeatureInference:
+        """The reconstruction (:meth:`MaliciousActiveAttack.infer`), with how many training batches got the
+        malicious gradient and how many were answered honestly (``splitguard: aware``'s fake batches)."""
+        out = super().infer(view)
+        out.details.update(splitguard=self.splitguard, malicious_batches=self.malicious_batches_,
+                           honest_batches=self.honest_batches_)
+        return out
 
     def predictor(self, state: Adversary) -> Callable[..., Tensor]:
         """Class scores from the DAC: ``logsumexp`` of each class's two logits (victims' embeddings only)."""
@@ -303,7 +362,8 @@ class DMAVFLSync(DMAVFL):
                  dac: Literal["mlp", "cnn", "cnn_bn"] | None = None,
                  dac_map: Sequence[int] | None = None, dac_update: Literal["paper", "urvfl"] = "paper",
                  decoder_map: Sequence[int] | None = None, honest_epochs: int = 0,
-                 shadow_mode: Literal["eval", "train"] = "eval", hybrid: bool = False) -> None:
+                 shadow_mode: Literal["eval", "train"] = "eval",
+                 splitguard: Literal["cooperative", "aware"] = "cooperative", hybrid: bool = False) -> None:
         if pretrain_epochs > 0 and not hybrid:
             raise ValueError(f"dmavfl_sync (Algorithm 3) trains f_a, f_e, f_d alongside and has no pretraining, got "
                              f"pretrain_epochs={pretrain_epochs}; set pretrain_epochs: 0 (or leave it out), use "
@@ -313,6 +373,7 @@ class DMAVFLSync(DMAVFL):
                          aux_batch_size=aux_batch_size, lr=lr, disc_lr=disc_lr, shadow_model=shadow_model,
                          shadow_options=shadow_options, hidden=hidden, decoder_width=decoder_width,
                          decoder_output=decoder_output, dac=dac, dac_map=dac_map, dac_update=dac_update,
-                         decoder_map=decoder_map, honest_epochs=honest_epochs, shadow_mode=shadow_mode)
+                         decoder_map=decoder_map, honest_epochs=honest_epochs, shadow_mode=shadow_mode,
+                         splitguard=splitguard)
         self.hybrid = hybrid
 
