@@ -114,47 +114,99 @@ def load(directory: Path, utility: str, seeds: list[int] | None = None) -> tuple
     return summary, scores_table(summary)
 
 
+def _interval(group: pd.DataFrame) -> str:
+    """``mean [low, high]`` of a summary group's ε_p (its first row carries the group's statistics)."""
+    if group.empty:
+        return "–"
+    r = group.iloc[0]
+    if pd.isna(r.get("leakage_ci_low")):
+        return _fmt(float(r["leakage_mean"]))
+    return f"{r['leakage_mean']:.1f} [{r['leakage_ci_low']:.1f}, {r['leakage_ci_high']:.1f}]"
+
+
+def _at(frame: pd.DataFrame, defense: str, strength: object) -> pd.DataFrame:
+    rows = frame[frame["defense"] == defense]
+    if strength is None or (isinstance(strength, float) and math.isnan(strength)):
+        return rows[rows["strength"].isna()] if rows["strength"].isna().any() else rows
+    return rows[rows["strength"] == float(strength)]
+
+
+def _shown_strength(r: pd.Series, summary: pd.DataFrame, defense: str) -> object:
+    """The strength a scores row describes: its best strength, or for a defense without one, the strength at
+    which its row's leakages were reported (its strongest: the lowest worst-attack leakage)."""
+    if not pd.isna(r["best_strength"]):
+        return r["best_strength"]
+    rows = summary[(summary["defense"] == defense)].dropna(subset=["attack"])
+    if rows["strength"].isna().all():
+        return None
+    worst = rows.groupby("strength")["leakage_mean"].max()
+    return float(worst.idxmin())
+
+
 def table(name: str, directory: Path, utility: str = "final", seeds: list[int] | None = None) -> list[str]:
-    """The ours-vs-paper markdown for one setting."""
+    """The ours-vs-paper markdown for one setting: verdicts and leakages as means with 95% intervals over
+    seeds × repeats, S*_PU over the strengths that measurably protect (vflbench's scores.csv)."""
     _, title, attacks = SETTINGS[name]
     summary, scores = load(directory, utility, seeds)
     n_seeds = summary["seed"].nunique()
+    repeats = int(summary["repeats"].max()) if "repeats" in summary else 1
     base = summary[summary["defense"] == "none"]
     util = 100 * base.groupby("seed")["utility"].first().mean()
     util_std = 100 * base.groupby("seed")["utility"].first().std()
     which = {"final": "utility of the final epoch (as `vflbench sweep` reports it)",
              "best": "utility of the best epoch (test AUC, max over epochs)"}[utility]
     lines = [f"### {title}, {which}" + (f", seed {', '.join(map(str, seeds))} only" if seeds else ""), "",
-             f"Ours: mean of {n_seeds} seed(s); utility without protection {util:.1f}"
-             + (f" ± {util_std:.1f}" if n_seeds > 1 else "")
-             + f" AUC (paper {PAPER_UTILITY}). Cells are ours / paper; bold = gap over 5 points.", "",
-             "| protection | best strength (ours) | ε_u | " + " | ".join(f"ε_p {SHORT[a]}" for a in attacks)
-             + " | S*_PU |",
-             "|---|---:|---:|" + "---:|" * len(attacks) + "---:|"]
+             f"Ours: {n_seeds} seed(s) × up to {repeats} attack repeat(s); utility without protection {util:.1f}"
+             + (f" ± {util_std:.1f} (sd over seeds)" if n_seeds > 1 else "")
+             + f" AUC (paper {PAPER_UTILITY}). ε_p: ours as mean [95% interval over seeds × repeats] / the paper's; "
+             "bold = the paper's value lies outside our interval and more than 5 points from our mean. A protection "
+             "gets S*_PU only over the strengths where it lowers the worst attack measurably; one that never does "
+             "is shown at its strongest strength with verdict 'none measurable'.", "",
+             "| protection | verdict | strength (ours) | ε_u | " + " | ".join(f"ε_p {SHORT[a]}" for a in attacks)
+             + " | S*_PU (ours / paper) |",
+             "|---|---|---:|---:|" + "---|" * len(attacks) + "---:|"]
+    attacked = summary.dropna(subset=["attack"])
     for defense in ORDER:
         row = scores[scores["defense"] == defense]
         if row.empty:
             continue
         r = row.iloc[0]
         p_u, p_leak, p_s = PAPER[name][defense]
-        cells = [NAMES[defense], _strength(r["best_strength"]), _pair(float(r["utility_loss"]), p_u)]
-        cells += [_pair(float(r.get(f"eps_p.{a}", math.nan)), p_leak.get(a)) for a in attacks]
-        cells.append(f"{int(r['s_pu'])} / {p_s}")
+        strength = _shown_strength(r, summary, defense)
+        at = _at(attacked, defense, strength)
+        loss = float(at["utility_loss"].mean()) if not at.empty else math.nan
+        verdict = {"protects": "protects", "no measurable protection": "none measurable",
+                   "no protection (baseline)": "–", "not scored": "not scored"}.get(str(r.get("verdict")), "")
+        cells = [NAMES[defense], verdict, _strength(strength), _pair(loss, p_u)]
+        for a in attacks:
+            group = at[at["attack"] == a]
+            paper = p_leak.get(a)
+            text = f"{_interval(group)} / {_fmt(paper)}"
+            if not group.empty and paper is not None:
+                g = group.iloc[0]
+                low, high = g.get("leakage_ci_low"), g.get("leakage_ci_high")
+                outside = pd.isna(low) or not (low <= paper <= high)
+                if outside and abs(float(g["leakage_mean"]) - paper) > 5:
+                    text = f"**{text}**"
+            cells.append(text)
+        s_pu = "–" if pd.isna(r.get("s_pu")) else str(int(r["s_pu"]))
+        cells.append(f"{s_pu} / {p_s}")
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Every strength (means over seeds; worst = largest ε_p over the setting's attacks):", "",
+    lines += ["", "Every strength (ε_p: mean [95% interval]; change: the interval of ε_p − ε_p(undefended) of the "
+              "worst attack lies below 0 = lower):", "",
               "| protection | strength | ε_u | " + " | ".join(f"ε_p {SHORT[a]}" for a in attacks)
-              + " | worst ε_p | PU |", "|---|---:|---:|" + "---:|" * len(attacks) + "---:|---:|"]
-    attacked = summary.dropna(subset=["attack"])
-    means = attacked.groupby(["defense", "strength", "attack"], dropna=False).agg(
-        leakage=("leakage", "mean"), utility_loss=("utility_loss", "mean")).reset_index()
+              + " | worst attack's change | PU |", "|---|---:|---:|" + "---|" * len(attacks) + "---|---:|"]
     for defense in ORDER:
-        d = means[means["defense"] == defense]
+        d = attacked[attacked["defense"] == defense]
         for strength, group in d.groupby("strength", dropna=False):
-            leak = dict(zip(group["attack"], group["leakage"], strict=True))
-            loss = float(group["utility_loss"].iloc[0])
-            worst = max(leak.values())
-            cells = [NAMES[defense], _strength(strength), _fmt(loss)] + [_fmt(leak.get(a)) for a in attacks]
-            cells += [_fmt(worst), str(pu_score(worst, loss))]
+            loss = float(group["utility_loss"].mean())
+            per = {a: group[group["attack"] == a] for a in attacks}
+            worst = max((g for g in per.values() if not g.empty), key=lambda g: float(g.iloc[0]["leakage_mean"]))
+            w = worst.iloc[0]
+            change = "" if defense == "none" else str(w["change"])
+            pu = "–" if change != "lower" else str(pu_score(float(w["leakage_mean"]), loss))
+            cells = [NAMES[defense], _strength(strength), _fmt(loss)] + [_interval(per[a]) for a in attacks]
+            cells += [change, pu if defense != "none" else "0"]
             lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
 

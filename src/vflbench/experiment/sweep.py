@@ -975,8 +975,9 @@ def _optimal(usable: pd.DataFrame, per: pd.DataFrame, defense: str, score_table:
         strength = min(points, key=lambda p: max(p[2].values()))[0]
         at = _at(usable, strength)
         worst = at.loc[at["leakage"].idxmax()]
+        where = "it has no strength knob" if strength is None else f"at strength {strength:g}"
         notes.append("no measurable protection: at no strength is the worst attack's leakage measurably below its "
-                     f"undefended leakage (at strength {strength}, {worst['attack']}: ε_p − ε_p(undefended) = "
+                     f"undefended leakage ({where}, {worst['attack']}: ε_p − ε_p(undefended) = "
                      f"{worst['delta']:.2f} points, "
                      f"{_interval_text(worst['delta_low'], worst['delta_high'], worst['confidence'])})")
         return {"verdict": "no measurable protection", "significant": False, **_worst_entry(worst),
