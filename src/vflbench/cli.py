@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import os
@@ -28,6 +27,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from vflbench import catalog
+from vflbench._version import __version__
 from vflbench.errors import VFLBenchError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -42,17 +43,20 @@ app.add_typer(party_app, name="party")
 out = Console()
 err = Console(stderr=True)
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"vflbench {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                   help="Print the version and exit.")] = False) -> None:
+    """Train, attack, defend and evaluate vertical federated learning."""
+
+
 KINDS = ("datasets", "models", "attacks", "defenses")
-
-
-def _registries() -> dict[str, Any]:
-    from vflbench.attacks import ATTACKS
-    from vflbench.data import DATASETS
-    from vflbench.defenses import DEFENSES
-    from vflbench.models import MODELS, TOP_MODELS
-
-    return {"datasets": DATASETS, "models": MODELS, "top models": TOP_MODELS,
-            "attacks": ATTACKS, "defenses": DEFENSES}
 
 
 class RichProgress:
@@ -295,7 +299,6 @@ def init(
 @app.command("list")
 def list_(kind: Annotated[str, typer.Argument(help="datasets | models | attacks | defenses")]) -> None:
     """List the registered names of one kind of component."""
-    regs = _registries()
     if kind not in KINDS:
         raise VFLBenchError(f"unknown kind {kind!r}; valid kinds are: {', '.join(KINDS)}.")
     kinds = [kind, "top models"] if kind == "models" else [kind]
@@ -303,32 +306,27 @@ def list_(kind: Annotated[str, typer.Argument(help="datasets | models | attacks 
         table = Table(title=k)
         table.add_column("name")
         table.add_column("summary")
-        for entry in regs[k]:
-            table.add_row(entry.name, entry.summary)
+        for entry in catalog.entries(k):
+            table.add_row(entry["name"], entry["summary"])
         out.print(table)
 
 
-def _parameters(factory: Any) -> list[tuple[str, str]]:
-    skip = {"self", "root", "input_shape", "out_dim", "meta", "in_dim", "num_classes"}
-    params = []
-    for p in inspect.signature(factory).parameters.values():
-        if p.name in skip or p.kind is inspect.Parameter.VAR_KEYWORD:
-            continue
-        default = "required" if p.default is inspect.Parameter.empty else repr(p.default)
-        params.append((p.name, default))
-    return params
+#: Parameters the framework supplies (the data's shape, the root of the files), not the user.
+SUPPLIED = {"root", "input_shape", "out_dim", "meta", "in_dim", "num_classes"}
 
 
-def _describe_attacks_against(defense: Any, attacks: Any) -> None:
+def _describe_attacks_against(defense: dict[str, Any]) -> None:
     """The registered attacks on what ``defense`` protects, and the adaptive attacks and settings
     that exist for it (named by the defense; a name not registered in this build is still shown)."""
-    protects = getattr(defense, "protects", ())
-    against = [e.name for e in attacks if getattr(e.factory, "target", None) in protects]
-    out.print(f"  attacks on what it protects: {', '.join(against) or '(none registered)'}")
-    adaptive = [a if a in attacks else f"{a} (not registered in this build)"
-                for a in getattr(defense, "adaptive_attacks", ())]
+    protects = defense.get("protects", ())
+    attacks = catalog.entries("attacks")
+    against = [e["name"] for e in attacks if e["attributes"].get("target") in protects]
+    registered = {e["name"] for e in attacks}
+    adaptive = [a if a in registered else f"{a} (not registered in this build)"
+                for a in defense.get("adaptive_attacks", ())]
     adaptive += [f"the defense with {param}: {json.dumps(value)}"
-                 for param, value in getattr(defense, "adaptive_settings", ())]
+                 for param, value in defense.get("adaptive_settings", ())]
+    out.print(f"  attacks on what it protects: {', '.join(against) or '(none registered)'}")
     out.print(f"  adaptive attacks: {', '.join(adaptive) or '(none known)'}")
 
 
@@ -336,38 +334,32 @@ def _describe_attacks_against(defense: Any, attacks: Any) -> None:
 def describe(name: Annotated[str, typer.Argument(help="a dataset, model, attack or defense name")]) -> None:
     """Show what a component is: paper, threat model, what it reads, parameters and defaults."""
     found = False
-    for kind, reg in _registries().items():
-        if name not in reg:
-            continue
-        found = True
-        entry = reg.get(name)
-        factory = entry.factory
-        out.print(f"[bold]{name}[/bold] ({kind.rstrip('s')}): {entry.summary}")
-        facts = dict(entry.info)
-        for attr in ("paper", "threat", "target", "reads", "phase", "requirements", "side",
-                     "strength_param", "strength_direction", "protects"):
-            value = getattr(factory, attr, None)
-            if value:
-                facts[attr] = value
-        for key, value in facts.items():
-            if value in (None, (), [], "", {}):
+    for kind in catalog.KINDS:
+        for entry in catalog.entries(kind):
+            if entry["name"] != name:
                 continue
-            if isinstance(value, dict):
-                value = ", ".join(f"{k} {v}" for k, v in value.items())
-            elif isinstance(value, (list, tuple)):
-                value = ", ".join(map(str, value))
-            out.print(f"  {key}: {value}")
-        if kind == "defenses":
-            _describe_attacks_against(factory, _registries()["attacks"])
-        params = _parameters(factory)
-        if params:
-            table = Table("parameter", "default", title="parameters")
-            for p, d in params:
-                table.add_row(p, d)
-            out.print(table)
+            found = True
+            out.print(f"[bold]{name}[/bold] ({kind.rstrip('s')}): {entry['summary']}")
+            attributes = entry["attributes"]
+            facts = {**entry["info"], **{k: v for k, v in attributes.items() if v and not k.startswith("adaptive")}}
+            for key, value in facts.items():
+                if value in (None, (), [], "", {}):
+                    continue
+                if isinstance(value, dict):
+                    value = ", ".join(f"{k} {v}" for k, v in value.items())
+                elif isinstance(value, list):
+                    value = ", ".join(map(str, value))
+                out.print(f"  {key}: {value}")
+            if kind == "defenses":
+                _describe_attacks_against(attributes)
+            params = [p for p in entry["parameters"] if p["name"] not in SUPPLIED]
+            if params:
+                table = Table("parameter", "default", title="parameters")
+                for p in params:
+                    table.add_row(p["name"], "required" if p["default"] is None else p["default"])
+                out.print(table)
     if not found:
-        names = sorted({n for reg in _registries().values() for n in reg.names()})
-        raise VFLBenchError(f"unknown component {name!r}; valid names are: {', '.join(names)}.")
+        raise VFLBenchError(f"unknown component {name!r}; valid names are: {', '.join(catalog.names())}.")
 
 
 @datasets_app.command("verify")
@@ -376,10 +368,10 @@ def datasets_verify(
     names: Annotated[list[str] | None, typer.Argument(help="datasets to check (default: all)")] = None,
 ) -> None:
     """Check that dataset files are present and match their published checksums."""
-    from vflbench.data import verify_datasets
     from vflbench.data.files import resolve_root
+    from vflbench.data.verify import verify_datasets
 
-    statuses = verify_datasets(resolve_root(data_root), names or None)
+    statuses = verify_datasets(resolve_root(data_root), names or None, infos=catalog.infos("datasets"))
     table = Table("dataset", "status", "details")
     for s in statuses:
         style = {"ok": "green", "embedded": "cyan", "missing": "yellow", "corrupt": "red"}.get(s.status, "")
