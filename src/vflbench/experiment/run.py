@@ -263,8 +263,6 @@ def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path |
     vd = load_vertical_data(cfg, data_root)
     attack_plan = validate_attacks(cfg, vd)
     check_before_training(cfg, vd, attack_plan)
-    undefended = (_undefended_result(cfg, out_dir=out_dir, data_root=data_root)
-                  if cfg.defenses and cfg.attacks else None)
     run_dir = out_dir / cfg.hash() if out_dir else None
     metrics_lines: list[str] = []
 
@@ -289,6 +287,9 @@ def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path |
         save_checkpoints(run, run_dir)
     if run_dir is not None and cfg.train.save_embeddings:
         save_embeddings(run, run_dir, cfg.train.save_embeddings)
+    # needed from here on only: a sweep's defended point trains meanwhile, while another worker trains its reference
+    undefended = (_undefended_result(cfg, out_dir=out_dir, data_root=data_root)
+                  if cfg.defenses and cfg.attacks else None)
     baselines: dict[str, Any] = {}
     held_out = attack_plan.held_out()  # the baselines train on the same rows as the run
     for name in cfg.baselines:

@@ -1,0 +1,184 @@
+"""The sweep executor's own cost: sweeps whose runs only sleep, at 1, 2, 4 and 8 workers.
+
+A run that sleeps needs no core, so the executor's overhead (start-up, checks, workers, scheduling, collection) is
+measurable on a 2-core machine at any number of workers. Each measurement is a fresh process (``python
+sweep_overhead.py --child ...``, timed from outside: Python's start-up and imports included) that starts a sweep
+as `vflbench sweep` does (``read_config``, ``start_workers``, ``check_components``, then ``run_sweep(cfg, out,
+workers=n, runner=sleep_point)``) on ``sweep_demo.yaml`` with ``--seeds`` seeds (7 points a seed: 1 undefended, 6
+defended, two label attacks each), into a fresh directory. ``sleep_point`` sleeps ``--sleep`` seconds (its points,
+defended or not, are independent: it does not wait for an undefended reference) and writes a ``result.json``
+shaped like a real one, so that the summary and scores are collected as in a real sweep. It records when each
+point started and ended (wall clock, pid).
+
+From each timeline (seconds from the moment the child process was started), with N runs on n workers in ``rounds
+= ceil(N / n)`` rounds:
+
+- ``first``: when the first point started (start-up: Python, imports, the checks, the first worker);
+- ``phase``: from the first point's start to the last point's end, against ``rounds * sleep`` for a perfect
+  executor; ``per_run = (phase - rounds * sleep) / rounds``;
+- ``tail``: from the last point's end to the process's exit (collection, ending the workers).
+
+With two ``--seeds`` values (two sizes of sweep), ``wall = serial + rounds * (sleep + per_run)`` is fitted through
+the two walls at each worker count: ``per_run`` is what the executor adds to each run of a worker's sequence,
+``serial`` what it adds once (start-up and collection).
+
+Run:  .venv/bin/python benchmarks/sweep_overhead.py [--workers 1 2 4 8] [--sleep 1] [--seeds 4 8] [--repeat 1]
+          [--json F]
+"""
+
+from __future__ import annotations
+
+import time
+
+STARTED = time.time()  # before the imports: the child's timeline starts here
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+SLEEP_ENV = "VFLBENCH_BENCH_SLEEP"
+EXAMPLE = Path(__file__).resolve().parents[1] / "src" / "vflbench" / "examples" / "sweep_demo.yaml"
+
+
+def sleep_point(config: dict[str, Any], runs_dir: str, data_root: str | None) -> str:
+    """A sweep runner that sleeps instead of training and writes a result.json shaped like a real one."""
+    from vflbench.experiment.config import ExperimentConfig
+    from vflbench.experiment.results import write_atomic
+
+    start = time.time()
+    time.sleep(float(os.environ[SLEEP_ENV]))
+    cfg = ExperimentConfig.model_validate(config)
+    digest = cfg.hash()
+    attacks = [{"name": a.name, "target": "labels", "metric": "auc", "direction": "higher", "value": 0.8,
+                "prior": 0.5, "prior_name": "random guess", "leakage": 30.0, "undefended_leakage": 30.0,
+                "leaks_without_defense": True} for a in cfg.attacks]
+    result = {"config_hash": digest, "seed": cfg.seed, "utility": {"metric": "auc", "value": 0.95},
+              "defense": [{"name": d.name, "params": d.params()} for d in cfg.defenses], "attacks": attacks,
+              "timing": {"train_seconds": 1.0, "epoch_seconds": [1.0], "attack_seconds": {}}}
+    run_dir = Path(runs_dir) / digest
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(run_dir / "result.json", json.dumps(result))
+    timeline = Path(runs_dir).parent / "timeline"
+    timeline.mkdir(exist_ok=True)
+    (timeline / f"{digest}.json").write_text(json.dumps({"start": start, "end": time.time(), "pid": os.getpid()}))
+    return digest
+
+
+def child(out: Path, workers: int, seeds: int) -> None:
+    """One sweep of sleeping runs in this process, started as `vflbench sweep` starts one (the workers' fork
+    server first, then the checks); writes the process's own times to ``out/child.json``."""
+    import atexit
+    import gc
+
+    from vflbench.cli import collector_paused
+    from vflbench.experiment.config import check_components, read_config
+    from vflbench.experiment.sweep import run_sweep, start_workers
+
+    atexit.register(gc.freeze)  # as vflbench.cli.main does
+    imported = time.time()
+    cfg = read_config(EXAMPLE, [f"sweep.seeds={json.dumps(list(range(seeds)))}"])
+    start_workers(cfg, workers)
+    with collector_paused():
+        check_components(cfg)
+    announced: list[float] = []
+    done: list[float] = []
+    table = run_sweep(cfg, out, workers=workers, runner=sleep_point,
+                      on_start=lambda to_run, total: announced.append(time.time()),
+                      on_done=lambda point: done.append(time.time()))
+    (out / "child.json").write_text(json.dumps({"started": STARTED, "imported": imported, "announced": announced[0],
+                                                "reported": done, "returned": time.time(), "rows": len(table)}))
+
+
+def measure(workers: int, seeds: int, sleep: float) -> dict[str, Any]:
+    """Run one child sweep; its wall time and the timeline's decomposition."""
+    out = Path(tempfile.mkdtemp(prefix=f"sweep_overhead_{workers}_"))
+    try:
+        load = os.getloadavg()[0]
+        tic = time.time()
+        subprocess.run([sys.executable, __file__, "--child", str(out), "--workers", str(workers), "--seeds",
+                        str(seeds)], check=True, env={**os.environ, SLEEP_ENV: str(sleep)})
+        wall = time.time() - tic
+        own = json.loads((out / "child.json").read_text())
+        points = [json.loads(p.read_text()) for p in (out / "timeline").glob("*.json")]
+        n = len(points)
+        first = min(p["start"] for p in points) - tic
+        last = max(p["end"] for p in points) - tic
+        rounds = math.ceil(n / workers)
+        phase = last - first
+        return {"workers": workers, "runs": n, "rounds": rounds, "sleep": sleep, "wall": wall,
+                "imports": own["imported"] - tic, "announced": own["announced"] - tic, "first": first,
+                "phase": phase, "tail": wall - last, "returned": own["returned"] - tic, "ideal": rounds * sleep,
+                "per_run": (phase - rounds * sleep) / rounds, "pids": len({p["pid"] for p in points}),
+                "starts": sorted(round(p["start"] - tic, 3) for p in points),
+                "ends": sorted(round(p["end"] - tic, 3) for p in points),
+                "reported": [round(t - tic, 3) for t in own["reported"]], "load_before": load,
+                "load_after": os.getloadavg()[0]}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def fit(small: dict[str, Any], large: dict[str, Any]) -> dict[str, float]:
+    """``wall = serial + rounds * (sleep + per_run)`` through two sweeps of different sizes at one worker count:
+    ``per_run`` is what the executor adds to each run in a worker's sequence, ``serial`` what it adds once."""
+    step = (large["wall"] - small["wall"]) / (large["rounds"] - small["rounds"])
+    per_run = step - small["sleep"]
+    return {"per_run": per_run, "serial": small["wall"] - small["rounds"] * step}
+
+
+def main() -> None:
+    """Parse arguments; in the parent, run the measurements and print a table."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--sleep", type=float, default=1.0, help="seconds each run sleeps")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[4, 8],
+                    help="seeds of sweep_demo.yaml (7 points each): one sweep per value; two values give a fit")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child is not None:
+        child(args.child, args.workers[0], args.seeds[0])
+        return
+    results = []
+    for rep in range(args.repeat):
+        for w in args.workers if rep % 2 == 0 else list(reversed(args.workers)):
+            for seeds in args.seeds:
+                r = {"repeat": rep, **measure(w, seeds, args.sleep)}
+                results.append(r)
+                print(f"workers {w}, {r['runs']} runs: wall {r['wall']:.2f} s (ideal {r['ideal']:.0f} s), imports "
+                      f"{r['imports']:.2f} s, announced {r['announced']:.2f} s, first run {r['first']:.2f} s, phase "
+                      f"{r['phase']:.2f} s, tail {r['tail']:.2f} s (run_sweep returned "
+                      f"{r['returned'] - r['first'] - r['phase']:.2f} s after the last run), {r['pids']} processes "
+                      "ran points, load "
+                      f"{r['load_before']:.2f}", flush=True)
+    print()
+    print("| workers | runs | rounds | wall s | runs alone s | first run starts s | run phase s | tail s "
+          "| per run in the phase s |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        print(f"| {r['workers']} | {r['runs']} | {r['rounds']} | {r['wall']:.2f} | {r['ideal']:.0f} | {r['first']:.2f} "
+              f"| {r['phase']:.2f} | {r['tail']:.2f} | {r['per_run']:.3f} |")
+    fits = []
+    if len(args.seeds) == 2:
+        print()
+        print("| repeat | workers | serial s | executor per run s (fit of the two sizes) |")
+        print("|---:|---:|---:|---:|")
+        for rep in range(args.repeat):
+            for w in args.workers:
+                small, large = (next(r for r in results if (r["repeat"], r["workers"], r["runs"]) == (rep, w, n))
+                                for n in sorted({r["runs"] for r in results}))
+                fits.append({"repeat": rep, "workers": w, **fit(small, large)})
+                print(f"| {rep} | {w} | {fits[-1]['serial']:.2f} | {fits[-1]['per_run']:.3f} |")
+    if args.json:
+        args.json.write_text(json.dumps({"cpus": os.cpu_count(), "results": results, "fits": fits}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
