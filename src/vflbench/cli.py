@@ -508,15 +508,20 @@ def launch(
     """Run every party (and VMask's dealer) as its own local process over loopback mutual-TLS gRPC; the active party
     writes OUT/<config hash>/result.json, as `vflbench run` does, and net.json (time per epoch, traffic, projection
     onto a LAN and a WAN)."""
-    try:
-        from vflbench.experiment.launch import launch as launch_run
-    except ImportError as exc:
-        raise VFLBenchError(f"`vflbench launch` needs the net extra ({exc.name} is missing): "
-                            "pip install 'vflbench[net]'") from None
-    from vflbench.experiment.config import load_config
-    from vflbench.experiment.results import RunResult
+    from vflbench.experiment.launch import launch as launch_run
+    from vflbench.experiment.launch import party_context
 
-    cfg = load_config(config, set_ or [])
+    party_context()  # the party processes' fork server imports torch, vflbench and gRPC beside this process's imports
+    with collector_paused():
+        try:
+            import vflbench.experiment.party  # noqa: F401  (the net extra)
+        except ImportError as exc:
+            raise VFLBenchError(f"`vflbench launch` needs the net extra ({exc.name} is missing): "
+                                "pip install 'vflbench[net]'") from None
+        from vflbench.experiment.config import load_config
+        from vflbench.experiment.results import RunResult
+
+        cfg = load_config(config, set_ or [])
     if certs is not None and insecure:
         raise VFLBenchError("give --certs or --insecure-localhost, not both")
     from vflbench.net.linkmodel import shape_profile
