@@ -14,16 +14,22 @@ From each timeline (seconds from the moment the child process was started), with
 = ceil(N / n)`` rounds:
 
 - ``first``: when the first point started (start-up: Python, imports, the checks, the first worker);
-- ``phase``: from the first point's start to the last point's end, against ``rounds * sleep`` for a perfect
-  executor; ``per_run = (phase - rounds * sleep) / rounds``;
-- ``tail``: from the last point's end to the process's exit (collection, ending the workers).
+- ``busy`` (S): when every worker has started a run (the n-th start);
+- ``per_run_busy`` (c): what the executor adds to each run of a worker's sequence after that, ``(last end - S -
+  rounds * sleep) / rounds`` (``per_run``: the same from the first start);
+- ``tail`` (t): from the last point's end to the process's exit (collection, ending the workers).
+
+The model: ``wall = S + rounds * (sleep + c) + t``.
 
 With two ``--seeds`` values (two sizes of sweep), ``wall = serial + rounds * (sleep + per_run)`` is fitted through
 the two walls at each worker count: ``per_run`` is what the executor adds to each run of a worker's sequence,
 ``serial`` what it adds once (start-up and collection).
 
 Run:  .venv/bin/python benchmarks/sweep_overhead.py [--workers 1 2 4 8] [--sleep 1] [--seeds 4 8] [--repeat 1]
-          [--json F]
+          [--sources ../main/src src] [--json F]
+
+``--sources`` compares versions side by side (measured alternately; the code before issue 26 is started as its
+command line started a sweep: ``load_config``, then ``run_sweep``).
 """
 
 from __future__ import annotations
@@ -77,33 +83,43 @@ def child(out: Path, workers: int, seeds: int) -> None:
     import atexit
     import gc
 
-    from vflbench.cli import collector_paused
-    from vflbench.experiment.config import check_components, read_config
-    from vflbench.experiment.sweep import run_sweep, start_workers
+    from vflbench.experiment import sweep
 
-    atexit.register(gc.freeze)  # as vflbench.cli.main does
-    imported = time.time()
-    cfg = read_config(EXAMPLE, [f"sweep.seeds={json.dumps(list(range(seeds)))}"])
-    start_workers(cfg, workers)
-    with collector_paused():
-        check_components(cfg)
+    overrides = [f"sweep.seeds={json.dumps(list(range(seeds)))}"]
+    if hasattr(sweep, "start_workers"):
+        from vflbench.cli import collector_paused
+        from vflbench.experiment.config import check_components, read_config
+
+        atexit.register(gc.freeze)  # as vflbench.cli.main does
+        imported = time.time()
+        cfg = read_config(EXAMPLE, overrides)
+        sweep.start_workers(cfg, workers)
+        with collector_paused():
+            check_components(cfg)
+    else:  # the code before issue 26, started as its command line started a sweep
+        from vflbench.experiment.config import load_config
+
+        imported = time.time()
+        cfg = load_config(EXAMPLE, overrides)
     announced: list[float] = []
     done: list[float] = []
-    table = run_sweep(cfg, out, workers=workers, runner=sleep_point,
+    table = sweep.run_sweep(cfg, out, workers=workers, runner=sleep_point,
                       on_start=lambda to_run, total: announced.append(time.time()),
                       on_done=lambda point: done.append(time.time()))
     (out / "child.json").write_text(json.dumps({"started": STARTED, "imported": imported, "announced": announced[0],
                                                 "reported": done, "returned": time.time(), "rows": len(table)}))
 
 
-def measure(workers: int, seeds: int, sleep: float) -> dict[str, Any]:
-    """Run one child sweep; its wall time and the timeline's decomposition."""
+def measure(workers: int, seeds: int, sleep: float, source: str | None = None) -> dict[str, Any]:
+    """Run one child sweep (with ``source`` first on its PYTHONPATH: another version's ``src``); its wall time and
+    the timeline's decomposition."""
     out = Path(tempfile.mkdtemp(prefix=f"sweep_overhead_{workers}_"))
     try:
         load = os.getloadavg()[0]
         tic = time.time()
         subprocess.run([sys.executable, __file__, "--child", str(out), "--workers", str(workers), "--seeds",
-                        str(seeds)], check=True, env={**os.environ, SLEEP_ENV: str(sleep)})
+                        str(seeds)], check=True,
+                       env={**os.environ, SLEEP_ENV: str(sleep), **({"PYTHONPATH": source} if source else {})})
         wall = time.time() - tic
         own = json.loads((out / "child.json").read_text())
         points = [json.loads(p.read_text()) for p in (out / "timeline").glob("*.json")]
@@ -112,11 +128,14 @@ def measure(workers: int, seeds: int, sleep: float) -> dict[str, Any]:
         last = max(p["end"] for p in points) - tic
         rounds = math.ceil(n / workers)
         phase = last - first
-        return {"workers": workers, "runs": n, "rounds": rounds, "sleep": sleep, "wall": wall,
+        starts = sorted(p["start"] - tic for p in points)
+        busy = starts[min(workers, n) - 1]  # every worker has started a run
+        return {"source": source or "", "workers": workers, "runs": n, "rounds": rounds, "sleep": sleep, "wall": wall,
                 "imports": own["imported"] - tic, "announced": own["announced"] - tic, "first": first,
                 "phase": phase, "tail": wall - last, "returned": own["returned"] - tic, "ideal": rounds * sleep,
-                "per_run": (phase - rounds * sleep) / rounds, "pids": len({p["pid"] for p in points}),
-                "starts": sorted(round(p["start"] - tic, 3) for p in points),
+                "per_run": (phase - rounds * sleep) / rounds, "busy": busy,
+                "per_run_busy": (last - busy - rounds * sleep) / rounds, "pids": len({p["pid"] for p in points}),
+                "starts": [round(t, 3) for t in starts],
                 "ends": sorted(round(p["end"] - tic, 3) for p in points),
                 "reported": [round(t - tic, 3) for t in own["reported"]], "load_before": load,
                 "load_after": os.getloadavg()[0]}
@@ -141,6 +160,9 @@ def main() -> None:
                     help="seeds of sweep_demo.yaml (7 points each): one sweep per value; two values give a fit")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--sources", nargs="+", default=[None],
+                    help="source trees to compare (each one's src is put first on the child's PYTHONPATH), "
+                         "measured alternately; default: this environment's vflbench")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
@@ -150,32 +172,34 @@ def main() -> None:
     for rep in range(args.repeat):
         for w in args.workers if rep % 2 == 0 else list(reversed(args.workers)):
             for seeds in args.seeds:
-                r = {"repeat": rep, **measure(w, seeds, args.sleep)}
-                results.append(r)
-                print(f"workers {w}, {r['runs']} runs: wall {r['wall']:.2f} s (ideal {r['ideal']:.0f} s), imports "
-                      f"{r['imports']:.2f} s, announced {r['announced']:.2f} s, first run {r['first']:.2f} s, phase "
-                      f"{r['phase']:.2f} s, tail {r['tail']:.2f} s (run_sweep returned "
-                      f"{r['returned'] - r['first'] - r['phase']:.2f} s after the last run), {r['pids']} processes "
-                      "ran points, load "
-                      f"{r['load_before']:.2f}", flush=True)
+                for source in args.sources if rep % 2 == 0 else list(reversed(args.sources)):
+                    r = {"repeat": rep, **measure(w, seeds, args.sleep, source)}
+                    results.append(r)
+                    print(f"{r['source']} workers {w}, {r['runs']} runs: wall {r['wall']:.2f} s (ideal "
+                          f"{r['ideal']:.0f} s), imports {r['imports']:.2f} s, announced {r['announced']:.2f} s, "
+                          f"first run {r['first']:.2f} s, every worker busy {r['busy']:.2f} s, tail {r['tail']:.2f} s "
+                          f"(run_sweep returned {r['returned'] - r['first'] - r['phase']:.2f} s after the last run), "
+                          f"{r['pids']} processes ran points, load {r['load_before']:.2f}", flush=True)
     print()
-    print("| workers | runs | rounds | wall s | runs alone s | first run starts s | run phase s | tail s "
-          "| per run in the phase s |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| source | workers | runs | rounds | wall s | rounds x sleep s | first run starts s | every worker busy (S) "
+          "s | executor per run (c) s | tail (t) s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['workers']} | {r['runs']} | {r['rounds']} | {r['wall']:.2f} | {r['ideal']:.0f} | {r['first']:.2f} "
-              f"| {r['phase']:.2f} | {r['tail']:.2f} | {r['per_run']:.3f} |")
+        print(f"| {r['source']} | {r['workers']} | {r['runs']} | {r['rounds']} | {r['wall']:.2f} | {r['ideal']:.0f} | "
+              f"{r['first']:.2f} | {r['busy']:.2f} | {r['per_run_busy']:.3f} | {r['tail']:.2f} |")
     fits = []
-    if len(args.seeds) == 2:
+    sizes = sorted({r["runs"] for r in results})
+    if len(sizes) == 2:
         print()
-        print("| repeat | workers | serial s | executor per run s (fit of the two sizes) |")
-        print("|---:|---:|---:|---:|")
+        print("| source | repeat | workers | serial s | executor per run s (fit of the two sizes) |")
+        print("|---|---:|---:|---:|---:|")
         for rep in range(args.repeat):
-            for w in args.workers:
-                small, large = (next(r for r in results if (r["repeat"], r["workers"], r["runs"]) == (rep, w, n))
-                                for n in sorted({r["runs"] for r in results}))
-                fits.append({"repeat": rep, "workers": w, **fit(small, large)})
-                print(f"| {rep} | {w} | {fits[-1]['serial']:.2f} | {fits[-1]['per_run']:.3f} |")
+            for source in args.sources:
+                for w in args.workers:
+                    small, large = (next(r for r in results if (r["repeat"], r["source"], r["workers"], r["runs"])
+                                         == (rep, source or "", w, n)) for n in sizes)
+                    fits.append({"repeat": rep, "source": source or "", "workers": w, **fit(small, large)})
+                    print(f"| {source or ''} | {rep} | {w} | {fits[-1]['serial']:.2f} | {fits[-1]['per_run']:.3f} |")
     if args.json:
         args.json.write_text(json.dumps({"cpus": os.cpu_count(), "results": results, "fits": fits}, indent=1))
 
