@@ -13,18 +13,25 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 TORCH_INDEX_ARGS := $(if $(strip $(TORCH_INDEX)),--index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple,)
 
-.PHONY: demo test test-fast lint typecheck venv clean
+.PHONY: demo test test-fast lint typecheck docs venv clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@echo "==> setting up $(VENV) (once; later runs skip this)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "==> [1/3] upgrading pip"
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	@echo "==> [2/3] installing $(TORCH), the CPU build: a large download that takes a few minutes and prints" \
+		"nothing until it is done"
 	$(BIN)/python -m pip install --quiet $(TORCH_INDEX_ARGS) "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e ".[dev,cluster,he,net]"
-	touch $(STAMP)
+	@echo "==> [3/3] installing vflbench and its other dependencies (editable, extras dev, cluster, he, net, docs)"
+	$(BIN)/python -m pip install --quiet -e ".[dev,cluster,he,net,docs]"
+	@touch $(STAMP)
+	@echo "==> $(VENV) is ready"
 
 demo: $(STAMP)
+	@echo "==> training the demo: a 2-party VHNN on the embedded digits data, vs the active party alone"
 	$(BIN)/vflbench run configs/demo.yaml --out runs/demo
 
 test: $(STAMP)
@@ -40,5 +47,9 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy src
 
+# The documentation site (MkDocs + Material + mkdocstrings): every warning is an error; site/ is the output.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet -d site
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache

@@ -17,7 +17,12 @@ budgets (``--budgets``: MixMatch epochs of 256 steps; 10 is the reproduction's) 
 Each is scored by top-1 accuracy on the class-balanced test split (the stand-in is balanced) at
 its best epoch on the test split and at its last epoch. One record per dataset and seed,
 ``OUT/budget-<dataset>-s<seed>.json``, written atomically; an interrupted study resumes.
-``--dataset credit --epoch-factor 1`` runs the same on UCI credit default (the paper's Bank column).
+``--setting credit --epoch-factor 1`` runs the same on UCI credit default (the paper's Bank column;
+``--dataset credit``, as before, still means the same).
+
+Another dataset, or other settings (benchmarks/swap.py): ``--dataset NAME`` (a registered dataset, swapped
+into the setting's configs) and ``--set KEY=VALUE``, e.g. ``--setting credit --dataset bank_marketing``;
+their records go to ``OUT/swap@<hash of the overrides>/``.
 
 Run:  .venv/bin/python benchmarks/labobf_attack_budget.py --out runs/labobf_budget --seeds 0 1 2
 """
@@ -34,6 +39,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import swap
 import torch
 from reproduce_labobf import DATASETS, FLAVOURS, PAPER_T45, REPRO, _cell, balanced_ids, score_all
 
@@ -72,14 +78,17 @@ def cached_record(path: Path, compute: Callable[[], dict[str, Any]],
     return record
 
 
-def study(dataset: str, seed: int, factor: int, budgets: list[int], data_root: str | None) -> dict[str, Any]:
-    """Train both runs of ``dataset`` at one seed and score every (budget, variant)."""
-    record: dict[str, Any] = {"dataset": dataset, "seed": seed, "epoch_factor": factor, "budgets": budgets}
+def study(dataset: str, seed: int, factor: int, budgets: list[int], data_root: str | None,
+          swapped: list[str] | None = None) -> dict[str, Any]:
+    """Train both runs of setting ``dataset`` at one seed (with ``swapped``: ``--dataset``/``--set`` overrides)
+    and score every (budget, variant)."""
+    record: dict[str, Any] = {"dataset": dataset, "seed": seed, "epoch_factor": factor, "budgets": budgets,
+                              "swap": list(swapped or [])}
     tic = time.perf_counter()
     for role in ("raw", "labobf"):
         stem = STEMS[dataset][role]
         epochs = load_config(REPRO / f"{stem}.yaml").train.epochs * factor
-        run, vd, plan = trained(stem, seed, [f"train.epochs={epochs}"], data_root)
+        run, vd, plan = trained(stem, seed, [*(swapped or []), f"train.epochs={epochs}"], data_root)
         record[f"{role}_model_acc"] = 100 * run.history.epochs[-1]["test_accuracy"]
         record[f"{role}_train_seconds"] = run.train_seconds
         balanced = balanced_ids(vd.y_test, seed)
@@ -126,20 +135,24 @@ def table(records: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-root", default=None)
-    parser.add_argument("--dataset", default="epsilon_scaled", choices=sorted(STEMS),
-                        help="the raw and LabObf configs of reproduce_labobf.py's dataset (default: the Epsilon-scale "
-                             "stand-in)")
+    parser.add_argument("--setting", default=None, choices=sorted(STEMS),
+                        help="the raw and LabObf configs of reproduce_labobf.py's setting (default: the Epsilon-scale "
+                             "stand-in, epsilon_scaled)")
     parser.add_argument("--out", default="runs/labobf_budget")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epoch-factor", type=int, default=10)
     parser.add_argument("--budgets", type=int, nargs="+", default=[1, 3, 10, 30])
+    swap.add_arguments(parser)
     args = parser.parse_args(argv)
+    setting, swapped = swap.setting_and_overrides(args, sorted(STEMS), "epsilon_scaled")
     torch.set_num_threads(1)
-    out = Path(args.out)
+    out = Path(args.out) / f"swap{swap.tag(swapped)}" if swapped else Path(args.out)
+    if swapped:
+        swap.check(REPRO / f"{STEMS[setting]['raw']}.yaml", swapped)
     out.mkdir(parents=True, exist_ok=True)
     same = (args.budgets, args.epoch_factor)
-    records = [cached_record(out / f"budget-{args.dataset}-s{seed}.json",
-                             partial(study, args.dataset, seed, args.epoch_factor, args.budgets, args.data_root),
+    records = [cached_record(out / f"budget-{setting}-s{seed}.json",
+                             partial(study, setting, seed, args.epoch_factor, args.budgets, args.data_root, swapped),
                              lambda record: (record["budgets"], record["epoch_factor"]) == same)
                for seed in args.seeds]
     sys.stdout.write(table(records))

@@ -30,9 +30,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import swap
 import torch
 from labobf_attack_budget import STEMS, cached_record, trained
-from reproduce_labobf import FLAVOURS, _cell, balanced_ids, score_all
+from reproduce_labobf import FLAVOURS, REPRO, _cell, balanced_ids, score_all
 
 from vflbench.attacks.base import KnownLabels, PartyView
 from vflbench.attacks.label.embedding_extension import original_bottom
@@ -71,12 +72,12 @@ def attack(run: TrainedRun, vd: Any, plan: Any, seed: int, aux: int, how: str) -
     return score_all(inference, vd.y_train, vd.y_test, balanced_ids(vd.y_test, seed), "best")["bal"]
 
 
-def study(dataset: str, seed: int, data_root: str | None) -> dict[str, Any]:
-    """Figures 11 and 12 at one seed."""
+def study(dataset: str, seed: int, data_root: str | None, swapped: list[str] | None = None) -> dict[str, Any]:
+    """Figures 11 and 12 of setting ``dataset`` at one seed (with ``swapped``: ``--dataset``/``--set`` overrides)."""
     record: dict[str, Any] = {"dataset": dataset, "seed": seed, "aux_sizes": list(AUX_SIZES),
-                              "per_class": list(PER_CLASS)}
+                              "per_class": list(PER_CLASS), "swap": list(swapped or [])}
     tic = time.perf_counter()
-    known = [f"attacks.0.known_per_class={KNOWN_PER_CLASS}"]
+    known = [*(swapped or []), f"attacks.0.known_per_class={KNOWN_PER_CLASS}"]
     raw = trained(STEMS[dataset]["raw"], seed, known, data_root)
     obf = trained(STEMS[dataset]["labobf"], seed, known, data_root)
     for aux in AUX_SIZES:
@@ -117,14 +118,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--out", default="runs/labobf_figures")
-    parser.add_argument("--dataset", default="credit", choices=sorted(STEMS))
+    parser.add_argument("--setting", default=None, choices=sorted(STEMS),
+                        help="reproduce_labobf.py's setting whose configs run (default: credit)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    swap.add_arguments(parser)
     args = parser.parse_args(argv)
+    setting, swapped = swap.setting_and_overrides(args, sorted(STEMS), "credit")
     torch.set_num_threads(1)
-    out = Path(args.out)
+    out = Path(args.out) / f"swap{swap.tag(swapped)}" if swapped else Path(args.out)
+    if swapped:
+        swap.check(REPRO / f"{STEMS[setting]['raw']}.yaml", swapped)
     out.mkdir(parents=True, exist_ok=True)
-    records = [cached_record(out / f"fig-{args.dataset}-s{seed}.json",
-                             partial(study, args.dataset, seed, args.data_root)) for seed in args.seeds]
+    records = [cached_record(out / f"fig-{setting}-s{seed}.json",
+                             partial(study, setting, seed, args.data_root, swapped)) for seed in args.seeds]
     sys.stdout.write(tables(records))
     return 0
 

@@ -38,9 +38,8 @@ FULL_EPOCH_STEPS = math.ceil(60_000 / 128)
 
 
 def config(variant: str, *, train_size: int, epochs: int) -> dict:
-    defenses = [] if variant == "vanilla" else [{"name": "vmask", "budget": 0.25, "aux_size": 640, "sigma": 0.01,
-                                                 "mc_epochs": 20}]
-    return {"data": {"name": "tabmnist", "parties": 2, "train_size": train_size, "test_size": 1000},
+    defenses = [] if variant == "vanilla" else [{"name": "vmask", "budget": 0.25, "sigma": 0.01, "mc_epochs": 20}]
+    return {"data": {"name": "tabmnist", "parties": 2, "train_size": train_size, "test_size": 1000, "aux_pool": 640},
             "model": {"bottom": "mlp3", "top": "mlp2"},
             "train": {"algorithm": "vhnn", "aggregation": "concat", "epochs": epochs, "batch_size": 128, "lr": 0.1,
                       "optimizer": "sgd", "momentum": 0.0, "threads": 1},
@@ -63,7 +62,7 @@ def main() -> None:
             one = run_experiment(cfg).to_dict()
             tic = time.perf_counter()
             many = launch(cfg, out_dir=Path(tmp), receive_timeout=300)
-            rows = one["data"]["n_train"] - (640 if variant == "vmask" else 0)
+            rows = one["data"]["n_train"] - 640  # the pool is held out of both variants' training
             steps = math.ceil(rows / 128)
             net = many.net
             per_step = {

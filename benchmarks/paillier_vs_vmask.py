@@ -66,8 +66,8 @@ class Method:
 
 METHODS = [
     Method("vanilla", "Vanilla VFL (plaintext)"),
-    Method("vmask", "VMask (layer 1 masked)", [{"name": "vmask", "aux_size": 640}]),
-    Method("vmask_alls", "VMask-ALLS (all layers masked)", [{"name": "vmask_alls", "aux_size": 640}]),
+    Method("vmask", "VMask (layer 1 masked)", [{"name": "vmask"}]),
+    Method("vmask_alls", "VMask-ALLS (all layers masked)", [{"name": "vmask_alls"}]),
     Method("he1024", "paillier_he, 1024-bit key", [{"name": "paillier_he", "key_bits": 1024}], "slow"),
     Method("he2048", "paillier_he, 2048-bit key", [{"name": "paillier_he", "key_bits": 2048}], "slow"),
 ]
@@ -76,7 +76,7 @@ METHODS = [
 def make_federation(args: argparse.Namespace, method: Method) -> tuple[Federation, int, float]:
     """The federation for ``method``, the number of training rows, and the key generation seconds."""
     cfg = build_config({
-        "data": {"name": args.dataset, "parties": 2, "train_size": args.rows, "test_size": 64},
+        "data": {"name": args.dataset, "parties": 2, "train_size": args.rows, "test_size": 64, "aux_pool": 640},
         "model": {"bottom": "mlp2", "top": "mlp2", "embed_dim": args.embed_dim,
                   "bottom_options": {"hidden": args.hidden}},
         "train": {"algorithm": "vhnn", "aggregation": "concat", "batch_size": args.batch, "lr": 0.1,

@@ -24,9 +24,11 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import swap
 import torch
 
 from vflbench.experiment.config import ExperimentConfig, load_config
@@ -120,13 +122,14 @@ def attack_only(overrides: list[str]) -> bool:
 
 
 def reattack(path: Path, overrides: list[str], out: Path,
-             data_root: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run the attacks of ``path`` + ``overrides`` on the main run's final checkpoint."""
+             data_root: str | None, base_overrides: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run the attacks of ``path`` + ``base_overrides`` + ``overrides`` on the final checkpoint of the main run
+    (``path`` + ``base_overrides``, e.g. a ``--dataset`` swap)."""
     if not attack_only(overrides):
         raise SystemExit(f"extra settings may change only attacks or the seed, got {overrides}")
-    _, base, _ = run_one(path, [], out, data_root)
+    _, base, _ = run_one(path, list(base_overrides), out, data_root)
     base_dir = out / base["config_hash"]
-    cfg = load_config(path, overrides).resolved()
+    cfg = load_config(path, [*base_overrides, *overrides]).resolved()
     run_dir = out / cfg.hash()
     result_file, wall_file = run_dir / "result.json", run_dir / "wall.json"
     if result_file.is_file():
@@ -208,14 +211,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--table", type=Path, help="also write the markdown table here")
     p.add_argument("--extra", action="store_true", help="also run the alternative settings in EXTRA")
     p.add_argument("--no-run", action="store_true", help="only tabulate results that already exist")
+    swap.add_arguments(p)
     args = p.parse_args(argv)
+    swapped = swap.overrides(args)
+    if swapped:
+        swap.check(config_path(args.configs[0]), swapped)
 
     jobs: list[tuple[str, str, list[str]]] = [(Path(c).stem, "as configured", []) for c in args.configs]
     if args.extra:
         jobs += [(n, label, o) for n, label, o in EXTRA if n in {j[0] for j in jobs}]
     rows = []
-    for name, label, overrides in jobs:
+    for name, label, extra in jobs:
         path = config_path(name)
+        overrides = [*swapped, *extra]
+        label += swap.label(swapped)
         if args.no_run:
             cfg = load_config(path, overrides).resolved()
             result_file = args.out / cfg.hash() / "result.json"
@@ -225,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             wall_file = result_file.with_name("wall.json")
             result = json.loads(result_file.read_text())
             wall = json.loads(wall_file.read_text()) if wall_file.is_file() else {}
-        elif attack_only(overrides):
-            result, wall = reattack(path, overrides, args.out, args.data_root)
+        elif attack_only(extra):
+            result, wall = reattack(path, extra, args.out, args.data_root, swapped)
         else:
             _, result, wall = run_one(path, overrides, args.out, args.data_root)
         rows += rows_for(name, label, result, wall)

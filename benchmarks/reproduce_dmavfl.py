@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import swap
 import torch
 
 from vflbench.attacks.base import victims_of
@@ -35,6 +36,7 @@ from vflbench.experiment.run import TrainedRun
 from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
 from vflbench.experiment.scoring import score_features
 from vflbench.experiment.views import _view
+from vflbench.metrics.scores import leakage_points
 from vflbench.rng import generator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -235,8 +237,9 @@ SEED_GROUPS = {"DMAVFL, no defense": "mnist_dmavfl", "DMAVFL, DP epsilon 10": "m
                "honest, no defense": "mnist_honest"}
 
 
-def build(exp: Experiment):
-    """The experiment's config: the base file with its attack swapped and defenses added."""
+def build(exp: Experiment, swapped: list[str] | None = None):
+    """The experiment's config: the base file with its attack swapped and defenses added, then ``swapped``
+    (``--dataset``/``--set`` overrides) applied."""
     base = load_config(REPRO / f"{exp.config}.yaml")
     raw = base.model_dump(mode="json")
     [base_attack] = raw["attacks"]
@@ -257,15 +260,17 @@ def build(exp: Experiment):
     if exp.seed is not None:
         raw["seed"] = exp.seed
     raw.pop("sweep", None)
-    return build_config(raw)
+    return build_config(raw, list(swapped or []))
 
 
-def run_one(name: str, exp: Experiment, data_root: str, out: Path, threads: int | None = None) -> dict[str, Any]:
+def run_one(name: str, exp: Experiment, data_root: str, out: Path, threads: int | None = None,
+            swapped: list[str] | None = None) -> dict[str, Any]:
     """Train, attack, score; keep detector scores and the first rows' reconstructions.
 
-    ``threads`` replaces the config's ``train.threads`` (a wall-time setting only: every draw is the same).
+    ``threads`` replaces the config's ``train.threads`` (a wall-time setting only: every draw is the same);
+    ``swapped``: ``--dataset``/``--set`` overrides (:func:`build`).
     """
-    cfg = build(exp)
+    cfg = build(exp, swapped)
     torch.set_num_threads(threads or cfg.train.threads)
     tic = time.perf_counter()
     vd = load_vertical_data(cfg, data_root)
@@ -298,9 +303,11 @@ def run_one(name: str, exp: Experiment, data_root: str, out: Path, threads: int 
                               "accuracy_curve": [r.get("test_accuracy") for r in run.history.epochs],
                               "loss_curve": [r.get("loss") for r in run.history.epochs],
                               "refused_updates": run.history.refused_updates,
-                              "train_seconds": run.train_seconds, "n_train": len(vd.y_train), "n_test": len(vd.y_test),
-                              "n_held_out": 0 if held_out is None else len(held_out),
-                      "mse_curve": curve}
+                              "train_seconds": run.train_seconds,
+                              # the rows the parties train on: the attacker's held-out aux rows are not among them
+                              "n_train": len(vd.y_train) - (0 if held_out is None else len(held_out)),
+                              "n_test": len(vd.y_test), "n_held_out": 0 if held_out is None else len(held_out),
+                              "mse_curve": curve, "swap": list(swapped or [])}
     record["detectors"] = detector_record(run.federation)
     if plan.attacks:
         [planned] = plan.attacks
@@ -308,14 +315,15 @@ def run_one(name: str, exp: Experiment, data_root: str, out: Path, threads: int 
         view = _view(run, planned)
         inference = attack.infer(view)
         value, prior, details = score_features(inference, run, victims_of(attack), view.aux)
-        record.update(value=value, prior=prior, leakage=prior - value, details=details,
+        record.update(value=value, prior=prior, metric="mse", leakage=leakage_points("mse", value, prior),
+                      details=details,
                       pretrain_losses=getattr(attack, "pretrain_losses_", None),
                       shadow_bound=shadow_bound(attack, vd, inference.ids))
         part = vd.passive[0]
         if part.kind == "image":
             rows = inference.ids[:GRID]
-            np.savez(out / f"{name}.npz", ids=rows.numpy(), victim=part.x_test[rows].numpy(),
-                     recon=inference.features[:GRID].detach().numpy(), own=vd.active.x_test[rows].numpy())
+            np.savez(out / f"{name}.npz", ids=rows.numpy(), victim=part.x_test[rows].cpu().numpy(),
+                     recon=inference.features[:GRID].detach().cpu().numpy(), own=vd.active.x_test[rows].cpu().numpy())
     record["seconds"] = time.perf_counter() - tic
     record["loadavg"] = os.getloadavg()
     return record
@@ -412,7 +420,8 @@ PAPER_EMB: dict[str, tuple[float, float]] = {
 
 
 def _load(out: Path) -> dict[str, dict[str, Any]]:
-    return {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if not p.stem.endswith(".partial")}
+    return {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))
+            if not p.stem.endswith(".partial") and p.stem != "swap"}
 
 
 def _fmt(x: float | None, digits: int = 4) -> str:
@@ -712,14 +721,19 @@ def main() -> None:
     parser.add_argument("--table", help="write the markdown tables here")
     parser.add_argument("--img", help="write the PNGs into this folder")
     parser.add_argument("--threads", type=int, help="torch threads per run (default: the config's train.threads)")
+    swap.add_arguments(parser)
     args = parser.parse_args()
-    out = Path(args.out)
+    swapped = swap.overrides(args)
+    out = Path(args.out) / f"swap{swap.tag(swapped)}" if swapped else Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if swapped:
+        swap.apply(build(EXPERIMENTS[(args.only or list(EXPERIMENTS))[0]]), swapped)  # a bad swap fails here, at once
+        write_atomic(out / "swap.json", json.dumps({"overrides": swapped}, indent=1))
     if not args.report:
         for name in args.only or list(EXPERIMENTS):
             if (out / f"{name}.json").exists():
                 continue
-            record = run_one(name, EXPERIMENTS[name], args.data_root, out, args.threads)
+            record = run_one(name, EXPERIMENTS[name], args.data_root, out, args.threads, swapped)
             write_atomic(out / f"{name}.json", json.dumps(record, indent=1))
             (out / f"{name}.partial.json").unlink(missing_ok=True)
     results = _load(out)

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import swap
+
 from vflbench.experiment.config import load_config
 from vflbench.experiment.run import run_experiment
 
@@ -99,7 +101,7 @@ def fmt(x: float | None, digits: int = 4) -> str:
     return "–" if x is None else f"{x:.{digits}f}"
 
 
-def dmavfl_table(out: Path, data_root: str | None, no_run: bool, extra: bool) -> str:
+def dmavfl_table(out: Path, data_root: str | None, no_run: bool, extra: bool, swapped: list[str] | None = None) -> str:
     """DMAVFL Table 1 rows: ours against the paper (and the EXTRA settings with ``extra``)."""
     rows = ["| dataset | attack (setting) | paper recon MSE | ours MSE | ours MSE x4 ([-1,1] units) "
             "| ours aux-mean prior (x4) | ours SSIM | paper emb MSE / cos | ours emb MSE / cos | test acc/AUC "
@@ -110,8 +112,8 @@ def dmavfl_table(out: Path, data_root: str | None, no_run: bool, extra: bool) ->
         jobs += EXTRA
     for name, label, overrides in jobs:
         attacks = DMAVFL[name]
-        loaded = run_one(name, overrides, out, data_root, no_run=no_run)
-        dataset = "MNIST" if "mnist" in name else "Credit"
+        loaded = run_one(name, [*(swapped or []), *overrides], out, data_root, no_run=no_run)
+        dataset = ("MNIST" if "mnist" in name else "Credit") + swap.label(swapped or [])
         if loaded is None:
             for attack, paper in attacks.items():
                 rows.append(f"| {dataset} | {attack} ({label}) | {paper[0]:.4f} | {NOT_RUN} | | | | "
@@ -133,7 +135,7 @@ def dmavfl_table(out: Path, data_root: str | None, no_run: bool, extra: bool) ->
     return "\n".join(rows)
 
 
-def kang_table(out: Path, data_root: str | None, no_run: bool) -> str:
+def kang_table(out: Path, data_root: str | None, no_run: bool, swapped: list[str] | None = None) -> str:
     """Kang Table 16 rows: SSIM of model inversion and the accuracy drop, per defense and algorithm."""
     rows = ["| algorithm | protection | paper eps_u | ours eps_u (acc pts) | paper eps_p (SSIM) "
             "| ours SSIM query-free | ours SSIM black-box | ours MSE query-free / black-box (aux-mean prior) "
@@ -142,11 +144,12 @@ def kang_table(out: Path, data_root: str | None, no_run: bool) -> str:
     for algorithm, name in KANG_CONFIGS.items():
         base_acc: float | None = None
         for setting, overrides in KANG_DEFENSES.items():
-            loaded = run_one(name, overrides, out, data_root, no_run=no_run)
+            loaded = run_one(name, [*(swapped or []), *overrides], out, data_root, no_run=no_run)
             paper_u, paper_p = KANG[setting][algorithm]
             if loaded is None:
                 paper_eps_u = f"({paper_u:.2f}) 0" if setting == "none" else f"{paper_u:.2f}"
-                rows.append(f"| {algorithm.upper()} | {setting} | {paper_eps_u} | {NOT_RUN} | {paper_p:.2f} "
+                rows.append(f"| {algorithm.upper()}{swap.label(swapped or [])} | {setting} | {paper_eps_u} | {NOT_RUN} "
+                            f"| {paper_p:.2f} "
                             "| | | | | |")
                 continue
             result, wall = loaded
@@ -159,7 +162,8 @@ def kang_table(out: Path, data_root: str | None, no_run: bool) -> str:
             paper_eps_u = f"({paper_u:.2f}) 0" if setting == "none" else f"{paper_u:.2f}"
             mse = " / ".join(fmt(a["value"]) if a else "–" for a in (qf, bb))
             prior = fmt(qf["prior"] if qf else (bb["prior"] if bb else None))
-            rows.append(f"| {algorithm.upper()} | {setting} | {paper_eps_u} | {eps_u} | {paper_p:.2f} "
+            rows.append(f"| {algorithm.upper()}{swap.label(swapped or [])} | {setting} | {paper_eps_u} | {eps_u} "
+                        f"| {paper_p:.2f} "
                         f"| {fmt(qf['details'].get('ssim') if qf else None, 3)} "
                         f"| {fmt(bb['details'].get('ssim') if bb else None, 3)} | {mse} ({prior}) "
                         f"| {acc:.2f} | {fmt(wall.get('wall_seconds'), 0)} |")
@@ -175,14 +179,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", choices=("dmavfl", "kang"), help="run one of the two reproductions")
     p.add_argument("--no-run", action="store_true", help="only tabulate results that already exist")
     p.add_argument("--extra", action="store_true", help="also run the alternative settings in EXTRA")
+    swap.add_arguments(p)
     args = p.parse_args(argv)
+    swapped = swap.overrides(args)
+    if swapped:
+        swap.check(REPRO / f"{KANG_CONFIGS['vhnn'] if args.only == 'kang' else next(iter(DMAVFL))}.yaml", swapped)
     parts = []
     if args.only in (None, "dmavfl"):
         parts.append("DMAVFL Table 1 (honest-but-curious baselines)\n\n" + dmavfl_table(args.out, args.data_root,
-                                                                                      args.no_run, args.extra))
+                                                                                      args.no_run, args.extra,
+                                                                                      swapped))
     if args.only in (None, "kang"):
         parts.append("Kang et al. Table 16 on MNIST (model inversion vs MixUp and PRECODE)\n\n"
-                     + kang_table(args.out, args.data_root, args.no_run))
+                     + kang_table(args.out, args.data_root, args.no_run, swapped))
     text = "\n\n".join(parts)
     print(text)
     if args.table:

@@ -9,7 +9,11 @@ than 5 points. A second table per setting lists every strength (means over seeds
 worst-case leakage and PU score, so that the choice of the optimum can be checked.
 
 Run:  .venv/bin/python benchmarks/reproduce_kang.py --sweeps runs/kang [--run --workers 2
-          --data-root /work/shared/datasets] [--table runs/kang/tables.md]
+          --data-root ../shared/datasets] [--table runs/kang/tables.md]
+
+Another dataset, or other settings, for every sweep (benchmarks/swap.py): ``--dataset NAME`` and
+``--set KEY=VALUE``, e.g. ``--run --dataset bank_marketing``; such sweeps go to their own
+directories (``SWEEPS/<setting>@<hash of the overrides>``), and their tables say so.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ import math
 from pathlib import Path
 
 import pandas as pd
+import swap
 
-from vflbench.experiment.config import load_config
 from vflbench.experiment.sweep import RUNS, run_sweep, scores_table
 from vflbench.metrics.scores import pu_score
 
@@ -191,7 +195,7 @@ def mc_logit_check(directory: Path, out: Path, data_root: str | None) -> list[st
         bias = next(v for k, v in state.items() if k.endswith("bias"))
         vd = load_vertical_data(cfg.resolved(), data_root)
         logits = (vd.passive[0].x_test.flatten(1) @ weight.T + bias).squeeze(1)
-        auc = roc_auc_score(vd.y_test.numpy(), logits.double().numpy())
+        auc = roc_auc_score(vd.y_test.cpu().numpy(), logits.double().cpu().numpy())
         prior = raw["attacks"][0]["prior"]
         lines.append(f"| {NAMES[row['defense']]} | {_strength(row['strength'])} | {row['seed']} | "
                      f"{100 * row['attack_value']:.1f} | {100 * auc:.1f} | {100 * prior:.1f} | "
@@ -213,20 +217,25 @@ def main() -> None:
     ap.add_argument("--mc-logits", type=Path, metavar="DIR",
                     help="re-run setting-3 points whose MC AUC is 0.5 into DIR and score them by logits")
     ap.add_argument("--only", nargs="+", choices=sorted(SETTINGS), default=sorted(SETTINGS))
+    swap.add_arguments(ap)
     args = ap.parse_args()
+    swapped = swap.overrides(args)
     out: list[str] = []
     for name in args.only:
-        directory = args.sweeps / name
+        directory = args.sweeps / f"{name}{swap.tag(swapped)}"
+        if swapped:
+            out.append(f"{name} with{swap.label(swapped)} (the paper's columns are for its Credit data)")
         if args.run:
-            run_sweep(load_config(ROOT / SETTINGS[name][0]), directory, resume=True, workers=args.workers,
+            run_sweep(swap.check(ROOT / SETTINGS[name][0], swapped), directory, resume=True, workers=args.workers,
                       data_root=args.data_root)
         if not (directory / "scores.csv").is_file():
             print(f"{directory}: no scores.csv (run the sweep first, or pass --run)")
             continue
         for utility in args.utility:
             out += table(name, directory, utility, args.seeds)
-    if args.mc_logits and (args.sweeps / "setting3" / "summary.csv").is_file():
-        out += mc_logit_check(args.sweeps / "setting3", args.mc_logits, args.data_root)
+    setting3 = args.sweeps / f"setting3{swap.tag(swapped)}"
+    if args.mc_logits and (setting3 / "summary.csv").is_file():
+        out += mc_logit_check(setting3, args.mc_logits, args.data_root)
     text = "\n".join(out)
     print(text)
     if args.table:

@@ -28,9 +28,11 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import swap
 import torch
 
 from vflbench.attacks.base import LabelInference, Scores
@@ -40,7 +42,7 @@ from vflbench.attacks.label.model_completion import ModelCompletion
 from vflbench.experiment.config import load_config
 from vflbench.experiment.plan import validate_attacks
 from vflbench.experiment.results import write_atomic
-from vflbench.experiment.run import train_run
+from vflbench.experiment.run import TrainedRun, train_run
 from vflbench.experiment.scenario import load_vertical_data
 from vflbench.experiment.scoring import score_inference
 from vflbench.experiment.views import _view, scratch_models
@@ -175,8 +177,18 @@ def score_all(inf: LabelInference, y_train: torch.Tensor, y_test: torch.Tensor, 
             "bal": 100 * score_inference(restrict(inf, balanced), y_train, y_test, "accuracy", select)[0]}
 
 
+@dataclass
+class Reproduced:
+    """What :func:`run_one` returns: the record (as cached in ``OUT/<key>-s<seed>.json``) and the trained run
+    (its federation, data and history), or ``None`` when the record came from the cache (``rerun=True`` trains
+    again)."""
+
+    record: dict[str, Any]
+    run: TrainedRun | None
+
+
 def run_one(stem: str, seed: int, out: Path, data_root: str | None, overrides: tuple[str, ...] = (),
-            key: str | None = None, rerun: bool = False) -> dict[str, Any]:
+            key: str | None = None, rerun: bool = False) -> Reproduced:
     """Train one config at one seed (or load its cached record) and score both attack flavours.
 
     For each flavour (:data:`FLAVOURS`) it records the attack on the attacker's original bottom
@@ -191,7 +203,7 @@ def run_one(stem: str, seed: int, out: Path, data_root: str | None, overrides: t
     if path.exists() and not rerun:
         cached = json.loads(path.read_text())
         if cached.get("config_hash") == cfg.hash():
-            return cached
+            return Reproduced(cached, None)
     previous = torch.get_num_threads()
     torch.set_num_threads(cfg.train.threads)
     try:
@@ -236,7 +248,7 @@ def run_one(stem: str, seed: int, out: Path, data_root: str | None, overrides: t
     finally:
         torch.set_num_threads(previous)
     write_atomic(path, json.dumps(record, indent=1))
-    return record
+    return Reproduced(record, run)
 
 
 def _cell(records: list[dict[str, Any]], key: str) -> str:
@@ -463,16 +475,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epoch-factors", type=int, nargs="+", default=None,
                         help="with --scales: also run them with the configs' epochs times these factors (default 1)")
     parser.add_argument("--datasets", nargs="+", default=None, choices=[key for key, _, _, _ in DATASETS],
-                        help="restrict --departures and the default config stems to these datasets (default: all)")
+                        help="restrict --departures and the default config stems to these settings (default: all)")
+    swap.add_arguments(parser)
     args = parser.parse_args(argv)
-    out = Path(args.out)
+    swapped = swap.overrides(args)
+    out = Path(args.out) / f"swap{swap.tag(swapped)}" if swapped else Path(args.out)
     results: dict[str, list[dict[str, Any]]] = {}
     todo = jobs(args)
     n_departure = len(departure_jobs(args))
     order = ([(seed, job) for seed in args.seeds for job in todo[:n_departure]]
              + [(seed, job) for job in todo[n_departure:] for seed in args.seeds])
+    if swapped and todo:
+        swap.check(REPRO / f"{todo[0][0]}.yaml", [*swapped, *todo[0][1]])
+        write_atomic(out / "swap.json", json.dumps({"overrides": swapped}, indent=1))
     for seed, (stem, overrides, key) in order:
-        record = run_one(stem, seed, out, args.data_root, overrides, key, rerun=key in (args.rerun or ()))
+        record = run_one(stem, seed, out, args.data_root, (*swapped, *overrides), key,
+                         rerun=key in (args.rerun or ())).record
         results.setdefault(key, []).append(record)
         sys.stderr.write(f"{key} seed {seed}: model {record['model_acc']:.2f}, MixMatch acc "
                          f"{record['mm_attack_acc']:.2f} / AUC {record['mm_attack_auc']:.2f}, MC acc "

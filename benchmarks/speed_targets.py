@@ -44,7 +44,7 @@ def load() -> float:
 
 def vmask_small(repeat: int) -> dict[str, Any]:
     """VMask vs vanilla on digits (MLP3, batch 64, 10 epochs), alternating runs in this process."""
-    raw = {"data": {"name": "digits", "parties": 2}, "model": {"bottom": "mlp3", "top": "mlp2"},
+    raw = {"data": {"name": "digits", "parties": 2, "aux_pool": 200}, "model": {"bottom": "mlp3", "top": "mlp2"},
            "train": {"algorithm": "vhnn", "epochs": 10, "batch_size": 64, "lr": 0.1, "threads": 1,
                      "checkpoint": "none"}, "seed": 0}
     seconds: dict[str, list[float]] = {"vanilla": [], "vmask": []}

@@ -26,8 +26,9 @@ from vflbench.experiment.scenario import build_federation, load_vertical_data, p
 from vflbench.mpc import dealer as dealer_module
 
 CASES = [("tabmnist", "mlp3"), ("mnist", "lenet5")]
-VARIANTS = {"vanilla": [], "vmask (layer 1 masked)": [{"name": "vmask", "aux_size": 640}],
-            "vmask_alls (all masked)": [{"name": "vmask_alls", "aux_size": 640}]}
+VARIANTS = {"vanilla": [], "vmask (layer 1 masked)": [{"name": "vmask"}],
+            "vmask_alls (all masked)": [{"name": "vmask_alls"}]}
+POOL = 640  # rows held out of every variant's training: VMask's auxiliary set (its paper's 640)
 
 
 class DealerClock:
@@ -53,7 +54,7 @@ class DealerClock:
 
 
 def build(dataset: str, bottom: str, defenses: list, data_root: str, rows: int):
-    cfg = build_config({"data": {"name": dataset, "root": data_root, "train_size": rows},
+    cfg = build_config({"data": {"name": dataset, "root": data_root, "train_size": rows, "aux_pool": POOL},
                         "model": {"bottom": bottom, "top": "mlp2"},
                         "train": {"epochs": 2, "batch_size": 128, "lr": 0.1, "momentum": 0.0},
                         "defenses": defenses})

@@ -53,7 +53,7 @@ CONFIG_CASES = {
     # ran as select: last
     "literal choice": ({"attacks": [{**MC, "select": "worst"}]}, [],
                        "attack 'model_completion': parameter 'select' = 'worst' is not valid; expected one of "
-                       "'best', 'last'."),
+                       "'last', 'validation', 'test_oracle'."),
     # ran SGD
     "literal with suggestion": ({"attacks": [{**MC, "optimizer": "adamw"}]}, [],
                                 "parameter 'optimizer' = 'adamw' is not valid; expected one of 'adam', 'sgd'. "

@@ -21,17 +21,16 @@ from vflbench.errors import CompatibilityError
 pytestmark = pytest.mark.slow
 
 SCENARIOS = [
-    {"data": {"name": "digits", "parties": 2, "train_size": 240, "test_size": 80},
+    {"data": {"name": "digits", "parties": 2, "train_size": 240, "test_size": 80, "aux_pool": 60},
      "train": {"algorithm": "vhnn", "epochs": 1, "batch_size": 64, "checkpoint": "none"}},
-    {"data": {"name": "breast_cancer", "parties": 2, "train_size": 240, "test_size": 80},
+    {"data": {"name": "breast_cancer", "parties": 2, "train_size": 240, "test_size": 80, "aux_pool": 60},
      "train": {"algorithm": "vlr", "epochs": 1, "batch_size": 64, "checkpoint": "none"}},
-    {"data": {"name": "digits", "parties": 3, "train_size": 240, "test_size": 80},
+    {"data": {"name": "digits", "parties": 3, "train_size": 240, "test_size": 80, "aux_pool": 60},
      "train": {"algorithm": "vhnn", "epochs": 1, "batch_size": 64, "checkpoint": "none"}},
 ]
 #: Parameters that keep a component's one step small (the rest are its defaults).
-SMALL = {"paillier_he": {"key_bits": 512}, "vmask": {"aux_size": 60}, "vmask_as": {"aux_size": 60},
-         "labobf_adaptive_mixmatch": {"epochs": 1, "val_iteration": 8},
-         "vmask_rs": {"aux_size": 60}, "vmask_alls": {"aux_size": 60}, "coae": {"samples": 500, "epochs": 2},
+SMALL = {"paillier_he": {"key_bits": 512}, "labobf_adaptive_mixmatch": {"epochs": 1, "val_iteration": 8},
+         "coae": {"samples": 500, "epochs": 2},
          "model_completion_mixmatch": {"epochs": 1, "val_iteration": 8},
          "embedding_extension": {"known_per_class": 4, "inner_steps": 2, "epochs": 2}}
 

@@ -1,7 +1,7 @@
 """The import graph runs one way down the layers (issue 18): a module may import only from its own
 layer or the layers below it. Lazy imports inside functions count too: they are dependencies all the same.
 
-    base (errors, rng, registry) < data, metrics < models < protocol < mpc, he, net < defenses, attacks
+    base (errors, rng, registry, devices) < data, metrics < models < protocol < mpc, he, net < defenses, attacks
     < experiment < report < api, cli, catalog
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "vflbench"
 LAYERS: dict[str, int] = {
-    "errors": 0, "rng": 0, "registry": 0, "_version": 0,
+    "errors": 0, "rng": 0, "registry": 0, "_version": 0, "devices": 0,
     "data": 1, "metrics": 1,
     "models": 2,
     "protocol": 3,

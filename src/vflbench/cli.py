@@ -8,6 +8,7 @@ import gc
 import json
 import logging
 import os
+import re
 import shlex
 import signal
 import sys
@@ -150,14 +151,29 @@ def _result_table(result: Any) -> Table:
             table.add_row(label, base["metric"], _value(base["value"], base.get("diverged", False)), "", "", "")
     for a in result.attacks:
         metric = f"{a.metric} ({a.direction} leaks more)"
-        if a.leaks_without_defense is None:
+        if a.details.get("selection") == "test_oracle":
+            metric += " [test-oracle epoch]"
+        leakage = f"{a.leakage:.2f}" + (f" [{a.leakage_ci[0]:.2f}, {a.leakage_ci[1]:.2f}]" if a.leakage_ci else "")
+        if a.undefended_leakage is None:
             undefended = "unknown"
         else:
-            verdict = "leaks" if a.leaks_without_defense else "does not leak: nothing to defend"
+            verdict = {True: "leaks", False: "no measurable leak: nothing to defend",
+                       None: "unknown: no interval"}[a.leaks_without_defense]
             undefended = f"{a.undefended_leakage:.2f} ({verdict})"
-        table.add_row(f"attack {a.name}", metric, f"{a.value:.4f}", f"{a.prior:.4f} ({a.prior_name})",
-                      f"{a.leakage:.2f}", undefended)
+        table.add_row(f"attack {a.name}", metric, f"{a.value:.4f}", f"{a.prior:.4f} ({a.prior_name})", leakage,
+                      undefended)
+    if result.attacks:
+        repeats = max(len(a.leakages) for a in result.attacks)
+        table.caption = (f"leakage: mean over {repeats} repeat(s) of each attack on this trained model"
+                         + (" with its 95% interval [low, high] over the attack's randomness" if repeats > 1 else
+                            "; set evaluation.repeats >= 2 for intervals, and sweep seeds for the training's "
+                            "randomness"))
     return table
+
+
+def with_device(set_: list[str] | None, device: str | None) -> list[str]:
+    """The ``--set`` overrides with ``--device`` appended as ``train.device=...`` (its shorthand)."""
+    return [*(set_ or []), *([f"train.device={device}"] if device is not None else [])]
 
 
 @app.command()
@@ -166,13 +182,19 @@ def run(
     set_: Annotated[list[str] | None, typer.Option("--set", help="override, e.g. train.epochs=5")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="directory for run directories")] = Path("runs"),
     data_root: Annotated[Path | None, typer.Option("--data-root", help="datasets root")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N (train.device)")] = None,
 ) -> None:
     """Train and evaluate one experiment; write OUT/<config hash>/result.json."""
+    set_ = with_device(set_, device)
     with collector_paused():
         from vflbench.experiment.config import load_config
         from vflbench.experiment.run import run_experiment
 
         cfg = load_config(config, set_ or [])
+    if cfg.sweep is not None:
+        raise VFLBenchError(f"{config} has a sweep: section, and `vflbench run` runs one experiment; run the sweep "
+                            f"with: vflbench sweep {config} --out DIR (or remove the sweep: section to run the base "
+                            "config alone)")
     check_out_dir(out_dir)
     result = run_experiment(cfg, out_dir=out_dir, data_root=data_root, progress=RichProgress(err))
     out.print(_result_table(result))
@@ -224,14 +246,20 @@ def sweep(
     resume: Annotated[bool, typer.Option("--resume", help="skip runs whose result.json exists")] = False,
     workers: Annotated[int | None, typer.Option("--workers", help="parallel local processes")] = None,
     data_root: Annotated[Path | None, typer.Option("--data-root", help="datasets root")] = None,
+    force: Annotated[bool, typer.Option("--force", help="with --resume: continue even though the sweep's "
+                                                        "definition changed since it started")] = False,
+    device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N (train.device)")] = None,
 ) -> None:
     """Run every point of a sweep (cached by config hash) and write summary.csv and scores.csv."""
     from vflbench.experiment.config import check_components, read_config
     from vflbench.experiment.sweep import run_sweep, start_workers
 
+    set_ = with_device(set_, device)
     cfg = read_config(config, set_ or [])
     if workers is not None and workers < 1:
         raise VFLBenchError(f"--workers must be at least 1, got {workers}")
+    if force and not resume:
+        raise VFLBenchError("--force applies to --resume only (a sweep without --resume runs every point anyway)")
     check_out_dir(out_dir)
     start_workers(cfg, workers)  # the workers' imports run beside the checks' below, not after them
     with collector_paused():
@@ -240,12 +268,12 @@ def sweep(
     try:
         table = run_sweep(cfg, out_dir, resume=resume, workers=workers,
                           data_root=str(data_root) if data_root else None,
-                          on_start=progress.start, on_done=progress.point_done)
+                          on_start=progress.start, on_done=progress.point_done, force=force)
     except (Interrupted, KeyboardInterrupt):
         progress.stop()
         again = shlex.join(["vflbench", "sweep", str(config), "--out", str(out_dir), "--resume",
                             *(a for s in set_ or [] for a in ("--set", s)),
-                            *(["--workers", str(workers)] if workers else [])])
+                            *(["--workers", str(workers)] if workers else []), *(["--force"] if force else [])])
         err.print(f"sweep interrupted; finished points are summarised in {out_dir / 'summary.csv'}. "
                   f"Resume with: {again}", highlight=False, soft_wrap=True)
         raise
@@ -388,17 +416,21 @@ def datasets_verify(
     data_root: Annotated[Path | None, typer.Option("--data-root", help="datasets root")] = None,
     names: Annotated[list[str] | None, typer.Argument(help="datasets to check (default: all)")] = None,
 ) -> None:
-    """Check that dataset files are present and match their published checksums."""
+    """Check that dataset files are present and match their published checksums. Exit status 1 when a file is
+    corrupt, or when a dataset named on the command line is missing."""
     from vflbench.data.files import resolve_root
     from vflbench.data.verify import verify_datasets
 
     statuses = verify_datasets(resolve_root(data_root), names or None, infos=catalog.infos("datasets"))
     table = Table("dataset", "status", "details")
     for s in statuses:
-        style = {"ok": "green", "embedded": "cyan", "missing": "yellow", "corrupt": "red"}.get(s.status, "")
+        style = {"ok": "green", "unverified": "yellow", "embedded": "cyan", "missing": "yellow",
+                 "corrupt": "red"}.get(s.status, "")
         table.add_row(s.name, f"[{style}]{s.status}[/{style}]", s.message)
     out.print(table)
-    if any(s.status == "corrupt" for s in statuses):
+    failed = [f"{s.name} is {s.status}" for s in statuses if s.status == "corrupt" or (names and s.status == "missing")]
+    if failed:
+        err.print(f"[bold red]error:[/bold red] {', '.join(failed)} (details above)", highlight=False)
         raise typer.Exit(1)
 
 
@@ -445,6 +477,10 @@ def party_run(
     bandwidth_mbit: Annotated[float | None, typer.Option("--bandwidth-mbit", help="shape the links to this bandwidth "
                                                                                "(Mbit/s)")] = None,
     latency_ms: Annotated[float | None, typer.Option("--latency-ms", help="and this one-way delay (ms)")] = None,
+    refuse_grants: Annotated[bool, typer.Option("--refuse-grants", help="(passive party) refuse the evaluation-only "
+                                                                        "queries of this party's bottom model that the "
+                                                                        "run's plan grants the scorer")] = False,
+    device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N (train.device)")] = None,
 ) -> None:
     """Run one party of an experiment (or VMask's dealer: --party dealer), talking to the others over mutual-TLS
     gRPC (VLR and VHNN, with defenses and attacks; each attack runs in its party's process; see docs/deployment.md)."""
@@ -458,7 +494,7 @@ def party_run(
                                 "pip install 'vflbench[net]'") from None
         from vflbench.experiment.config import load_config
 
-        cfg = load_config(config, set_ or []).resolved()
+        cfg = load_config(config, with_device(set_, device)).resolved()
     check_party_config(cfg)
     addresses = {}
     for item in address:
@@ -473,7 +509,7 @@ def party_run(
                              shape=shape_profile(shape, bandwidth_mbit=bandwidth_mbit, latency_ms=latency_ms)))
     try:
         summary = run_party(cfg, party=party, channel=channel, out_dir=out_dir, data_root=data_root, resume=resume,
-                            stop_after=stop_after)
+                            stop_after=stop_after, refuse_grants=refuse_grants)
     except NetError as exc:
         err.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(3) from None
@@ -504,6 +540,7 @@ def launch(
     bandwidth_mbit: Annotated[float | None, typer.Option("--bandwidth-mbit", help="shape the links to this bandwidth "
                                                                                "(Mbit/s)")] = None,
     latency_ms: Annotated[float | None, typer.Option("--latency-ms", help="and this one-way delay (ms)")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N (train.device)")] = None,
 ) -> None:
     """Run every party (and VMask's dealer) as its own local process over loopback mutual-TLS gRPC; the active party
     writes OUT/<config hash>/result.json, as `vflbench run` does, and net.json (time per epoch, traffic, projection
@@ -521,7 +558,7 @@ def launch(
         from vflbench.experiment.config import load_config
         from vflbench.experiment.results import RunResult
 
-        cfg = load_config(config, set_ or [])
+        cfg = load_config(config, with_device(set_, device))
     if certs is not None and insecure:
         raise VFLBenchError("give --certs or --insecure-localhost, not both")
     from vflbench.net.linkmodel import shape_profile
@@ -566,6 +603,17 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     raise Interrupted(signum)
 
 
+def _out_of_memory(exc: BaseException) -> str:
+    """A one-line message when ``exc`` is a failed memory allocation (Python's, or torch's allocator's), else ``""``."""
+    text = str(exc)
+    if not (isinstance(exc, MemoryError) or "can't allocate memory" in text or "out of memory" in text.lower()):
+        return ""
+    asked = re.search(r"tried to allocate (\d+) bytes", text)
+    size = f" ({int(asked.group(1)) / 1e9:,.1f} GB asked for)" if asked else ""
+    return (f"out of memory{size}; make the model smaller (model.embed_dim, the models' widths), the batches "
+            "(train.batch_size) or the data (data.train_size)")
+
+
 def main() -> None:
     """Console-script entry point: user errors print one paragraph and exit with status 2;
     SIGINT and SIGTERM exit with 130 and 143 after the command has stopped cleanly."""
@@ -585,6 +633,11 @@ def main() -> None:
     except OSError as exc:  # the environment refused (a full disk, a file removed under us): not a bug
         where = f" ({exc.filename})" if exc.filename else ""
         err.print(f"[bold red]error:[/bold red] {exc.strerror or exc}{where}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except (MemoryError, RuntimeError) as exc:
+        if not _out_of_memory(exc):
+            raise
+        err.print(f"[bold red]error:[/bold red] {_out_of_memory(exc)}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except Interrupted as exc:
         err.print(f"interrupted ({exc})", highlight=False)

@@ -6,7 +6,7 @@ unknown name raises an error listing every valid name (and the closest one).
 
 :func:`check_params` is the one check of a component's keyword parameters (attacks, defenses,
 models, datasets): unknown names, types from the factory's annotations, ``Literal`` choices,
-finite numbers and the ranges of :data:`RANGES`.
+finite numbers and the ranges of :data:`RANGES` and :data:`MAXIMA`.
 """
 
 from __future__ import annotations
@@ -115,6 +115,11 @@ RANGES: dict[str, tuple[float, bool]] = {
                     (1.0, True)),
     **dict.fromkeys(("aux_fraction", "test_fraction"), (0.0, False)),
 }
+# Layer widths: at most this many units (a typo such as 100000000000 fails here with a message, not in the
+# memory allocator); the same bound as ``model.embed_dim``.
+MAX_WIDTH = 1 << 20
+MAXIMA: dict[str, float] = dict.fromkeys(("hidden", "head_hidden", "decoder_width", "embedding_dim", "channels",
+                                          "n_filters"), MAX_WIDTH)
 # Parameters for which +inf is a meaningful value (a privacy budget of infinity: no protection).
 UNBOUNDED = frozenset({"epsilon"})
 
@@ -152,8 +157,8 @@ def check_params(kind: str, name: str, factory: Callable[..., Any], params: Mapp
     value that does not match the parameter's annotation (``Literal`` choices, ``int``, ``float``,
     ``bool``, ``str``, lists, optional values; ``true`` is not a number, ``.nan`` and ``.inf`` are
     not valid floats except +inf for :data:`UNBOUNDED` names); a number outside the range that
-    :data:`RANGES` gives its name. ``reserved`` parameters are supplied by the framework; ``aliases``
-    maps extra accepted names to the parameter they stand for (a defense's ``strength``).
+    :data:`RANGES` (or :data:`MAXIMA`) gives its name. ``reserved`` parameters are supplied by the framework;
+    ``aliases`` maps extra accepted names to the parameter they stand for (a defense's ``strength``).
     """
     aliases = dict(aliases or {})
     signature = inspect.signature(factory)
@@ -184,6 +189,10 @@ def check_params(kind: str, name: str, factory: Callable[..., Any], params: Mapp
             relation = ">=" if bound[1] else ">"
             raise error(f"{kind} {name!r}: {noun} {key!r} = {show(value)} is not valid; it must be "
                               f"{relation} {bound[0]:g}.")
+        most = MAXIMA.get(target)
+        if most is not None and any(x > most for x in numbers):
+            raise error(f"{kind} {name!r}: {noun} {key!r} = {show(value)} is not valid; it must be "
+                        f"<= {int(most)} (a layer width).")
 
 
 def _numbers(value: Any) -> list[float]:

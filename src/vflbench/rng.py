@@ -9,9 +9,11 @@ never changes the random stream of another.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 
 import numpy as np
 import torch
+from torch import Tensor
 
 
 def derive_seed(seed: int, *names: str | int) -> int:
@@ -22,5 +24,19 @@ def derive_seed(seed: int, *names: str | int) -> int:
 
 
 def generator(seed: int, *names: str | int) -> torch.Generator:
-    """A torch generator for the component at ``names`` under experiment ``seed``."""
+    """A torch generator for the component at ``names`` under experiment ``seed`` (on the CPU, always)."""
     return torch.Generator().manual_seed(derive_seed(seed, *names))
+
+
+def fill_(tensor: Tensor, fill: Callable[[Tensor], object]) -> Tensor:
+    """Fill ``tensor`` in place with ``fill`` (an in-place initialiser that draws from a CPU generator, e.g.
+    ``lambda t: nn.init.normal_(t, generator=g)``), drawing on the CPU and copying in when ``tensor``
+    lives elsewhere: the values are the same on every device."""
+    if tensor.device.type == "cpu":
+        fill(tensor)
+        return tensor
+    cpu = torch.empty(tensor.shape, dtype=tensor.dtype)
+    fill(cpu)
+    with torch.no_grad():
+        tensor.copy_(cpu)
+    return tensor

@@ -26,14 +26,15 @@ from vflbench.protocol import BindContext, Channel, StepState
 
 PARTIES = ("active", "passive_1")
 
-SMALL = {"name": "dmavfl", "aux_size": 200, "aux_batch_size": 200, "lr": 1e-3, "disc_lr": 3e-4,
+DATA = {"name": "digits", "parties": 2, "aux_pool": 200}  # DMAVFL's aux rows: held out of training
+SMALL = {"name": "dmavfl", "aux_batch_size": 200, "lr": 1e-3, "disc_lr": 3e-4,
          "pretrain_epochs": 1}
 TRAIN = {"epochs": 1, "batch_size": 64, "optimizer": "adam", "lr": 1e-3}
 
 
 def _attack(**params):
     """One epoch of DMAVFL on digits (16-dim embeddings); the attack object after training."""
-    cfg = build_config(minimal(train=TRAIN, attacks=[{**SMALL, **params}]))
+    cfg = build_config(minimal(data=DATA, train=TRAIN, attacks=[{**SMALL, **params}]))
     vd = load_vertical_data(cfg)
     plan = validate_attacks(cfg, vd)
     train_run(cfg, vd, attacks=plan)
@@ -106,7 +107,7 @@ MAP_ATTACK = {"shadow_options": {"channels": [4, 2]}, "decoder_map": [2, 8, 4], 
 def test_pixel_aligned_maps_get_urvfls_local_map_decoder_and_a_cnn_dac():
     """Before decoder_map, every image decoder started with a Linear layer over the whole embedding: a
     change of one map position reached every output pixel. URVFL's fullDecoder is three 3x3 convs."""
-    cfg = build_config(minimal(model=CONV_MAP, train=TRAIN, attacks=[{**SMALL, **MAP_ATTACK}]))
+    cfg = build_config(minimal(data=DATA, model=CONV_MAP, train=TRAIN, attacks=[{**SMALL, **MAP_ATTACK}]))
     vd = load_vertical_data(cfg)
     plan = validate_attacks(cfg, vd)
     train_run(cfg, vd, attacks=plan)
@@ -134,7 +135,7 @@ def test_pixel_aligned_maps_get_urvfls_local_map_decoder_and_a_cnn_dac():
     ({}, {"decoder_map": [1, 4, 4]}, "aligned with the victim's 8x4 strip"),
 ])
 def test_bad_decoder_maps_fail_early(model, params, message):
-    cfg = build_config(minimal(model=model, train=TRAIN, attacks=[{**SMALL, **params}]))
+    cfg = build_config(minimal(data=DATA, model=model, train=TRAIN, attacks=[{**SMALL, **params}]))
     vd = load_vertical_data(cfg)
     with pytest.raises(ConfigError, match=message):
         train_run(cfg, vd, attacks=validate_attacks(cfg, vd))
@@ -247,7 +248,7 @@ def test_cnn_bn_dac_is_urvfls_clsdiscriminator2_normalising_each_pass_by_its_own
 
 @pytest.mark.parametrize("honest_epochs", [0, 1])
 def test_honest_epochs_train_the_victim_honestly_before_the_attack_takes_over(honest_epochs):
-    cfg = build_config(minimal(train={**TRAIN, "epochs": 2},
+    cfg = build_config(minimal(data=DATA, train={**TRAIN, "epochs": 2},
                                attacks=[{**SMALL, "honest_epochs": honest_epochs}]))
     vd = load_vertical_data(cfg)
     plan = validate_attacks(cfg, vd)
@@ -272,7 +273,8 @@ def test_negative_honest_epochs_fail_early():
 def test_shadow_mode_train_embeds_the_aux_batch_with_its_own_batchnorm_statistics(mode):
     """URVFL's detection runs leave f_e in training mode (its attack puts it in eval mode): the DAC's
     "real" embeddings are then normalised by each aux batch's statistics, like the victim's."""
-    cfg = build_config(minimal(model=CONV_MAP, train=TRAIN, attacks=[{**SMALL, **MAP_ATTACK, "shadow_mode": mode}]))
+    cfg = build_config(minimal(data=DATA, model=CONV_MAP, train=TRAIN,
+                               attacks=[{**SMALL, **MAP_ATTACK, "shadow_mode": mode}]))
     vd = load_vertical_data(cfg)
     plan = validate_attacks(cfg, vd)
     train_run(cfg, vd, attacks=plan)

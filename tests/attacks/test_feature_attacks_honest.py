@@ -1,10 +1,10 @@
 """Honest-but-curious feature attacks (PCAT, SDAR, GRNA, GIA, model inversion) on digits.
 
 Small attack settings (documented per attack) keep each run to seconds; one federation is
-trained for the attacks whose aux rows are trained on (GIA, GRNA, MI), which is possible because
-honest attackers do not change training (tested below). PCAT and SDAR hold their aux rows out of
-training (``aux_disjoint``), so each gets a federation of its own (as each attack is its own run in
-DMAVFL Table 1); together they would leave a third of digits' training rows untrained.
+trained for every attack, which is possible because honest attackers do not change training (tested
+below) and the training rows depend on the data section and the seed only: PCAT and SDAR take the
+pool of rows held out of training (``data.aux_pool``, 20% here) as their auxiliary set, GIA, GRNA and
+MI draw 20% of the training split from the rows the parties train on.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ from vflbench.experiment.views import _view, feature_targets
 from vflbench.metrics.reconstruction import ssim
 
 AUX = {"aux_fraction": 0.2}
+DATA = {"name": "digits", "parties": 2, "aux_pool": 0.2}
 #: Test-sized settings: larger learning rates and fewer epochs than the papers' defaults.
 ATTACKS = {
-    "pcat": {"name": "pcat", **AUX, "aux_batch_size": 64, "lr": 1e-3, "decoder_lr": 1e-3, "decoder_epochs": 20,
+    "pcat": {"name": "pcat", "aux_batch_size": 64, "lr": 1e-3, "decoder_lr": 1e-3, "decoder_epochs": 20,
              "hidden": 64, "decoder_width": 16},
-    "sdar": {"name": "sdar", **AUX, "aux_batch_size": 64, "hidden": 64, "decoder_width": 16},
+    "sdar": {"name": "sdar", "aux_batch_size": 64, "hidden": 64, "decoder_width": 16},
     # GIA from the aux mean, clipped to the data range, few steps (URVFL's 50 steps of 1e-3 from 0
     # leave x^ near 0, far worse than the mean guess; see the module docstring).
     "gia": {"name": "gia", **AUX, "shadow_lr": 1e-3, "opt_steps": 50, "opt_lr": 0.01, "init": "aux_mean",
@@ -47,24 +48,19 @@ ATTACKS = {
 
 
 def _config(attacks, **sections):
-    return build_config(minimal(train={"epochs": 10}, attacks=attacks, **sections))
-
-
-DISJOINT = ("pcat", "sdar")
+    return build_config(minimal(**{"data": DATA, "train": {"epochs": 10}, "attacks": attacks, **sections}))
 
 
 @pytest.fixture(scope="module")
 def suite():
     """Per attack key: (trained run, planned attack, result); see the module docstring for the federations."""
-    out = {}
-    for keys in [[k for k in ATTACKS if k not in DISJOINT], *([k] for k in DISJOINT)]:
-        cfg = _config([ATTACKS[k] for k in keys])
-        vd = load_vertical_data(cfg)
-        plan = validate_attacks(cfg, vd)
-        run = train_run(cfg, vd, attacks=plan)
-        results, _ = run_attacks(plan, run)
-        out.update({k: (run, planned, r) for k, planned, r in zip(keys, plan.attacks, results, strict=True)})
-    return out
+    keys = list(ATTACKS)
+    cfg = _config([ATTACKS[k] for k in keys])
+    vd = load_vertical_data(cfg)
+    plan = validate_attacks(cfg, vd)
+    run = train_run(cfg, vd, attacks=plan)
+    results, _ = run_attacks(plan, run)
+    return {k: (run, planned, r) for k, planned, r in zip(keys, plan.attacks, results, strict=True)}
 
 
 @pytest.mark.slow
@@ -128,15 +124,15 @@ def test_inversion_through_the_true_victim_model_recovers_structure(suite):
 
 def test_honest_attackers_leave_training_unchanged():
     attacks = [ATTACKS[k] for k in ("pcat", "sdar", "gia", "mi_black_box")]
-    cfg = build_config(minimal(train={"epochs": 2}, attacks=attacks))
+    cfg = build_config(minimal(data=DATA, train={"epochs": 2}, attacks=attacks))
     vd = load_vertical_data(cfg)
     plan = validate_attacks(cfg, vd)
     attacked = train_run(cfg, vd, attacks=plan)
-    # PCAT's and SDAR's aux rows are held out of training: the plain run trains on the same rows
+    # the pool is held out of training, with or without attacks: the plain run trains on the same rows
     held = plan.held_out()
     assert held is not None and len(attacked.federation.train_rows) == len(vd.y_train) - len(held)
-    plain_cfg = build_config(minimal(train={"epochs": 2}))
-    plain = train_run(plain_cfg, load_vertical_data(plain_cfg), held_out=held)
+    plain_cfg = build_config(minimal(data=DATA, train={"epochs": 2}))
+    plain = train_run(plain_cfg, load_vertical_data(plain_cfg))
     assert [e["loss"] for e in plain.history.epochs] == [e["loss"] for e in attacked.history.epochs]
     for p, q in zip(plain.federation.parties(), attacked.federation.parties(), strict=True):
         mine = q.models()
@@ -173,7 +169,7 @@ def test_model_inversion_ssim_drops_with_mixup_and_precode(defense):
     specs = [ATTACKS["mi_black_box"], ATTACKS["mi_query_free"]]
     ssims = []
     for defenses in ([], [defense]):
-        cfg = _config(specs, defenses=defenses)
+        cfg = _config(specs, defenses=defenses, data={"name": "digits", "parties": 2})  # MI needs no pool
         vd = load_vertical_data(cfg)
         plan = validate_attacks(cfg, vd)
         results, _ = run_attacks(plan, train_run(cfg, vd, attacks=plan))
@@ -201,7 +197,7 @@ def test_grna_white_box_needs_a_granted_victim_model(suite):
 
 
 def test_top_model_attacks_need_exactly_one_passive_party():
-    cfg = build_config(minimal(data={"name": "digits", "parties": 3}, attacks=[ATTACKS["pcat"]]))
+    cfg = build_config(minimal(data={**DATA, "parties": 3}, attacks=[ATTACKS["pcat"]]))
     with pytest.raises(CompatibilityError, match="exactly one passive party"):
         validate_attacks(cfg, load_vertical_data(cfg))
     ok = build_config(minimal(data={"name": "digits", "parties": 3}, attacks=[ATTACKS["gia"], ATTACKS["mi_black_box"]]))

@@ -142,15 +142,18 @@ def test_metric_accuracy_scores_a_binary_attack_and_its_prior_by_top1_accuracy(p
     cfg = _binary_mc(prior=prior, metric="accuracy")
     [acc] = run_experiment(cfg).attacks
     assert auto.metric == "auc" and acc.metric == "accuracy"
-    curve = acc.details["finetune_curve"]  # per-epoch top-1 accuracies on the test split, best one reported
-    assert acc.value == max(curve) and acc.details["test_accuracy"] == acc.value
-    n_test = len(load_vertical_data(cfg).y_test)
+    curve = acc.details["finetune_curve"]  # per-epoch top-1 accuracies on the test split, the last one reported
+    assert acc.value == curve[-1] and acc.details["test_accuracy"] == acc.value
+    y_test = load_vertical_data(cfg).y_test
+    n_test = len(y_test)
     assert all(abs(v * n_test - round(v * n_test)) < 1e-4 for v in curve)  # fractions of test rows, not AUCs
+    majority = float(torch.bincount(y_test).max()) / n_test  # what always answering the larger class scores
+    assert acc.details["constant_guess"] == pytest.approx(majority)
     if prior == "random":
-        assert acc.prior == 0.5  # 1/C: a uniform random guess, not the majority rate
-    else:  # J_loc scored under the same metric as the attack
+        assert acc.prior == pytest.approx(majority)  # not 1/C = 0.5: a constant guess scores the majority rate
+    else:  # J_loc scored under the same metric as the attack, and never below the constant guess
         assert "test_accuracy" in acc.details["local"] and "test_auc" not in acc.details["local"]
-        assert acc.prior == max(acc.details["local"]["finetune_curve"])
+        assert acc.prior == pytest.approx(max(acc.details["local"]["finetune_curve"][-1], majority))
     assert acc.leakage == pytest.approx(100 * (acc.value - acc.prior))
 
 
@@ -162,7 +165,7 @@ def test_metric_auc_can_be_asked_for_explicitly_and_equals_auto_on_a_binary_task
 
 @pytest.mark.parametrize("name", ["model_completion", "model_completion_mixmatch", "embedding_extension"])
 def test_metric_is_validated(name):
-    with pytest.raises(ConfigError, match="metric must be one of auto, accuracy, auc"):
+    with pytest.raises(ConfigError, match="metric must be one of auto, accuracy, balanced_accuracy, auc"):
         ATTACKS.create(name, metric="top1")
     cfg = build_config(minimal(attacks=[{"name": name, "metric": "auc", "batch_size": 4}]))  # digits: 10 classes
     with pytest.raises(CompatibilityError, match="metric 'auc' needs binary labels"):

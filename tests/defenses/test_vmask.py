@@ -25,12 +25,14 @@ from vflbench.mpc.masking import VMaskBottom
 from vflbench.mpc.parties import PROTOCOL_KINDS
 from vflbench.protocol.channel import Endpoint
 
+#: digits with 300 training rows held out as the auxiliary pool that VMask's shadow models train on
+POOL = {"name": "digits", "parties": 2, "aux_pool": 300}
 SYNTHETIC = {"n_samples": 2000, "n_features": 40, "n_informative": 30, "n_classes": 8, "class_sep": 1.5}
 
 
 def _federation(defense, **train):
-    cfg = build_config(minimal(model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 3, **train},
-                               defenses=[{"aux_size": 200, **defense}]))
+    cfg = build_config(minimal(data={**POOL, "aux_pool": 200}, model={"bottom": "mlp3", "top": "mlp2"},
+                               train={"epochs": 3, **train}, defenses=[defense]))
     vd = load_vertical_data(cfg)
     return cfg, vd, build_federation(cfg, vd, defenses=plan_defenses(cfg, ["passive_1"]))
 
@@ -103,8 +105,8 @@ def test_alls_with_sigma_zero_trains_like_vanilla():
     """Secret-shared training equals plaintext training up to fixed-point rounding (<= 5e-4 per step,
     see tests/mpc); SGD then amplifies such differences like any 1e-4 perturbation of the initial
     weights, so the final accuracies are compared with a tolerance of 3 points on digits."""
-    vanilla = run_experiment(build_config(minimal(model={"bottom": "mlp3", "top": "mlp2"})))
-    masked = run_experiment(build_config(minimal(model={"bottom": "mlp3", "top": "mlp2"},
+    vanilla = run_experiment(build_config(minimal(data=POOL, model={"bottom": "mlp3", "top": "mlp2"})))
+    masked = run_experiment(build_config(minimal(data=POOL, model={"bottom": "mlp3", "top": "mlp2"},
                                                  defenses=[{"name": "vmask_alls", "sigma": 0.0, "aux_size": 200}])))
     assert abs(vanilla.utility.value - masked.utility.value) <= 0.03
     assert masked.utility.value >= 0.85
@@ -134,7 +136,8 @@ def test_vmask_holds_the_reinit_attacker_near_scratch():
     """Against the paper's attacker only (``attacker_view: reinit``: masked layers re-initialised).
     This holds by construction whenever layers end masked, whatever the protocol does; the attacker
     that uses what it receives is test_recovered_attacker_solves_the_effective_weights."""
-    base = minimal(data={"name": "synthetic", "options": SYNTHETIC}, model={"bottom": "mlp3", "top": "mlp2"},
+    base = minimal(data={"name": "synthetic", "options": SYNTHETIC, "aux_pool": 300},
+                   model={"bottom": "mlp3", "top": "mlp2"},
                    train={"epochs": 6}, attacks=[{"name": "model_completion", "prior": "scratch", "epochs": 25}])
     vanilla = run_experiment(build_config(base)).attacks[0]
     protected = run_experiment(build_config({**base, "defenses": [{"name": "vmask", "aux_size": 300}]})).attacks[0]
@@ -145,8 +148,8 @@ def test_vmask_holds_the_reinit_attacker_near_scratch():
 
 
 def _trained_with_attacks(defense, attacks, epochs=4, **sections):
-    cfg = build_config(minimal(model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": epochs},
-                               defenses=[{"aux_size": 200, **defense}], attacks=attacks, **sections))
+    cfg = build_config(minimal(**{"data": POOL, "model": {"bottom": "mlp3", "top": "mlp2"}, "train": {"epochs": epochs},
+                                  "defenses": [{"aux_size": 200, **defense}], "attacks": attacks, **sections}))
     vd = load_vertical_data(cfg)
     plan = validate_attacks(cfg, vd)
     run = train_run(cfg, vd, attacks=plan)
@@ -165,7 +168,7 @@ def test_recovered_attacker_solves_the_effective_weights(sigma):
     plan, run, (reinit, recovered) = _trained_with_attacks(
         {"name": "vmask_alls", "sigma": sigma, "aux_size": 300},
         [{"name": "model_completion", **mc}, {"name": "vmask_weight_recovery", **mc}], epochs=6,
-        data={"name": "synthetic", "options": SYNTHETIC})
+        data={"name": "synthetic", "options": SYNTHETIC, "aux_pool": 300})
     layers = recovered.details["layers"]
     assert [layer["name"] for layer in layers] == ["1", "3", "5"]
     for layer in layers:
@@ -198,7 +201,8 @@ def test_recovery_reports_a_layer_neither_channel_solves():
     so, keeps P_k's own record in the undetermined directions, and its error there is reported."""
     _, _, (result,) = _trained_with_attacks({"name": "vmask_alls", "aux_size": 300},
                                              [{"name": "vmask_weight_recovery", "epochs": 2, "max_openings": 1}],
-                                             epochs=1, data={"name": "synthetic", "options": SYNTHETIC})
+                                             epochs=1, data={"name": "synthetic", "options": SYNTHETIC,
+                                                                   "aux_pool": 300})
     layers = {layer["name"]: layer for layer in result.details["layers"]}
     hidden = layers["3"]
     assert not hidden["solvable"] and result.details["unsolvable"] == ["3"]
@@ -235,7 +239,7 @@ class _RecordingVMask(VMask):
 
 def test_attack_set_is_drawn_once_per_selection():
     """Algorithm 2 line 7: D_A is built once per selection, before the greedy loop over candidates."""
-    cfg = build_config(minimal(model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 3}))
+    cfg = build_config(minimal(data=POOL, model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 3}))
     vd = load_vertical_data(cfg)
     defense = _RecordingVMask(aux_size=200, budget=0.0, mc_epochs=1)
     half = VMask(aux_size=200, budget=0.0, mc_epochs=1)  # the passive party's half
@@ -254,7 +258,8 @@ def test_simulated_attack_takes_the_configured_model_completion_recipe():
     """V5: ``mc_*`` left unset take the configured model_completion attack's recipe, else model
     completion's defaults; an ``mc_*`` given wins."""
     attack = {"name": "model_completion", "optimizer": "sgd", "lr": 0.05, "batch_size": 8, "momentum": 0.5}
-    cfg = build_config(minimal(model={"bottom": "mlp3", "top": "mlp2"}, defenses=[{"name": "vmask", "aux_size": 200}],
+    cfg = build_config(minimal(data=POOL, model={"bottom": "mlp3", "top": "mlp2"},
+                               defenses=[{"name": "vmask", "aux_size": 200}],
                                attacks=[attack]))
     plan = plan_defenses(cfg, ["passive_1"])
     build_federation(cfg, load_vertical_data(cfg), defenses=plan)
@@ -280,7 +285,8 @@ def test_paper_preconditions_are_checked_before_training(caplog):
 
 
 def test_vmask_is_rejected_in_vlr():
-    cfg = build_config(minimal(data={"name": "breast_cancer"}, model={"bottom": "logreg", "top": "identity"},
+    cfg = build_config(minimal(data={"name": "breast_cancer", "aux_pool": 50}, model={"bottom": "logreg",
+                                                                                       "top": "identity"},
                                train={"algorithm": "vlr"}, defenses=[{"name": "vmask"}]))
     with pytest.raises(CompatibilityError, match="vhnn or vsnn"):
         run_experiment(cfg)
@@ -289,7 +295,7 @@ def test_vmask_is_rejected_in_vlr():
 @pytest.mark.slow
 def test_each_passive_party_gets_its_own_masks_and_shadow():
     """K-1 passive parties (VMask Tables V-VI): per-party shared layers, shadows and mask reports."""
-    cfg = build_config(minimal(data={"name": "digits", "parties": 3}, model={"bottom": "mlp3", "top": "mlp2"},
+    cfg = build_config(minimal(data={**POOL, "parties": 3}, model={"bottom": "mlp3", "top": "mlp2"},
                                train={"epochs": 2}, defenses=[{"name": "vmask", "aux_size": 200}]))
     vd = load_vertical_data(cfg)
     names = ["passive_1", "passive_2"]
@@ -334,7 +340,7 @@ def test_the_active_half_holds_no_object_of_a_passive_party():
     """Issue 18: the active party's VMask instance reaches P_k's bottom model only through messages.
     The old design kept P_k's VMaskBottom in the active instance's per-party state (and so every
     shared layer and P_k's shares)."""
-    cfg = build_config(minimal(data={"name": "digits", "parties": 3}, model={"bottom": "mlp3", "top": "mlp2"},
+    cfg = build_config(minimal(data={**POOL, "parties": 3}, model={"bottom": "mlp3", "top": "mlp2"},
                                train={"epochs": 2}, defenses=[{"name": "vmask", "aux_size": 200, "mc_epochs": 1}]))
     vd = load_vertical_data(cfg)
     fed = build_federation(cfg, vd, defenses=plan_defenses(cfg, ["passive_1", "passive_2"]))
@@ -392,7 +398,8 @@ def test_vmask_traffic_is_counted_by_the_channel_as_the_old_mpc_comm_counted_it(
     # the epoch report is read before the last evaluation; the old report said the same
     assert history.epochs[-1]["vmask_as.mpc_bytes"] == 61173888 < 31307136 + 35301120
     assert history.epochs[-1]["vmask_as.triples"] == 123
-    result = run_experiment(build_config(minimal(model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 1},
+    result = run_experiment(build_config(minimal(data=POOL, model={"bottom": "mlp3", "top": "mlp2"},
+                                                 train={"epochs": 1},
                                                  defenses=[{"name": "vmask_alls", "aux_size": 200}])))
     by_kind = result.comm["by_kind"]
     for kind in ("vmask.forward", "vmask.backward", "dealer.triple", "dealer.take"):
@@ -404,7 +411,7 @@ def test_an_active_half_without_passive_halves_is_refused():
     """Every passive party needs its own VMask half: the active half alone cannot mask P_k's model
     (the old active-only design did it by reaching into P_k's model). Refused by the first epoch's end at the
     latest (with parties in separate processes the halves' setups arrive after the active party is built)."""
-    cfg = build_config(minimal(model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 1}))
+    cfg = build_config(minimal(data=POOL, model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 1}))
     vd = load_vertical_data(cfg)
     fed = build_federation(cfg, vd, defenses=DefensePlan([VMask(aux_size=200)], {"passive_1": []}))
     with pytest.raises(CompatibilityError, match="its own VMask half"):
@@ -414,7 +421,7 @@ def test_an_active_half_without_passive_halves_is_refused():
 def test_vmask_messages_carry_only_tensors_and_scalars():
     """What the halves exchange can cross a process boundary as bytes: detached tensors and a header
     of scalars, never an object of the other party (issue 16 builds the network transport on this)."""
-    cfg = build_config(minimal(model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 2},
+    cfg = build_config(minimal(data=POOL, model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 2},
                                defenses=[{"name": "vmask_as", "aux_size": 200, "budget": 0.0, "mc_epochs": 1}]))
     vd = load_vertical_data(cfg)
     kinds = {*PROTOCOL_KINDS, "vmask.setup", "vmask.select", "dealer.triple", "dealer.take"}
@@ -436,7 +443,7 @@ def test_selection_simulates_only_the_candidates_it_forecasts():
     """Stacked rounds: the first selection simulates the empty set and one layer (the initial mask's
     size); once the loop stopped at the empty set, the next selection simulates only it. Simulating
     every reachable candidate at once (the first stacked version) ran 4 per selection here."""
-    cfg = build_config(minimal(model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 3}))
+    cfg = build_config(minimal(data=POOL, model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 3}))
     vd = load_vertical_data(cfg)
     defense = _RecordingVMask(aux_size=200, budget=1.0, mc_epochs=1)
     half = VMask(aux_size=200, budget=1.0, mc_epochs=1)

@@ -11,7 +11,6 @@ import torch
 
 from vflbench.experiment.sweep import scores_table
 from vflbench.metrics.scores import (
-    NO_PROTECTION_SCORE,
     ScoreTable,
     attack_leakage,
     dcs,
@@ -106,10 +105,14 @@ KANG_NO_PROTECT = [
 
 @pytest.mark.parametrize(("row", "leakages", "eq21"), KANG_NO_PROTECT)
 def test_no_protect_rows_follow_kangs_convention(row, leakages, eq21):
+    """eq. 21 alone would score these rows ``eq21``; the scores table gives the sweep's no-defense row 0."""
     assert optimal_pu_score([(None, 0.0, leakages)]).score == eq21, row
-    best = optimal_pu_score([(None, 0.0, leakages)], no_protection=True)
-    assert best.score == NO_PROTECTION_SCORE == 0, row
-    assert best.leakages == leakages and best.utility_loss == 0.0
+    rows = [{"attack": name, "attack_target": "labels", "attack_metric": "auc", "prior": 0.5, "defense": "none",
+             "strength": math.nan, "attack_value": 0.5 + value / 100, "leakage": value, "undefended_leakage": value}
+            for name, value in leakages.items()]
+    scores = scores_table(_table(rows)).set_index("defense")
+    assert scores.loc["none", "s_pu"] == 0 and scores.loc["none", "verdict"] == "no protection (baseline)", row
+    assert scores.loc["none", "worst_leakage"] == pytest.approx(max(leakages.values()), abs=0.01)
 
 
 def test_optimal_pu_refuses_a_strength_without_attack_results():
@@ -124,8 +127,15 @@ def test_pu_score_is_not_defined_for_feature_attacks():
 
 
 def _table(rows):
-    base = {"dataset": "d", "algorithm": "vhnn", "seed": 0, "utility": 0.9, "utility_loss": 0.0}
-    return pd.DataFrame([{**base, **r} for r in rows])
+    """``rows`` on three seeds, their leakages (defended and undefended) spread by -0.5, 0 and +0.5 points, so
+    that every group has an interval over seeds."""
+    base = {"dataset": "d", "algorithm": "vhnn", "utility": 0.9, "utility_loss": 0.0}
+    out = []
+    for seed, shift in enumerate((-0.5, 0.0, 0.5)):
+        for r in rows:
+            out.append({**base, **r, "seed": seed, "leakage": r["leakage"] + shift,
+                        "undefended_leakage": r["undefended_leakage"] + shift})
+    return pd.DataFrame(out)
 
 
 def test_scores_table_leaves_feature_attacks_out_instead_of_scoring_them_5():
@@ -154,10 +164,11 @@ def test_scores_table_gives_no_credit_for_an_attack_that_does_not_leak_undefende
              "undefended_leakage": 30.0, "utility_loss": 0.1}]
     scores = scores_table(_table(rows)).set_index("defense")
     assert scores.loc["noise", "s_pu"] == 5 and scores.loc["none", "s_pu"] == 0  # scored on ns alone
-    assert "mc: left out" in scores.loc["noise", "note"] and "does not beat its prior" in scores.loc["noise", "note"]
+    assert "mc: left out" in scores.loc["noise", "note"]
+    assert "does not leak measurably" in scores.loc["noise", "note"]
     only_mc = scores_table(_table(rows[:2])).set_index("defense")
     assert only_mc["s_pu"].isna().all() and only_mc["c_dcs"].isna().all()
-    assert "no label attack that leaks without a defense" in only_mc.loc["noise", "note"]
+    assert "no label attack that leaks measurably without a defense" in only_mc.loc["noise", "note"]
 
 
 def test_c_dcs_is_below_1_for_a_leaking_label_attack_and_1_without_leakage():

@@ -10,13 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vflbench.mpc.ring import (
+    LIMB_MAX_INNER,
     RING_BITS,
     RingOverflowError,
-    _limb_matmul,
     col2im,
     decode,
     encode,
     im2col,
+    limb_matmul,
     max_abs,
     ring_conv2d,
     ring_conv2d_input_grad,
@@ -71,7 +72,85 @@ def test_limb_matmul_equals_int64_matmul(m: int, k: int, n: int, seed: int) -> N
     """The CUDA path (16-bit limbs multiplied in float64) is exact; checked here on CPU."""
     g = torch.Generator().manual_seed(seed)
     a, b = uniform((m, k), g), uniform((k, n), g)
-    assert torch.equal(_limb_matmul(a, b), a @ b)
+    assert torch.equal(limb_matmul(a, b), a @ b)
+
+
+EXTREMES = torch.tensor([-(2**63), 2**63 - 1, -1, 0, 1, 2**16 - 1, 2**16, -(2**16), 2**32 - 1, 2**48 + 12345,
+                         -(2**48) - 1, 2**62, -(2**62) + 7, 0x7FFF_FFFF_FFFF_0001], dtype=torch.int64)
+
+
+def _extreme(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    """Ring elements drawn from the extreme values (limbs all 0 or all 0xFFFF, sign bit, carries) and uniform ones."""
+    pick = torch.randint(0, len(EXTREMES), shape, generator=g)
+    return torch.where(torch.rand(shape, generator=g) < 0.7, EXTREMES[pick], uniform(shape, g))
+
+
+@pytest.mark.parametrize(("m", "k", "n", "batch"), [(1, 1, 1, ()), (7, 300, 5, ()), (3, 64, 9, (2,)),
+                                                    (16, 784, 32, ())])
+def test_limb_matmul_is_the_int64_product_on_extreme_values(m: int, k: int, n: int, batch: tuple[int, ...]) -> None:
+    """The CUDA path against the CPU's int64 product, bit for bit, with the sign bit, all-ones limbs and carries
+    across every limb boundary (batched operands too)."""
+    g = torch.Generator().manual_seed(m * 1000 + k)
+    a, b = _extreme((*batch, m, k), g), _extreme((*batch, k, n), g)
+    assert torch.equal(limb_matmul(a, b), a @ b)
+    assert torch.equal(ring_matmul(a, b, method="limbs"), ring_matmul(a, b))
+
+
+def test_limb_matmul_is_exact_at_the_bound_and_chunks_beyond_it() -> None:
+    """All-ones limbs (-1) make every limb product its largest, (2^16-1)^2: at k = 2^21 the float64 sums reach
+    2^53 - 2^38 and are still exact; one row longer is summed in two chunks (a single float64 sum of it would not
+    be exact: k (2^16-1)^2 would pass 2^53)."""
+    assert LIMB_MAX_INNER == 2**21
+    assert LIMB_MAX_INNER * (2**16 - 1) ** 2 < 2**53 < 2 * LIMB_MAX_INNER * (2**16 - 1) ** 2  # the bound is tight
+    for k in (LIMB_MAX_INNER, LIMB_MAX_INNER + 3):
+        a = torch.full((1, k), -1, dtype=torch.int64)
+        b = torch.full((k, 2), -1, dtype=torch.int64)
+        b[-1, 1] = 2**63 - 1
+        assert torch.equal(limb_matmul(a, b), a @ b)
+
+
+def test_ring_matmul_method_is_checked() -> None:
+    a = torch.ones(2, 2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="auto, int64 or limbs"):
+        ring_matmul(a, a, method="float")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        limb_matmul(a.double(), a.double())
+
+
+LIMB_CONV_CASES = st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(1, 4), st.integers(1, 3),
+                           st.integers(1, 3), st.integers(1, 2), st.integers(0, 2), st.integers(0, 2**31))
+
+
+@FAST
+@given(LIMB_CONV_CASES)
+def test_ring_convolutions_through_limbs_equal_the_int64_ones(case: tuple[int, ...]) -> None:
+    """The convolution and its input gradient (im2col / col2im around a ring matmul) give the same ring elements
+    with the limb product (the CUDA path) as with the int64 one, on extreme values."""
+    n, c, o, kh, kw, s, p, seed = case
+    h, wd = kh + 4, kw + 3
+    g = torch.Generator().manual_seed(seed)
+    x, w = _extreme((n, c, h, wd), g), _extreme((o, c, kh, kw), g)
+    y = ring_conv2d(x, w, stride=s, padding=p)
+    assert torch.equal(ring_conv2d(x, w, stride=s, padding=p, method="limbs"), y)
+    gy = _extreme(tuple(y.shape), g)
+    want = ring_conv2d_input_grad(gy, w, (h, wd), stride=s, padding=p)
+    assert torch.equal(ring_conv2d_input_grad(gy, w, (h, wd), stride=s, padding=p, method="limbs"), want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (benchmarks/gpu_check.py runs it on a GPU)")
+def test_ring_products_on_cuda_equal_the_cpu_ones() -> None:
+    """On a GPU: the ring matmul and convolutions (limbs in float64 on cuBLAS) equal the CPU's int64 ones."""
+    g = torch.Generator().manual_seed(5)
+    a, b = _extreme((128, 784), g), _extreme((784, 256), g)
+    assert torch.equal(ring_matmul(a.cuda(), b.cuda()).cpu(), a @ b)
+    x, w = _extreme((8, 3, 12, 12), g), _extreme((6, 3, 5, 5), g)
+    y = ring_conv2d(x, w, stride=1, padding=2)
+    assert torch.equal(ring_conv2d(x.cuda(), w.cuda(), stride=1, padding=2).cpu(), y)
+    gy = _extreme(tuple(y.shape), g)
+    assert torch.equal(ring_conv2d_input_grad(gy.cuda(), w.cuda(), (12, 12), stride=1, padding=2).cpu(),
+                       ring_conv2d_input_grad(gy, w, (12, 12), stride=1, padding=2))
+    assert torch.equal(uniform((5, 7), torch.Generator().manual_seed(1), device="cuda").cpu(),
+                       uniform((5, 7), torch.Generator().manual_seed(1)))
 
 
 def test_uniform_covers_the_whole_ring_and_is_reproducible() -> None:

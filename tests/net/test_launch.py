@@ -79,10 +79,10 @@ def test_a_label_transform_that_sizes_the_bottoms_reaches_the_passive_process_an
 
 @pytest.mark.slow
 def test_launched_vmask_with_its_dealer_process_equals_one_process(tmp_path):
-    raw = {"data": {"name": "digits", "parties": 2, "train_size": 600, "test_size": 200},
+    raw = {"data": {"name": "digits", "parties": 2, "train_size": 600, "test_size": 200, "aux_pool": 100},
            "model": {"bottom": "mlp2", "top": "mlp2"},
            "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1},
-           "defenses": [{"name": "vmask", "aux_size": 100, "mc_epochs": 2}], "seed": 1}
+           "defenses": [{"name": "vmask", "mc_epochs": 2}], "seed": 1}
     assert party_names(build_config(raw)) == ["active", "passive_1", "dealer"]
     result, net = check_same(raw, tmp_path)
     kinds = result["comm"]["by_kind"]
@@ -95,11 +95,11 @@ def test_launched_vmask_with_its_dealer_process_equals_one_process(tmp_path):
 
 @pytest.mark.slow
 def test_launched_attacks_run_in_their_parties_processes_and_equal_one_process(tmp_path):
-    raw = {"data": {"name": "digits", "parties": 2, "train_size": 600, "test_size": 200},
+    raw = {"data": {"name": "digits", "parties": 2, "train_size": 600, "test_size": 200, "aux_pool": 100},
            "model": {"bottom": "mlp2", "top": "mlp2"},
            "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1},
            "attacks": [{"name": "model_completion", "known_per_class": 4, "epochs": 2},
-                       {"name": "dmavfl", "aux_size": 100, "aux_batch_size": 100}], "seed": 2}
+                       {"name": "dmavfl", "aux_batch_size": 100}], "seed": 2}
     result, _ = check_same(raw, tmp_path)
     # model completion ran in the passive process (its bottom model), DMAVFL in the active one (its shadow,
     # compared with the victim's real model through the scorer's oracle)
@@ -187,3 +187,17 @@ def test_the_launch_command_refuses_clearly(tmp_path, cli):
     proc = cli("launch", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2 and "cannot run VSNN" in proc.stderr
     assert not (tmp_path / "out").exists()  # refused before any process or directory
+
+
+def test_launch_passes_a_named_link_shape_by_name_so_net_json_records_its_source():
+    from vflbench.experiment.launch import _shape_options
+    from vflbench.net.linkmodel import LinkProfile, shape_profile
+
+    lan = shape_profile("lan")
+    assert lan is not None
+    options = _shape_options(lan)
+    assert options == ["--shape", "lan_836mbit"]
+    # what the party process makes of it: the profile with its source, not "shaped by hand"
+    again = shape_profile(options[1])
+    assert again == lan and again is not None and "836 Mbit/s" in again.as_dict()["source"]
+    assert _shape_options(LinkProfile(20.0, 10.0)) == ["--bandwidth-mbit", "20.0", "--latency-ms", "10.0"]

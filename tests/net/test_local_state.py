@@ -1,6 +1,8 @@
 """Each party's process holds only its own part of the dataset: a passive party its own columns (no labels, no other
 party's columns, no active-side model), the active party its columns, the labels and its models (no passive party's
-columns or bottom model), apart from the rows a defense's threat model grants it."""
+columns or bottom model), apart from the rows a defense's threat model grants it. Checked on the objects a party
+builds, and in a live run: a passive party's own process records every frame it sends and receives and scans every
+tensor alive in it (exact values, float copies, one-hot labels, label multisets, rows of other parties' columns)."""
 
 from __future__ import annotations
 
@@ -138,8 +140,8 @@ def test_the_active_partys_process_holds_its_columns_and_labels_and_no_passive_c
 
 
 def test_with_vmask_the_active_party_holds_the_passive_columns_of_its_auxiliary_rows_only():
-    raw = {**RAW, "data": {**RAW["data"], "parties": 2},
-           "defenses": [{"name": "vmask", "aux_size": 40, "mc_epochs": 1}]}
+    raw = {**RAW, "data": {**RAW["data"], "parties": 2, "aux_pool": 40},
+           "defenses": [{"name": "vmask", "mc_epochs": 1}]}
     cfg = build_config(raw).resolved()
     vd = load_vertical_data(cfg)
     local = local_state(cfg, "active")
@@ -160,3 +162,173 @@ def test_a_passive_attackers_ground_truth_stays_with_the_scorer_not_its_party():
     assert local.ground_truth is not None and local.positions == [0]
     party = build_passive(cfg, local.data, defenses=[], embed_dim=16, link=Channel().endpoint)
     assert not holds(list(reachable_tensors(party)), vd.y_train)
+
+
+# ------------------------------------------------------------------ a live run: the passive party's own process
+
+RECORDING_PASSIVE = """
+import gc, hashlib, json, sys
+from pathlib import Path
+import torch
+from vflbench.experiment.config import load_config
+from vflbench.experiment.party import party_names, party_policy, run_party
+from vflbench.net import Credentials, NetChannel, NetOptions
+
+config, address, certs, out = sys.argv[1:5]
+
+
+def digest(t):
+    return hashlib.sha256(t.detach().contiguous().cpu().numpy().tobytes()).hexdigest()
+
+
+def scan():
+    # every tensor alive in this process, as it is, as float32 and row by row (float32): exact and derived copies
+    whole, rows, multisets = set(), set(), set()
+    for obj in gc.get_objects():
+        if not isinstance(obj, torch.Tensor) or obj.is_sparse or obj.numel() == 0:
+            continue
+        t = obj.detach()
+        whole.update((digest(t), digest(t.float())))
+        if t.dim() >= 1:
+            rows.update(digest(r) for r in t.reshape(len(t), -1).float()[:5000])
+        if t.dim() == 1 and not t.is_floating_point():
+            multisets.add(digest(t.sort().values.long()))
+    return {"whole": sorted(whole), "rows": sorted(rows), "multisets": sorted(multisets)}
+
+
+class Recording(NetChannel):
+    # records what crosses its links: every frame's kind, role and tensors (values of the received ones), and scans
+    # the process's memory when the active party ends training (every object of the party is alive then)
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.frames, self.scanned = [], None
+
+    def _put(self, link, frame):
+        self.frames.append({"dir": "sent", "type": frame.type, "kind": frame.kind, "role": frame.role,
+                            "tensors": [[str(t.dtype), list(t.shape)] for t in frame.tensors]})
+        super()._put(link, frame)
+
+    def _on_frame(self, link, frame):
+        self.frames.append({"dir": "received", "peer": link.peer, "type": frame.type, "kind": frame.kind,
+                            "role": frame.role, "ids": frame.ids.tolist(),
+                            "tensors": [[str(t.dtype), list(t.shape), t.tolist()] for t in frame.tensors]})
+        if frame.kind == "passive.done":
+            self.scanned = scan()
+        super()._on_frame(link, frame)
+
+
+cfg = load_config(Path(config), []).resolved()
+channel = Recording(name="passive_1", run=cfg.hash(), parties=party_names(cfg), addresses={"active": address},
+                    credentials=Credentials.load(Path(certs)), policy=party_policy(),
+                    options=NetOptions(start_timeout=60))
+run_party(cfg, party="passive_1", channel=channel)
+Path(out).write_text(json.dumps({"frames": channel.frames, "scan": channel.scanned}))
+"""
+
+
+def digest(t: Tensor) -> str:
+    import hashlib
+
+    return hashlib.sha256(t.detach().contiguous().cpu().numpy().tobytes()).hexdigest()
+
+
+@pytest.mark.slow
+def test_a_live_passive_process_receives_only_its_surface_and_holds_no_labels_or_other_columns(tmp_path):
+    """A real 3-party run: the active party and passive_2 on threads here, passive_1 in its own process recording
+    every frame it sends and receives and, at the end of training, every tensor alive in it."""
+    import json
+    import subprocess
+    import sys
+    import threading
+    from pathlib import Path
+
+    import yaml
+
+    pytest.importorskip("grpc")
+    from vflbench.experiment.party import party_policy, run_party
+    from vflbench.net import SURFACE, Credentials, NetChannel, NetOptions, provision
+
+    raw = {**RAW, "train": {**RAW["train"], "epochs": 2}}
+    cfg = build_config(raw).resolved()
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(raw))
+    provision(tmp_path / "certs", ["active", "passive_1", "passive_2"])
+    options = NetOptions(start_timeout=60, receive_timeout=60, close_timeout=2)
+    parties = ["active", "passive_1", "passive_2"]
+    active = NetChannel(name="active", run=cfg.hash(), parties=parties, addresses={"active": "127.0.0.1:0"},
+                        credentials=Credentials.load(tmp_path / "certs" / "active"), policy=party_policy(),
+                        options=options)
+    address = active.listen()
+    assert address is not None
+    passive_2 = NetChannel(name="passive_2", run=cfg.hash(), parties=parties, addresses={"active": address},
+                           credentials=Credentials.load(tmp_path / "certs" / "passive_2"), policy=party_policy(),
+                           options=options)
+    src = Path(__file__).resolve().parents[2] / "src"
+    proc = subprocess.Popen([sys.executable, "-c", RECORDING_PASSIVE, str(tmp_path / "exp.yaml"), address,
+                             str(tmp_path / "certs" / "passive_1"), str(tmp_path / "wire.json")],
+                            env={"PYTHONPATH": str(src), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+                            stderr=subprocess.PIPE, text=True)
+    results: dict[str, object] = {}
+
+    def party(name: str, channel: NetChannel) -> None:
+        try:
+            results[name] = run_party(cfg, party=name, channel=channel)
+        except BaseException as exc:
+            results[name] = exc
+
+    threads = [threading.Thread(target=party, args=item, daemon=True) for item in
+               (("active", active), ("passive_2", passive_2))]
+    for t in threads:
+        t.start()
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    for t in threads:
+        t.join(30)
+    assert proc.returncode == 0, err[-3000:]
+    assert not any(isinstance(v, BaseException) for v in results.values()), results
+    recorded = json.loads((tmp_path / "wire.json").read_text())
+    frames, scanned = recorded["frames"], recorded["scan"]
+
+    # 1. what crossed the wire: only the kinds the protocol's surface lets reach a passive party, and only its own
+    received = [f for f in frames if f["dir"] == "received" and f["type"] == "message"]
+    allowed_in = {r.kind for r in SURFACE if r.receiver == "passive" and not r.granted}
+    allowed_out = {r.kind for r in SURFACE if r.sender == "passive" and r.receiver == "active" and not r.granted}
+    assert {f["kind"] for f in received} <= allowed_in
+    assert {f["kind"] for f in frames if f["dir"] == "sent" and f["type"] == "message"} <= allowed_out
+    assert {f["peer"] for f in received} == {"active"}  # nothing from passive_2: passive parties have no link
+    assert {"passive.setup", "passive.forward", "passive.backward", "passive.end_epoch", "passive.done"} \
+        <= {f["kind"] for f in received}
+    vd = load_vertical_data(cfg)
+    y = vd.y_train
+    onehot = torch.nn.functional.one_hot(y, vd.num_classes).float()
+    ids = torch.empty(0, dtype=torch.long)
+    for f in received:
+        # a backward request is for the rows of the forward before it (it carries no ids of its own)
+        ids = torch.tensor(f["ids"], dtype=torch.long) if f["ids"] else ids
+        for dtype, shape, values in f["tensors"]:
+            if f["kind"] == "passive.backward":  # the cut gradient of the batch: float32, the embedding's shape
+                assert (dtype, shape) == ("torch.float32", [len(ids), 16])
+            else:  # everything else carries its content in the header (and row ids): an empty payload
+                assert shape == [0], (f["kind"], shape)
+            if shape == [0]:
+                continue
+            t = torch.tensor(values).float()
+            for forbidden in (y[ids].float(), onehot[ids], vd.active.x_train[ids].reshape(len(ids), -1).float(),
+                              vd.passive[1].x_train[ids].reshape(len(ids), -1).float()):
+                assert t.shape != forbidden.shape or not torch.equal(t, forbidden), f["kind"]
+
+    # 2. what the process held at the end of training: its own columns (the control), no labels, no other columns,
+    # not even as a float copy, a one-hot encoding, a permutation or a subset of rows
+    whole, rows, multisets = set(scanned["whole"]), set(scanned["rows"]), set(scanned["multisets"])
+    own = vd.passive[0].x_train
+    assert {digest(r) for r in own.reshape(len(own), -1).float()[:50]} <= rows
+    for labels in (vd.y_train, vd.y_test):
+        for form in (labels, labels.float(), torch.nn.functional.one_hot(labels, vd.num_classes).float()):
+            assert digest(form) not in whole
+        assert digest(labels.sort().values.long()) not in multisets
+    for other in (vd.active, vd.passive[1]):
+        for x in (other.x_train, other.x_test):
+            assert digest(x) not in whole and digest(x.float()) not in whole
+            # rows that say something (a constant row, e.g. blank pixels, is in every party's data and every buffer)
+            assert not {digest(r) for r in x.reshape(len(x), -1).float() if r.unique().numel() > 1} & rows

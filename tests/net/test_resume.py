@@ -74,10 +74,10 @@ def test_resume_refuses_configs_whose_defense_or_attack_state_is_not_checkpointe
         launch(build_config(raw), out_dir=tmp_path, insecure=True, resume=True)
 
 
-VMASK = {"data": {"name": "digits", "parties": 2, "train_size": 500, "test_size": 150},
+VMASK = {"data": {"name": "digits", "parties": 2, "train_size": 500, "test_size": 150, "aux_pool": 100},
          "model": {"bottom": "mlp3", "top": "mlp2"},
          "train": {"algorithm": "vhnn", "epochs": 3, "batch_size": 64, "lr": 0.05},
-         "defenses": [{"name": "vmask", "aux_size": 100, "mc_epochs": 2, "budget": 0.0}], "seed": 2}
+         "defenses": [{"name": "vmask", "mc_epochs": 2, "budget": 0.0}], "seed": 2}
 
 
 @pytest.mark.slow

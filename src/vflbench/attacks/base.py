@@ -27,8 +27,14 @@ from vflbench.registry import Params
 Target = Literal["labels", "features"]
 Phase = Literal["observer", "post_training", "malicious"]
 Prior = Literal["random", "scratch", "local"]
-LabelMetric = Literal["auto", "accuracy", "auc"]
-LABEL_METRICS: tuple[str, ...] = ("auto", "accuracy", "auc")
+LabelMetric = Literal["auto", "accuracy", "balanced_accuracy", "auc"]
+LABEL_METRICS: tuple[str, ...] = ("auto", "accuracy", "balanced_accuracy", "auc")
+Selection = Literal["last", "validation", "test_oracle"]
+"""How the runner picks one of a trained attack's per-epoch inferences: ``"last"``, the last epoch;
+``"validation"``, the epoch with the best score on a validation split of the attacker's own known labels
+(``val_per_class`` per class, held out of its fine-tuning); ``"test_oracle"``, the epoch with the best
+*test* score, an oracle no attacker has (the protocol of Fu et al.'s and VMask's code), kept only to
+reproduce those papers' numbers and flagged wherever it is reported."""
 
 
 @dataclass(frozen=True)
@@ -140,14 +146,17 @@ class LabelInference:
 
     ``train``/``test``: scores for training/test rows; ``batches``: one :class:`Scores` per
     training batch, scored per batch and averaged (Li et al.'s protocol for gradient attacks);
-    ``per_epoch``: one inference per fine-tuning epoch, from which the runner reports the best
-    or the last (``select``); ``details``: attack-specific diagnostics.
+    ``per_epoch``: one inference per fine-tuning epoch, of which the runner reports one by the
+    attack's selection rule (:data:`Selection`); ``validation``: scores for the attacker's own
+    validation rows (training rows whose labels it knows and did not fine-tune on), which the
+    ``"validation"`` rule selects on; ``details``: attack-specific diagnostics.
     """
 
     train: Scores | None = None
     test: Scores | None = None
     batches: list[Scores] | None = None
     per_epoch: list[LabelInference] | None = None
+    validation: Scores | None = None
     details: dict[str, Any] = field(default_factory=dict)
 
 
@@ -209,6 +218,10 @@ class Attack(Params, ABC):
     aux_disjoint: ClassVar[bool] = False
     target_split: Literal["train", "test"] = "test"
     n_targets: int | None = None
+    repeatable: ClassVar[bool] = True
+    """Whether :meth:`infer` draws anything (its random stream or known labels) after training, so that
+    ``evaluation.repeats`` independent repeats on one trained model measure the attack's own randomness;
+    attacks whose inference is fixed by training (e.g. norm scoring, a trained decoder) run once."""
     shares_draws_with: ClassVar[str | None] = None
     """Another attack whose known labels and random stream this one uses (None: its own, by name),
     so that two attacks that differ only in the model they start from are compared on equal terms."""
@@ -246,6 +259,42 @@ class Attack(Params, ABC):
         """
         raise CompatibilityError(f"attack {self.name!r} has no 'local' prior; use prior: random or scratch")
 
+
+
+def split_validation(known: KnownLabels, select: str, val_per_class: int,
+                     generator: torch.Generator) -> tuple[KnownLabels, KnownLabels | None]:
+    """The known labels an attack fine-tunes on and, with ``select == "validation"``, the validation split
+    it selects its epoch on: ``val_per_class`` rows of every class, drawn from ``generator`` (the attack's
+    own stream) and held out of the fine-tuning. Other rules keep every known label for fine-tuning."""
+    if select != "validation":
+        return known, None
+    order = torch.randperm(len(known.ids), generator=generator)
+    held = torch.zeros(len(known.ids), dtype=torch.bool)
+    labels = known.labels.cpu()  # row bookkeeping on the CPU, whatever device the labels are on
+    for c in torch.unique(labels).tolist():
+        rows = order[labels[order] == c]
+        if len(rows) <= val_per_class:
+            raise CompatibilityError(f"select: validation holds out {val_per_class} of the known labels of every "
+                                     f"class, but class {c} has only {len(rows)}; raise known_per_class or lower "
+                                     "val_per_class")
+        held[rows[:val_per_class]] = True
+    return KnownLabels(known.ids[~held], known.labels[~held]), KnownLabels(known.ids[held], known.labels[held])
+
+
+def check_selection(attack: str, select: str, val_per_class: int, known_per_class: int) -> None:
+    """Raise a :class:`ConfigError` unless ``select`` is a :data:`Selection` rule and, for ``"validation"``,
+    ``val_per_class`` leaves at least one known label per class to fine-tune on."""
+    if select not in ("last", "validation", "test_oracle"):
+        raise ConfigError(f"attack {attack!r}: select must be one of last, validation, test_oracle, got {select!r}"
+                          + ("; 'best' picked the epoch with the best test score, an oracle no attacker has: "
+                             "use 'test_oracle' to reproduce it (it is flagged in reports)"
+                             if select == "best" else ""))
+    if val_per_class < 1:
+        raise ConfigError(f"attack {attack!r}: val_per_class must be at least 1, got {val_per_class}")
+    if select == "validation" and val_per_class >= known_per_class:
+        raise ConfigError(f"attack {attack!r}: select: validation holds out val_per_class ({val_per_class}) of the "
+                          f"known_per_class ({known_per_class}) labels of every class, which leaves none to fine-tune "
+                          "on; raise known_per_class or use select: last")
 
 
 def require(condition: bool, attack: str, message: str) -> None:

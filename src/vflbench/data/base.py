@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import torch
@@ -62,6 +62,13 @@ class PartySlice:
         """Shape of one sample of this slice (what the party's bottom model sees)."""
         return tuple(self.x_train.shape[1:])
 
+    def to(self, device: torch.device | str) -> PartySlice:
+        """This slice with its features on ``device`` (itself when they are there already); ``rows`` (row ids)
+        stay on the CPU, as every row id does."""
+        if self.x_train.device == torch.device(device) and self.x_test.device == torch.device(device):
+            return self
+        return replace(self, x_train=self.x_train.to(device), x_test=self.x_test.to(device))
+
     def train_rows(self, ids: Tensor) -> Tensor:
         """``x_train`` of training rows ``ids``; a :class:`ValueError` when this slice does not hold them all."""
         if self.rows is None:
@@ -95,3 +102,20 @@ class VerticalData:
     def num_parties(self) -> int:
         """Number of parties, the active party included."""
         return len(self.passive) + 1
+
+    @property
+    def device(self) -> torch.device:
+        """Where the labels (and every slice's features) live."""
+        return self.y_train.device
+
+    def to(self, device: torch.device | str) -> VerticalData:
+        """This dataset with every slice's features and the labels on ``device`` (itself when they are there
+        already): a run moves its data once, after loading and partitioning."""
+        target = torch.device(device)
+        slices = (*self.passive, *(() if self.active is None else (self.active,)))
+        if self.y_train.device == target and self.y_test.device == target and all(
+                p.x_train.device == target and p.x_test.device == target for p in slices):
+            return self
+        return replace(self, passive=tuple(p.to(target) for p in self.passive),
+                       active=None if self.active is None else self.active.to(target),
+                       y_train=self.y_train.to(target), y_test=self.y_test.to(target))

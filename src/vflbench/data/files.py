@@ -43,11 +43,13 @@ def sha256sum(path: Path) -> str:
 
 @dataclass(frozen=True)
 class FileCheck:
-    """Outcome of :func:`check_files`: ``base`` is ``root/folder`` (``None`` without a root)."""
+    """Outcome of :func:`check_files`: ``base`` is ``root/folder`` (``None`` without a root); ``unchecked``: the
+    present files that have no published checksum (so only their presence was checked)."""
 
     status: Literal["ok", "missing", "corrupt"]
     message: str
     base: Path | None
+    unchecked: tuple[str, ...] = ()
 
 
 def check_files(
@@ -62,20 +64,22 @@ def check_files(
 ) -> FileCheck:
     """Check that ``files`` exist in ``root/folder`` and match their checksums; never raises.
 
-    The message of a failed check names the expected files, where to put them, and how to set
-    the datasets root; a passed check's message says what was verified.
+    The message of a failed check names the files that are missing (each once) or corrupt, where to
+    put them, and how to set the datasets root; a passed check's message says what was verified and
+    names the files that have no published checksum.
     """
     where = f"{root}/{folder}/" if root is not None else f"<root>/{folder}/"
-    expected = ", ".join(files)
-    hint = (f"{dataset} needs the files {expected} in {where}"
-            + (f" (published at {source})" if source else "")
-            + f". Set the datasets root with --data-root, data.root, or ${ENV_VAR}.")
+    published = f" (published at {source})" if source else ""
+    how = f"Set the datasets root with --data-root, data.root, or ${ENV_VAR}."
     if root is None:
-        return FileCheck("missing", f"no datasets root is set. {hint}", None)
+        return FileCheck("missing", f"no datasets root is set; {dataset} needs {', '.join(files)} in {where}"
+                         f"{published}. {how}", None)
     base = root / folder
     missing = [f for f in files if not (base / f).is_file()]
     if missing:
-        return FileCheck("missing", f"missing {', '.join(missing)}. {hint}", base)
+        there = [f for f in files if f not in missing]
+        present = f" (present: {', '.join(there)})" if there else ""
+        return FileCheck("missing", f"missing {', '.join(missing)} in {where}{present}{published}. {how}", base)
     checked = 0
     for algorithm, sums in (("md5", md5), ("sha256", sha256)):
         for name, want in (sums or {}).items():
@@ -84,12 +88,16 @@ def check_files(
                 return FileCheck(
                     "corrupt",
                     f"{base / name} is corrupt or a different version: {algorithm} {got}, "
-                    f"expected {want}. {hint}",
+                    f"expected {want}. {dataset} needs the files {', '.join(files)} in {where}{published}. {how}",
                     base,
                 )
             checked += 1
-    verified = f"{checked} checksum(s) match" if checked else "no published per-file checksums"
-    return FileCheck("ok", f"{len(files)} file(s) present in {base}/; {verified}", base)
+    summed = set(md5 or {}) | set(sha256 or {})
+    unchecked = tuple(f for f in files if f not in summed)
+    verified = [f"{checked} checksum(s) match"] if checked else []
+    if unchecked:
+        verified.append(f"no published checksum for {', '.join(unchecked)}, so only their presence was checked")
+    return FileCheck("ok", f"{len(files)} file(s) present in {base}/; " + "; ".join(verified), base, unchecked)
 
 
 def require_files(

@@ -1,7 +1,8 @@
 """Seeded samplers of what a threat model grants: known labels and auxiliary sets.
 
 Both draw from the training rows and can exclude rows (e.g. the evaluated targets), so that
-what an attacker is given is disjoint from what it is scored on.
+what an attacker is given is disjoint from what it is scored on. Row ids are CPU tensors wherever
+the labels live (docs/decisions.md, "Devices"): indexing a device tensor with them is allowed.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def known_label_indices(y: Tensor, *, per_class: int, generator: torch.Generator
     """Draw ``per_class`` row indices of every class (sorted), avoiding ``exclude``."""
     if per_class < 1:
         raise DataError(f"known labels per class must be >= 1, got {per_class}")
+    y, exclude = y.cpu(), None if exclude is None else exclude.cpu()
     allowed = _candidates(len(y), exclude)
     picked = []
     for c in torch.unique(y).tolist():
@@ -46,6 +48,7 @@ def aux_indices(y: Tensor, *, generator: torch.Generator, size: int | None = Non
     """
     if (size is None) == (fraction is None):
         raise DataError("give exactly one of aux size (a count) or aux fraction")
+    y, exclude = y.cpu(), None if exclude is None else exclude.cpu()
     allowed = _candidates(len(y), exclude)
     if classes is not None:
         allowed &= torch.isin(y, torch.as_tensor(list(classes), dtype=y.dtype))

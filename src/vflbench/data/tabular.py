@@ -324,6 +324,8 @@ def load_csv(*, root: Path | None = None, path: str | Path | None = None, label:
                         f"absolute path or one relative to the datasets root.")
     df = _read_csv("csv", file, sep=sep)
     present = [str(c) for c in df.columns]
+    if df.empty:
+        raise DataError(f"csv: {file} has no rows: only a header (columns {present}); add the data rows")
     if label not in df.columns:
         raise DataError(f"csv: {file} has no label column {label!r}; its columns are {present} "
                         f"(separator {sep!r}).")
@@ -343,6 +345,9 @@ def load_csv(*, root: Path | None = None, path: str | Path | None = None, label:
         raise DataError(f"csv: {file} has no feature columns besides the label {label!r}")
     x, categories = _encode_features("csv", file, df[chosen])
     y, classes = _class_indices("csv", file, df[label])
+    if len(classes) < 2:
+        raise DataError(f"csv: the label column {label!r} of {file} holds one class ({classes[0]!r}) in all "
+                        f"{len(y)} rows; a classifier needs at least two classes (is {label!r} the class column?)")
     if categories:
         log.info("csv: %s: string columns %s encoded as ordinal codes", file, ", ".join(categories))
     return _split_checked("csv", x, y, test_fraction=test_fraction,

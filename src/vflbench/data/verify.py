@@ -11,15 +11,18 @@ from vflbench.data.files import check_files, resolve_root
 from vflbench.errors import DataError, unknown_name
 from vflbench.registry import closest
 
-Status = Literal["ok", "missing", "corrupt", "embedded"]
+Status = Literal["ok", "unverified", "missing", "corrupt", "embedded"]
 
 
 @dataclass(frozen=True)
 class DatasetStatus:
     """Whether one registered dataset's files are present and intact.
 
-    ``status`` is ``"ok"`` (files present, published checksums match), ``"missing"`` (no root,
-    folder or file), ``"corrupt"`` (a checksum differs) or ``"embedded"`` (needs no files).
+    ``status`` is ``"ok"`` (files present, every file's published checksum matches),
+    ``"unverified"`` (files present and the published checksums match, but some files have no
+    published checksum: the message names them), ``"missing"`` (no root, folder or file; each
+    missing file is named once), ``"corrupt"`` (a checksum differs) or ``"embedded"`` (needs no
+    files).
     """
 
     name: str
@@ -64,5 +67,6 @@ def verify_datasets(root: str | Path | None, names: list[str] | None = None, *,
             continue
         check = check_files(name, base, folder, files, md5=info.get("md5"), sha256=info.get("sha256"),
                             source=info.get("source", ""))
-        statuses.append(DatasetStatus(name, check.status, check.message))
+        status: Status = "unverified" if check.status == "ok" and check.unchecked else check.status
+        statuses.append(DatasetStatus(name, status, check.message))
     return statuses

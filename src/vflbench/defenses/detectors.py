@@ -271,12 +271,12 @@ class SplitGuard(_Detector):
         c = max(2, self.context_.num_classes)
         g = torch.Generator().manual_seed(_keyed_int(self.key_, ids, b"shift") & ((1 << 63) - 1))
         n = max(1, round(self.fake_fraction * len(targets)))
-        shift = torch.randint(1, c, (n,), generator=g)
+        shift = torch.randint(1, c, (n,), generator=g).to(targets.device)  # drawn on the CPU, then moved
         out = targets.clone()
         if targets.dtype == torch.long or targets.dim() == 1:
             out[:n] = ((targets[:n].long() + shift) % c).to(targets.dtype)
         else:
-            cols = (torch.arange(targets.shape[1])[None, :] - shift[:, None]) % targets.shape[1]
+            cols = (torch.arange(targets.shape[1], device=targets.device)[None, :] - shift[:, None]) % targets.shape[1]
             out[:n] = targets[:n].gather(1, cols)
         return out
 
@@ -492,13 +492,13 @@ class GradientScrutinizer(_Detector):
             return None
         if self.labels_ is None:
             raise RuntimeError("gradient_scrutinizer: the active side shared no labels")
-        y = self.labels_[state.ids]
+        y = self.labels_[state.ids].to(gradient.device)
         g = gradient.detach().flatten(1).double()
         unit = g / g.norm(dim=1, keepdim=True).clamp_min(1e-30)
         cos = unit @ unit.T
         same = y[:, None] == y[None, :]
         if self.variant == "original":
-            sim, keep = 0.5 + 0.5 * cos, same & ~torch.eye(len(y), dtype=torch.bool)
+            sim, keep = 0.5 + 0.5 * cos, same & ~torch.eye(len(y), dtype=torch.bool, device=y.device)
         else:
             sim, keep = cos, same
         s, d = sim[keep], sim[~same]
@@ -588,7 +588,7 @@ class ReceivedGradientDP(Defense):
         norms = rows.abs().sum(1, keepdim=True)
         rows = rows * torch.clamp(self.clip / norms.clamp_min(1e-300), max=1.0)
         e = torch.empty((2, *rows.shape), dtype=torch.float64).exponential_(generator=self.context_.generator)
-        noisy = (rows + self.scale() * (e[0] - e[1])) / b
+        noisy = (rows + self.scale() * (e[0] - e[1]).to(rows.device)) / b
         return noisy.to(gradient.dtype).view_as(gradient)
 
 

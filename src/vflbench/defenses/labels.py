@@ -134,13 +134,14 @@ class LabelDP(Defense):
         if math.isinf(self.epsilon):
             self.flipped_ = 0.0
             return objective
-        y = _class_labels(objective, self.name)
+        labels = _class_labels(objective, self.name)
+        y = labels.cpu()  # drawn on the CPU from the CPU generator (the same draws on every device)
         c = self.context_.num_classes
         prior = (torch.bincount(y, minlength=c).double() / len(y) if self.prior == "empirical"
                  else torch.full((c,), 1.0 / c, dtype=torch.float64))
         noisy = rr_with_prior(y, prior, self.epsilon, self.context_.generator)
         self.flipped_ = float((noisy != y).double().mean())
-        return objective.replace(targets=noisy, name=f"label_dp({objective.name})")
+        return objective.replace(targets=noisy.to(labels.device), name=f"label_dp({objective.name})")
 
     def on_epoch_end(self, epoch: int) -> dict[str, Any]:  # noqa: D102
         return {"flipped": self.flipped_} if epoch == 0 else {}
@@ -156,12 +157,14 @@ def kdk_soft_labels(teacher_scores: Tensor, labels: Tensor, epsilon: float, k: i
     1 - eps, so a row whose true class is outside the top-k sums to more than 1 (a quirk); here
     the k-1 classes are always the best classes other than the true one, so every row sums to 1 and
     is non-zero on exactly k classes (identical to the original whenever the true class is in the top-k).
+    Computed on ``teacher_scores``' device.
     """
     n, c = teacher_scores.shape
-    rows = torch.arange(n)
+    dev = teacher_scores.device
+    rows, labels = torch.arange(n, device=dev), labels.to(dev)
     others = teacher_scores.detach().double().clone()
     others[rows, labels] = -math.inf
-    soft = torch.zeros(n, c)
+    soft = torch.zeros(n, c, device=dev)
     soft.scatter_(1, others.topk(k - 1, dim=1).indices, epsilon / (k - 1))
     soft[rows, labels] = 1.0 - epsilon
     return soft
@@ -239,7 +242,7 @@ class KDk(Defense):
             raise ConfigError(f"defense 'kdk': k={self.k} exceeds the number of classes ({c}); use k <= {c}")
         self._labels = y
         random_ranking = torch.rand(len(y), c, generator=self.context_.generator)
-        self._soft = kdk_soft_labels(random_ranking, y, self.epsilon, self.k)
+        self._soft = kdk_soft_labels(random_ranking, y, self.epsilon, self.k).to(y.device)
         self._distil()
         return _soft_objective(objective, self._soft, f"kdk({objective.name})")
 
@@ -342,10 +345,12 @@ class ConfusionalAutoEncoder(nn.Module):
 
     def fit(self, *, entropy_weight: float, epochs: int, temperature: float, lr: float, samples: int,
             batch_size: int, generator: torch.Generator) -> None:
-        """The original training: random near-one-hot rows, loss 10 CE(dec, y) - lambda H(enc) - CE(enc, y)."""
+        """The original training: random near-one-hot rows, loss 10 CE(dec, y) - lambda H(enc) - CE(enc, y).
+        Trains where the autoencoder's parameters are (the rows are drawn on the CPU and moved there)."""
         c = self.num_classes
+        device = next(self.parameters()).device
         # sharpen(softmax(u), T) = softmax(u / T), computed without underflow
-        data = (torch.rand(samples, c, generator=generator) / temperature).softmax(1)
+        data = (torch.rand(samples, c, generator=generator).to(device) / temperature).softmax(1)
         opt = torch.optim.Adam(self.parameters(), lr=lr)
         self.train()
         for _ in range(epochs):
@@ -403,14 +408,16 @@ class CoAE(Defense):
         y = _class_labels(objective, self.name)
         c = self.context_.num_classes
         epochs, temperature, lr, hidden = coae_recipe(c)
-        ae = ConfusionalAutoEncoder(c, hidden, self.context_.generator)
+        dev = y.device
+        ae = ConfusionalAutoEncoder(c, hidden, self.context_.generator).to(dev)  # seeded on the CPU, then moved
         ae.fit(entropy_weight=self.entropy_weight, epochs=self.epochs or epochs, temperature=temperature, lr=lr,
                samples=self.samples, batch_size=self.batch_size, generator=self.context_.generator)
         self.autoencoder_ = ae
         with torch.no_grad():
-            codes = ae.encode(torch.eye(c))
-            self.decode_accuracy_ = float((ae.decode(codes).argmax(1) == torch.arange(c)).double().mean())
-            self.confused_classes_ = float((codes.argmax(1) != torch.arange(c)).double().mean())
+            codes = ae.encode(torch.eye(c, device=dev))
+            classes = torch.arange(c, device=dev)
+            self.decode_accuracy_ = float((ae.decode(codes).argmax(1) == classes).double().mean())
+            self.confused_classes_ = float((codes.argmax(1) != classes).double().mean())
         self.codes_ = codes
 
         def scores(outputs: Tensor) -> Tensor:
@@ -441,7 +448,7 @@ class MixDraw:
         """Mix the rows of a batch ``x``."""
         if len(x) != len(self.perms[0]):
             raise ValueError(f"mixup draw for a batch of {len(self.perms[0])} rows applied to {len(x)} rows")
-        w = self.weights.to(x.dtype)
+        w = self.weights.to(x.device, x.dtype)
         out = w[0] * x
         for wj, perm in zip(w[1:], self.perms[1:], strict=True):
             out = out + wj * x[perm]
@@ -559,7 +566,7 @@ class MixUp(Defense):
             d = self._loss_draw(len(targets))
             if d is None:
                 return inner(outputs, targets)
-            w = d.weights.to(outputs.dtype)
+            w = d.weights.to(outputs.device, outputs.dtype)
             total = w[0] * inner(outputs, targets)
             for wj, perm in zip(w[1:], d.perms[1:], strict=True):
                 total = total + wj * inner(outputs, targets[perm])

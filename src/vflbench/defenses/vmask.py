@@ -159,20 +159,27 @@ class PartyState:
     """How many layers the last selection's loop added (a forecast of the next; 1 before the first)."""
 
 
+def _on(t: Tensor | None, device: torch.device | None) -> Tensor | None:
+    """``t`` on ``device`` (unchanged when either is ``None``)."""
+    return t if t is None or device is None else t.to(device)
+
+
 def _layer_list(text: object) -> set[int]:
     return {int(i) for i in str(text).split(",") if i}
 
 
-def start_dealer(link: Endpoint, active_generator: torch.Generator) -> DealerService:
+def start_dealer(link: Endpoint, active_generator: torch.Generator, *,
+                 device: torch.device | None = None) -> DealerService:
     """Run VMask's trusted dealer at ``link`` (its own party, :data:`~vflbench.protocol.messages.DEALER`).
 
     Seeded as before the parties were split (from the first draw of the active VMask instance's
     generator ``active_generator``, a fresh generator on the same seed path), so that runs repeat
-    their earlier numbers; the dealer keeps no other tie to either party (docs/decisions.md).
+    their earlier numbers; the dealer keeps no other tie to either party (docs/decisions.md). ``device``:
+    where it computes and delivers its triples (drawn on the CPU: the same triples on every device).
     """
     seed = int(torch.randint(0, 2**62, (1,), generator=active_generator))
-    return DealerService(Dealer(torch.Generator().manual_seed(derive_seed(seed, "dealer")), name="vmask-dealer"),
-                         link)
+    return DealerService(Dealer(torch.Generator().manual_seed(derive_seed(seed, "dealer")), name="vmask-dealer",
+                                device=device), link)
 
 
 @DEFENSES.register(summary="secret-shared layer masking with shadow-model layer selection under a privacy budget")
@@ -184,8 +191,9 @@ class VMask(Defense):
     Algorithm 3 names no optimiser or batching, and the estimate is only useful if it simulates
     the attack the defender fears, so each of these left ``None`` (the default) is taken from the
     configured ``model_completion`` attack, else from model completion's defaults (Adam lr 1e-3,
-    batch 16; docs/decisions.md). The auxiliary set (``aux_size`` rows) is disjoint from the rows
-    the federation trains on (§IV-A).
+    batch 16; docs/decisions.md). The auxiliary set is disjoint from the rows the federation trains on
+    (§IV-A): the pool of held-out rows (``data.aux_pool``, which every run of the config holds out, defended or
+    not), all of it, or ``aux_size`` rows of it.
     ``shadow_epochs`` (default 1, as Algorithm 6) passes over the auxiliary set per VFL epoch let
     a run shortened to fewer VFL epochs give the shadow model the paper's number of steps.
 
@@ -207,8 +215,10 @@ class VMask(Defense):
     strength_direction = "smaller is stronger"
     extra_parties = (DEALER,)
     selection: ClassVar[str] = "greedy"
+    uses_aux: ClassVar[bool] = True  # its shadow models train on rows of the held-out pool (data.aux_pool)
 
-    def __init__(self, *, budget: float = 0.25, sigma: float = 0.01, aux_size: int = 640, known_per_class: int = 4,
+    def __init__(self, *, budget: float = 0.25, sigma: float = 0.01, aux_size: int | None = None,
+                 known_per_class: int = 4,
                  mc_epochs: int = 20, mc_optimizer: Literal["sgd", "adam"] | None = None, mc_lr: float | None = None,
                  mc_batch_size: int | Literal["full"] | None = None, mc_momentum: float | None = None,
                  shadow_epochs: int = 1, frac_bits: int = 16,
@@ -231,7 +241,8 @@ class VMask(Defense):
         if attacker_view not in ATTACKER_VIEWS:
             raise ValueError(f"attacker_view must be 'reinit' or 'share' (the recovered view is the attack "
                              f"vmask_weight_recovery), got {attacker_view!r}")
-        if sigma < 0 or aux_size < 1 or known_per_class < 1 or mc_epochs < 1 or shadow_epochs < 1:
+        if sigma < 0 or (aux_size is not None and aux_size < 1) or known_per_class < 1 or mc_epochs < 1 \
+                or shadow_epochs < 1:
             raise ValueError("sigma must be >= 0 and aux_size, known_per_class, mc_epochs, shadow_epochs >= 1")
         if mc_optimizer not in (None, "sgd", "adam"):
             raise ValueError(f"mc_optimizer must be 'sgd', 'adam' or None (the attack's), got {mc_optimizer!r}")
@@ -241,11 +252,12 @@ class VMask(Defense):
 
     # -- set-up -------------------------------------------------------------------------------------
 
-    def start_party(self, name: str, link: Endpoint, generator: torch.Generator) -> None:
-        """Run VMask's trusted dealer (:func:`start_dealer`) at ``link``."""
+    def start_party(self, name: str, link: Endpoint, generator: torch.Generator, *,
+                    device: torch.device | None = None) -> None:
+        """Run VMask's trusted dealer (:func:`start_dealer`) at ``link``, computing on ``device``."""
         if name != DEALER:
-            super().start_party(name, link, generator)
-        self.dealer_service_ = start_dealer(link, generator)
+            super().start_party(name, link, generator, device=device)
+        self.dealer_service_ = start_dealer(link, generator, device=device)
 
     def bind(self, context: BindContext) -> None:  # noqa: D102
         super().bind(context)
@@ -282,7 +294,7 @@ class VMask(Defense):
 
     def _aux(self) -> DefenseAux:
         if self.context_.aux is None:
-            raise CompatibilityError("vmask needs an auxiliary set (aux_size) granted by the scenario")
+            raise CompatibilityError("vmask needs an auxiliary set granted by the scenario (data.aux_pool)")
         return self.context_.aux
 
     def _recipe(self, attack: dict[str, Any]) -> dict[str, Any]:
@@ -469,7 +481,9 @@ class VMask(Defense):
             holder = ActiveShareHolder(name=f"{h['party']}.{h['layer']}", geometry=h["geometry"],
                                        frac_bits=int(h["frac_bits"]), truncation=str(h["truncation"]),
                                        generator=generator, record_received=self.shares_.record_received)
-            holder.weight_share, holder.bias_share, holder.scale = h["weight_share"], h["bias_share"], float(h["scale"])
+            holder.weight_share, holder.bias_share, holder.scale = (_on(h["weight_share"], self.context_.device),
+                                                                    _on(h["bias_share"], self.context_.device),
+                                                                    float(h["scale"]))
             self.shares_.holders[(str(h["party"]), str(h["layer"]))] = holder
         self.ratios_ = [float(r) for r in state["ratios"]]
         self.shares_.triples = int(state["triples"])
@@ -490,8 +504,9 @@ class VMask(Defense):
                                  frac_bits=self.frac_bits, truncation=self.truncation, name=f"layer{i}")
             layer.attacker_view, layer.reinit_seed = str(saved["attacker_view"]), int(saved["reinit_seed"])
             assert layer.shared is not None
-            layer.shared.passive.momentum_weight = saved["momentum_weight"]
-            layer.shared.passive.momentum_bias = saved["momentum_bias"]
+            device = layer.shared.passive.weight_share.device  # checkpoints load on the CPU
+            layer.shared.passive.momentum_weight = _on(saved["momentum_weight"], device)
+            layer.shared.passive.momentum_bias = _on(saved["momentum_bias"], device)
         self.masked_ = target
         self.decisions_ = int(state["decisions"])
 
@@ -576,7 +591,7 @@ class VMask(Defense):
     def _attack_set(self, party: str) -> Tensor:
         """D_A (Algorithm 2 line 7): ``known_per_class`` rows per class of the auxiliary set, drawn
         once per selection and shared by every candidate mask set."""
-        y = self._aux().y
+        y = self._aux().y.cpu()  # row ids are CPU tensors
         g = self._gen("attack-set", party, len(self.ratios_))
         return torch.cat([torch.nonzero(y == c).flatten()[torch.randperm(int((y == c).sum()), generator=g)]
                           [: self.known_per_class] for c in torch.unique(y)])

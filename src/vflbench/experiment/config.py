@@ -6,12 +6,14 @@ import copy
 import hashlib
 import json
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from vflbench.devices import check_device, resolve_device
 from vflbench.errors import ConfigError, DataError
 from vflbench.registry import closest_name
 
@@ -23,6 +25,13 @@ AGGREGATIONS: dict[str, tuple[Aggregation, ...]] = {
     "vsnn": ("concat", "sum", "mean"),
 }
 DEFAULT_MODELS = {"vlr": ("logreg", "identity"), "vhnn": ("mlp2", "mlp2"), "vsnn": ("mlp2", "mlp2")}
+#: The widest bottom output a config may ask for (the same bound the network protocol checks): wider
+#: than any model of the papers (a flattened VGG/ResNet feature map is at most 65,536 values), small
+#: enough that a typo (an extra digit or three) fails here with a message instead of in the allocator.
+MAX_EMBED_DIM = 1 << 20
+#: Seeds are integers in [0, MAX_SEED]: what numpy's seeding accepts and what a results table's
+#: 64-bit integer column holds, with room to spare.
+MAX_SEED = 2**32 - 1
 
 
 class _Strict(BaseModel):
@@ -40,7 +49,18 @@ class DataConfig(_Strict):
     standardise: bool = True
     train_size: int | None = Field(None, description="subsample this many training rows")
     test_size: int | None = Field(None, description="subsample this many test rows")
+    aux_pool: int | float = Field(0, description="training rows held out of every party's training as the "
+                                  "auxiliary pool that attacks and defenses with auxiliary sets disjoint from the "
+                                  "training set draw from: a share in [0, 0.5] or a row count (0: none)")
     options: dict[str, Any] = Field(default_factory=dict, description="dataset-specific options")
+
+    @field_validator("aux_pool")
+    @classmethod
+    def _check_pool(cls, value: int | float) -> int | float:
+        if isinstance(value, bool) or value < 0 or (isinstance(value, float) and value > 0.5):
+            raise ValueError(f"aux_pool is a share of the training rows in [0, 0.5] (e.g. 0.1) or a row count (e.g. "
+                             f"640), got {value!r}")
+        return value
 
 
 class ModelConfig(_Strict):
@@ -48,7 +68,8 @@ class ModelConfig(_Strict):
 
     bottom: str | None = Field(None, description="bottom model of every party (default per algorithm)")
     top: str | None = Field(None, description="top model (default per algorithm)")
-    embed_dim: int | None = Field(None, description="bottom output width (default 16; classes in VLR)")
+    embed_dim: int | None = Field(None, ge=1, le=MAX_EMBED_DIM,
+                                  description=f"bottom output width, 1..{MAX_EMBED_DIM} (default 16; classes in VLR)")
     bottom_options: dict[str, Any] = Field(default_factory=dict)
     top_options: dict[str, Any] = Field(default_factory=dict)
 
@@ -71,9 +92,25 @@ class TrainConfig(_Strict):
     metric: Literal["accuracy", "auc"] = "accuracy"
     eval_every: int = Field(1, ge=1)
     threads: int = Field(1, ge=1, description="torch intra-op threads (1 is fastest for small models)")
+    device: str = Field("auto", description="where models, data and VMask's ring arithmetic run: auto (cuda when "
+                        "available, or $VFLBENCH_DEVICE), cpu, cuda or cuda:N; not part of the config hash")
     checkpoint: Literal["none", "final", "every_epoch"] = "final"
     save_embeddings: int = Field(0, ge=0, description="save the attacker's embeddings of this many test rows "
                                  "(embeddings.npz, for t-SNE plots)")
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        return check_device(value)
+
+
+class EvaluationConfig(_Strict):
+    """How attacks are evaluated on each trained model."""
+
+    repeats: int = Field(1, ge=1, le=100, description="independent repeats of every attack on each trained model "
+                         "(its own random stream and known labels each): the attack randomness, apart from the "
+                         "training randomness that seeds measure")
+    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="level of every confidence interval reported")
 
 
 class ComponentSpec(BaseModel):
@@ -96,7 +133,8 @@ class ExperimentConfig(_Strict):
     defenses: list[ComponentSpec] = Field(default_factory=list)
     attacks: list[ComponentSpec] = Field(default_factory=list)
     baselines: list[Literal["vanilla", "alone"]] = Field(default_factory=list)
-    seed: int = 0
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    seed: int = Field(0, ge=0, le=MAX_SEED, description=f"the experiment seed, 0..{MAX_SEED}")
     sweep: dict[str, Any] | None = None
 
     @model_validator(mode="after")
@@ -125,8 +163,9 @@ class ExperimentConfig(_Strict):
         return out
 
     def hash(self) -> str:
-        """A short stable hash of the resolved config (the run directory's name)."""
-        payload = self.resolved().model_dump(mode="json", exclude={"sweep"})
+        """A short stable hash of the resolved config (the run directory's name). ``train.device`` is left out:
+        it says where a run computes, not what it computes (docs/decisions.md, "Devices")."""
+        payload = self.resolved().model_dump(mode="json", exclude={"sweep": True, "train": {"device"}})
         text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -153,6 +192,26 @@ def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None
     return None
 
 
+def _bounds_at(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[Any, Any]:
+    """The inclusive ``(lower, upper)`` bounds (``ge``/``le``) of the config field at ``loc``, ``None`` where
+    it has none."""
+    fields = _fields_at(model, loc[:-1])
+    if not fields or loc[-1] not in fields:
+        return None, None
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        annotation = current.model_fields[part].annotation
+        current = next(a for a in (annotation, *typing.get_args(annotation)) for a in (a, *typing.get_args(a))
+                       if isinstance(a, type) and issubclass(a, BaseModel))
+    lower = upper = None
+    for meta in current.model_fields[loc[-1]].metadata:
+        lower = getattr(meta, "ge", lower)
+        upper = getattr(meta, "le", upper)
+    return lower, upper
+
+
 def _explain(exc: ValidationError) -> ConfigError:
     lines = []
     for err in exc.errors():
@@ -165,10 +224,82 @@ def _explain(exc: ValidationError) -> ConfigError:
             lines.append(f"unknown key {where!r}; valid keys here are: {', '.join(valid)}{hint}")
         elif err["type"] == "missing":
             lines.append(f"missing required key {where!r}")
+        elif err["type"] in ("greater_than_equal", "less_than_equal") and None not in _bounds_at(ExperimentConfig, loc):
+            lower, upper = _bounds_at(ExperimentConfig, loc)
+            lines.append(f"{where} = {err['input']!r} is out of range; valid values are {lower} to {upper}")
         else:
             msg = err["msg"].removeprefix("Value error, ")
             lines.append(f"{where}: {msg}" if loc else msg)
     return ConfigError("invalid config: " + "; ".join(lines) + ".")
+
+
+class _DuplicateKey(yaml.YAMLError):
+    """A mapping key given twice (PyYAML would silently keep the last value)."""
+
+    def __init__(self, key: Any, first: int, second: int) -> None:
+        super().__init__(f"key {key!r} given twice")
+        self.key, self.first, self.second = key, first, second
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping."""
+
+
+def _unique_map(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> Iterator[dict[Any, Any]]:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: keys given here override the merged ones
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:  # PyYAML refuses an unhashable key itself
+            continue
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise _DuplicateKey(key, seen[key], line)
+        seen[key] = line
+    yield from yaml.SafeLoader.construct_yaml_map(loader, node)
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:map", _unique_map)
+
+
+def _first_indent_tab(text: str, last_line: int) -> tuple[int, int] | None:
+    """(line, column), 1-based, of the first tab in the indentation of lines 1..``last_line``."""
+    for number, line in enumerate(text.splitlines()[:last_line], start=1):
+        indent = line[: len(line) - len(line.lstrip(" \t"))]
+        if "\t" in indent:
+            return number, indent.index("\t") + 1
+    return None
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """Parse YAML ``text`` (from ``source``, named in errors) as ``yaml.safe_load`` does, but refuse a key
+    given twice in one mapping, and turn every parse error into a one-line :class:`ConfigError` that says
+    where it is (a tab in the indentation is named as such)."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{source}: the key {exc.key!r} is given twice in one section (lines {exc.first} and "
+                          f"{exc.second}); YAML would silently keep the last, so keep only one") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else len(text.splitlines())
+        column = mark.column + 1 if mark is not None else 1
+        tab = _first_indent_tab(text, line)
+        lines = text.splitlines()
+        if mark is not None and line <= len(lines) and column <= len(lines[line - 1]) \
+                and lines[line - 1][column - 1] == "\t":
+            tab = (line, column)
+        if tab is not None:
+            raise ConfigError(f"{source}: a tab character at line {tab[0]} col {tab[1]}; YAML indents with "
+                              "spaces") from None
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        context = " ".join(str(getattr(exc, "context", None) or "").split())
+        where = f" at line {line} col {column}" if mark is not None else ""
+        raise ConfigError(f"{source} is not valid YAML: {problem}{where}"
+                          + (f" ({context})" if context else "")) from None
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -179,7 +310,9 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not key.strip():
         raise ConfigError(f"--set {item!r} has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else None  # a SafeLoader
+    except _DuplicateKey as exc:
+        raise ConfigError(f"--set {item!r}: the key {exc.key!r} is given twice; keep only one") from None
     except yaml.YAMLError as exc:
         problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
         raise ConfigError(f"--set {item!r}: the value {raw!r} is not valid YAML ({problem}); quote a string "
@@ -238,9 +371,7 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig
     if not p.is_file():
         raise ConfigError(f"config file {p} does not exist")
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p} is not valid YAML: {exc}") from None
+        raw = load_yaml(p.read_text(), str(p)) or {}
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config file {p}: {exc.strerror if isinstance(exc, OSError) else exc}") \
             from None
@@ -253,12 +384,14 @@ def check_components(cfg: ExperimentConfig) -> None:
     """Check every named component of ``cfg`` and its parameters against the registries before any
     data is loaded: the dataset and its options, the bottom and top models and their options, each
     defense and attack (their parameters' names, types, choices and ranges, then their own checks).
-    What needs the data's shape (classes, slice shapes) is checked by the run before training."""
+    What needs the data's shape (classes, slice shapes) is checked by the run before training. ``train.device``
+    must name a device this machine has."""
     from vflbench.attacks.registry import create_attack
     from vflbench.data import DATASETS
     from vflbench.defenses import create_defense
     from vflbench.models import BOTTOM_RESERVED, MODELS, TOP_MODELS, TOP_RESERVED
 
+    resolve_device(cfg.train.device)
     resolved = cfg.resolved()
     DATASETS.check(cfg.data.name, cfg.data.options, reserved=("root",), noun="option", error=DataError)
     if resolved.model.bottom is not None:

@@ -138,8 +138,7 @@ def launch(cfg: ExperimentConfig, *, out_dir: Path, certs: Path | None = None, i
                     argv += ["--resume"] * run.resume
                     argv += ["--stop-after", str(run.stop_after)] if run.stop_after else []
                     if shape is not None:
-                        argv += ["--bandwidth-mbit", repr(shape.bandwidth_mbit_s), "--latency-ms",
-                                 repr(shape.latency_ms)]
+                        argv += _shape_options(shape)
                     key = name + run.label
                     logs[key] = run_logs / f"{name}.log"
                     procs[key] = _PartyProcess(context, argv, logs[key])
@@ -251,6 +250,17 @@ class _Process(Protocol):
     def kill(self) -> None: ...
 
     def wait(self) -> int | None: ...
+
+
+def _shape_options(shape: LinkProfile) -> list[str]:
+    """The ``party run`` options that give a process ``shape``: a named profile by its name (so that ``net.json``
+    records its source), any other link by its numbers."""
+    from vflbench.net.linkmodel import LINK_PROFILES
+
+    name = next((key for key, profile in LINK_PROFILES.items() if profile == shape), None)
+    if name is not None:
+        return ["--shape", name]
+    return ["--bandwidth-mbit", repr(shape.bandwidth_mbit_s), "--latency-ms", repr(shape.latency_ms)]
 
 
 def _wait(procs: Mapping[str, _Process], *, timeout: float | None, grace: float, started: float) -> list[str]:

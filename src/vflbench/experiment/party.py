@@ -28,15 +28,25 @@ width, which the active party's label transforms may set, reaches the passive pa
 no VSNN, which :func:`check_party_config` refuses. Attacks run in their party's process; a process whose party runs
 an attack keeps the whole dataset as the scorer's ground truth (not reachable from the party's objects), and a
 passive party sends its attack results in its report.
+
+What a party serves and accepts. Each process's channel lets through only the kinds of the protocol's surface
+(:data:`~vflbench.net.policy.SURFACE`) and, of the evaluation-only queries, only those the run's plan grants
+(:meth:`~vflbench.experiment.plan.AttackPlan.grants`: the victim's bottom model for a feature attack's scorer);
+a passive party may refuse those (``refuse_grants``), logs every one it answers, and both parties record the
+grants in their results. Everything a party receives is checked before use against what the protocol expects
+at that point: the embeddings' shape, dtype and finiteness, the cut gradient against the pending embedding and
+its step, every report's size, nesting and fields (:func:`check_tensor`, :func:`from_bytes_tensor`); a
+violation ends the run with a :class:`~vflbench.net.errors.ProtocolError` naming the sender.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +54,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vflbench.devices import resolve_device
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import ExperimentConfig
 from vflbench.experiment.plan import AttackPlan
@@ -57,19 +68,17 @@ from vflbench.experiment.resume import (
     save_checkpoint,
     write_manifest,
 )
+from vflbench.models.finetune import EVAL_BATCH
 from vflbench.net.errors import ProtocolError
-from vflbench.net.policy import DEFAULT_RULES, Policy, Rule
+from vflbench.net.frames import MAX_JSON_BYTES, json_from_tensor, json_tensor
+from vflbench.net.policy import SURFACE, Policy
 from vflbench.net.transport import NetChannel
 from vflbench.protocol.channel import CommStats, Endpoint, KindStats, Transcript
+from vflbench.protocol.grants import Grant
 from vflbench.protocol.messages import ACTIVE, DEALER, Message, passive_name
 from vflbench.protocol.party import PassiveParty
 
 log = logging.getLogger(__name__)
-
-#: The active party drives a remote passive party: requests down, replies up; a passive party posts
-#: ``passive.ready`` and ``passive.report``, the active party ``passive.done``.
-REMOTE_PASSIVE_RULES = (Rule("passive.*", "active", "passive", frozenset({"request", "send"})),
-                        Rule("passive.*", "passive", "active", frozenset({"reply", "send"})))
 
 
 def own_attacks(plan: AttackPlan, party: str) -> AttackPlan:
@@ -77,47 +86,144 @@ def own_attacks(plan: AttackPlan, party: str) -> AttackPlan:
     return dataclasses.replace(plan, attacks=[p for p in plan.attacks if p.attack.party == party])
 
 
-def party_policy() -> Policy:
-    """The protocol's table plus the remote passive party's requests."""
-    return Policy((*DEFAULT_RULES, *REMOTE_PASSIVE_RULES))
+def party_policy(grants: Iterable[Grant] = ()) -> Policy:
+    """The protocol's surface (:data:`~vflbench.net.policy.SURFACE`, the remote passive party's requests included)
+    with the run's ``grants``."""
+    return Policy(SURFACE, grants)
 
 
 def to_bytes_tensor(value: Any) -> Tensor:
     """``value`` as JSON in a uint8 tensor (a report of any size; a frame's ``meta`` strings are capped)."""
-    return torch.tensor(list(json.dumps(value).encode()), dtype=torch.uint8)
+    return json_tensor(value)
 
 
-def from_bytes_tensor(tensor: Tensor) -> Any:
-    """The JSON value :func:`to_bytes_tensor` wrote (parsed as JSON: nothing received is unpickled)."""
-    if tensor.dtype != torch.uint8 or tensor.dim() != 1:
-        raise ProtocolError(f"a report must be a 1-d uint8 tensor of JSON, got {tensor.dtype} {tuple(tensor.shape)}")
-    return json.loads(bytes(tensor.tolist()).decode())
+def from_bytes_tensor(tensor: Tensor, *, sender: str = "the peer", what: str = "report") -> Any:
+    """The JSON value :func:`to_bytes_tensor` wrote, bounded in size and nesting before it is parsed
+    (:func:`~vflbench.net.frames.json_from_tensor`); a :class:`ProtocolError` naming ``sender`` and ``what``
+    otherwise. Parsed as JSON: nothing received is unpickled."""
+    try:
+        return json_from_tensor(tensor, max_bytes=MAX_JSON_BYTES)
+    except ProtocolError as exc:
+        raise ProtocolError(f"{sender}'s {what}: {exc}") from None
+
+
+def check_tensor(t: Tensor, *, sender: str, what: str, shape: tuple[int, ...] | None = None,
+                 dtypes: Iterable[torch.dtype] = (), finite: bool = True) -> Tensor:
+    """``t`` if it has the ``shape`` (``None``: any) and one of the ``dtypes`` (none given: any) the protocol expects
+    of ``what`` from ``sender`` at this point, and only finite values (``finite``, floating dtypes); otherwise a
+    :class:`ProtocolError` naming the sender, what it sent and what was expected."""
+    dtypes = tuple(dtypes)
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ProtocolError(f"{sender} sent {what} of shape {tuple(t.shape)}; expected {tuple(shape)}")
+    if dtypes and t.dtype not in dtypes:
+        raise ProtocolError(f"{sender} sent {what} of dtype {t.dtype}; expected {' or '.join(map(str, dtypes))}")
+    if finite and t.dtype.is_floating_point and t.numel() and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise ProtocolError(f"{sender} sent {what} with {bad} non-finite values (NaN or infinity) of {t.numel()}: "
+                            "its model diverged there, or it is not following the protocol")
+    return t
+
+
+@contextlib.contextmanager
+def refusing(channel: NetChannel, sender: str) -> Iterator[None]:
+    """Checks of what ``sender`` sent: a :class:`ProtocolError` they raise is logged as this party's refusal and
+    re-raised naming both parties (:meth:`~vflbench.net.transport.NetChannel.refuse`)."""
+    try:
+        yield
+    except ProtocolError as exc:
+        raise channel.refuse(sender, str(exc)) from None
+
+
+def _nothing_else(message: Message, what: str) -> None:
+    """Refuse tensors a message of this kind does not carry (a request whose content is all in its header)."""
+    if message.payload.numel() or message.extra:
+        raise ProtocolError(f"{message.sender} sent {what} carrying tensors {[tuple(t.shape) for t in message.tensors]}"
+                            "; it carries none")
+
+
+def _counts(value: Any, what: str, sender: str) -> dict[str, dict[str, int]]:
+    """Per-peer link counters (:func:`wire_of`) as a report carries them, checked."""
+    keys = {"frames_sent", "bytes_sent", "frames_received", "bytes_received"}
+    ok = isinstance(value, dict) and all(
+        isinstance(peer, str) and isinstance(c, dict) and set(c) == keys
+        and all(type(v) is int and v >= 0 for v in c.values()) for peer, c in value.items())
+    if not ok:
+        raise ProtocolError(f"{sender}'s {what} must map each peer to its counters {sorted(keys)} (non-negative "
+                            f"integers), got {str(value)[:200]}")
+    return value
+
+
+def _stats(value: Any, sender: str) -> dict[str, Any]:
+    """A report's channel counters per phase (:meth:`CommStats.as_dict`), checked as far as the active party reads
+    them (the kinds, directions, messages and bytes)."""
+    if not isinstance(value, dict) or not isinstance(value.get("train"), dict):
+        raise ProtocolError(f"{sender}'s report must carry its channel counters per phase, 'train' included")
+    by_kind = value["train"].get("by_kind")
+    ok = isinstance(by_kind, dict) and all(
+        isinstance(kind, str) and isinstance(d, dict) and set(d) <= {"up", "down"}
+        and all(isinstance(c, dict) and set(c) == {"messages", "bytes"}
+                and all(type(v) is int and v >= 0 for v in c.values()) for c in d.values())
+        for kind, d in by_kind.items())
+    if not ok:
+        raise ProtocolError(f"{sender}'s report: its 'train' counters must map each kind to up/down counts of "
+                            "messages and bytes (non-negative integers)")
+    return value
+
+
+def _attack_results(value: Any, positions: list[int], sender: str) -> dict[str, Any]:
+    """A passive party's attack results, checked: exactly its own attacks' positions, each a result the active party
+    can read."""
+    from vflbench.experiment.results import AttackResult
+
+    if not isinstance(value, dict) or sorted(value) != sorted(str(i) for i in positions):
+        raise ProtocolError(f"{sender}'s report must carry the results of its attacks at positions {positions} of the "
+                            f"config, got {sorted(value) if isinstance(value, dict) else type(value).__name__}")
+    fields = {f.name for f in dataclasses.fields(AttackResult)}
+    for key, r in value.items():
+        if not isinstance(r, dict) or not set(r) <= fields or not {"name", "target", "metric", "value"} <= set(r):
+            raise ProtocolError(f"{sender}'s result of attack {key} is not an attack result (fields: "
+                                f"{', '.join(sorted(fields))})")
+        if not all(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)
+                   for k in ("value", "prior", "leakage")):
+            raise ProtocolError(f"{sender}'s result of attack {key} needs numbers for value, prior and leakage")
+    return value
 
 
 class OracleBottom(nn.Module):
     """The scorer's access to a remote passive party's real bottom model (``passive.oracle_bottom``): a feature
     attack's diagnostics compare the attacker's shadow with the victim's model on the true features. This is the
-    experimenter's ground truth, not a protocol step; no party's code can reach it."""
+    experimenter's ground truth, not a protocol step: it exists only when the run's plan grants it (and the passive
+    party did not refuse), and the passive party logs every query it answers."""
 
-    def __init__(self, name: str, endpoint: Endpoint) -> None:
+    def __init__(self, name: str, endpoint: Endpoint, *, channel: NetChannel, width: int) -> None:
         super().__init__()
         self.name = name
         self.endpoint = endpoint
+        self.channel = channel
+        self.width = width
 
     def forward(self, x: Tensor) -> Tensor:  # noqa: D102
-        return self.endpoint.call("passive.oracle_bottom", self.name, x, phase="eval").payload
+        out = self.endpoint.call("passive.oracle_bottom", self.name, x, phase="eval").payload
+        with refusing(self.channel, self.name):
+            return check_tensor(out, sender=self.name, what="its bottom model's outputs (passive.oracle_bottom)",
+                                shape=(len(x), self.width), dtypes=(torch.get_default_dtype(),))
 
 
 class RemotePassive:
     """The active process's stand-in for passive party ``name``: what the training loop calls on a passive party,
-    done by requests to that party's process through ``endpoint``."""
+    done by requests to that party's process through ``endpoint``. Everything the party answers is checked against
+    what the protocol expects (``width``: its embeddings' width; ``granted``: whether the scorer may query its
+    bottom model, :class:`OracleBottom`)."""
 
-    def __init__(self, name: str, *, endpoint: Endpoint, transcript: Transcript) -> None:
+    def __init__(self, name: str, *, endpoint: Endpoint, channel: NetChannel, transcript: Transcript, width: int,
+                 granted: bool = False) -> None:
         self.name = name
         self.endpoint = endpoint
+        self.channel = channel
         self.transcript = transcript
         self.data = None
-        self.bottom = OracleBottom(name, endpoint)
+        self.width = width
+        self.bottom = OracleBottom(name, endpoint, channel=channel, width=width) if granted else None
         self.defenses: list[Any] = []
         self.wire: list[dict[str, Any]] = []
         self._position = (-1, -1)
@@ -132,18 +238,30 @@ class RemotePassive:
         self._position = (epoch, step)
         reply = self.endpoint.call("passive.forward", self.name, ids=ids, epoch=epoch, step=step,
                                    phase="train" if train else "eval", meta={"split": split, "train": train})
-        return reply.payload
+        with refusing(self.channel, self.name):
+            return check_tensor(reply.payload, sender=self.name, what=f"an embedding of {len(ids)} rows",
+                                shape=(len(ids), self.width), dtypes=(torch.get_default_dtype(),))
 
     def backward(self, gradient: Tensor) -> bool:
         """Send the cut gradient of the last forward; ``False`` if the remote party's defenses refused it."""
         epoch, step = self._position
         reply = self.endpoint.call("passive.backward", self.name, gradient, epoch=epoch, step=step)
-        return bool(reply.meta.get("applied"))
+        applied = reply.meta.get("applied")
+        with refusing(self.channel, self.name):
+            if not isinstance(applied, bool) or reply.payload.numel() or reply.extra:
+                raise ProtocolError(f"{self.name} answered passive.backward with something else than a bool "
+                                    f"'applied' and no tensors, got {applied!r}")
+        return applied
 
     def end_epoch(self, epoch: int) -> dict[str, object]:
         """The remote party's end-of-epoch report (its link counters at that point are kept in :attr:`wire`)."""
-        reply = from_bytes_tensor(self.endpoint.call("passive.end_epoch", self.name, epoch=epoch).payload)
-        self.wire.append(reply["wire"])
+        payload = self.endpoint.call("passive.end_epoch", self.name, epoch=epoch).payload
+        with refusing(self.channel, self.name):
+            reply = from_bytes_tensor(payload, sender=self.name, what=f"end-of-epoch report of epoch {epoch}")
+            if not isinstance(reply, dict) or set(reply) != {"report", "wire"} or not isinstance(reply["report"], dict):
+                raise ProtocolError(f"{self.name}'s end-of-epoch report must be an object with a 'report' object and "
+                                    f"its 'wire' counters, got {str(reply)[:200]}")
+            self.wire.append(_counts(reply["wire"], "end-of-epoch link counters", self.name))
         return dict(reply["report"])
 
 
@@ -156,21 +274,31 @@ class _Served:
     resume: bool = False
     pending: tuple[int, ...] | None = None
     pending_ids: Tensor | None = None
+    pending_at: tuple[int, int] = (-1, -1)
     rows: Mapping[str, int] = field(default_factory=dict)
+    epochs: int = 0
+    oracle: Grant | None = None
+    served: int = 0
 
     def __call__(self, request: Message) -> Message:
+        sender = request.sender
         if request.kind == "passive.forward":
             split, train = request.meta.get("split"), request.meta.get("train")
             if not isinstance(split, str) or split not in self.rows or not isinstance(train, bool):
                 raise ProtocolError(f"passive.forward needs meta split in {sorted(self.rows)} and a bool train, got "
                                     f"{request.meta}")
+            _nothing_else(request, "passive.forward (row ids only)")
             ids = request.ids
             if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.rows[split]):
                 raise ProtocolError(f"passive.forward asks for rows outside 0..{self.rows[split] - 1} of {split}")
+            if train and not (0 <= request.epoch < self.epochs and request.step >= 0):
+                raise ProtocolError(f"{sender} asked for a training embedding at epoch {request.epoch} step "
+                                    f"{request.step}; this run trains epochs 0..{self.epochs - 1}")
             out = self.party.forward(ids, epoch=request.epoch, step=request.step,
                                      split="train" if split == "train" else "test", train=train)
             if train:
                 self.pending, self.pending_ids = tuple(out.shape), ids
+                self.pending_at = (request.epoch, request.step)
             # the party's own record of what it sent, as the in-process channel keeps it
             self.party.transcript.record(Message("embedding", self.party.name, ACTIVE, out, ids, request.epoch,
                                                  request.step, request.phase))
@@ -180,14 +308,24 @@ class _Served:
             # a plaintext cut gradient has the embedding's shape; an encrypted one (paillier_he) is its ciphertexts'
             # bytes, which the party's defense checks
             plain = g.dtype.is_floating_point and tuple(g.shape) == self.pending
-            if self.pending is None or not (plain or g.dtype == torch.uint8):
+            if self.pending is None or not (plain or g.dtype == torch.uint8) or request.extra:
                 raise ProtocolError(f"passive.backward: a cut gradient of shape {tuple(g.shape)} ({g.dtype}) does "
                                     f"not fit the pending embedding ({self.pending})")
+            if (request.epoch, request.step) != self.pending_at:
+                raise ProtocolError(f"{sender} sent the cut gradient of epoch {request.epoch} step {request.step}, "
+                                    f"but the pending embedding is of epoch {self.pending_at[0]} step "
+                                    f"{self.pending_at[1]}")
+            check_tensor(g, sender=sender, what="a cut gradient")
             assert self.pending_ids is not None
             self.party.transcript.record(Message("cut_gradient", ACTIVE, self.party.name, g, self.pending_ids,
                                                  request.epoch, request.step))
             self.pending = self.pending_ids = None
             return request.reply(meta={"applied": self.party.backward(g)})
+        if request.kind in ("passive.end_epoch", "passive.checkpoint", "passive.resume"):
+            _nothing_else(request, request.kind)
+            if not 0 <= request.epoch < self.epochs:
+                raise ProtocolError(f"{sender} sent {request.kind} for epoch {request.epoch}; this run trains epochs "
+                                    f"0..{self.epochs - 1}")
         if request.kind == "passive.end_epoch":
             report = self.party.end_epoch(request.epoch)
             self.on_epoch_end()
@@ -209,16 +347,36 @@ class _Served:
             log.info("%s: resumed from its checkpoint of epoch %d", self.party.name, request.epoch)
             return request.reply(meta={"resumed": request.epoch})
         if request.kind == "passive.oracle_bottom":
-            bottom = self.party.bottom
-            assert bottom is not None
-            was = bottom.training
-            bottom.eval()
-            with torch.no_grad():
-                out = bottom(request.payload)
-            bottom.train(was)
-            return request.reply(out)
+            return self._oracle(request)
         raise ProtocolError(f"{self.party.name} serves passive.forward, passive.backward, passive.end_epoch, "
-                            f"passive.checkpoint, passive.resume and passive.oracle_bottom, not {request.kind!r}")
+                            f"passive.checkpoint, passive.resume and (when granted) passive.oracle_bottom, not "
+                            f"{request.kind!r}")
+
+    def _oracle(self, request: Message) -> Message:
+        """Answer an evaluation-only query of the bottom model, if the run granted it to its sender (the transport's
+        policy refuses it otherwise; this is the second lock), checked and logged."""
+        grant, sender = self.oracle, request.sender
+        if grant is None or grant.client != sender:
+            raise ProtocolError(f"{self.party.name} does not answer passive.oracle_bottom for {sender}: the run's "
+                                "plan does not grant it, or this party refused it")
+        assert self.party.data is not None and self.party.bottom is not None
+        own = self.party.data.x_train
+        x = request.payload
+        if not 1 <= len(x) <= EVAL_BATCH or request.extra:
+            raise ProtocolError(f"{sender} sent passive.oracle_bottom with {len(x)} rows; the scorer asks for 1 to "
+                                f"{EVAL_BATCH} at a time")
+        check_tensor(x, sender=sender, what="passive.oracle_bottom inputs", shape=(len(x), *own.shape[1:]),
+                     dtypes=dict.fromkeys((own.dtype, torch.float32)))
+        bottom = self.party.bottom
+        was = bottom.training
+        bottom.eval()
+        with torch.no_grad():
+            out = bottom(x)
+        bottom.train(was)
+        self.served += 1
+        log.warning("%s: served an evaluation-only query of its bottom model to %s (%d rows; query %d; granted for "
+                    "%s)", self.party.name, sender, len(x), self.served, ", ".join(grant.purpose) or "scoring")
+        return request.reply(out)
 
 
 @dataclass
@@ -232,7 +390,8 @@ class LocalState:
     whose extra embedding widths size its top model). ``ground_truth``: the whole dataset, kept only when this
     party runs attacks: the experimenter's truth to score them (and the labels or auxiliary rows their threat
     models grant), never given to the party's own objects. ``positions``: where this party's attacks stand in the
-    config's list.
+    config's list. ``grants``: the evaluation-only queries the run's plan grants between any two parties (the same
+    list in every process: :meth:`~vflbench.experiment.plan.AttackPlan.grants`).
     """
 
     data: Any
@@ -240,6 +399,7 @@ class LocalState:
     attacks: AttackPlan
     positions: list[int]
     ground_truth: Any = None
+    grants: list[Grant] = field(default_factory=list)
 
 
 class OwnSide:
@@ -279,10 +439,11 @@ def local_state(cfg: ExperimentConfig, party: str, data_root: str | Path | None 
         check_before_training(cfg, vd, attack_plan)
         attacks = attack_plan if positions else dataclasses.replace(attack_plan, data=None)
         return LocalState(active_data(vd, granted=defense_aux_rows(cfg, plan, vd.y_train)), plan, attacks, positions,
-                          vd if positions else None)
+                          vd if positions else None, attack_plan.grants())
     attacks = own_attacks(attack_plan, party) if positions else AttackPlan(seed=cfg.seed)
     mine = DefensePlan([], {party: plan.passive[party]})  # its own halves only
-    return LocalState(passive_data(vd, party), mine, attacks, positions, vd if positions else None)
+    return LocalState(passive_data(vd, party), mine, attacks, positions, vd if positions else None,
+                      attack_plan.grants())
 
 
 def _stats_json(channel: NetChannel) -> str:
@@ -358,17 +519,16 @@ def comm_from_dict(raw: Mapping[str, Any]) -> CommStats:
 
 
 def _save_models(models: Mapping[str, nn.Module], party: str, out_dir: Path) -> None:
+    from vflbench.experiment.results import save_torch_atomic
+    from vflbench.experiment.run import cpu_state_dict
+
     for role, model in models.items():
-        path = out_dir / "checkpoints" / f"{party}.{role}.final.pt"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save(model.state_dict(), tmp)
-        tmp.replace(path)
+        save_torch_atomic(out_dir / "checkpoints" / f"{party}.{role}.final.pt", cpu_state_dict(model))
 
 
 def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir: Path | None = None,
               data_root: str | Path | None = None, resume: bool = False,
-              stop_after: int | None = None) -> dict[str, Any]:
+              stop_after: int | None = None, refuse_grants: bool = False) -> dict[str, Any]:
     """Run ``party``'s side of ``cfg`` over ``channel`` (started here, and closed -- or aborted on an error -- before
     returning); returns (and writes to ``out_dir/<party>.json``) its summary with the channel's final counts, and
     saves its models' state dicts under ``out_dir/checkpoints``. The active party also writes the run directory's
@@ -379,13 +539,24 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
     every party committed (the active party's manifest says which; a passive party loads its own checkpoint of
     that epoch when the active party asks). ``stop_after``: the active party stops the run after that many
     epochs, once they are committed (``summary["stopped_after"]``; no ``result.json``), as if the run had
-    been cut off there."""
+    been cut off there.
+
+    Grants: the channel lets through the evaluation-only queries the run's plan grants
+    (:meth:`~vflbench.experiment.plan.AttackPlan.grants`) and refuses every other. ``refuse_grants`` (a passive
+    party's own choice): refuse those that query this party's model; the active party learns it from
+    ``passive.ready`` and its scorer reports the scores it could not compute. Both parties record the grants and
+    what became of them (``grants`` in ``result.json`` and in ``<party>.json``, with the queries served)."""
     from vflbench.experiment.results import write_json
+    from vflbench.net.policy import role_of
 
     cfg = cfg.resolved()
     check_party_config(cfg)
     if party not in party_names(cfg):
         raise ConfigError(f"party {party!r} is not in this config's run ({', '.join(party_names(cfg))})")
+    if refuse_grants and role_of(party) != "passive":
+        raise ConfigError("--refuse-grants is a passive party's choice (it refuses evaluation-only queries of its "
+                          "own bottom model); the active party's VMask shares for vmask_weight_recovery's "
+                          "evaluation-only errors cannot be refused yet: leave that attack out of the config instead")
     if resume:
         check_resumable(cfg)
         if out_dir is None:
@@ -396,8 +567,16 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
         raise ConfigError(f"--stop-after takes a number of epochs of at least 1, got {stop_after}")
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.train.threads)
+    device = resolve_device(cfg.train.device)
+    if channel.options.device is None:  # what this party receives lands where it computes
+        channel.options = dataclasses.replace(channel.options, device=str(device))
     try:
         local = local_state(cfg, party, data_root) if party != DEALER else None
+        grants = local.grants if local is not None else []
+        refused = [g for g in grants if refuse_grants and g.server == party]
+        for g in refused:
+            log.warning("%s refuses %s, which the run's plan grants (--refuse-grants)", party, g.describe())
+        channel.grant([g for g in grants if g not in refused])
         summary: dict[str, Any] = {"party": party, "run": channel.run}
         with channel:
             if party == DEALER:
@@ -409,7 +588,8 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
                                      stop_after=stop_after)
             else:
                 assert local is not None
-                models = _run_passive(cfg, local, channel, party, out_dir=out_dir, resume=resume)
+                models = _run_passive(cfg, local, channel, party, summary, out_dir=out_dir, resume=resume,
+                                      refused=refused)
         summary["net"] = {"stats": {k: v.as_dict() for k, v in channel.stats.items()}, "wire": wire_of(channel)}
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -433,7 +613,8 @@ def _serve_dealer(cfg: ExperimentConfig, channel: NetChannel, *, out_dir: Path |
     assert name is not None
     spec = next(s for s in cfg.defenses if s.name == name)
     defense = create_defense(name, **spec.params())
-    defense.start_party(DEALER, channel.endpoint(DEALER), generator(cfg.seed, "defense", name, ACTIVE))
+    defense.start_party(DEALER, channel.endpoint(DEALER), generator(cfg.seed, "defense", name, ACTIVE),
+                        device=resolve_device(cfg.train.device))
     service = defense.dealer_service_  # type: ignore[attr-defined]
     if out_dir is not None and resumable(cfg):
         service.save = lambda epoch, state: save_checkpoint(out_dir, DEALER, epoch, {"dealer": state})
@@ -443,11 +624,13 @@ def _serve_dealer(cfg: ExperimentConfig, channel: NetChannel, *, out_dir: Path |
     return {"next_triple": service.dealer.next_triple, "resumed_at_triple": service.dealer.retired_below}
 
 
-def _run_passive(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, party: str, *,
-                 out_dir: Path | None, resume: bool) -> dict[str, nn.Module]:
+def _run_passive(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, party: str, summary: dict[str, Any],
+                 *, out_dir: Path | None, resume: bool, refused: list[Grant]) -> dict[str, nn.Module]:
     """A passive party's process: take the bottom model's width from the active party (``passive.setup``), build
     its own side from its own slice (its defense halves on the network), answer the active party's requests until
-    it says ``passive.done``, then report this process's counters and its attacks' results."""
+    it says ``passive.done`` (the evaluation-only query of its bottom model only as granted and not ``refused``,
+    which ``passive.ready`` tells the active party), then report this process's counters and its attacks'
+    results. ``summary["grants"]``: the grants that involve this party, what became of them, the queries served."""
     from vflbench.experiment.run import TrainedRun
     from vflbench.experiment.scenario import PassiveData, build_passive
     from vflbench.experiment.scoring import run_attacks
@@ -455,31 +638,47 @@ def _run_passive(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, 
 
     assert isinstance(local.data, PassiveData)
     endpoint = channel.endpoint(party)
-    embed_dim = endpoint.take("passive.setup", ACTIVE).meta.get("embed_dim")
-    if not isinstance(embed_dim, int) or isinstance(embed_dim, bool) or not 1 <= embed_dim <= 1 << 20:
-        raise ProtocolError(f"passive.setup must carry the bottom model's width as an int embed_dim, got {embed_dim!r}")
+    setup = endpoint.take("passive.setup", ACTIVE)
+    embed_dim = setup.meta.get("embed_dim")
+    with refusing(channel, ACTIVE):
+        _nothing_else(setup, "passive.setup")
+        if not isinstance(embed_dim, int) or isinstance(embed_dim, bool) or not 1 <= embed_dim <= 1 << 20:
+            raise ProtocolError(f"passive.setup must carry the bottom model's width as an int embed_dim, got "
+                                f"{embed_dim!r}")
     attacks = local.attacks
     passive = build_passive(cfg, local.data, defenses=local.defenses.passive[party], embed_dim=embed_dim,
                             link=channel.endpoint, keep=attacks.keep.get(party))
     side = OwnSide(passive)
     attacks.prepare(side)  # type: ignore[arg-type]
     assert passive.data is not None
-    endpoint.serve("passive", _Served(passive, channel, lambda: attacks.on_epoch_end(side),  # type: ignore[arg-type]
-                                      out_dir=out_dir if resumable(cfg) else None, resume=resume,
-                                      rows={"train": len(passive.data.x_train), "test": len(passive.data.x_test)}))
-    endpoint.post("passive.ready", ACTIVE)
+    oracle = next((g for g in local.grants if g.kind == "passive.oracle_bottom" and g.server == party
+                   and g not in refused), None)
+    served = _Served(passive, channel, lambda: attacks.on_epoch_end(side),  # type: ignore[arg-type]
+                     out_dir=out_dir if resumable(cfg) else None, resume=resume,
+                     rows={"train": len(passive.data.x_train), "test": len(passive.data.x_test)},
+                     epochs=cfg.train.epochs, oracle=oracle)
+    endpoint.serve("passive", served)
+    endpoint.post("passive.ready", ACTIVE, meta={"refuses": ",".join(sorted({g.kind for g in refused}))})
+
+    def record_grants() -> None:
+        summary["grants"] = [{**g.as_dict(f"refused by {party}" if g in refused else "granted"),
+                              **({"served": served.served} if g.server == party else {})}
+                             for g in local.grants if party in (g.server, g.client)]
+
     if endpoint.take("passive.done", ACTIVE).meta.get("stopped"):
+        record_grants()
         return passive.models()  # the active party stopped the run after a committed epoch: nothing to report
     results: list[Any] = []
     seconds: dict[str, float] = {}
     if attacks.attacks:
         assert local.ground_truth is not None
         results, seconds = run_attacks(attacks, TrainedRun(cfg, local.ground_truth, side,  # type: ignore[arg-type]
-                                                           History(), 0.0))
+                                                           History(), 0.0, attacks.held_out()))
     endpoint.post("passive.report", ACTIVE, to_bytes_tensor({
         "stats": {k: v.as_dict() for k, v in channel.stats.items()}, "wire": wire_of(channel),
         "attacks": {str(i): dataclasses.asdict(r) for i, r in zip(local.positions, results, strict=True)},
         "attack_seconds": seconds}))
+    record_grants()
     return passive.models()
 
 
@@ -514,16 +713,26 @@ def _run_active(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, s
     embed_dim = embed_dim_of(cfg, fed.active.objective.out_dim)
     for p in fed.passives:  # the bottom models' width, which the active party's label transforms may set (VLR)
         endpoint.post("passive.setup", p.name, meta={"embed_dim": embed_dim})
+    refused: dict[Grant, str] = {}
     for p in fed.passives:  # while waiting, the active party answers the passive halves' set-up requests
-        endpoint.take("passive.ready", p.name)
+        ready = endpoint.take("passive.ready", p.name)
+        with refusing(channel, p.name):
+            refused.update(_refusals(ready, local.grants))
+    if refused:  # not asked for at all: the scorer reports what it could not compute
+        channel.grant([g for g in local.grants if g not in refused])
     log.info("active: %s ready; training", ", ".join(p.name for p in fed.passives))
-    remotes = [RemotePassive(p.name, endpoint=endpoint, transcript=p.transcript) for p in fed.passives]
+    extra = attack_plan.extra_dims()
+    remotes = [RemotePassive(p.name, endpoint=endpoint, channel=channel, transcript=p.transcript,
+                             width=embed_dim + extra.get(p.name, 0),
+                             granted=any(g.kind == "passive.oracle_bottom" and g.server == p.name and g not in refused
+                                         for g in local.grants))
+               for p in fed.passives]
     fed.passives = remotes  # type: ignore[assignment]
     attacks.prepare(fed)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(out_dir / "config.yaml", cfg.to_yaml())
-        write_json(out_dir / "env.json", environment(cfg.train.threads))
+        write_json(out_dir / "env.json", environment(cfg.train.threads, vd.device))
     metrics_lines: list[str] = []
     active_wire: list[dict[str, Any]] = []
     epoch_walls: list[float] = []
@@ -571,12 +780,14 @@ def _run_active(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, s
         return fed.active.models()
     # the experimenter's ground truth scores this party's attacks; the party's own objects hold only its part
     run = TrainedRun(cfg, local.ground_truth if local.ground_truth is not None else vd, fed, history,
-                     time.perf_counter() - tic)
+                     time.perf_counter() - tic, held_out)
     found, attack_seconds = run_attacks(attacks, run)  # before passive.done: it may query the passive parties
     reports = {}
     for remote in remotes:
         endpoint.post("passive.done", remote.name)
-        reports[remote.name] = from_bytes_tensor(endpoint.take("passive.report", remote.name).payload)
+        payload = endpoint.take("passive.report", remote.name).payload
+        with refusing(channel, remote.name):
+            reports[remote.name] = _final_report(payload, remote.name, _positions(attack_plan, remote.name))
     utility = utility_of(cfg, history)
     results: dict[int, AttackResult] = dict(zip(local.positions, found, strict=True))
     for report in reports.values():
@@ -586,15 +797,17 @@ def _run_active(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, s
     undefended = (_undefended_result(cfg, out_dir=out_dir.parent if out_dir else None,
                                       data_root=data_root)
                   if cfg.defenses and cfg.attacks else None)
-    mark_undefended(attack_results, None if undefended is None else undefended["attacks"])
+    mark_undefended(attack_results, None if undefended is None else undefended["attacks"], seed=cfg.seed,
+                    confidence=cfg.evaluation.confidence)
     comm = merged_comm([(fed.channel.train, lambda kind: True),
                         (channel.train, lambda kind: not kind.startswith("passive.")),
                         *((comm_from_dict(r["stats"]["train"]), lambda kind: kind.startswith("dealer."))
                           for r in reports.values())])
     honest = not any(p.attack.phase == "malicious" for p in attack_plan.attacks)
+    grants = [g.as_dict(refused.get(g, "granted")) for g in local.grants]
     result = active_result(run, utility=utility, comm=comm, held_out=held_out, attacks=attack_results,
-                           attack_seconds=attack_seconds, undefended=undefended if honest else None)
-    summary.update(utility=utility.__dict__, epochs=history.epochs, comm=comm)
+                           attack_seconds=attack_seconds, undefended=undefended if honest else None, grants=grants)
+    summary.update(utility=utility.__dict__, epochs=history.epochs, comm=comm, grants=grants)
     if out_dir is not None:
         write_json(out_dir / "net.json", net_report(epoch_walls, comm, active_wire,
                                                     {n: p.wire for n, p in zip(names, remotes, strict=True)},
@@ -603,6 +816,38 @@ def _run_active(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, s
                                                     shaped=channel.options.shape))
         write_json(out_dir / "result.json", result)
     return fed.active.models()
+
+
+def _refusals(ready: Message, grants: list[Grant]) -> dict[Grant, str]:
+    """The grants a passive party refuses, as its ``passive.ready`` says (``refuses``: comma-separated kinds of the
+    evaluation-only queries of its own model that it will not answer), each with its status for ``result.json``."""
+    said = ready.meta.get("refuses", "")
+    kinds = {k for k in said.split(",") if k} if isinstance(said, str) else None
+    its = {g.kind: g for g in grants if g.server == ready.sender}
+    if kinds is None or not kinds <= its.keys():
+        raise ProtocolError(f"{ready.sender}'s passive.ready may refuse only grants of this run that query its own "
+                            f"model ({', '.join(its) or 'none'}), as comma-separated kinds; got {said!r}")
+    for kind in sorted(kinds):
+        log.warning("active: %s refuses %s (its own configuration): the scores that need it are not computed",
+                    ready.sender, its[kind].describe())
+    return {its[k]: f"refused by {ready.sender}" for k in kinds}
+
+
+def _final_report(payload: Tensor, sender: str, positions: list[int]) -> dict[str, Any]:
+    """A passive party's ``passive.report``, bounded and checked before the active party reads it."""
+    report = from_bytes_tensor(payload, sender=sender, what="final report")
+    keys = {"stats", "wire", "attacks", "attack_seconds"}
+    if not isinstance(report, dict) or set(report) != keys:
+        raise ProtocolError(f"{sender}'s final report must be an object with exactly {', '.join(sorted(keys))}, "
+                            f"got {sorted(report) if isinstance(report, dict) else type(report).__name__}")
+    _stats(report["stats"], sender)
+    _counts(report["wire"], "final link counters", sender)
+    _attack_results(report["attacks"], positions, sender)
+    seconds = report["attack_seconds"]
+    if not isinstance(seconds, dict) or not all(isinstance(k, str) and isinstance(v, (int, float))
+                                                and not isinstance(v, bool) for k, v in seconds.items()):
+        raise ProtocolError(f"{sender}'s final report: attack_seconds must map attack names to seconds")
+    return report
 
 
 class _Stopped(Exception):
@@ -678,7 +923,8 @@ def _comm_restored(raw: Mapping[str, Any]) -> CommStats:
 
 
 def active_result(run: Any, *, utility: Any, comm: dict[str, Any], held_out: Tensor | None, attacks: list[Any],
-                  attack_seconds: dict[str, float], undefended: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  attack_seconds: dict[str, float], undefended: Mapping[str, Any] | None = None,
+                  grants: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """``result.json`` of a run whose parties ran in separate processes, as
     :func:`~vflbench.experiment.run.run_experiment` writes it. Baselines: ``alone`` is trained in the active
     party's process (its own data only); ``vanilla`` is this run's utility when the run has no defenses, the
@@ -707,7 +953,7 @@ def active_result(run: Any, *, utility: Any, comm: dict[str, Any], held_out: Ten
         utility=utility,
         defense=[{"name": s.name, "params": s.params(), **defense_details(run, s.name)} for s in cfg.defenses],
         attacks=attacks, timing=Timing(run.train_seconds, run.history.epoch_seconds, attack_seconds), comm=comm,
-        baselines=baselines)
+        baselines=baselines, grants=list(grants or []), device=str(vd.device))
     return result.to_dict()
 
 

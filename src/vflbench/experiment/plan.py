@@ -8,7 +8,7 @@ import copy
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -27,15 +27,12 @@ from vflbench.data import VerticalData, known_label_indices
 from vflbench.data.sampling import aux_indices
 from vflbench.errors import CompatibilityError, ConfigError
 from vflbench.experiment.config import ExperimentConfig
-from vflbench.experiment.scenario import DEFAULT_EMBED_DIM
+from vflbench.experiment.scenario import DEFAULT_EMBED_DIM, pool_rows
 from vflbench.protocol import Federation, PassiveParty, StepState
+from vflbench.protocol.grants import Grant
 from vflbench.protocol.hooks import PartyHook
 from vflbench.protocol.messages import ACTIVE, passive_index, passive_names
 from vflbench.rng import generator
-
-if TYPE_CHECKING:
-    pass
-
 
 log = logging.getLogger(__name__)
 
@@ -53,49 +50,52 @@ def scenario_of(cfg: ExperimentConfig, vd: VerticalData) -> Scenario:
 
 @dataclass
 class PlannedAttack:
-    """One configured attack and the state the runner keeps for it.
-
-    ``aux_exclude``: rows its auxiliary set is not drawn from. For an attack whose aux set is
-    disjoint from the training set these are the aux rows of the other attacks whose threat
-    models have their aux rows trained on (GIA, GRNA: they read the victim's training-time
-    embeddings of them), so that no row has to be both held out and trained on.
-    """
+    """One configured attack and the state the runner keeps for it."""
 
     attack: Attack
     spec_params: dict[str, Any]
     records: list[BatchRecord] = field(default_factory=list)
     snapshots: list[dict[str, nn.Module]] = field(default_factory=list)
     aux: AuxData | None = None
-    aux_exclude: Tensor | None = None
 
 
-def known_labels(attack: Attack, y_train: Tensor, seed: int) -> KnownLabels | None:
-    """The labelled rows the attack's threat model grants (seeded per attack)."""
+def _trained(y_train: Tensor, pool: Tensor | None) -> Tensor | None:
+    """The complement of the pool (rows the parties train on) as an exclusion list for the pool's draws."""
+    if pool is None:
+        return None
+    keep = torch.ones(len(y_train), dtype=torch.bool)
+    keep[pool] = False
+    return torch.nonzero(keep).flatten()
+
+
+def known_labels(attack: Attack, y_train: Tensor, seed: int, pool: Tensor | None = None,
+                 repeat: int = 0) -> KnownLabels | None:
+    """The labelled rows the attack's threat model grants (seeded per attack and repeat; never rows of the pool,
+    which no party trains on)."""
     if not attack.known_per_class:
         return None
-    ids = known_label_indices(y_train, per_class=attack.known_per_class,
-                              generator=generator(seed, "attack", draws_of(attack), "known"))
+    stream = ("known",) if repeat == 0 else ("known", repeat)
+    ids = known_label_indices(y_train, per_class=attack.known_per_class, exclude=pool,
+                              generator=generator(seed, "attack", draws_of(attack), *stream))
     return KnownLabels(ids, y_train[ids])
 
 
 def wants_aux(attack: Attack) -> bool:
-    """Whether the attack's threat model grants an auxiliary set."""
-    return attack.aux_size is not None or attack.aux_fraction is not None
+    """Whether the attack's threat model grants an auxiliary set (an attack whose set is disjoint from the
+    training set always has one: the pool, or a draw from it)."""
+    return attack.aux_disjoint or attack.aux_size is not None or attack.aux_fraction is not None
 
 
 def aux_data(attack: Attack, vd: VerticalData, own: Tensor | None, seed: int,
-             exclude: Tensor | None = None) -> AuxData | None:
-    """The auxiliary rows the attack's threat model grants (seeded per attack), or ``None``.
+             pool: Tensor | None = None) -> AuxData | None:
+    """The auxiliary rows the attack's threat model grants (:func:`aux_ids`), or ``None``.
 
-    ``aux_size`` (a count) takes precedence over ``aux_fraction``; ``aux_classes`` restricts the
-    draw to those classes (an out-of-distribution aux set).
     ``own`` is the attacker's own training slice (``None`` when it holds no features); the
-    victim's slice and the labels come from ``vd`` (the runner's ground truth). ``exclude``: rows
-    the draw avoids (:attr:`PlannedAttack.aux_exclude`).
+    victim's slice and the labels come from ``vd`` (the runner's ground truth).
     """
     if not wants_aux(attack):
         return None
-    ids = aux_ids(attack, vd.y_train, seed, exclude)
+    ids = aux_ids(attack, vd.y_train, seed, pool)
     names = victims_of(attack)
     victim, widths = victim_features(vd, names, "train", ids)
     classes = tuple(int(c) for c in attack.aux_classes) if attack.aux_classes is not None else None
@@ -103,17 +103,43 @@ def aux_data(attack: Attack, vd: VerticalData, own: Tensor | None, seed: int,
                    "+".join(names), classes, widths if len(names) > 1 else ())
 
 
-def aux_ids(attack: Attack, y_train: Tensor, seed: int, exclude: Tensor | None = None) -> Tensor:
-    """The training rows of the attack's auxiliary set (sorted; the same draw for a seed, an attack name and
-    ``exclude``, the rows the draw avoids)."""
+def aux_ids(attack: Attack, y_train: Tensor, seed: int, pool: Tensor | None = None) -> Tensor:
+    """The training rows of the attack's auxiliary set (sorted; the same draw for a seed, an attack and a pool).
+
+    An attack whose set is disjoint from the training set (``aux_disjoint``) draws from the pool
+    (:func:`pool_rows`): all of it (of ``aux_classes``) when it gives neither ``aux_size`` nor ``aux_fraction``,
+    else that many rows of it (``aux_fraction`` is a share of the training split). Any other attack draws from the
+    rows the parties train on (its threat model has them trained on, e.g. GRNA, GIA).
+    """
     size, fraction = attack.aux_size, attack.aux_fraction if attack.aux_size is None else None  # a count first
-    if fraction is not None and exclude is not None and 0.0 < fraction <= 1.0:
-        # the fraction is of the training split (of its rows of aux_classes), whatever the draw avoids
-        pool = y_train if attack.aux_classes is None else y_train[torch.isin(
-            y_train, torch.as_tensor(list(attack.aux_classes), dtype=y_train.dtype))]
-        size, fraction = max(1, round(fraction * len(pool))), None
-    return aux_indices(y_train, generator=generator(seed, "attack", attack.name, "aux"), size=size,
-                       fraction=fraction, classes=attack.aux_classes, exclude=exclude)
+    classes = attack.aux_classes
+    y_train = y_train.cpu()  # row ids are drawn on the CPU, whatever device the labels are on
+    if not attack.aux_disjoint:
+        return aux_indices(y_train, generator=generator(seed, "attack", attack.name, "aux"), size=size,
+                           fraction=fraction, classes=classes, exclude=pool)
+    if pool is None or not len(pool):
+        raise ConfigError(f"attack {attack.name!r} keeps its auxiliary set disjoint from the training set (its threat "
+                          "model), so it draws it from a pool of held-out rows: set data.aux_pool (a share of the "
+                          "training rows, e.g. 0.0909 for DMAVFL's |D_aux| : |D_train| = 1 : 10, or a row count); the "
+                          "pool is held out of training for every attack and defense of the config alike")
+    candidates = pool if classes is None else pool[torch.isin(y_train[pool], torch.as_tensor(list(classes),
+                                                                                             dtype=y_train.dtype))]
+    if fraction is not None:
+        reference = len(y_train) if classes is None else int(torch.isin(
+            y_train, torch.as_tensor(list(classes), dtype=y_train.dtype)).sum())
+        size = max(1, round(fraction * reference))
+    if size is None:
+        if not len(candidates):
+            raise ConfigError(f"attack {attack.name!r}: the auxiliary pool holds no rows of aux_classes "
+                              f"{list(classes or [])}")
+        return candidates.sort().values
+    if size > len(candidates):
+        raise ConfigError(f"attack {attack.name!r} asks for an auxiliary set of {size} rows, but the pool "
+                          f"(data.aux_pool) holds {len(candidates)}" + (" of its aux_classes" if classes else "")
+                          + "; raise data.aux_pool or ask for fewer rows (leave aux_size and aux_fraction unset to "
+                          "take the whole pool)")
+    return aux_indices(y_train, generator=generator(seed, "attack", attack.name, "aux"), size=size, classes=classes,
+                       exclude=_trained(y_train, pool))
 
 
 def victim_features(vd: VerticalData, victims: Sequence[str], split: str,
@@ -149,16 +175,12 @@ class AttackPlan:
     seed: int = 0
     y_train: Tensor | None = None
     data: VerticalData | None = None
+    pool: Tensor | None = None
 
     def held_out(self) -> Tensor | None:
-        """Training rows no party may train on: the auxiliary rows of every attack whose threat model
-        keeps its auxiliary set disjoint from the training set (``aux_disjoint``; DMAVFL §3.2,
-        §6.1), sorted; ``None`` when there are none. A function of the config's attacks and seed
-        only, so a sweep's no-defense baseline (same attacks, same seed) holds out the same rows."""
-        assert self.y_train is not None
-        drawn = [aux_ids(p.attack, self.y_train, self.seed, p.aux_exclude) for p in self.attacks
-                 if p.attack.aux_disjoint and wants_aux(p.attack)]
-        return torch.cat(drawn).unique() if drawn else None
+        """Training rows no party may train on: the auxiliary pool (:func:`pool_rows`), a function of the data,
+        its split options and the seed only, so that every config of one seed trains on the same rows."""
+        return self.pool
 
     def extra_dims(self) -> dict[str, int]:
         """Embedding dimensions malicious passive attackers append, by party."""
@@ -168,6 +190,24 @@ class AttackPlan:
             if extra:
                 out[planned.attack.party] = out.get(planned.attack.party, 0) + extra
         return out
+
+    def grants(self) -> list[Grant]:
+        """The evaluation-only queries the scoring of these attacks needs between parties in separate processes
+        (:mod:`vflbench.protocol.grants`): the victims' real bottom models for a feature attack of the active party
+        (its shadow's embedding errors), the active party's VMask shares for VMask weight recovery (its
+        reconstruction errors). Nothing else is granted."""
+        from vflbench.attacks.label.vmask_recovery import VMaskWeightRecovery
+
+        wanted: dict[tuple[str, str, str], list[str]] = {}
+        for planned in self.attacks:
+            attack = planned.attack
+            if attack.target == "features" and attack.party == ACTIVE:
+                for victim in victims_of(attack):
+                    wanted.setdefault(("passive.oracle_bottom", victim, ACTIVE), []).append(attack.name)
+            if isinstance(attack, VMaskWeightRecovery) and attack.party != ACTIVE:
+                wanted.setdefault(("vmask.oracle", ACTIVE, attack.party), []).append(attack.name)
+        return [Grant(kind, server, client, tuple(dict.fromkeys(names)))
+                for (kind, server, client), names in wanted.items()]
 
     def prepare(self, fed: Federation) -> None:
         """Install each attack on its own party before training."""
@@ -179,11 +219,11 @@ class AttackPlan:
             if {"model_gradient", "cut_gradient"} & set(attack.reads) and isinstance(party, PassiveParty):
                 party.attach(_Recorder(planned, party, with_params="model_gradient" in attack.reads))
             assert self.y_train is not None
-            known = known_labels(attack, self.y_train, self.seed)
+            known = known_labels(attack, self.y_train, self.seed, self.pool)
             if wants_aux(attack):
                 assert self.data is not None
                 own = party.data.x_train if party.data is not None else None
-                planned.aux = aux_data(attack, self.data, own, self.seed, planned.aux_exclude)
+                planned.aux = aux_data(attack, self.data, own, self.seed, self.pool)
                 attack.corrupt(party, known, aux=planned.aux,
                                generator=generator(self.seed, "attack", attack.name, "corrupt"))
             else:
@@ -222,7 +262,7 @@ class _Recorder(PartyHook):
 def validate_attacks(cfg: ExperimentConfig, vd: VerticalData) -> AttackPlan:
     """Check every configured attack against the scenario before any training."""
     scenario = scenario_of(cfg, vd)
-    plan = AttackPlan(scenario, seed=cfg.seed, y_train=vd.y_train, data=vd)
+    plan = AttackPlan(scenario, seed=cfg.seed, y_train=vd.y_train, data=vd, pool=pool_rows(cfg, vd.y_train))
     valid_parties = [*passive_names(len(vd.passive)), ACTIVE]
     for spec in cfg.attacks:
         attack = create_attack(spec.name, **spec.params())
@@ -248,17 +288,9 @@ def validate_attacks(cfg: ExperimentConfig, vd: VerticalData) -> AttackPlan:
         kinds = {"cut_gradient"} & set(attack.reads)
         if kinds:
             plan.keep.setdefault(attack.party, set()).update(kinds)
-    trained = [aux_ids(p.attack, vd.y_train, cfg.seed) for p in plan.attacks
-               if wants_aux(p.attack) and not p.attack.aux_disjoint]
-    if trained:
-        kept = torch.cat(trained).unique()
-        for planned in plan.attacks:
-            if planned.attack.aux_disjoint:
-                planned.aux_exclude = kept
-    held = plan.held_out()
-    if held is not None and len(held) >= len(vd.y_train):
-        raise ConfigError(f"the auxiliary sets of the attacks hold out all {len(vd.y_train)} training rows "
-                          "(they are disjoint from the training set); give a smaller aux_size or aux_fraction")
+    for planned in plan.attacks:
+        if wants_aux(planned.attack):
+            aux_ids(planned.attack, vd.y_train, cfg.seed, plan.pool)  # refuses a set the pool cannot give
     return plan
 
 

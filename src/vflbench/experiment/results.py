@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-from vflbench.metrics.scores import attack_leakage, direction_of
 
 
 @dataclass
@@ -30,9 +29,15 @@ class AttackResult:
     ``direction``: ``"higher"`` when a higher ``value`` means more leakage (AUC, accuracy),
     ``"lower"`` when a lower one does (MSE). ``leakage``: eps_p in points on one scale where
     higher always means more leakage (:func:`vflbench.metrics.scores.leakage_points`).
-    ``undefended_leakage``: the same attack's leakage on the same config without defenses (its
-    own leakage when the run has none; ``None`` when unknown); ``leaks_without_defense``: whether
-    that beats the prior (> 0 points), i.e. whether a defense can be credited for stopping it.
+    ``values``/``priors``/``leakages``: each repeat's (``evaluation.repeats`` runs of the attack on the
+    trained model; ``value``, ``prior`` and ``leakage`` are their means); ``leakage_ci``: the confidence
+    interval of the leakage over them (``None`` without one; ``ci_basis`` says what it is over).
+    ``undefended_leakage``/``undefended_leakages``: the same attack's leakage (mean, per repeat) on the
+    same config without defenses (its own when the run has none; ``None`` when unknown);
+    ``leaks_without_defense``: whether the interval of that leakage lies above 0 points, i.e. whether a
+    defense can be credited for stopping it (``None``: no interval, unknown).
+    ``details["selection"]``: how the reported epoch of a trained attack was picked (``last``,
+    ``validation`` or ``test_oracle``).
     """
 
     name: str
@@ -47,6 +52,13 @@ class AttackResult:
     details: dict[str, Any] = field(default_factory=dict)
     undefended_leakage: float | None = None
     leaks_without_defense: bool | None = None
+    values: list[float] = field(default_factory=list)
+    priors: list[float] = field(default_factory=list)
+    leakages: list[float] = field(default_factory=list)
+    leakage_ci: list[float] | None = None
+    ci_basis: str = "none"
+    undefended_leakages: list[float] | None = None
+    undefended_ci: list[float] | None = None
 
 
 @dataclass
@@ -60,7 +72,11 @@ class Timing:
 
 @dataclass
 class RunResult:
-    """Everything ``result.json`` records for one run."""
+    """Everything ``result.json`` records for one run.
+
+    ``grants``: the evaluation-only queries between parties that the run's plan granted for scoring its attacks
+    (:class:`~vflbench.protocol.grants.Grant` records, with who refused one); left out of ``result.json`` when
+    there are none."""
 
     config_hash: str
     seed: int
@@ -71,14 +87,24 @@ class RunResult:
     timing: Timing
     comm: dict[str, int]
     baselines: dict[str, Any] = field(default_factory=dict)
+    grants: list[dict[str, Any]] = field(default_factory=list)
+    device: str = "cpu"
+    """The device the run computed on (``train.device`` resolved: ``cpu``, ``cuda:0``...); runs written before
+    devices existed ran on the CPU."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        return asdict(self)
+        out = asdict(self)
+        if not out["grants"]:
+            del out["grants"]
+        return out
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> RunResult:
         """The result a ``result.json`` records (as written by :meth:`to_dict`)."""
+        # here, not with the module: the scores import scipy (0.7 s), and `vflbench init` imports this module
+        from vflbench.metrics.scores import attack_leakage, direction_of
+
         attacks = []
         for a in raw["attacks"]:
             a = dict(a)
@@ -112,19 +138,41 @@ def write_atomic(path: Path, text: str) -> None:
     The file gets the mode a plain ``open`` would give it (0666 less the user's umask), not the
     0600 of the temporary file it is written through.
     """
+    write_bytes_atomic(path, text.encode())
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same directory, renamed over ``path`` once
+    it is whole and on disk. Whatever stops the write (a full disk: ``OSError``; an interruption) removes the
+    temporary file and leaves ``path`` as it was, then propagates."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        if hasattr(os, "fchmod"):
-            os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            if hasattr(os, "fchmod"):
+                os.fchmod(fd, 0o666 & ~_umask())
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:
+            exc.filename = str(path)  # os.write's error names no file
         raise
+
+
+def save_torch_atomic(path: Path, obj: Any) -> None:
+    """``torch.save(obj)`` to ``path`` atomically (:func:`write_bytes_atomic`): serialised in memory first, so a
+    failed write is an ``OSError`` naming the file, not a serialiser's error, and leaves no partial file."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    write_bytes_atomic(path, buffer.getvalue())
 
 
 def _umask() -> int:

@@ -14,8 +14,6 @@ nothing a peer sent is ever loaded.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,7 @@ import torch
 
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import ExperimentConfig
-from vflbench.experiment.results import write_json
+from vflbench.experiment.results import save_torch_atomic, write_json
 
 MANIFEST = "manifest.json"
 
@@ -110,25 +108,18 @@ def load_party_state(party: Any, state: dict[str, Any]) -> None:
 
 def save_checkpoint(out_dir: Path, party: str, epoch: int, state: dict[str, Any]) -> None:
     """Write ``state`` to :func:`checkpoint_path` atomically (readers see no file or the whole one)."""
-    path = checkpoint_path(out_dir, party, epoch)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save({"epoch": epoch, **state}, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    save_torch_atomic(checkpoint_path(out_dir, party, epoch), {"epoch": epoch, **state})
 
 
 def load_checkpoint(out_dir: Path, party: str, epoch: int) -> dict[str, Any]:
-    """This party's own state after ``epoch`` (read with ``weights_only=True``: tensors and plain values only)."""
+    """This party's own state after ``epoch`` (read with ``weights_only=True``: tensors and plain values only), on the
+    CPU whatever device wrote it (generator states must be CPU tensors; models and optimizers copy their state onto
+    their own device when they load it)."""
     path = checkpoint_path(out_dir, party, epoch)
     if not path.is_file():
         raise ConfigError(f"{party} has no checkpoint of epoch {epoch} ({path} is missing); every party needs its "
                           f"own OUT/checkpoints/{party}/ of the run to resume")
-    state = torch.load(path, weights_only=True)
+    state = torch.load(path, weights_only=True, map_location="cpu")
     if state.get("epoch") != epoch:
         raise ConfigError(f"{path} holds epoch {state.get('epoch')}, not {epoch}")
     return dict(state)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import json
 import logging
 import os
 import platform
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -19,14 +22,25 @@ import sklearn
 import torch
 
 from vflbench._version import __version__
-from vflbench.data import VerticalData, aux_indices
+from vflbench.data import VerticalData
+from vflbench.devices import device_name, resolve_device
 from vflbench.errors import ConfigError, DataError
 from vflbench.experiment.config import ExperimentConfig, build_config, check_components
-from vflbench.experiment.plan import AttackPlan, validate_attacks, wants_aux
-from vflbench.experiment.results import AttackResult, RunResult, Timing, UtilityResult, write_atomic, write_json
+from vflbench.experiment.plan import AttackPlan, aux_ids, validate_attacks, wants_aux
+from vflbench.experiment.results import (
+    AttackResult,
+    RunResult,
+    Timing,
+    UtilityResult,
+    save_torch_atomic,
+    write_atomic,
+    write_bytes_atomic,
+    write_json,
+)
 from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
 from vflbench.experiment.scoring import run_attacks
 from vflbench.metrics.scores import attack_leakage, leaks
+from vflbench.metrics.stats import mean_interval
 from vflbench.protocol import Federation, History, Progress
 from vflbench.protocol.messages import passive_names
 from vflbench.rng import generator
@@ -44,6 +58,7 @@ class TrainedRun:
     federation: Federation
     history: History
     train_seconds: float
+    held_out: torch.Tensor | None = None  #: training rows no party trained on (the auxiliary pool)
 
 
 def utility_of(cfg: ExperimentConfig, history: History) -> UtilityResult:
@@ -65,18 +80,25 @@ def check_before_training(cfg: ExperimentConfig, vd: VerticalData, plan: AttackP
         raise ConfigError(f"train.metric 'auc' needs a binary task, but {cfg.data.name} has {vd.num_classes} "
                           "classes; use train.metric: accuracy")
     counts = torch.bincount(vd.y_train.long(), minlength=vd.num_classes)
+    present = counts.nonzero().flatten().tolist()
+    if len(present) < 2:
+        which = f"only class {present[0]}" if present else "no class"
+        raise DataError(f"the {len(vd.y_train)} training rows of {cfg.data.name} hold {which}; a classifier needs "
+                        "at least two classes (check the label column, or a data.train_size too small to hold two)")
+    trained = torch.ones(len(vd.y_train), dtype=torch.bool)
+    if plan.pool is not None:
+        trained[plan.pool] = False
+    counts = torch.bincount(vd.y_train.cpu()[trained].long(), minlength=vd.num_classes)
     smallest = int(counts.min())
     for planned in plan.attacks:
         attack = planned.attack
         if attack.known_per_class > smallest:
             raise ConfigError(f"attack {attack.name!r}: known_per_class {attack.known_per_class} is more than the "
-                              f"smallest class of the {len(vd.y_train)} training rows has ({smallest} rows, class "
-                              f"{int(counts.argmin())}); use known_per_class <= {smallest}")
+                              f"smallest class of the {int(trained.sum())} rows the parties train on has ({smallest} "
+                              f"rows, class {int(counts.argmin())}); use known_per_class <= {smallest}")
         if wants_aux(attack):
             try:
-                aux_indices(vd.y_train, generator=generator(cfg.seed, "attack", attack.name, "aux"),
-                            size=attack.aux_size, fraction=attack.aux_fraction if attack.aux_size is None else None,
-                            classes=attack.aux_classes)
+                aux_ids(attack, vd.y_train, cfg.seed, plan.pool)
             except DataError as exc:
                 raise ConfigError(f"attack {attack.name!r}: {exc}") from None
 
@@ -109,11 +131,11 @@ def train_run(cfg: ExperimentConfig, vd: VerticalData, *, with_defenses: bool = 
     history = fed.fit(epochs=cfg.train.epochs, batch_size=cfg.train.batch_size,
                       generator=generator(cfg.seed, "active", "batches"), y_test=vd.y_test,
                       eval_every=cfg.train.eval_every, progress=progress, on_epoch_end=epoch_end)
-    return TrainedRun(cfg, vd, fed, history, time.perf_counter() - tic)
+    return TrainedRun(cfg, vd, fed, history, time.perf_counter() - tic, held_out)
 
 
-def environment(threads: int) -> dict[str, Any]:
-    """Versions, git commit and thread count, for ``env.json``."""
+def environment(threads: int, device: torch.device | None = None) -> dict[str, Any]:
+    """Versions, git commit, thread count and the device the run computed on, for ``env.json``."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
                              cwd=Path(__file__).parent).stdout.strip() or None
@@ -121,18 +143,21 @@ def environment(threads: int) -> dict[str, Any]:
         sha = None
     return {"vflbench": __version__, "python": platform.python_version(), "torch": torch.__version__,
             "numpy": np.__version__, "scikit_learn": sklearn.__version__, "platform": platform.platform(),
-            "git_sha": sha, "threads": threads, "interop_threads": torch.get_num_interop_threads()}
+            "git_sha": sha, "threads": threads, "interop_threads": torch.get_num_interop_threads(),
+            "device": device_name(device if device is not None else torch.device("cpu")),
+            "cuda": torch.version.cuda}
+
+
+def cpu_state_dict(model: torch.nn.Module) -> dict[str, Any]:
+    """``model``'s state dict with its tensors copied to the CPU: a checkpoint written on a GPU loads anywhere."""
+    return {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in model.state_dict().items()}
 
 
 def save_checkpoints(run: TrainedRun, directory: Path, tag: str = "final") -> None:
-    """Save every party's models (state dicts) under ``directory/checkpoints``."""
+    """Save every party's models (state dicts, on the CPU) under ``directory/checkpoints``."""
     for party in run.federation.parties():
         for role, model in party.models().items():
-            path = directory / "checkpoints" / f"{party.name}.{role}.{tag}.pt"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            torch.save(model.state_dict(), tmp)
-            tmp.replace(path)
+            save_torch_atomic(directory / "checkpoints" / f"{party.name}.{role}.{tag}.pt", cpu_state_dict(model))
 
 
 def save_embeddings(run: TrainedRun, directory: Path, n: int) -> None:
@@ -143,10 +168,9 @@ def save_embeddings(run: TrainedRun, directory: Path, n: int) -> None:
     ids = torch.arange(min(n, len(run.data.y_test)))
     with torch.no_grad():
         emb = party.forward(ids, epoch=-1, step=-1, split="test", train=False)
-    path = directory / "embeddings.npz"
-    tmp = directory / ".embeddings.tmp.npz"
-    np.savez(tmp, embedding=emb.numpy(), y=run.data.y_test[ids].numpy(), party=party.name)
-    tmp.replace(path)
+    buffer = io.BytesIO()
+    np.savez(buffer, embedding=emb.cpu().numpy(), y=run.data.y_test[ids].cpu().numpy(), party=party.name)
+    write_bytes_atomic(directory / "embeddings.npz", buffer.getvalue())
 
 
 def defense_details(run: TrainedRun, name: str) -> dict[str, Any]:
@@ -160,8 +184,12 @@ def defense_details(run: TrainedRun, name: str) -> dict[str, Any]:
 
 def run_experiment(cfg: ExperimentConfig, *, out_dir: str | Path | None = None,
                    data_root: str | Path | None = None, progress: Progress | None = None) -> RunResult:
-    """Run ``cfg`` end to end; if ``out_dir`` is given write ``out_dir/<hash>/``."""
+    """Run ``cfg`` end to end on ``train.device``; if ``out_dir`` is given write ``out_dir/<hash>/``.
+
+    ``train.threads`` sets torch's intra-op threads for the run, also with a GPU (the CPU still draws every
+    random number, deals VMask's triples and runs Paillier)."""
     cfg = cfg.resolved()
+    resolve_device(cfg.train.device)  # before anything else: a device this machine lacks is a one-line error
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.train.threads)
     try:
@@ -244,17 +272,25 @@ def _holder_alive(lock: Path) -> bool:
     return True
 
 
-def mark_undefended(attacks: list[AttackResult], undefended: list[dict[str, Any]] | None) -> None:
-    """Set each attack's ``undefended_leakage`` and ``leaks_without_defense`` (attacks match by
-    position: the undefended run has the same attack list); ``undefended=None``: the run itself
-    has no defenses, so its own leakage is the undefended one."""
+def mark_undefended(attacks: list[AttackResult], undefended: list[dict[str, Any]] | None, *, seed: int,
+                    confidence: float) -> None:
+    """Set each attack's undefended leakage (mean and per repeat), its interval and ``leaks_without_defense``
+    (attacks match by position: the undefended run has the same attack list and repeats); ``undefended=None``:
+    the run itself has no defenses, so its own leakage is the undefended one."""
     for i, attack in enumerate(attacks):
-        base = attack.leakage if undefended is None else attack_leakage(undefended[i])
-        attack.undefended_leakage = base
-        attack.leaks_without_defense = leaks(base)
+        if undefended is None:
+            base = list(attack.leakages) or [attack.leakage]
+        else:
+            base = [float(v) for v in undefended[i].get("leakages") or [attack_leakage(undefended[i])]]
+        interval = mean_interval({seed: base}, confidence)
+        attack.undefended_leakage = sum(base) / len(base)
+        attack.undefended_leakages = base
+        attack.undefended_ci = [interval.low, interval.high] if interval.defined else None
+        attack.leaks_without_defense = leaks(interval)
         if attack.leaks_without_defense is False:
-            log.warning("attack %s does not beat its prior without a defense (leakage %.2f points <= 0): "
-                        "no defense can be credited for stopping it", attack.name, base)
+            log.warning("attack %s does not leak measurably without a defense (leakage %.2f points, %d%% interval "
+                        "[%.2f, %.2f] does not lie above 0): no defense can be credited for stopping it", attack.name,
+                        attack.undefended_leakage, round(100 * confidence), interval.low, interval.high)
 
 
 def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path | None,
@@ -263,7 +299,44 @@ def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path |
     vd = load_vertical_data(cfg, data_root)
     attack_plan = validate_attacks(cfg, vd)
     check_before_training(cfg, vd, attack_plan)
+
+    def undefended() -> dict[str, Any] | None:
+        """The undefended run's result, asked for once this run has trained: a sweep's defended point trains while
+        another worker trains its reference, instead of waiting for it first."""
+        return _undefended_result(cfg, out_dir=out_dir, data_root=data_root) if cfg.defenses and cfg.attacks else None
+
     run_dir = out_dir / cfg.hash() if out_dir else None
+    fresh = run_dir is not None and not run_dir.exists()
+    try:
+        return _train_and_record(cfg, vd, attack_plan, undefended, run_dir=run_dir, progress=progress)
+    except OSError as exc:  # a full disk, a quota, a directory removed under us
+        raise unfinished_run_error(exc, run_dir, fresh=fresh) from None
+
+
+def unfinished_run_error(exc: OSError, run_dir: Path | None, *, fresh: bool) -> OSError:
+    """The error to raise when writing the run directory ``run_dir`` failed with ``exc``: a run directory this
+    run made (``fresh``) is removed, since a run directory without ``result.json`` is never a result (and a
+    sweep's ``--resume`` runs it again); one that existed before is left as it was and said so."""
+    what = f"{exc.strerror or exc}" + (f" while writing {exc.filename}" if exc.filename else "")
+    if run_dir is None:
+        return OSError(exc.errno, what)
+    if fresh:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        kept = f"the unfinished run directory {run_dir} was removed"
+    else:
+        kept = (f"{run_dir} existed before this run and was left in place; it has no new result.json, and files "
+                "this run rewrote before the failure may be newer than its result.json")
+    hint = "; free some space and run again" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    log.debug("writing the run directory failed", exc_info=exc)
+    return OSError(exc.errno, f"{what}; {kept}{hint}")
+
+
+def _train_and_record(cfg: ExperimentConfig, vd: VerticalData, attack_plan: AttackPlan,
+                      undefended_result: Callable[[], dict[str, Any] | None], *, run_dir: Path | None,
+                      progress: Progress | None) -> RunResult:
+    """Train ``cfg``, run its baselines and attacks, and write its run directory ``run_dir`` (if any);
+    ``undefended_result()`` gives the undefended run's result (``None`` without defenses or attacks), asked for
+    once the training is done."""
     metrics_lines: list[str] = []
 
     def open_run_dir() -> None:
@@ -271,7 +344,7 @@ def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path |
         if run_dir is not None and not (run_dir / "config.yaml").is_file():
             run_dir.mkdir(parents=True, exist_ok=True)
             write_atomic(run_dir / "config.yaml", cfg.to_yaml())
-            write_json(run_dir / "env.json", environment(cfg.train.threads))
+            write_json(run_dir / "env.json", environment(cfg.train.threads, vd.device))
 
     def on_epoch_end(epoch: int, record: dict[str, Any]) -> None:
         if run_dir is None:
@@ -287,9 +360,7 @@ def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path |
         save_checkpoints(run, run_dir)
     if run_dir is not None and cfg.train.save_embeddings:
         save_embeddings(run, run_dir, cfg.train.save_embeddings)
-    # needed from here on only: a sweep's defended point trains meanwhile, while another worker trains its reference
-    undefended = (_undefended_result(cfg, out_dir=out_dir, data_root=data_root)
-                  if cfg.defenses and cfg.attacks else None)
+    undefended = undefended_result()
     baselines: dict[str, Any] = {}
     held_out = attack_plan.held_out()  # the baselines train on the same rows as the run
     for name in cfg.baselines:
@@ -308,7 +379,8 @@ def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path |
             baselines["alone"] = utility_of(cfg, train_run(cfg, vd, with_defenses=False, alone=True,
                                                            held_out=held_out).history).__dict__
     attack_results, attack_seconds = run_attacks(attack_plan, run)
-    mark_undefended(attack_results, None if undefended is None else undefended["attacks"])
+    mark_undefended(attack_results, None if undefended is None else undefended["attacks"], seed=cfg.seed,
+                    confidence=cfg.evaluation.confidence)
     comm = run.federation.channel.train
     result = RunResult(
         config_hash=cfg.hash(), seed=cfg.seed,
@@ -320,6 +392,8 @@ def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path |
         timing=Timing(run.train_seconds, run.history.epoch_seconds, attack_seconds),
         comm=comm.as_dict(),
         baselines=baselines,
+        grants=[g.as_dict() for g in attack_plan.grants()],
+        device=str(vd.device),
     )
     if run_dir is not None:
         write_json(run_dir / "result.json", result.to_dict())

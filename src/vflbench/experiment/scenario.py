@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -11,6 +12,7 @@ from torch import Tensor, nn
 
 from vflbench.data import PartySlice, VerticalData, aux_indices, load_dataset, partition, subsample
 from vflbench.defenses import create_defense
+from vflbench.devices import resolve_device
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import ExperimentConfig
 from vflbench.models import build_bottom, build_top
@@ -33,10 +35,12 @@ from vflbench.protocol.messages import passive_index
 from vflbench.rng import generator
 
 DEFAULT_EMBED_DIM = 16
+log = logging.getLogger(__name__)
 
 
 def load_vertical_data(cfg: ExperimentConfig, data_root: str | Path | None = None) -> VerticalData:
-    """Load, subsample and partition the config's dataset."""
+    """Load, subsample and partition the config's dataset, and move it to ``train.device`` (once: everything
+    built from it later finds it there)."""
     d = cfg.data
     ds = load_dataset(d.name, root=d.root or data_root, **d.options)
     ds = subsample(ds, train_size=d.train_size, test_size=d.test_size,
@@ -47,7 +51,7 @@ def load_vertical_data(cfg: ExperimentConfig, data_root: str | Path | None = Non
                     "subsampled": d.train_size is not None or d.test_size is not None,
                     "slice_shapes": [list(p.sample_shape) for p in vd.passive]
                     + ([list(vd.active.sample_shape)] if vd.active is not None else [])})
-    return vd
+    return vd.to(resolve_device(cfg.train.device))
 
 
 def make_optimizer(cfg: ExperimentConfig, params: Sequence[nn.Parameter]) -> torch.optim.Optimizer:
@@ -139,17 +143,56 @@ def active_data(vd: VerticalData, *, granted: Tensor | None = None) -> VerticalD
                         vd.y_test.clone(), info=dict(vd.info))
 
 
-def defense_aux_ids(d: Defense, y_train: Tensor, seed: int) -> Tensor | None:
-    """The auxiliary labelled rows defense ``d``'s threat model grants the active party (``aux_size``), if any."""
-    size = getattr(d, "aux_size", None)
-    if not size:
+def pool_rows(cfg: ExperimentConfig, y_train: Tensor) -> Tensor | None:
+    """The training rows held out of every party's training as the auxiliary pool (``data.aux_pool``: a share
+    of the training split, or a row count), sorted; ``None`` without a pool.
+
+    A function of the dataset, its split options and the seed only, never of the attacks or defenses: every
+    config with the same data section and seed trains on the same rows, so that verdicts compare like with
+    like. Attacks and defenses whose threat model keeps their auxiliary set disjoint from the training set
+    (``aux_disjoint``; VMask's shadow set) draw it from this pool.
+    """
+    pool = cfg.data.aux_pool
+    if not pool:
         return None
-    return aux_indices(y_train, size=min(int(size), len(y_train)), generator=generator(seed, "defense", d.name, "aux"))
+    n = len(y_train)
+    size = pool if isinstance(pool, int) else max(1, round(pool * n))
+    if size > (n + 1) // 2:
+        raise ConfigError(f"data.aux_pool {pool} holds out {size} of the {n} training rows, more than half; "
+                          f"give at most {(n + 1) // 2} rows or a share of at most 0.5")
+    if size > 0.2 * n:
+        log.warning("data.aux_pool holds out %d of the %d training rows (%.0f%%); the papers' auxiliary sets are "
+                    "1-10%% of the training data", size, n, 100.0 * size / n)
+    return aux_indices(y_train, generator=generator(cfg.seed, "data", "aux_pool"), size=size)
+
+
+def defense_aux_ids(d: Defense, y_train: Tensor, seed: int, pool: Tensor | None) -> Tensor | None:
+    """The auxiliary labelled rows defense ``d``'s threat model grants the active party, if it uses any
+    (``uses_aux``): rows of the pool (:func:`pool_rows`), which no party trains on (VMask §IV-A) — all of it,
+    or ``aux_size`` rows of it."""
+    if not d.uses_aux:
+        return None
+    if pool is None or not len(pool):
+        raise ConfigError(f"defense {d.name!r} trains on an auxiliary set disjoint from the rows the parties train "
+                          "on, drawn from a pool of held-out rows: set data.aux_pool (a share of the training rows, "
+                          "e.g. 0.02, or a row count such as 640); the pool is held out for every run of the config, "
+                          "defended or not")
+    size = getattr(d, "aux_size", None)
+    if size is None:
+        return pool
+    if size > len(pool):
+        raise ConfigError(f"defense {d.name!r} asks for aux_size {size} rows, but the pool (data.aux_pool) holds "
+                          f"{len(pool)}; raise data.aux_pool or leave aux_size unset to take the whole pool")
+    trained = torch.ones(len(y_train), dtype=torch.bool)
+    trained[pool] = False
+    return aux_indices(y_train, size=int(size), generator=generator(seed, "defense", d.name, "aux"),
+                       exclude=torch.nonzero(trained).flatten())
 
 
 def defense_aux_rows(cfg: ExperimentConfig, plan: DefensePlan, y_train: Tensor) -> Tensor | None:
     """Every training row the active party's defenses in ``plan`` take as their auxiliary set (sorted)."""
-    drawn = [ids for d in plan.active if (ids := defense_aux_ids(d, y_train, cfg.seed)) is not None]
+    pool = pool_rows(cfg, y_train)
+    drawn = [ids for d in plan.active if (ids := defense_aux_ids(d, y_train, cfg.seed, pool)) is not None]
     return torch.cat(drawn).unique() if drawn else None
 
 
@@ -165,8 +208,8 @@ def embed_dim_of(cfg: ExperimentConfig, out_dim: int) -> int:
 
 
 def _binder(cfg: ExperimentConfig, *, num_classes: int, num_parties: int, active_has_features: bool,
-            link: Callable[[str], Endpoint],
-            aux: Callable[[Defense, str], DefenseAux | None]) -> Callable[[Defense, str], None]:
+            link: Callable[[str], Endpoint], aux: Callable[[Defense, str], DefenseAux | None],
+            device: torch.device) -> Callable[[Defense, str], None]:
     """Bind a defense instance at a party (the same context in one process and in a party's own process)."""
     t, seed = cfg.train, cfg.seed
     assert t.aggregation
@@ -179,7 +222,7 @@ def _binder(cfg: ExperimentConfig, *, num_classes: int, num_parties: int, active
                            generator(seed, "defense", d.name, party), generator(seed, "defense", d.name, "shared"),
                            link=link(party), train=settings, aggregation=t.aggregation,
                            active_has_features=active_has_features, model_completion=completion,
-                           aux=aux(d, party)))
+                           aux=aux(d, party), device=device))
 
     return bind
 
@@ -191,13 +234,14 @@ def _passive_party(cfg: ExperimentConfig, name: str, part: PartySlice, *, defens
     party's defenses, which only look at it, then by its own), optimizer and schedule."""
     m, seed = cfg.model, cfg.seed
     assert m.bottom is not None
+    device = part.x_train.device
     for d in defenses:
         bind(d, name)
     for d in defenses:
-        part = d.augment_features(part)
-    bottom = build_bottom(m.bottom, part, embed_dim, generator(seed, name, "init"), **m.bottom_options)
+        part = d.augment_features(part).to(device)
+    bottom = build_bottom(m.bottom, part, embed_dim, generator(seed, name, "init"), device=device, **m.bottom_options)
     for d in (*active_defenses, *defenses):
-        bottom = d.wrap_bottom(bottom, name)
+        bottom = d.wrap_bottom(bottom, name).to(device)  # a wrapper's own layers are built (and seeded) on the CPU
     opt = make_optimizer(cfg, list(bottom.parameters()))
     for d in defenses:
         d.attach_optimizer(opt, name)
@@ -210,12 +254,13 @@ def build_passive(cfg: ExperimentConfig, data: PassiveData, *, defenses: Sequenc
     """Passive party ``data.name`` alone, in its own process (:mod:`vflbench.experiment.party`): built from its own
     slice only, its defense halves bound to ``link(name)``, with the bottom model's width ``embed_dim`` as the
     active party sends it (it depends on the active party's label transforms in VLR). The same party, bit for bit,
-    as :func:`build_federation` builds in one process."""
+    as :func:`build_federation` builds in one process, on ``train.device``."""
     cfg = cfg.resolved()
+    data = replace(data, part=data.part.to(resolve_device(cfg.train.device)))
     if cfg.train.algorithm == "vsnn":
         raise ConfigError("a passive party's own process is not built for VSNN (the active party holds no features)")
     bind = _binder(cfg, num_classes=data.num_classes, num_parties=data.holders, active_has_features=True,
-                   link=link, aux=lambda d, party: None)
+                   link=link, aux=lambda d, party: None, device=data.part.x_train.device)
     return _passive_party(cfg, data.name, data.part, defenses=defenses, active_defenses=(), embed_dim=embed_dim,
                           bind=bind, transcript=Transcript(data.name, keep or ()))
 
@@ -223,13 +268,14 @@ def build_passive(cfg: ExperimentConfig, data: PassiveData, *, defenses: Sequenc
 def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: DefensePlan | None = None,
                      alone: bool = False, keep: dict[str, set[str]] | None = None,
                      extra_dims: dict[str, int] | None = None, held_out: Tensor | None = None,
-                     links: Callable[[str], Endpoint] | None = None, remote_passives: bool = False) -> Federation:
+                     links: Callable[[str], Endpoint] | None = None, remote_passives: bool = False,
+                     device: torch.device | None = None) -> Federation:
     """Build the parties of ``cfg`` over ``vd`` (``alone``: the active party by itself).
 
     ``extra_dims`` widens a party's uploaded embedding (a malicious passive party appending
-    dimensions); the top model is sized by what it receives, as in a deployment. ``held_out``:
-    training rows no party trains on (an attacker's auxiliary set that its threat model keeps
-    disjoint from the training set, :meth:`AttackPlan.held_out`). Every defense instance is bound
+    dimensions); the top model is sized by what it receives, as in a deployment. No party trains on
+    the auxiliary pool (:func:`pool_rows`, a function of the data section and the seed) nor on
+    ``held_out``, further training rows to leave out. Every defense instance is bound
     with its party's endpoint of the federation's channel (its only way to reach other parties), or
     with ``links(party)`` when given: a party's endpoint of a network channel, in a process that runs
     one party (:mod:`vflbench.experiment.party`); VMask's dealer is then a process of its own, not
@@ -239,10 +285,15 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
     a placeholder holding no data, model or optimizer (the process puts its stand-in there), and its bottom model
     is built only as an architecture from its slice's layout, for the active party's defenses to look at
     (VMask's shadow architecture, an information bottleneck's widths), then dropped.
+
+    Everything is built on ``device`` (default: ``train.device``): the data is moved there (a no-op when it is there
+    already), every model is seeded on the CPU and moved there, and each defense is told it in its bind context.
     """
     cfg = cfg.resolved()
     m, t, seed = cfg.model, cfg.train, cfg.seed
     assert m.bottom and m.top and t.aggregation
+    device = resolve_device(t.device) if device is None else device
+    vd = vd.to(device)  # a no-op when the run moved it already (once, after loading)
     keep = keep or {}
     passive_slices = () if alone else vd.passive
     names = [passive_name(i + 1) for i in range(len(passive_slices))]
@@ -256,12 +307,13 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
         channel.register(transcript)
     for d in plan.active if links is None else ():  # e.g. VMask's dealer, a party that is neither of the others
         for extra in d.extra_parties:
-            d.start_party(extra, channel.endpoint(extra), generator(seed, "defense", d.name, ACTIVE))
+            d.start_party(extra, channel.endpoint(extra), generator(seed, "defense", d.name, ACTIVE), device=device)
+    pool = pool_rows(cfg, vd.y_train)  # held out of training whatever the attacks and defenses
     defense_held_out: list[Tensor] = []
 
     def defense_aux(d: Defense, party: str) -> DefenseAux | None:
         """The auxiliary labelled set a defense's threat model grants the active party (``aux_size``)."""
-        ids = defense_aux_ids(d, vd.y_train, seed) if party == ACTIVE else None
+        ids = defense_aux_ids(d, vd.y_train, seed, pool) if party == ACTIVE else None
         if ids is None:
             return None
         defense_held_out.append(ids)  # the auxiliary rows do not overlap the rows the parties train on (VMask §IV-A)
@@ -269,7 +321,8 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
                           x={n: part.train_rows(ids) for n, part in zip(names, passive_slices, strict=True)})
 
     bind = _binder(cfg, num_classes=vd.num_classes, num_parties=holders + (vd.active is None),
-                   active_has_features=vd.active is not None, link=links or channel.endpoint, aux=defense_aux)
+                   active_has_features=vd.active is not None, link=links or channel.endpoint, aux=defense_aux,
+                   device=device)
     for d in plan.active:
         bind(d, ACTIVE)
         objective = d.transform_labels(objective)
@@ -279,9 +332,9 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
     for name, part in zip(names, passive_slices, strict=True):
         if remote_passives:
             architecture = build_bottom(m.bottom, part, embed_dim, generator(seed, name, "architecture"),
-                                        **m.bottom_options)
+                                        device=device, **m.bottom_options)
             for d in plan.active:
-                architecture = d.wrap_bottom(architecture, name)
+                architecture = d.wrap_bottom(architecture, name).to(device)
             passives.append(PassiveParty(name, data=None, bottom=None, optimizer=None,
                                          generator=generator(seed, name, "party"), transcript=transcripts[name]))
             continue
@@ -289,22 +342,23 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
                                        embed_dim=embed_dim, bind=bind, transcript=transcripts[name]))
     active_slice = vd.active
     for d in plan.active if active_slice is not None else ():
-        active_slice = d.augment_features(active_slice)  # type: ignore[arg-type]
+        active_slice = d.augment_features(active_slice).to(device)  # type: ignore[arg-type]
     active_bottom = None
     if active_slice is not None:
         active_bottom = build_bottom(m.bottom, active_slice, embed_dim, generator(seed, ACTIVE, "init"),
-                                     **m.bottom_options)
+                                     device=device, **m.bottom_options)
         for d in plan.active:
-            active_bottom = d.wrap_bottom(active_bottom, ACTIVE)
+            active_bottom = d.wrap_bottom(active_bottom, ACTIVE).to(device)
     if holders == 0:
         raise ConfigError("the active party holds no features in VSNN, so it cannot train alone")
     widths = [embed_dim + (extra_dims or {}).get(n, 0) for n in names] + [embed_dim] * (active_slice is not None)
     in_dim = sum(widths) if t.aggregation == "concat" else embed_dim
-    top = build_top(m.top, in_dim, objective.out_dim, generator(seed, ACTIVE, "top"), **m.top_options)
+    top = build_top(m.top, in_dim, objective.out_dim, generator(seed, ACTIVE, "top"), device=device,
+                    **m.top_options)
     if m.top == "identity" and embed_dim != objective.out_dim:
         raise ConfigError("an identity top model needs bottoms that output the logits")
     for d in plan.active:
-        top = d.wrap_top(top)
+        top = d.wrap_top(top).to(device)
     params = list(top.parameters()) + (list(active_bottom.parameters()) if active_bottom is not None else [])
     opt = make_optimizer(cfg, params)
     for d in plan.active:
@@ -314,7 +368,7 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
                          generator=generator(seed, ACTIVE, "party"), defenses=plan.active,
                          transcript=transcripts[ACTIVE])
     train_rows = None
-    excluded = [*([held_out] if held_out is not None and len(held_out) else []), *defense_held_out]
+    excluded = [rows for rows in (pool, held_out, *defense_held_out) if rows is not None and len(rows)]
     if excluded:
         keep_rows = torch.ones(len(vd.y_train), dtype=torch.bool)
         keep_rows[torch.cat(excluded)] = False

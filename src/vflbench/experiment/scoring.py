@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -34,11 +35,12 @@ from vflbench.attacks.base import (
     victims_of,
 )
 from vflbench.errors import CompatibilityError
-from vflbench.experiment.plan import AttackPlan, victim_features
+from vflbench.experiment.plan import AttackPlan, PlannedAttack, victim_features
 from vflbench.experiment.results import AttackResult
 from vflbench.experiment.views import _view, scratch_models
 from vflbench.metrics.auc import batched_binary_auc
 from vflbench.metrics.scores import direction_of, leakage_points
+from vflbench.metrics.stats import mean_interval
 from vflbench.models.finetune import EVAL_BATCH
 from vflbench.protocol import PassiveParty
 from vflbench.protocol.messages import passive_index
@@ -50,21 +52,41 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def metric_name(num_classes: int, metric: str = "auto") -> str:
-    """``metric`` as chosen; ``"auto"``: AUC for binary tasks, accuracy otherwise (Kang Table 7; VMask Table II)."""
+#: A task is imbalanced when its largest class has more than this many times the rows of its smallest.
+IMBALANCE_RATIO = 1.5
+
+
+def imbalanced(y: Tensor, num_classes: int) -> bool:
+    """Whether the classes of ``y`` are imbalanced (:data:`IMBALANCE_RATIO`)."""
+    counts = torch.bincount(y.long(), minlength=num_classes)
+    return bool(counts.max() > IMBALANCE_RATIO * counts.min())
+
+
+def metric_name(y_train: Tensor, num_classes: int, metric: str = "auto") -> str:
+    """``metric`` as chosen; ``"auto"``: AUC for binary tasks (Kang Table 7), balanced accuracy for imbalanced
+    tasks of more classes (a majority-class guess scores 1/C there, not the majority's share), accuracy otherwise
+    (VMask Table II)."""
     if metric != "auto":
         return metric
-    return "auc" if num_classes == 2 else "accuracy"
+    if num_classes == 2:
+        return "auc"
+    return "balanced_accuracy" if imbalanced(y_train, num_classes) else "accuracy"
 
 
-def _finite(s: Scores) -> Tensor:
-    """A score set's scores with non-finite entries (a diverged model) as ties at zero."""
-    return torch.nan_to_num(s.scores.detach().float(), nan=0.0, posinf=0.0, neginf=0.0)
+def _finite(s: Scores, like: Tensor) -> Tensor:
+    """A score set's scores with non-finite entries (a diverged model) as ties at zero, on ``like``'s device (the
+    ground truth's: an attack may return its scores from another device)."""
+    return torch.nan_to_num(s.scores.detach().float().to(like.device), nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def _positive(scores: Tensor) -> Tensor:
     """The positive class's score of each row (the last column of a two-column score set)."""
     return scores if scores.dim() == 1 else scores[:, -1]
+
+
+def _balanced_accuracy(predicted: Tensor, y: Tensor) -> float:
+    """The mean over the classes present in ``y`` of the share of their rows predicted correctly."""
+    return float(torch.stack([(predicted[y == c] == c).float().mean() for c in torch.unique(y)]).mean())
 
 
 def _per_batch(sets: Sequence[Scores], y: Tensor, metric: str) -> list[float | None]:
@@ -73,13 +95,15 @@ def _per_batch(sets: Sequence[Scores], y: Tensor, metric: str) -> list[float | N
     AUCs of all sets are computed in one vectorised pass (:func:`batched_binary_auc`).
     """
     if metric == "auc":
-        aucs = batched_binary_auc([_positive(_finite(s)) for s in sets], [y[s.ids] for s in sets])
+        aucs = batched_binary_auc([_positive(_finite(s, y)) for s in sets], [y[s.ids] for s in sets])
         return [None if v != v else v for v in aucs.tolist()]
     out: list[float | None] = []
     for s in sets:
-        scores = _finite(s)
+        scores = _finite(s, y)
         predicted = scores.argmax(1) if scores.dim() == 2 else (scores > 0.5).long()
-        out.append(float((predicted == y[s.ids]).float().mean()))
+        truth = y[s.ids]
+        out.append(_balanced_accuracy(predicted, truth) if metric == "balanced_accuracy"
+                   else float((predicted == truth).float().mean()))
     return out
 
 
@@ -88,23 +112,56 @@ def _score(s: Scores, y: Tensor, metric: str) -> float | None:
     return _per_batch([s], y, metric)[0]
 
 
+def constant_guess(metric: str, groups: Sequence[Tensor]) -> float:
+    """The best score a constant prediction reaches on the scored rows (the mean over ``groups``, each the labels
+    of one scored set): the majority class's share for accuracy, ``1/C`` (of the classes present) for balanced
+    accuracy, 0.5 for AUC. No attacker that predicts a constant can score above it."""
+    if metric == "auc" or not groups:
+        return 0.5
+    values = []
+    for y in groups:
+        counts = torch.bincount(y.long())
+        values.append(float(counts.max()) / len(y) if metric == "accuracy" else 1.0 / int((counts > 0).sum()))
+    return sum(values) / len(values)
+
+
+def _select(inf: LabelInference, values: list[float], y_train: Tensor, metric: str, select: str,
+            details: dict[str, Any]) -> int:
+    """The epoch of ``inf.per_epoch`` the selection rule picks (``values``: each epoch's test score)."""
+    if select == "last":
+        return len(values) - 1
+    if select == "test_oracle":
+        return max(range(len(values)), key=values.__getitem__)
+    assert inf.per_epoch is not None
+    if select != "validation" or any(e.validation is None for e in inf.per_epoch):
+        raise CompatibilityError(f"selection {select!r} needs the attack's validation scores, which it did not return")
+    val = [_score(e.validation, y_train, metric) for e in inf.per_epoch]  # type: ignore[arg-type]
+    details["validation_curve"] = val
+    scored = [(v if v is not None else -math.inf, i) for i, v in enumerate(val)]
+    return max(scored)[1]  # the best validation score, the latest epoch among ties
+
+
 def score_inference(inf: LabelInference, y_train: Tensor, y_test: Tensor, metric: str,
-                    select: str = "best") -> tuple[float, dict[str, Any]]:
-    """The attack's value under ``metric`` and diagnostics (per-split values, batches used)."""
+                    select: str = "last") -> tuple[float, dict[str, Any]]:
+    """The attack's value under ``metric`` and diagnostics (per-split values, batches used, the selection rule
+    and the epoch it picked, and ``constant_guess``: what a constant prediction scores on the same rows)."""
     details: dict[str, Any] = dict(inf.details)
     if inf.per_epoch:
         values = [score_inference(e, y_train, y_test, metric)[0] for e in inf.per_epoch]
         details["finetune_curve"] = values
-        best = max(range(len(values)), key=values.__getitem__) if select == "best" else len(values) - 1
-        value, inner = score_inference(inf.per_epoch[best], y_train, y_test, metric)
-        details.update(inner, selected_epoch=best, select=select)
+        chosen = _select(inf, values, y_train, metric, select, details)
+        value, inner = score_inference(inf.per_epoch[chosen], y_train, y_test, metric)
+        details.update(inner, selected_epoch=chosen, selection=select)
         return value, details
+    details["selection"] = "last"
     if inf.batches:
-        per_batch = [v for v in _per_batch(inf.batches, y_train, metric) if v is not None]
-        if not per_batch:
+        scored = [(v, s) for v, s in zip(_per_batch(inf.batches, y_train, metric), inf.batches, strict=True)
+                  if v is not None]
+        if not scored:
             raise CompatibilityError("no batch had both classes, so no AUC could be computed")
-        details.update(batches_scored=len(per_batch), batches_seen=len(inf.batches))
-        return float(sum(per_batch) / len(per_batch)), details
+        details.update(batches_scored=len(scored), batches_seen=len(inf.batches),
+                       constant_guess=constant_guess(metric, [y_train[s.ids] for _, s in scored]))
+        return float(sum(v for v, _ in scored) / len(scored)), details
     by_split: dict[str, float | None] = {}
     for split, s, y in (("train", inf.train, y_train), ("test", inf.test, y_test)):
         if s is not None:
@@ -120,13 +177,16 @@ def score_inference(inf: LabelInference, y_train: Tensor, y_test: Tensor, metric
         details["split_fallback"] = (f"the test {metric} is undefined (the test rows hold one class), "
                                      "so the attack is scored on the training split")
         log.warning("attack scored on the training split: %s", details["split_fallback"])
-    chosen = by_split[split]
-    assert chosen is not None
-    return float(chosen), details
+    scores = inf.test if split == "test" else inf.train
+    assert scores is not None
+    details["constant_guess"] = constant_guess(metric, [(y_test if split == "test" else y_train)[scores.ids]])
+    picked = by_split[split]
+    assert picked is not None
+    return float(picked), details
 
 
 def random_prior(metric: str, num_classes: int) -> float:
-    """A random classifier's expected score."""
+    """A random classifier's expected score (the prior is never below :func:`constant_guess` either)."""
     return 0.5 if metric == "auc" else 1.0 / num_classes
 
 
@@ -156,7 +216,7 @@ def score_features(inf: FeatureInference, run: TrainedRun, victims: Sequence[str
     truth, widths = victim_features(run.data, victims, inf.split, inf.ids)
     truth = truth.float()
     train_slice = victim_features(run.data, victims, "train")[0] if aux is None else None
-    recon = inf.features.detach().float().reshape(truth.shape)
+    recon = inf.features.detach().float().to(truth.device).reshape(truth.shape)
     recon = torch.nan_to_num(recon, nan=0.0, posinf=0.0, neginf=0.0)
     value = float(((recon - truth) ** 2).mean())
     prior = feature_prior(truth, aux, train_slice)
@@ -168,8 +228,13 @@ def score_features(inf: FeatureInference, run: TrainedRun, victims: Sequence[str
         assert reference is not None
         guess = reference.float().mean(0, keepdim=True).expand_as(truth).contiguous()
         details["prior_ssim"] = float(ssim(guess, truth, data_range=1.0).mean())
-    if inf.shadow is not None:
-        parties = {p.name: p for p in run.federation.passives}
+    parties = {p.name: p for p in run.federation.passives}
+    withheld = [v for v in victims if inf.shadow is not None and parties[v].bottom is None]
+    if withheld:  # a victim in its own process refused the evaluation-only query of its bottom model
+        why = f"{', '.join(withheld)} refused evaluation-only queries of its bottom model (passive.oracle_bottom)"
+        details["not_computed"] = {"emb_mse": why, "emb_cos": why}
+        log.warning("feature attack scores emb_mse and emb_cos not computed: %s", why)
+    elif inf.shadow is not None:
         inf.shadow.eval()
         real = torch.cat([_embed(parties[v], x) for v, x in zip(victims, truth.split(widths, -1), strict=True)], 1)
         est = torch.cat([inf.shadow(truth[i : i + EVAL_BATCH]) for i in range(0, len(truth), EVAL_BATCH)])
@@ -203,52 +268,84 @@ def _timing_key(seconds: dict[str, float], name: str) -> str:
     return key
 
 
+def _feature_once(planned: PlannedAttack, run: TrainedRun, repeat: int) -> tuple[float, float, dict[str, Any]]:
+    """One repeat of a feature attack: the reconstruction MSE, the aux-mean prior and the diagnostics."""
+    attack = planned.attack
+    view = _view(run, planned, repeat=repeat)
+    inference = attack.infer(view)
+    if not isinstance(inference, FeatureInference):
+        raise CompatibilityError(f"feature attack {attack.name!r} returned {type(inference).__name__}")
+    value, prior, details = score_features(inference, run, victims_of(attack), view.aux)
+    details["selection"] = "last"
+    if "ssim" in details:
+        details["ssim_leakage"] = leakage_points("ssim", details["ssim"], details["prior_ssim"])
+    return value, prior, details
+
+
+def _label_once(planned: PlannedAttack, run: TrainedRun, metric: str,
+                repeat: int) -> tuple[float, float, dict[str, Any]]:
+    """One repeat of a label attack: its value, its prior (never below what a constant guess scores on the same
+    rows) and the diagnostics."""
+    attack = planned.attack
+    y_train, y_test = run.data.y_train, run.data.y_test
+    select = getattr(attack, "select", "last")
+    view = _view(run, planned, repeat=repeat)
+    value, details = score_inference(_label_inference(attack.infer(view)), y_train, y_test, metric, select)
+    if attack.prior == "random":
+        model_prior = random_prior(metric, run.data.num_classes)
+    else:
+        models = scratch_models(run, attack.party, repeat)
+        inference = attack.infer(view.with_models(models)) if attack.prior == "scratch" else attack.local(
+            view.with_models(models))
+        model_prior, prior_details = score_inference(_label_inference(inference), y_train, y_test, metric, select)
+        details[attack.prior] = prior_details
+    floor = details.get("constant_guess", 0.5 if metric == "auc" else 0.0)
+    details["prior_model"] = model_prior
+    if floor > model_prior:
+        details["prior_floor"] = ("the prior is what a constant guess scores on the same rows, "
+                                  f"{floor:.4f}, above the {attack.prior} prior's {model_prior:.4f}")
+    return value, max(model_prior, floor), details
+
+
 def run_attacks(plan: AttackPlan, run: TrainedRun) -> tuple[list[AttackResult], dict[str, float]]:
-    """Run every planned attack on ``run``; return scored results and seconds per attack."""
+    """Run every planned attack on ``run``; return scored results and seconds per attack.
+
+    Every attack that declares itself ``repeatable`` runs ``evaluation.repeats`` times on the trained model,
+    each repeat with its own random stream (and, unless it used them during training, its own known labels):
+    its value, prior and leakage are the means over the repeats, which are kept (``values``, ``priors``,
+    ``leakages``) with the interval they give (:func:`~vflbench.metrics.stats.mean_interval`).
+    """
     results: list[AttackResult] = []
     seconds: dict[str, float] = {}
-    y_train, y_test = run.data.y_train, run.data.y_test
+    evaluation = run.config.evaluation
     for planned in plan.attacks:
         attack = planned.attack
         tic = time.perf_counter()
-        if attack.target == "features":
-            view = _view(run, planned)
-            inference = attack.infer(view)
-            if not isinstance(inference, FeatureInference):
-                raise CompatibilityError(f"feature attack {attack.name!r} returned {type(inference).__name__}")
-            value, prior, details = score_features(inference, run, victims_of(attack), view.aux)
-            seconds[_timing_key(seconds, attack.name)] = time.perf_counter() - tic
-            if "ssim" in details:
-                details["ssim_leakage"] = leakage_points("ssim", details["ssim"], details["prior_ssim"])
-            results.append(AttackResult(name=attack.name, target=attack.target, metric="mse",
-                                        direction=direction_of("mse"), value=value, prior=prior,
-                                        prior_name="aux_mean", leakage=leakage_points("mse", value, prior),
-                                        details={"params": planned.spec_params, **details}))
-            continue
-        metric = metric_name(run.data.num_classes, attack.metric)
-        select = getattr(attack, "select", "best")
-        view = _view(run, planned)
-        value, details = score_inference(_label_inference(attack.infer(view)), y_train, y_test, metric, select)
-        if attack.prior == "random":
-            prior = random_prior(metric, run.data.num_classes)
-        elif attack.prior == "scratch":
-            scratch = _label_inference(attack.infer(view.with_models(scratch_models(run, attack.party))))
-            prior, prior_details = score_inference(scratch, y_train, y_test, metric, select)
-            details["scratch"] = prior_details
-        else:
-            local_view = view.with_models(scratch_models(run, attack.party))
-            prior, prior_details = score_inference(attack.local(local_view), y_train, y_test, metric, select)
-            details["local"] = prior_details
+        repeats = evaluation.repeats if attack.repeatable else 1
+        metric = "mse" if attack.target == "features" else metric_name(run.data.y_train, run.data.num_classes,
+                                                                       attack.metric)
+        outcomes = [_feature_once(planned, run, r) if attack.target == "features" else
+                    _label_once(planned, run, metric, r) for r in range(repeats)]
         per_epoch = None
-        if attack.every_epoch:
+        if attack.every_epoch and attack.target == "labels":
+            select = getattr(attack, "select", "last")
+            view = _view(run, planned)
             per_epoch = []
             for snapshot in planned.snapshots:
                 models = {k: copy.deepcopy(m) for k, m in snapshot.items()}
-                per_epoch.append(score_inference(_label_inference(attack.infer(view.with_models(models))), y_train,
-                                                 y_test, metric, select)[0])
+                per_epoch.append(score_inference(_label_inference(attack.infer(view.with_models(models))),
+                                                 run.data.y_train, run.data.y_test, metric, select)[0])
         seconds[_timing_key(seconds, attack.name)] = time.perf_counter() - tic
-        results.append(AttackResult(name=attack.name, target=attack.target, metric=metric,
-                                    direction=direction_of(metric), value=value, prior=prior,
-                                    prior_name=attack.prior, leakage=leakage_points(metric, value, prior),
-                                    per_epoch=per_epoch, details={"params": planned.spec_params, **details}))
+        values = [v for v, _, _ in outcomes]
+        priors = [p for _, p, _ in outcomes]
+        leakages = [leakage_points(metric, v, p) for v, p in zip(values, priors, strict=True)]
+        interval = mean_interval({run.config.seed: leakages}, evaluation.confidence)
+        details = {"params": planned.spec_params, **outcomes[0][2], "repeats": repeats}
+        results.append(AttackResult(
+            name=attack.name, target=attack.target, metric=metric, direction=direction_of(metric),
+            value=sum(values) / repeats, prior=sum(priors) / repeats,
+            prior_name="aux_mean" if attack.target == "features" else attack.prior,
+            leakage=sum(leakages) / repeats, per_epoch=per_epoch, details=details, values=values, priors=priors,
+            leakages=leakages, leakage_ci=[interval.low, interval.high] if interval.defined else None,
+            ci_basis=interval.basis))
     return results, seconds

@@ -4,6 +4,7 @@ config hash, resumable); collect the tidy results table and the privacy-utility 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import json
@@ -15,7 +16,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -33,7 +34,9 @@ from vflbench.experiment.config import (
     apply_override,
     build_config,
     check_components,
+    load_yaml,
 )
+from vflbench.experiment.lock import exclusive
 from vflbench.experiment.results import write_atomic
 from vflbench.metrics.scores import (
     NO_PROTECTION_SCORE,
@@ -47,9 +50,11 @@ from vflbench.metrics.scores import (
     pu_score,
     type_dcs,
 )
+from vflbench.metrics.stats import difference_interval, mean_interval
 
 log = logging.getLogger(__name__)
 RUNS = "runs"
+SWEEP_LOCK = ".sweep.lock"
 NO_DEFENSE = "none"
 ATTACK_TYPES = {"labels": "label_inference", "features": "feature_reconstruction"}
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -195,7 +200,7 @@ def _check_data(points: Sequence[SweepPoint], data_root: str | None) -> None:
 def run_sweep(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = False, data_root: str | None = None,
               workers: int | None = None, runner: Callable[[dict[str, Any], str, str | None], str] = _run_point,
               on_done: Callable[[SweepPoint], None] | None = None,
-              on_start: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+              on_start: Callable[[int, int], None] | None = None, force: bool = False) -> pd.DataFrame:
     """Run every point (skipping finished ones with ``resume``); write summary.csv and scores.csv.
 
     With one worker the points run in this process; with ``n`` (local executor) they run in ``n`` worker
@@ -204,11 +209,17 @@ def run_sweep(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = Fals
     as soon as each point finishes, from this thread. If the sweep is interrupted (Ctrl-C, a signal turned
     into an exception) or a point fails, the queued points are cancelled, the workers are ended, the
     summary of the points finished so far is written, and the exception propagates.
+
+    One sweep at a time writes into ``out_dir`` (a lock file, ``.sweep.lock``, names its pid; another
+    sweep there is refused). ``resume`` continues only the sweep that ``out_dir/sweep.yaml`` records:
+    a changed definition is refused, naming what changed, unless ``force``.
     """
     out = Path(out_dir)
     settings = sweep_settings(cfg)
     if workers is not None and workers < 1:
         raise ConfigError(f"workers must be at least 1, got {workers}")
+    if resume and not force:
+        check_same_definition(cfg, out)
     n_workers = workers or settings.workers
     # started before the checks below import torch here (if the command line has not started it already), so that
     # the fork server imports it meanwhile
@@ -219,31 +230,92 @@ def run_sweep(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = Fals
     if settings.executor == "local":  # a cluster's workers may see datasets this machine does not
         _check_data(todo, data_root)
     out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "sweep.yaml", cfg.to_yaml())
-    log.info("sweep: %d points, %d to run, %d already done", len(points), len(todo), len(points) - len(todo))
-    if on_start is not None:
-        on_start(len(todo), len(points))
-    runs_dir = str(out / RUNS)
+    with exclusive(out / SWEEP_LOCK, busy=f"another sweep (pid {{pid}}) is writing into {out}; wait for it to "
+                                          "end, or give this one another --out"):
+        write_atomic(out / "sweep.yaml", cfg.to_yaml())
+        log.info("sweep: %d points, %d to run, %d already done", len(points), len(todo), len(points) - len(todo))
+        if on_start is not None:
+            on_start(len(todo), len(points))
+        runs_dir = str(out / RUNS)
+        try:
+            if settings.executor == "ray":
+                _run_ray(todo, runs_dir, data_root, on_done)
+            elif context is None:
+                for point in todo:
+                    runner(point.config.model_dump(mode="json"), runs_dir, data_root)
+                    if on_done is not None:
+                        on_done(point)
+            else:
+                _run_pool(todo, runs_dir, data_root, n_workers, runner, on_done, context)
+        except BaseException:
+            _collect_finished(out, points)
+            raise
+        return collect(out, points)
+
+
+#: What a sweep's section says about how to run its points, not which points it has.
+HOW_NOT_WHAT = ("workers", "executor")
+
+
+def _changes(before: Any, after: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """Where ``before`` and ``after`` differ: ``(dotted.path, old, new)`` at the deepest section (dicts by key,
+    lists of the same length by index) that holds the difference; ``_ABSENT`` for a key one side lacks."""
+    if before == after:
+        return []
+    if isinstance(before, dict) and isinstance(after, dict):
+        return [c for key in sorted(before.keys() | after.keys(), key=str)
+                for c in _changes(before.get(key, _ABSENT), after.get(key, _ABSENT), f"{path}.{key}" if path else key)]
+    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after) \
+            and all(isinstance(v, (dict, list)) for v in before + after):
+        return [c for i, (x, y) in enumerate(zip(before, after, strict=True)) for c in _changes(x, y, f"{path}.{i}")]
+    return [(path or "config", before, after)]
+
+
+def _definition(cfg: ExperimentConfig) -> dict[str, Any]:
+    raw = cfg.model_dump(mode="json")
+    for key in HOW_NOT_WHAT:
+        (raw.get("sweep") or {}).pop(key, None)
+    return raw
+
+
+def check_same_definition(cfg: ExperimentConfig, out: Path) -> None:
+    """Refuse to resume the sweep recorded in ``out/sweep.yaml`` with a different definition ``cfg`` (its
+    points, defenses, grid or seeds; ``sweep.workers`` and ``sweep.executor`` may change), naming what
+    changed. Resuming with another definition would run a new sweep beside the old one and overwrite the
+    old one's summary."""
+    stored = out / "sweep.yaml"
+    if not stored.is_file():
+        return
+    how = (f"to continue the sweep in {out}, resume it with its own definition (the config it was started "
+           f"with, as recorded in {stored}); to run this one, give a new --out, or add --force to continue in "
+           f"{out} with the new definition (finished points whose config is unchanged are reused; summary.csv "
+           "then describes the new sweep only)")
     try:
-        if settings.executor == "ray":
-            _run_ray(todo, runs_dir, data_root, on_done)
-        elif context is None:
-            for point in todo:
-                runner(point.config.model_dump(mode="json"), runs_dir, data_root)
-                if on_done is not None:
-                    on_done(point)
-        else:
-            _run_pool(todo, runs_dir, data_root, n_workers, runner, on_done, context)
-    except BaseException:
-        _collect_finished(out, points)
-        raise
-    return collect(out, points)
+        before = _definition(build_config(load_yaml(stored.read_text(), str(stored)) or {}))
+    except (VFLBenchError, OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--resume: cannot read the definition of the sweep in {out} ({exc}); {how}") from None
+    changed = _changes(before, _definition(cfg))
+    if changed:
+        def show(value: Any) -> str:
+            text = "(absent)" if value is _ABSENT else json.dumps(value)
+            return text if len(text) <= 60 else text[:57] + "..."
+
+        shown = "; ".join(f"{path}: {show(old)} -> {show(new)}" for path, old, new in changed[:4])
+        more = f"; and {len(changed) - 4} more" if len(changed) > 4 else ""
+        raise ConfigError(f"--resume: the sweep in {out} was started with another definition ({shown}{more}); "
+                          f"{how}")
+
+
+_ABSENT = object()
 
 
 def _collect_finished(out: Path, points: Sequence[SweepPoint]) -> None:
     """Write the summary of the finished points after an interruption, without hiding its cause."""
     try:
         table = collect(out, points)
+    except OSError as exc:  # the same full disk that stopped a point: one line, the point's error follows
+        log.error("could not write the summary of the finished points: %s", exc.strerror or exc)
+        return
     except Exception:  # the interruption (or the failed point) is what the caller must see
         log.exception("could not write the summary of the finished points")
         return
@@ -318,8 +390,27 @@ def _worker_context() -> multiprocessing.context.BaseContext:
         return get_context("spawn")
     context = get_context("forkserver")
     context.set_forkserver_preload(WORKER_PRELOAD)
-    multiprocessing.forkserver.ensure_running()
+    with _sigint_ignored_by_children():
+        multiprocessing.forkserver.ensure_running()
     return context
+
+
+@contextlib.contextmanager
+def _sigint_ignored_by_children() -> Iterator[None]:
+    """Start processes in this block with SIGINT ignored from their first instruction (an ignored signal stays
+    ignored across fork and exec, and Python then installs no handler of its own): the fork server, and every
+    worker it forks, never turn a Ctrl-C on the terminal into a ``KeyboardInterrupt`` traceback, not even while
+    the server still imports torch; this process handles the Ctrl-C. This process ignores SIGINT too while the
+    block runs (starting the fork server takes about 6 ms: a Ctrl-C in them is lost, and a second one works).
+    Only the main thread can change signal handlers; elsewhere the block does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
 
 
 def _longest_first(points: Sequence[SweepPoint]) -> list[SweepPoint]:
@@ -373,27 +464,106 @@ def _run_pool(todo: Sequence[SweepPoint], runs_dir: str, data_root: str | None, 
 
 def _run_ray(points: Sequence[SweepPoint], runs_dir: str, data_root: str | None,
              on_done: Callable[[SweepPoint], None] | None = None) -> None:
-    """Run the points as Ray tasks (one CPU each) on the Ray instance this process is connected to,
-    or on a new local one; an interruption or a failed point cancels the tasks still queued."""
+    """Run the points as Ray tasks (one CPU each) on the Ray cluster this process is connected to (``RAY_ADDRESS``),
+    or on a new local instance; an interruption or a failed point cancels the tasks still queued.
+
+    Nothing is shared through a filesystem: each task runs its point in a temporary directory of whichever node Ray
+    chose (:func:`_run_point_shipped`) and returns the files it wrote, which this process (the driver) writes into
+    ``runs_dir`` atomically, ``result.json`` last. A defended point with attacks reports its attacks' leakage
+    without the defenses, so its undefended reference runs first (a task of its own when it is not a point of the
+    sweep) and its ``result.json`` travels with the point. What a worker node needs: the same vflbench and the
+    datasets under ``data_root`` (or its own ``VFLBENCH_DATA``); see docs/deployment.md."""
     try:
         import ray
     except ImportError:
         raise ConfigError("sweep.executor 'ray' needs Ray: pip install 'vflbench[cluster]'") from None
+    from vflbench.experiment.run import undefended_config
+
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
-    remote = ray.remote(num_cpus=1)(_run_point)
-    pending = {remote.remote(p.config.model_dump(mode="json"), runs_dir, data_root): p for p in points}
+    remote = ray.remote(num_cpus=1)(_run_point_shipped)
+    runs = Path(runs_dir)
+
+    def reference(cfg: ExperimentConfig) -> str | None:
+        return undefended_config(cfg).hash() if cfg.defenses and cfg.attacks else None
+
+    waiting: dict[str, list[SweepPoint]] = {}
+    first: list[SweepPoint] = []
+    for point in points:
+        ref = reference(point.config)
+        if ref is None or (runs / ref / "result.json").is_file():
+            first.append(point)
+        else:
+            waiting.setdefault(ref, []).append(point)
+    hashes = {p.hash for p in points}
+    extra = {ref: undefended_config(later[0].config) for ref, later in waiting.items() if ref not in hashes}
+    pending: dict[Any, tuple[str, SweepPoint | None]] = {}
+
+    def submit(cfg: ExperimentConfig, point: SweepPoint | None) -> None:
+        ref = reference(cfg)
+        given = {f"{ref}/result.json": (runs / ref / "result.json").read_bytes()} if ref is not None else {}
+        pending[remote.remote(cfg.model_dump(mode="json"), data_root, given)] = (cfg.hash(), point)
+
+    for point in first:
+        submit(point.config, point)
+    for cfg in extra.values():
+        submit(cfg, None)
     try:
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
-            point = pending.pop(ready[0])
-            ray.get(ready[0])
-            if on_done is not None:
-                on_done(point)
+            done, finished = pending.pop(ready[0])
+            _write_run_files(runs, ray.get(ready[0]))
+            if finished is not None and on_done is not None:
+                on_done(finished)
+            for later in waiting.pop(done, []):  # its undefended reference is on the driver's disk now
+                submit(later.config, later)
     except BaseException:
         for ref in pending:
             ray.cancel(ref, force=True)
         raise
+
+
+def _run_point_shipped(config: dict[str, Any], data_root: str | None, given: dict[str, bytes]) -> dict[str, bytes]:
+    """A Ray task: run one point in a temporary runs directory on this node, after placing the files ``given`` there
+    (an undefended reference's ``result.json``, by path relative to the runs directory), and return every file the
+    run wrote (not the given ones, nor lock or temporary files), by the same relative paths."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="vflbench-point-") as tmp:
+        runs = Path(tmp) / RUNS
+        for rel, data in given.items():
+            path = runs / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        _run_point(config, str(runs), data_root)
+        return {rel: path.read_bytes() for path in sorted(runs.rglob("*"))
+                if path.is_file() and not path.name.startswith(".")
+                and (rel := path.relative_to(runs).as_posix()) not in given}
+
+
+def _write_run_files(runs: Path, files: dict[str, bytes]) -> None:
+    """Write the files a Ray task returned under ``runs``, each atomically, every ``result.json`` last (a run counts
+    as done once it is there)."""
+    import tempfile
+
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for rel in sorted(files, key=lambda r: (r.endswith("/result.json"), r)):
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            raise VFLBenchError(f"a sweep task returned a file outside its runs directory: {rel!r}")
+        path = runs / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            os.fchmod(fd, 0o666 & ~umask)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(files[rel])
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def _defense_label(defenses: list[dict[str, Any]]) -> str:
@@ -423,9 +593,28 @@ def _final_mask_ratio(metrics: Path) -> float | None:
     return next((float(v) for k, v in last.items() if k.endswith(".mask_ratio")), None)
 
 
+def _setting(point: SweepPoint) -> str:
+    """The point's grid coordinates other than the seed and the defenses' (``""`` when there are none): points
+    that differ in them are different experiments, never averaged together."""
+    rest = {k: v for k, v in point.coords.items() if k != "seed" and not k.startswith("defenses.")}
+    return json.dumps(rest, sort_keys=True) if rest else ""
+
+
+#: Columns of summary.csv computed over every (dataset, algorithm, setting, defense, strength, attack) group.
+GROUP = ["dataset", "algorithm", "setting", "defense", "strength", "attack"]
+
+
 def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
-    """Build the tidy table from the finished runs and write summary.csv, scores.csv and coverage.csv."""
+    """Build the tidy table from the finished runs and write summary.csv, scores.csv and coverage.csv.
+
+    One row per run and attack. Beside each run's own numbers (its leakage is the mean over its repeats) every
+    row carries its group's statistics over seeds × repeats (:mod:`vflbench.metrics.stats`): ``leakage_mean``
+    with ``leakage_ci_low``/``leakage_ci_high``; ``delta_leakage`` = ε_p − ε_p(undefended), paired by seed,
+    with ``delta_ci_low``/``delta_ci_high``; ``change`` (``lower``, ``higher``, or ``no measurable change`` when
+    that interval reaches 0); and ``leaks_without_defense`` (the interval of the undefended leakage lies above 0).
+    """
     rows = []
+    repeats: list[tuple[list[float], list[float] | None]] = []
     stacks: list[tuple[list[dict[str, Any]], set[str]]] = []
     for point in points:
         path = out_dir / RUNS / point.hash / "result.json"
@@ -433,9 +622,10 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
             continue
         result = json.loads(path.read_text())
         cfg = point.config
-        base = {"dataset": cfg.data.name, "algorithm": cfg.train.algorithm,
+        base = {"dataset": cfg.data.name, "algorithm": cfg.train.algorithm, "setting": _setting(point),
                 "defense": _defense_label(result["defense"]),
                 "strength": _strength(result["defense"]), "seed": cfg.seed, "config_hash": point.hash,
+                "confidence": cfg.evaluation.confidence,
                 "utility_metric": result["utility"]["metric"], "utility": result["utility"]["value"],
                 "train_seconds": result["timing"]["train_seconds"]}
         ratio = _final_mask_ratio(out_dir / RUNS / point.hash / "metrics.jsonl")
@@ -444,23 +634,33 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
         stacks.append((result["defense"], {a["name"] for a in result["attacks"]}))
         if not result["attacks"]:
             rows.append({**base, "attack": None})
+            repeats.append(([], None))
         for a in result["attacks"]:
             leakage = attack_leakage(a)
-            undefended = a.get("undefended_leakage", leakage if not result["defense"] else None)
+            own = [float(v) for v in a.get("leakages") or [leakage]]
+            undefended_repeats = a.get("undefended_leakages")
+            if undefended_repeats is None and a.get("undefended_leakage") is not None:
+                undefended_repeats = [a["undefended_leakage"]]
+            if undefended_repeats is None and not result["defense"]:
+                undefended_repeats = own
+            undefended = (sum(undefended_repeats) / len(undefended_repeats)) if undefended_repeats else math.nan
             rows.append({**base, "attack": a["name"], "attack_target": a["target"], "attack_metric": a["metric"],
-                         "attack_direction": a.get("direction"), "attack_value": a["value"], "prior": a["prior"],
-                         "prior_name": a["prior_name"], "leakage": leakage,
-                         "undefended_leakage": math.nan if undefended is None else undefended,
-                         "leaks_without_defense": leaks(undefended)})
+                         "attack_direction": a.get("direction"),
+                         "selection": a.get("details", {}).get("selection", "unknown"),
+                         "attack_value": a["value"], "prior": a["prior"], "prior_name": a["prior_name"],
+                         "leakage": leakage, "repeats": len(own), "undefended_leakage": undefended})
+            repeats.append((own, None if undefended_repeats is None else [float(v) for v in undefended_repeats]))
     table = pd.DataFrame(rows)
     if table.empty:
         return table
-    vanilla = (table[table["defense"] == NO_DEFENSE].groupby(["dataset", "algorithm", "seed"])["utility"].first())
-    keys = list(zip(table["dataset"], table["algorithm"], table["seed"], strict=True))
+    _group_statistics(table, repeats)
+    vanilla = (table[table["defense"] == NO_DEFENSE].groupby(["dataset", "algorithm", "setting", "seed"])["utility"]
+               .first())
+    keys = list(zip(table["dataset"], table["algorithm"], table["setting"], table["seed"], strict=True))
     table["utility_loss"] = [100.0 * (vanilla[k] - u) if k in vanilla.index else math.nan
                              for k, u in zip(keys, table["utility"], strict=True)]
     scored = [_row_pu(r) for r in table.to_dict("records")]
-    table["pu_score"] = [score for score, _ in scored]
+    table["pu_score"] = pd.array([score for score, _ in scored], dtype="Int64")
     table["pu_note"] = [note for _, note in scored]
     coverage = adaptive_coverage(stacks)
     write_atomic(out_dir / "summary.csv", table.to_csv(index=False))
@@ -469,81 +669,219 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
     return table
 
 
-def _undefended_note(attack: str, undefended: float) -> str:
-    return (f"{attack} does not beat its prior without a defense (undefended leakage {undefended:.2f} points "
-            "<= 0), so no defense can be credited for stopping it")
+def _group_statistics(table: pd.DataFrame, repeats: list[tuple[list[float], list[float] | None]]) -> None:
+    """Add each row's group statistics (see :func:`collect`) to ``table``, in place. ``repeats``: each row's
+    leakage per repeat and its undefended leakage per repeat (``None`` when unknown)."""
+    columns: dict[str, list[Any]] = {k: [math.nan] * len(table) for k in (
+        "leakage_mean", "leakage_ci_low", "leakage_ci_high", "delta_leakage", "delta_ci_low", "delta_ci_high",
+        "undefended_ci_low", "undefended_ci_high")}
+    extra: dict[str, list[Any]] = {"ci_basis": [""] * len(table), "delta_basis": [""] * len(table),
+                                   "n_seeds": [0] * len(table), "change": [""] * len(table),
+                                   "leaks_without_defense": [None] * len(table)}
+    attacked = table["attack"].notna()
+    for _, group in table[attacked].groupby(GROUP, dropna=False):
+        rows = list(group.index)
+        confidence = float(group["confidence"].iloc[0])
+        own: dict[int, list[float]] = {}
+        undefended: dict[int, list[float]] = {}
+        for i in rows:
+            seed = int(table.at[i, "seed"])
+            own.setdefault(seed, []).extend(repeats[i][0])
+            if repeats[i][1] is not None:
+                undefended.setdefault(seed, []).extend(repeats[i][1] or [])
+        li = mean_interval(own, confidence)
+        ui = mean_interval(undefended, confidence) if undefended else None
+        baseline = group["defense"].iloc[0] == NO_DEFENSE  # its own undefended run: no difference to report
+        di = difference_interval(own, undefended, confidence) if undefended and not baseline else None
+        change = "" if di is None else ("lower" if di.below(0.0) else "higher" if di.above(0.0)
+                                        else "no measurable change")
+        values = {"leakage_mean": li.mean, "leakage_ci_low": li.low, "leakage_ci_high": li.high,
+                  "delta_leakage": math.nan if di is None else di.mean,
+                  "delta_ci_low": math.nan if di is None else di.low,
+                  "delta_ci_high": math.nan if di is None else di.high,
+                  "undefended_ci_low": math.nan if ui is None else ui.low,
+                  "undefended_ci_high": math.nan if ui is None else ui.high}
+        for i in rows:
+            for key, value in values.items():
+                columns[key][i] = value
+            extra["ci_basis"][i] = li.basis
+            extra["delta_basis"][i] = "" if di is None else di.basis
+            extra["n_seeds"][i] = li.seeds
+            extra["change"][i] = change
+            extra["leaks_without_defense"][i] = leaks(ui)
+    for key, column in {**columns, **extra}.items():
+        table[key] = column
+
+
+def _true(value: Any) -> bool:
+    """Whether a table cell holds True (not False, None or NaN)."""
+    return bool(pd.notna(value) and value)
+
+
+def _interval_text(low: float, high: float, confidence: float) -> str:
+    return (f"{round(100 * confidence)}% CI [{low:.2f}, {high:.2f}]" if not (math.isnan(low) or math.isnan(high))
+            else "no interval (one seed and one repeat, or a deterministic attack on one seed)")
+
+
+def _undefended_note(row: dict[str, Any]) -> str:
+    return (f"{row['attack']} does not leak measurably without a defense (undefended leakage "
+            f"{row['undefended_leakage']:.2f} points, "
+            f"{_interval_text(row['undefended_ci_low'], row['undefended_ci_high'], row['confidence'])}), so no "
+            "defense can be credited for stopping it")
 
 
 def _row_pu(row: dict[str, Any]) -> tuple[int | None, str]:
-    """Kang eq. 21 for one summary row, or ``None`` and why it is not defined there."""
+    """Kang eq. 21 for one summary row, or ``None`` and why it is not given there."""
     if pd.isna(row.get("attack")):
         return None, ""
     reason = pu_scorable(row["attack_target"], row["attack_metric"])
     if reason is not None:
         return None, f"PU score {reason}"
-    if leaks(row["undefended_leakage"]) is False:
-        return None, "not scored: " + _undefended_note(row["attack"], row["undefended_leakage"])
+    if not _true(row["leaks_without_defense"]):
+        return None, "not scored: " + _undefended_note(row)
     if row["defense"] == NO_DEFENSE:
         return NO_PROTECTION_SCORE, "no defense: scored 0 by Kang's convention for 'No Protect' (Tables 10-14)"
     if math.isnan(row["utility_loss"]):
         return None, "not scored: no run without defense for this seed (sweep.baseline: false), so no utility loss"
+    if row["change"] != "lower":
+        return None, ("no measurable protection: ε_p − ε_p(undefended) = "
+                      f"{row['delta_leakage']:.2f} points, "
+                      f"{_interval_text(row['delta_ci_low'], row['delta_ci_high'], row['confidence'])}")
     return pu_score(row["leakage"], row["utility_loss"]), ""
 
 
+#: The verdicts of scores.csv, in the order its rows are ranked.
+VERDICTS = ("protects", "no protection (baseline)", "no measurable protection", "not scored")
+
+
 def scores_table(table: pd.DataFrame, score_table: ScoreTable = ScoreTable()) -> pd.DataFrame:
-    """One row per (dataset, algorithm, defense): Kang's optimal PU score over strengths (means
-    over seeds) against the worst label attack that leaks without a defense, the leakage of each
-    attack and the utility loss at that strength, C-DCS over the same attacks, and a ``note`` on
-    every attack left out of the scores and why (feature attacks; attacks that do not beat their
-    prior without a defense). With no attack left, ``s_pu`` and ``c_dcs`` are empty. A table of an
-    older sweep without ``undefended_leakage`` scores every label attack (its verdict is unknown)."""
+    """One row per (dataset, algorithm, setting, defense): Kang's optimal PU score (eq. 22) over the strengths
+    at which the defense measurably lowers the worst label attack that leaks without a defense.
+
+    At each strength the worst attack is the scored attack with the highest mean leakage over seeds × repeats;
+    the strength *protects* when the interval of that attack's ε_p − ε_p(undefended) (paired by seed) lies
+    below 0. ``s_pu`` is the best PU score over protecting strengths (means over seeds), with the leakage of
+    each attack, C-DCS and the worst attack's leakage, difference and intervals at that strength. A defense
+    with no protecting strength gets ``significant = false``, no ``s_pu`` and the verdict "no measurable
+    protection", and is ranked below No Protect (whose ``s_pu`` is 0 by Kang's convention). Attacks left out
+    (feature attacks; attacks that do not leak measurably without a defense) are named in ``note``.
+    """
     attacked = table.dropna(subset=["attack"]) if "attack" in table else table.iloc[0:0]
+    attacked = _with_statistics(attacked.reset_index(drop=True))
     rows = []
-    for (dataset, algorithm, defense), group in attacked.groupby(["dataset", "algorithm", "defense"], dropna=False):
-        means = group.groupby(["strength", "attack"], dropna=False).agg(
-            leakage=("leakage", "mean"), utility_loss=("utility_loss", "mean"), utility=("utility", "mean"),
-            target=("attack_target", "first"), metric=("attack_metric", "first")).reset_index()
+    for (dataset, algorithm, setting, defense), group in attacked.groupby(["dataset", "algorithm", "setting",
+                                                                          "defense"], dropna=False):
+        per = group.groupby(["strength", "attack"], dropna=False).agg(
+            leakage=("leakage_mean", "first"), utility_loss=("utility_loss", "mean"), utility=("utility", "mean"),
+            target=("attack_target", "first"), metric=("attack_metric", "first"),
+            low=("leakage_ci_low", "first"), high=("leakage_ci_high", "first"), delta=("delta_leakage", "first"),
+            delta_low=("delta_ci_low", "first"), delta_high=("delta_ci_high", "first"), change=("change", "first"),
+            leaks=("leaks_without_defense", "first"), confidence=("confidence", "first")).reset_index()
         notes, scored = [], []
-        for attack, per in group.groupby("attack"):
-            first = per.iloc[0]
-            reason = pu_scorable(first["attack_target"], first["attack_metric"])
-            undefended = per["undefended_leakage"].mean() if "undefended_leakage" in per else math.nan
+        for attack, rows_of in per.groupby("attack"):
+            first = rows_of.iloc[0]
+            reason = pu_scorable(first["target"], first["metric"])
             if reason is not None:
                 notes.append(f"{attack}: left out of s_pu and c_dcs, {reason}")
-            elif leaks(undefended) is False:
-                notes.append(f"{attack}: left out of s_pu and c_dcs, " + _undefended_note(str(attack), undefended))
+            elif not _true(first["leaks"]):
+                notes.append(f"{attack}: left out of s_pu and c_dcs, it does not leak measurably without a "
+                             "defense (the interval of its undefended leakage reaches 0, or there is none)")
             else:
                 scored.append(attack)
-        row: dict[str, Any] = {"dataset": dataset, "algorithm": algorithm, "defense": defense,
-                               "best_strength": None, "utility_loss": None, "s_pu": None, "c_dcs": None}
-        usable = means[means["attack"].isin(scored)]
+        row: dict[str, Any] = {"dataset": dataset, "algorithm": algorithm, "setting": setting, "defense": defense,
+                               "verdict": "not scored", "significant": None, "best_strength": None,
+                               "utility_loss": None, "s_pu": None, "c_dcs": None}
+        usable = per[per["attack"].isin(scored)]
         if usable.empty:
-            notes.append("s_pu and c_dcs not defined: no label attack that leaks without a defense")
-            if means["strength"].nunique(dropna=False) == 1:
-                row.update({f"eps_p.{k}": round(v, 2) for k, v in zip(means["attack"], means["leakage"], strict=True)})
+            notes.append("s_pu and c_dcs not defined: no label attack that leaks measurably without a defense")
+            if per["strength"].nunique(dropna=False) == 1:
+                row.update({f"eps_p.{k}": round(v, 2) for k, v in zip(per["attack"], per["leakage"], strict=True)})
         elif usable["utility_loss"].isna().any():
             notes.append("s_pu and c_dcs not defined: no run without defense (sweep.baseline: false)")
         else:
-            points = [(None if pd.isna(strength) else float(strength), float(per["utility_loss"].iloc[0]),
-                       dict(zip(per["attack"], per["leakage"], strict=True)))
-                      for strength, per in usable.groupby("strength", dropna=False)]
-            best = optimal_pu_score(points, score_table, no_protection=defense == NO_DEFENSE)
-            if defense == NO_DEFENSE:
-                notes.append("s_pu 0 by Kang's convention for 'No Protect' (Tables 10-14)")
-            at = usable[(usable["strength"] == best.strength) | (usable["strength"].isna() & (best.strength is None))]
-            vanilla_utility = at["utility"].iloc[0] + at["utility_loss"].iloc[0] / 100.0
-            by_type: dict[str, list[float]] = {}
-            for _, r in at.iterrows():
-                by_type.setdefault(ATTACK_TYPES.get(r["target"], str(r["target"])), []).append(
-                    dcs(r["utility"], r["leakage"] / 100.0, main_ideal=vanilla_utility, attack_ideal=0.0))
-            row.update(best_strength=best.strength, utility_loss=round(best.utility_loss, 2), s_pu=best.score,
-                       c_dcs=round(comprehensive_dcs({k: type_dcs(v) for k, v in by_type.items()}), 4))
-            at_all = means[(means["strength"] == best.strength)
-                           | (means["strength"].isna() & (best.strength is None))]
-            row.update({f"eps_p.{k}": round(v, 2) for k, v in zip(at_all["attack"], at_all["leakage"], strict=True)})
+            row.update(_optimal(usable, per, defense, score_table, notes))
         row["note"] = "; ".join(notes)
         rows.append(row)
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    order = out["verdict"].map(VERDICTS.index)
+    return (out.assign(_order=order, _score=-out["s_pu"].astype(float).fillna(-1.0),
+                       _loss=out["utility_loss"].astype(float))
+            .sort_values(["_order", "_score", "_loss"], kind="stable").drop(columns=["_order", "_score", "_loss"])
+            .reset_index(drop=True))
+
+
+def _worst_entry(worst: pd.Series) -> dict[str, Any]:
+    """scores.csv's columns on the worst attack at a strength: its leakage and ε_p − ε_p(undefended), with intervals."""
+    return {"worst_attack": worst["attack"], "worst_leakage": round(float(worst["leakage"]), 2),
+            "worst_ci_low": round(float(worst["low"]), 2), "worst_ci_high": round(float(worst["high"]), 2),
+            "delta_leakage": round(float(worst["delta"]), 2), "delta_ci_low": round(float(worst["delta_low"]), 2),
+            "delta_ci_high": round(float(worst["delta_high"]), 2)}
+
+
+def _with_statistics(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with the group statistics of :func:`collect`; a table without them (a summary written before
+    intervals, or one built by hand) gets them from its rows, each row one repeat of its seed."""
+    if "leakage_mean" in table:
+        return table
+    table = table.copy()
+    for column, default in (("setting", ""), ("confidence", 0.95)):
+        if column not in table:
+            table[column] = default
+    undefended = table["undefended_leakage"] if "undefended_leakage" in table else pd.Series(math.nan, table.index)
+    _group_statistics(table, [([float(v)], None if pd.isna(u) else [float(u)])
+                              for v, u in zip(table["leakage"], undefended, strict=True)])
+    return table
+
+
+def _at(frame: pd.DataFrame, strength: float | None) -> pd.DataFrame:
+    return frame[(frame["strength"] == strength) | (frame["strength"].isna() & (strength is None))]
+
+
+def _optimal(usable: pd.DataFrame, per: pd.DataFrame, defense: str, score_table: ScoreTable,
+             notes: list[str]) -> dict[str, Any]:
+    """The scores.csv entries of one defense with label attacks to score (see :func:`scores_table`)."""
+    points, protecting = [], []
+    for strength, at in usable.groupby("strength", dropna=False):
+        value = None if pd.isna(strength) else float(strength)
+        worst = at.loc[at["leakage"].idxmax()]
+        points.append((value, float(at["utility_loss"].iloc[0]), dict(zip(at["attack"], at["leakage"], strict=True))))
+        if worst["change"] == "lower":
+            protecting.append(points[-1])
+    baseline = defense == NO_DEFENSE
+    if not baseline and not protecting:
+        # what it did at its strongest (the lowest worst-attack leakage), shown with the interval that says why
+        # that is not measurable protection; no strength is credited
+        strength = min(points, key=lambda p: max(p[2].values()))[0]
+        at = _at(usable, strength)
+        worst = at.loc[at["leakage"].idxmax()]
+        notes.append("no measurable protection: at no strength is the worst attack's leakage measurably below its "
+                     f"undefended leakage (at strength {strength}, {worst['attack']}: ε_p − ε_p(undefended) = "
+                     f"{worst['delta']:.2f} points, "
+                     f"{_interval_text(worst['delta_low'], worst['delta_high'], worst['confidence'])})")
+        return {"verdict": "no measurable protection", "significant": False, **_worst_entry(worst),
+                **{f"eps_p.{k}": round(v, 2) for k, v in zip(_at(per, strength)["attack"],
+                                                            _at(per, strength)["leakage"], strict=True)}}
+    best = optimal_pu_score(points if baseline else protecting, score_table, no_protection=baseline)
+    if baseline:
+        notes.append("s_pu 0 by Kang's convention for 'No Protect' (Tables 10-14)")
+    at = _at(usable, best.strength)
+    worst = at.loc[at["leakage"].idxmax()]
+    vanilla_utility = at["utility"].iloc[0] + at["utility_loss"].iloc[0] / 100.0
+    by_type: dict[str, list[float]] = {}
+    for _, r in at.iterrows():
+        by_type.setdefault(ATTACK_TYPES.get(r["target"], str(r["target"])), []).append(
+            dcs(r["utility"], r["leakage"] / 100.0, main_ideal=vanilla_utility, attack_ideal=0.0))
+    entry: dict[str, Any] = {
+        "verdict": "no protection (baseline)" if baseline else "protects", "significant": None if baseline else True,
+        "best_strength": best.strength, "utility_loss": round(best.utility_loss, 2), "s_pu": best.score,
+        "c_dcs": round(comprehensive_dcs({k: type_dcs(v) for k, v in by_type.items()}), 4), **_worst_entry(worst)}
+    if baseline:
+        entry = {k: v for k, v in entry.items() if not k.startswith("delta")}
+    at_all = _at(per, best.strength)
+    entry.update({f"eps_p.{k}": round(v, 2) for k, v in zip(at_all["attack"], at_all["leakage"], strict=True)})
+    return entry
 
 
 def _coverage_row(defense: str, adaptive: str, kind: str, evaluated: bool) -> dict[str, Any]:

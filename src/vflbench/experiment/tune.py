@@ -6,8 +6,10 @@ tried that meet it, the one with the lowest utility loss is chosen.
 The budget bounds Kang's label leakage ε_p (points of AUC or accuracy above the prior), so tune
 takes label attacks only: a feature attack's leakage is on another scale (points of
 ``100·(1 − MSE/MSE_prior)``) and is refused rather than compared with the same budget. Every
-attack must leak without the defense (leakage > 0 points in the undefended run): otherwise any
-strength "meets" the budget and the defense would be credited for stopping nothing."""
+attack must leak measurably without the defense (the confidence interval of its undefended leakage over
+the seeds and repeats lies above 0 points): otherwise any strength "meets" the budget and the defense would be
+credited for stopping nothing. A strength meets the budget when the upper end of the worst attack's interval
+does (its mean, when the seeds and repeats give no interval)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from vflbench.experiment.config import ConfigError, ExperimentConfig, apply_over
 from vflbench.experiment.results import write_json
 from vflbench.experiment.sweep import RUNS, SweepPoint, collect, is_done
 from vflbench.metrics.scores import attack_leakage, leaks
+from vflbench.metrics.stats import Interval, mean_interval
 
 log = logging.getLogger(__name__)
 
@@ -78,24 +81,32 @@ def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: floa
     base = cfg.model_dump(mode="json", exclude={"sweep"})
     points: list[SweepPoint] = []
 
-    def evaluate(raw: dict[str, Any], knobs: dict[str, Any]) -> tuple[float, list[float]]:
-        """Mean utility and each attack's mean leakage (points) over the seeds."""
+    def evaluate(raw: dict[str, Any], knobs: dict[str, Any]) -> tuple[float, list[Interval]]:
+        """Mean utility over the seeds and each attack's leakage (points) with its interval over seeds × repeats."""
         results = []
         for seed in seeds:
             point = SweepPoint(build_config({**raw, "seed": seed}), {**knobs, "seed": seed})
             points.append(point)
-            results.append(_evaluate(point.config, out, data_root))
-        utility = sum(r["utility"]["value"] for r in results) / len(results)
-        leakage = [sum(attack_leakage(r["attacks"][i]) for r in results) / len(results)
-                   for i in range(len(results[0]["attacks"]))]
+            results.append((seed, _evaluate(point.config, out, data_root)))
+        utility = sum(r["utility"]["value"] for _, r in results) / len(results)
+        leakage = [mean_interval({seed: [float(v) for v in r["attacks"][i].get("leakages")
+                                         or [attack_leakage(r["attacks"][i])]] for seed, r in results},
+                                 cfg.evaluation.confidence)
+                   for i in range(len(results[0][1]["attacks"]))]
         return utility, leakage
 
     log.info("tune %s: seeds %s (each tried strength is the mean over them)", name, seeds)
     vanilla, undefended = evaluate({**base, "defenses": []}, {})
-    for spec, leakage in zip(cfg.attacks, undefended, strict=True):
-        if leaks(leakage) is False:
-            raise ConfigError(f"attack {spec.name!r} does not beat its prior without a defense (undefended "
-                              f"leakage {leakage:.2f} points <= 0, mean over seeds {seeds}), so every strength "
+    for spec, interval in zip(cfg.attacks, undefended, strict=True):
+        verdict = leaks(interval)
+        if verdict is None:
+            raise ConfigError(f"tune cannot tell whether attack {spec.name!r} leaks without a defense: seeds {seeds} "
+                              f"with evaluation.repeats {cfg.evaluation.repeats} give no interval of its leakage; "
+                              "give sweep.seeds (at least 3) or evaluation.repeats >= 2")
+        if verdict is False:
+            raise ConfigError(f"attack {spec.name!r} does not leak measurably without a defense (undefended "
+                              f"leakage {interval.mean:.2f} points, {round(100 * interval.confidence)}% interval "
+                              f"[{interval.low:.2f}, {interval.high:.2f}] over seeds {seeds}), so every strength "
                               "would meet the budget and tune would credit the defense for stopping nothing; "
                               "strengthen the attack (more epochs, other parameters) or leave it out")
     result = TuneResult(name, budget, seeds)
@@ -104,11 +115,13 @@ def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: floa
         raw = json.loads(json.dumps(base))
         apply_override(raw, ["defenses", "0", "strength"], strength)
         utility, leakage = evaluate(raw, {"strength": strength})
-        worst = max(leakage)
-        entry = {"strength": strength, "worst_leakage": worst, "utility": utility,
-                 "utility_loss": 100.0 * (vanilla - utility), "meets": worst <= budget}
+        worst = max(leakage, key=lambda i: i.mean)
+        bound = worst.high if worst.defined else worst.mean
+        entry = {"strength": strength, "worst_leakage": worst.mean, "worst_ci_high": worst.high,
+                 "utility": utility, "utility_loss": 100.0 * (vanilla - utility), "meets": bound <= budget}
         result.trace.append(entry)
-        log.info("tune %s strength=%g worst_eps_p=%.2f eps_u=%.2f", name, strength, worst, entry["utility_loss"])
+        log.info("tune %s strength=%g worst_eps_p=%.2f (upper bound %.2f) eps_u=%.2f", name, strength, worst.mean,
+                 bound, entry["utility_loss"])
         return bool(entry["meets"])
 
     strong, weak = (high, low) if larger_is_stronger else (low, high)

@@ -57,4 +57,4 @@ def public_key_from_wire(wire: Tensor) -> Any:
     if wire.dtype != torch.uint8 or wire.dim() != 1 or not len(wire):
         raise ValueError(f"expected a Paillier public key as uint8 bytes, got {wire.dtype} of shape "
                          f"{tuple(wire.shape)}")
-    return load_phe().PaillierPublicKey(int.from_bytes(wire.numpy().tobytes(), "big"))
+    return load_phe().PaillierPublicKey(int.from_bytes(wire.cpu().numpy().tobytes(), "big"))

@@ -115,7 +115,8 @@ class PaillierLinear(nn.Module):
         """What the passive party can run alone: its weights are ciphertexts under the active party's
         key, so an attacker re-initialises the layer (a fresh ``nn.Linear`` of the same shape)."""
         fresh = nn.Linear(self.in_features, self.out_features, bias="bias" in self.params)
-        return init_parameters(fresh, torch.Generator().manual_seed(self.in_features * 1_000_003 + self.out_features))
+        fresh = init_parameters(fresh, torch.Generator().manual_seed(self.in_features * 1_000_003 + self.out_features))
+        return fresh.to(self.marker.device)
 
     def _encrypt_initial(self, x: Tensor, f: int) -> EncTensor:
         return EncTensor(self.ops.encrypt(encode(x, f)), f)
@@ -151,7 +152,7 @@ class PaillierLinear(nn.Module):
         if self.training:
             self._inputs = x
             self._pending = None
-        return share.to(a.dtype) + self.marker.sum()
+        return share.to(a.device, a.dtype) + self.marker.sum()  # drawn on the CPU, returned on a's device
 
     def receive_gradient(self, d: np.ndarray, scale: int) -> None:
         """``[[d]]`` (B, k) at ``scale`` -> pending ``[[a^T d]]`` and ``[[sum_i d_i]]``."""
@@ -270,7 +271,7 @@ class ShareCombiningTop(nn.Module):
             if share is None or share.shape[0] != z.shape[0]:
                 raise RuntimeError(f"paillier_he: no decrypted embedding share of {party} for this batch of "
                                    f"{z.shape[0]} rows (the top model must follow that party's forward pass)")
-            share = share.to(z.dtype)
+            share = share.to(z.device, z.dtype)  # decrypted on the CPU
             if self.how == "concat":
                 extra[:, start:end] += share
             else:

@@ -238,7 +238,7 @@ class PaillierOps:
         if wire.dtype != torch.uint8 or wire.dim() < 1 or wire.shape[-1] != self.nbytes:
             raise ValueError(f"expected Paillier ciphertext bytes (uint8, last dimension {self.nbytes}), got "
                              f"{wire.dtype} of shape {tuple(wire.shape)}")
-        raw = wire.contiguous().numpy().tobytes()
+        raw = wire.cpu().contiguous().numpy().tobytes()
         L = self.nbytes
         vals = [self._mpz(int.from_bytes(raw[i : i + L], "big")) for i in range(0, len(raw), L)]
         if any(not 0 < v < self.n2 for v in vals):

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from vflbench.metrics.stats import Interval
+
 #: Kang et al. Table 8: (score, upper bound of ε_p, upper bound of ε_u); above the last bounds: 0.
 KANG_SCORE_TABLE: tuple[tuple[int, float, float], ...] = (
     (5, 5.0, 0.5),
@@ -30,11 +32,8 @@ KANG_SCORE_TABLE: tuple[tuple[int, float, float], ...] = (
 
 
 #: Which direction of each attack metric means more leakage.
-DIRECTIONS: Mapping[str, str] = MappingProxyType({"auc": "higher", "accuracy": "higher", "mse": "lower",
-                                                  "ssim": "higher"})
-
-#: An attack "leaks" when its leakage is above this many points; at or below it, it did not beat its prior.
-LEAK_THRESHOLD = 0.0
+DIRECTIONS: Mapping[str, str] = MappingProxyType({"auc": "higher", "accuracy": "higher",
+                                                  "balanced_accuracy": "higher", "mse": "lower", "ssim": "higher"})
 
 
 def direction_of(metric: str) -> str:
@@ -47,7 +46,7 @@ def direction_of(metric: str) -> str:
 def leakage_points(metric: str, value: float, prior: float) -> float:
     """ε_p in points, higher = more leakage, for every attack metric (see the module docstring).
 
-    Higher-is-leakier metrics (AUC, accuracy, SSIM): ``100·(value − prior)``. MSE:
+    Higher-is-leakier metrics (AUC, accuracy, balanced accuracy, SSIM): ``100·(value − prior)``. MSE:
     ``100·(1 − value / prior)``, which is NaN when the prior's error is 0 (a constant slice:
     nothing to reconstruct).
     """
@@ -67,11 +66,14 @@ def attack_leakage(attack: Mapping[str, object]) -> float:
     return leakage_points(str(attack["metric"]), float(attack["value"]), float(attack["prior"]))  # type: ignore[arg-type]
 
 
-def leaks(leakage: float | None) -> bool | None:
-    """Whether an undefended leakage beats the prior (> :data:`LEAK_THRESHOLD` points); ``None`` if unknown."""
-    if leakage is None or math.isnan(leakage):
+def leaks(interval: Interval | None) -> bool | None:
+    """Whether an attack leaks without a defense: the whole confidence interval of its undefended leakage
+    lies above 0 points (:mod:`vflbench.metrics.stats`). ``False`` when the interval reaches 0 or below
+    (no measurable leakage: no defense can be credited for stopping it); ``None`` when there is no interval
+    (one seed and one repeat, or a deterministic attack on one seed): unknown."""
+    if interval is None or not interval.defined:
         return None
-    return bool(leakage > LEAK_THRESHOLD)
+    return interval.above(0.0)
 
 
 def pu_scorable(target: str, metric: str) -> str | None:

@@ -22,9 +22,11 @@ BOTTOM_RESERVED = ("input_shape", "out_dim", "meta")
 TOP_RESERVED = ("in_dim", "num_classes")
 
 
-def build_bottom(name: str, part: PartySlice, out_dim: int, generator: torch.Generator,
-                 **options: Any) -> nn.Module:
-    """Build and seed bottom model ``name`` for a party's slice; check that it fits."""
+def build_bottom(name: str, part: PartySlice, out_dim: int, generator: torch.Generator, *,
+                 device: torch.device | str | None = None, **options: Any) -> nn.Module:
+    """Build and seed bottom model ``name`` for a party's slice (on the CPU, so that its initial weights are the
+    same on every device), check that it fits, and move it to ``device`` (default: where the slice's features
+    are)."""
     entry = MODELS.get(name)
     MODELS.check(name, options, reserved=BOTTOM_RESERVED, noun="option")
     try:
@@ -37,12 +39,13 @@ def build_bottom(name: str, part: PartySlice, out_dim: int, generator: torch.Gen
     width = check_fits(model, part.sample_shape, name, dtype)
     if width != out_dim:
         raise ConfigError(f"model {name!r} outputs {width} values, expected {out_dim}")
-    return init_parameters(model, generator)
+    return init_parameters(model, generator).to(part.x_train.device if device is None else device)
 
 
-def build_top(name: str, in_dim: int, num_classes: int, generator: torch.Generator,
-              **options: Any) -> nn.Module:
-    """Build and seed top model ``name``."""
+def build_top(name: str, in_dim: int, num_classes: int, generator: torch.Generator, *,
+              device: torch.device | str | None = None, **options: Any) -> nn.Module:
+    """Build and seed top model ``name`` (on the CPU, see :func:`build_bottom`), then move it to ``device``."""
     entry = TOP_MODELS.get(name)
     TOP_MODELS.check(name, options, reserved=TOP_RESERVED, noun="option")
-    return init_parameters(entry.factory(in_dim=in_dim, num_classes=num_classes, **options), generator)
+    model = init_parameters(entry.factory(in_dim=in_dim, num_classes=num_classes, **options), generator)
+    return model if device is None else model.to(device)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import TypeVar
@@ -10,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from vflbench.errors import ConfigError
+from vflbench.rng import fill_
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
@@ -25,18 +27,20 @@ def init_parameters(model: ModuleT, generator: torch.Generator) -> ModuleT:
     """Re-initialise every parameter from ``generator`` with PyTorch's default schemes.
 
     Models are built without touching the global RNG state's role in results: whatever the
-    constructors drew is overwritten here, so the same generator seed gives the same model.
+    constructors drew is overwritten here, so the same generator seed gives the same model. The
+    draws are made on the CPU (``generator`` is a CPU generator) and copied into parameters that
+    live on another device, so a model's initial weights are the same on every device.
     """
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, LINEAR_TYPES):
-                nn.init.kaiming_uniform_(m.weight, a=math.sqrt(5), generator=generator)
+                fill_(m.weight, lambda t: nn.init.kaiming_uniform_(t, a=math.sqrt(5), generator=generator))
                 if m.bias is not None:
                     fan_in, _ = nn.init._calculate_fan_in_and_fan_out(m.weight)
                     bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
-                    nn.init.uniform_(m.bias, -bound, bound, generator=generator)
+                    fill_(m.bias, functools.partial(nn.init.uniform_, a=-bound, b=bound, generator=generator))
             elif isinstance(m, nn.Embedding):
-                nn.init.normal_(m.weight, generator=generator)
+                fill_(m.weight, lambda t: nn.init.normal_(t, generator=generator))
                 if m.padding_idx is not None:
                     m.weight[m.padding_idx].zero_()
             elif isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm)):

@@ -37,11 +37,12 @@ def complete(bottom: nn.Module, x: Tensor, y: Tensor, x_eval: Tensor, *, num_cla
              momentum: float = 0.9, generator: torch.Generator) -> list[Tensor]:
     """Model completion's fine-tuning (VMask Algorithm 3): attach an inference head to ``bottom``
     (or none: the bottom outputs the logits), train on ``(x, y)`` for ``epochs`` passes, and return
-    the model's outputs on ``x_eval`` after every pass. Used by the attack and by VMask's simulation.
+    the model's outputs on ``x_eval`` after every pass. Used by the attack and by VMask's simulation. Runs
+    where ``x`` is (the head is seeded on the CPU and moved there).
     """
     modules: list[nn.Module] = [bottom]
     if head:
-        modules.append(init_parameters(inference_head(embed_dim, num_classes, head_hidden), generator))
+        modules.append(init_parameters(inference_head(embed_dim, num_classes, head_hidden), generator).to(x.device))
     model = nn.Sequential(*modules)
     params = model.parameters() if finetune_bottom or not head else modules[-1].parameters()
     opt = (torch.optim.Adam(params, lr=lr) if optimizer == "adam"
@@ -99,7 +100,8 @@ def complete_stacked(bottoms: list[nn.Module], x: Tensor, y: Tensor, x_eval: Ten
     for bottom, generator in zip(bottoms, generators, strict=True):
         modules: list[nn.Module] = [bottom]
         if head:
-            modules.append(init_parameters(inference_head(embed_dim, num_classes, head_hidden), generator))
+            modules.append(init_parameters(inference_head(embed_dim, num_classes, head_hidden), generator)
+                           .to(x.device))
         chain = _chain(nn.Sequential(*modules))
         if chain is None:
             raise ValueError("complete_stacked fine-tunes sequences of Flatten, Linear and ReLU only; use complete()")

@@ -63,7 +63,9 @@ class Dealer(ServiceHandle):
         seed: an int seed or a ``torch.Generator`` (all of the dealer's randomness comes from it).
         name: a label for logs and errors.
         role: who runs the dealer; anything but ``"active"`` or ``"passive"`` (see module doc).
-        device: where the triples are delivered (generated on the generator's device).
+        device: where the triples are computed and delivered. The random ring elements are drawn on the CPU
+            from the (CPU) generator and moved there, so a triple is the same on every device; ``c = op(a, b)``
+            is computed there (exact ring arithmetic: int64 on the CPU, 16-bit limbs on CUDA).
     """
 
     def __init__(
@@ -104,20 +106,18 @@ class Dealer(ServiceHandle):
         self, kind: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...], op: Callable[[Tensor, Tensor], Tensor]
     ) -> int:
         g = self._gen
-        a = uniform(a_shape, g)
-        b = uniform(b_shape, g)
+        dev = self.device
+        a = uniform(a_shape, g, device=dev)
+        b = uniform(b_shape, g, device=dev)
         c = op(a, b)
-        a0, b0, c0 = uniform(a.shape, g), uniform(b.shape, g), uniform(c.shape, g)
+        a0, b0, c0 = uniform(a.shape, g, device=dev), uniform(b.shape, g, device=dev), uniform(c.shape, g, device=dev)
         tid = self._next_id
         self._next_id += 1
-        dev = self.device
         # a, b, c are fresh and not used again: party 1's halves are computed in place (c may be a
         # strided view, e.g. the cropped col2im output; it is then copied into a compact tensor)
         c1 = c.sub_(c0) if c.is_contiguous() else c - c0
         halves = ((a0, b0, c0), (a.sub_(a0), b.sub_(b0), c1))
         for party, (sa, sb, sc) in enumerate(halves):
-            if dev is not None:
-                sa, sb, sc = sa.to(dev), sb.to(dev), sc.to(dev)
             self._pending[(tid, party)] = TripleShare(tid, kind, party, sa, sb, sc)
         self.issued[kind] += 1
         self.issued_elements += a.numel() + b.numel() + c.numel()

@@ -554,8 +554,8 @@ def restored_layer(
         raise ValueError(f"unknown truncation {truncation!r}; valid: {', '.join(TRUNCATIONS)}")
     geometry: Meta = ({"kind": "conv", "stride": shape_meta(layer.stride), "padding": shape_meta(_conv_padding(layer))}
                       if isinstance(layer, nn.Conv2d) else {"kind": "linear"})
-    zeros = torch.zeros(layer.weight.shape, dtype=torch.int64)
-    bias = None if layer.bias is None else torch.zeros(layer.bias.shape, dtype=torch.int64)
+    zeros = torch.zeros(layer.weight.shape, dtype=torch.int64, device=layer.weight.device)
+    bias = None if layer.bias is None else torch.zeros(layer.bias.shape, dtype=torch.int64, device=layer.weight.device)
     passive = PassiveShareHolder(zeros, bias, frac_bits=frac_bits, dtype=layer.weight.dtype)
     common = {"peer": ActivePeer(link, name or type(layer).__name__),
               "randomness": PartyRandomness(generator_passive, party=link.owner), "geometry": geometry,

@@ -57,12 +57,14 @@ class MaskableLayer(nn.Module):
         return self.shared is not None
 
     def plain(self, weight: Tensor, bias: Tensor | None) -> nn.Linear | nn.Conv2d:
-        """A plaintext layer of this shape carrying ``weight`` and ``bias``."""
+        """A plaintext layer of this shape carrying ``weight`` and ``bias`` (on their device, in their dtype)."""
+        device, dtype = weight.device, weight.dtype
         if self.conv:
             c_in, c_out, k = self.shape
-            layer: nn.Linear | nn.Conv2d = nn.Conv2d(c_in, c_out, k, bias=bias is not None, **self.config)
+            layer: nn.Linear | nn.Conv2d = nn.Conv2d(c_in, c_out, k, bias=bias is not None, **self.config,
+                                                     device=device, dtype=dtype)
         else:
-            layer = nn.Linear(self.shape[0], self.shape[1], bias=bias is not None)
+            layer = nn.Linear(self.shape[0], self.shape[1], bias=bias is not None, device=device, dtype=dtype)
         with torch.no_grad():
             layer.weight.copy_(weight)
             if bias is not None and layer.bias is not None:

@@ -19,13 +19,17 @@ class ProtocolError(NetError):
 class PeerFailed(NetError):
     """A peer failed, aborted, closed its link or stopped answering.
 
-    ``party``: the party that failed first (the origin of an abort that other parties passed on);
-    ``epoch`` and ``step``: where that party was, when known (-1 otherwise); ``reason``: its words.
+    ``party``: the peer whose link carried the failure (the authenticated peer, never a name taken from a
+    frame); ``origin``: the party that failed first as that peer reports it (``party`` itself, or the party whose
+    abort it passed on: a claim, not verified); ``epoch`` and ``step``: where the failure happened as reported
+    (-1 when unknown); ``reason``: its words.
     """
 
-    def __init__(self, message: str, *, party: str, epoch: int = -1, step: int = -1, reason: str = "") -> None:
+    def __init__(self, message: str, *, party: str, epoch: int = -1, step: int = -1, reason: str = "",
+                 origin: str | None = None) -> None:
         super().__init__(message)
         self.party = party
+        self.origin = party if origin is None else origin
         self.epoch = epoch
         self.step = step
         self.reason = reason

@@ -18,10 +18,15 @@ count, the sum of the byte counts against the frame's length and the frame again
 and raises :class:`~vflbench.net.errors.ProtocolError` naming what was wrong. Nothing in this module
 (or anywhere on the network path) unpickles: headers are msgpack without extension types, tensors
 are built from raw buffers.
+
+A JSON document that travels as a tensor (a party's report: :func:`json_tensor`) is bounded before it is parsed
+(:func:`json_from_tensor`): its size and its nesting depth, so that a report can neither take the receiver's
+memory nor its stack.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 import re
@@ -32,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgpack
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -48,6 +54,11 @@ MAX_TENSORS = 64
 MAX_NDIM = 8
 MAX_META = 64
 MAX_STR = 4096
+#: Most elements a tensor's shape may span, counting empty dimensions as 1 (so that its strides fit in 64 bits).
+MAX_ELEMENTS = 2**40
+#: Largest JSON document (a report) a party parses, in bytes, and its deepest nesting.
+MAX_JSON_BYTES = 16 * 2**20
+MAX_JSON_DEPTH = 32
 FRAME_TYPES = ("message", "hello", "ready", "abort", "bye")
 PHASES = ("train", "eval", "setup")
 ROLES = ("send", "request", "reply")
@@ -217,6 +228,9 @@ def _spec(value: Any, what: str) -> tuple[torch.dtype, tuple[int, ...], int]:
             or any(type(s) is not int or not 0 <= s <= 2**40 for s in shape)):
         raise ProtocolError(f"{what}: shape must be a list of at most {MAX_NDIM} non-negative integers, "
                             f"got {_show(shape)}")
+    if math.prod(max(s, 1) for s in shape) > MAX_ELEMENTS:
+        raise ProtocolError(f"{what}: shape {tuple(shape)} spans more than 2^40 elements (empty dimensions counted "
+                            "as 1), which no message of the protocol has")
     nbytes = value["nbytes"]
     expected = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if type(nbytes) is not int or nbytes != expected:
@@ -278,7 +292,8 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises several types for malformed input; all mean the same here
-        raise ProtocolError(f"frame header is not valid msgpack: {type(exc).__name__}: {exc}") from None
+        why = str(exc) or ("nested too deeply" if type(exc).__name__ == "StackError" else "no detail")
+        raise ProtocolError(f"frame header is not valid msgpack: {type(exc).__name__}: {why}") from None
     base, parsed = _check_header(header)
     offset = _PREFIX.size + header_len
     if offset + sum(p[2] for p in parsed) != len(view):
@@ -286,13 +301,52 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX
                             f"{sum(p[2] for p in parsed)} tensor bytes after the {_PREFIX.size}-byte prefix)")
     tensors = []
     for i, (dtype, shape, nbytes) in enumerate(parsed):
-        if nbytes == 0:
-            t = torch.empty(shape, dtype=dtype)
-        else:
-            t = torch.frombuffer(bytearray(view[offset:offset + nbytes]), dtype=dtype).reshape(shape)
-            if dtype == torch.bool and int(t.view(torch.uint8).max()) > 1:
-                raise ProtocolError(f"{'ids' if i == 0 else f'tensor {i - 1}'}: a bool tensor holds bytes other "
-                                    "than 0 and 1")
+        what = "ids" if i == 0 else f"tensor {i - 1}"
+        try:
+            if nbytes == 0:
+                t = torch.empty(shape, dtype=dtype)
+            else:
+                t = torch.frombuffer(bytearray(view[offset:offset + nbytes]), dtype=dtype).reshape(shape)
+        except (RuntimeError, ValueError) as exc:  # after the checks above this is not expected; refuse, never crash
+            raise ProtocolError(f"{what}: {dtype} of shape {shape} cannot be built: {exc}") from None
+        if nbytes and dtype == torch.bool and int(t.view(torch.uint8).max()) > 1:
+            raise ProtocolError(f"{what}: a bool tensor holds bytes other than 0 and 1")
         tensors.append(t)
         offset += nbytes
     return replace(base, ids=tensors[0], tensors=tuple(tensors[1:]))
+
+
+def json_tensor(value: Any) -> Tensor:
+    """``value`` as JSON in a 1-d uint8 tensor (a report of any size; a frame's ``meta`` strings are capped)."""
+    return torch.frombuffer(bytearray(json.dumps(value).encode()), dtype=torch.uint8)
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def json_depth(data: bytes) -> int:
+    """The deepest nesting of arrays and objects in the JSON text ``data`` (brackets inside strings not counted)."""
+    bare = np.frombuffer(_JSON_STRING.sub(b'""', data), dtype=np.uint8)
+    if not len(bare):
+        return 0
+    opens = (bare == ord("[")) | (bare == ord("{"))
+    closes = (bare == ord("]")) | (bare == ord("}"))
+    return int(np.cumsum(opens.astype(np.int64) - closes.astype(np.int64)).max(initial=0))
+
+
+def json_from_tensor(tensor: Tensor, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """The JSON value :func:`json_tensor` wrote, after checking its dtype, its size (``max_bytes``) and its nesting
+    (``max_depth``) before parsing it; :class:`ProtocolError` naming what was wrong otherwise. Parsed as JSON only:
+    nothing received is unpickled."""
+    if tensor.dtype != torch.uint8 or tensor.dim() != 1:
+        raise ProtocolError(f"a report must be a 1-d uint8 tensor of JSON, got {tensor.dtype} {tuple(tensor.shape)}")
+    if tensor.numel() > max_bytes:
+        raise ProtocolError(f"a report of {tensor.numel()} bytes exceeds the limit of {max_bytes} bytes")
+    data = tensor.contiguous().numpy().tobytes()
+    depth = json_depth(data)
+    if depth > max_depth:
+        raise ProtocolError(f"a report nested {depth} levels deep exceeds the limit of {max_depth} levels")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(f"a report is not valid JSON: {exc}") from None

@@ -1,24 +1,35 @@
-"""Who may send which kinds of message to whom: the protocol's table, checked on every frame.
+"""Who may send which kinds of message to whom: the protocol's whole surface, kind by kind, checked on every frame.
 
 A party's role follows from its name: ``active``, ``dealer`` or ``passive_<k>``
 (:func:`role_of`). Its name comes from its TLS certificate, so the role a peer plays is fixed by
 the certificate it was given -- the party holding the ``active`` certificate can never act as
 the dealer, and the dealer can only answer requests.
 
-=============================  ====================  ======================  ====================
-kinds                          from                  to                      as
-=============================  ====================  ======================  ====================
-``embedding``                  passive               active                  send
-``cut_gradient``               active                passive                 send
-``gradient_scrutinizer.*``     active                passive                 send
-``vmask.*``                    passive and active    each other              send, request, reply
-``paillier.*``                 passive and active    each other              send, request, reply
-``dealer.*``                   passive, active       dealer                  request
-``dealer.*``                   dealer                passive, active         reply
-=============================  ====================  ======================  ====================
+:data:`SURFACE` lists every kind (no wildcards): the one-way messages each role sends, and the requests each role
+answers (``server``) for which other role (``client``). A role serves exactly the requests listed with it as the
+server, and nothing else:
 
-:data:`vflbench.experiment.party.REMOTE_PASSIVE_RULES` adds the requests with which the active party drives
-a passive party in another process (``passive.*``: requests active -> passive, replies back).
+==========  =======================================================================  ==========
+server      requests it answers                                                      client
+==========  =======================================================================  ==========
+active      ``vmask.setup``, ``vmask.share``, ``vmask.forward``, ``vmask.backward``,  passive
+            ``vmask.decay``, ``vmask.renormalize``, ``vmask.release``;
+            ``paillier.public_key``, ``paillier.share``, ``paillier.rescale``
+active      ``vmask.oracle`` -- evaluation only, when the run's plan grants it        passive
+passive     ``vmask.select``; ``passive.forward``, ``passive.backward``,               active
+            ``passive.end_epoch``, ``passive.checkpoint``, ``passive.resume``
+passive     ``passive.oracle_bottom`` -- evaluation only, when the plan grants it     active
+dealer      ``dealer.triple``                                                         passive
+dealer      ``dealer.take``, ``dealer.checkpoint``, ``dealer.resume``                 active
+==========  =======================================================================  ==========
+
+One-way messages: ``embedding``, ``passive.ready`` and ``passive.report`` (passive -> active); ``cut_gradient``,
+``gradient_scrutinizer.labels``, ``passive.setup`` and ``passive.done`` (active -> passive). The ``passive.*`` kinds
+drive a passive party in its own process (``vflbench party run``).
+
+An evaluation-only request (:data:`~vflbench.protocol.grants.EVALUATION_ONLY`) passes only between the two parties
+of a :class:`~vflbench.protocol.grants.Grant` the policy holds (:meth:`Policy.with_grants`): the run's plan grants
+it when an attack's scoring needs it, and the serving party may refuse it.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from dataclasses import dataclass
 
 from vflbench.errors import ConfigError
 from vflbench.net.errors import ProtocolError
+from vflbench.protocol.grants import EVALUATION_ONLY, Grant
 from vflbench.protocol.messages import ACTIVE, DEALER
 
 ROLES = ("active", "passive", "dealer")
@@ -50,70 +62,132 @@ def role_of(name: str) -> str:
 
 @dataclass(frozen=True)
 class Rule:
-    """Kinds ``kinds`` (one kind, or a namespace written ``<namespace>.*``) may go from a ``sender``-role party
-    to a ``receiver``-role party as the message roles ``roles`` (send, request, reply)."""
+    """Messages of kind ``kind`` (one exact kind) may go from a ``sender``-role party to a ``receiver``-role party as
+    the message roles ``roles`` (send, request, reply); ``granted``: only between two parties a grant names."""
 
-    kinds: str
+    kind: str
     sender: str
     receiver: str
     roles: frozenset[str] = frozenset({"send"})
+    granted: bool = False
 
     def matches(self, kind: str, sender: str, receiver: str, role: str) -> bool:
         """Whether this rule allows a ``role`` message of ``kind`` from a ``sender``-role to a ``receiver``-role."""
-        return (self.sender == sender and self.receiver == receiver and role in self.roles
-                and self.covers(kind))
-
-    def covers(self, kind: str) -> bool:
-        """Whether ``kind`` is this rule's kind or in its namespace."""
-        if self.kinds.endswith(".*"):
-            return kind.startswith(self.kinds[:-1])
-        return kind == self.kinds
-
-    def describe(self) -> str:
-        """E.g. ``vmask.* to active (request, reply, send)``."""
-        return f"{self.kinds} to {self.receiver} ({', '.join(sorted(self.roles))})"
+        return self.kind == kind and self.sender == sender and self.receiver == receiver and role in self.roles
 
 
-def _both(kinds: str) -> tuple[Rule, Rule]:
-    return Rule(kinds, "passive", "active", ALL), Rule(kinds, "active", "passive", ALL)
+def sends(kinds: Iterable[str], sender: str, receiver: str) -> tuple[Rule, ...]:
+    """One-way messages of ``kinds`` from a ``sender``-role party to a ``receiver``-role party."""
+    return tuple(Rule(k, sender, receiver) for k in kinds)
 
 
-#: The protocol's table (see the module docstring).
-DEFAULT_RULES: tuple[Rule, ...] = (
-    Rule("embedding", "passive", "active"),
-    Rule("cut_gradient", "active", "passive"),
-    Rule("gradient_scrutinizer.*", "active", "passive"),
-    *_both("vmask.*"),
-    *_both("paillier.*"),
-    Rule("dealer.*", "passive", "dealer", frozenset({"request"})),
-    Rule("dealer.*", "active", "dealer", frozenset({"request"})),
-    Rule("dealer.*", "dealer", "passive", frozenset({"reply"})),
-    Rule("dealer.*", "dealer", "active", frozenset({"reply"})),
+def requests(kinds: Iterable[str], client: str, server: str, *, granted: bool = False) -> tuple[Rule, ...]:
+    """Requests of ``kinds`` from a ``client``-role party, answered by a ``server``-role party (the reply goes back);
+    ``granted``: evaluation-only requests, allowed only between the parties of a grant."""
+    out: list[Rule] = []
+    for k in kinds:
+        out += [Rule(k, client, server, frozenset({"request"}), granted),
+                Rule(k, server, client, frozenset({"reply"}), granted)]
+    return tuple(out)
+
+
+VMASK_REQUESTS = ("vmask.setup", "vmask.share", "vmask.forward", "vmask.backward", "vmask.decay", "vmask.renormalize",
+                  "vmask.release")
+PAILLIER_REQUESTS = ("paillier.public_key", "paillier.share", "paillier.rescale")
+REMOTE_PASSIVE_REQUESTS = ("passive.forward", "passive.backward", "passive.end_epoch", "passive.checkpoint",
+                           "passive.resume")
+
+#: The protocol's whole surface (see the module docstring).
+SURFACE: tuple[Rule, ...] = (
+    # the training loop's one-way messages
+    *sends(("embedding",), "passive", "active"),
+    *sends(("cut_gradient", "gradient_scrutinizer.labels"), "active", "passive"),
+    # VMask: P_k's secure-layer requests to P_K, P_K's layer selection; Paillier: requests to the key holder
+    *requests(VMASK_REQUESTS, "passive", "active"),
+    *requests(("vmask.select",), "active", "passive"),
+    *requests(PAILLIER_REQUESTS, "passive", "active"),
+    # the dealer of Beaver triples answers, never asks
+    *requests(("dealer.triple",), "passive", "dealer"),
+    *requests(("dealer.take", "dealer.checkpoint", "dealer.resume"), "active", "dealer"),
+    # a passive party in its own process, driven by the active party
+    *sends(("passive.setup", "passive.done"), "active", "passive"),
+    *sends(("passive.ready", "passive.report"), "passive", "active"),
+    *requests(REMOTE_PASSIVE_REQUESTS, "active", "passive"),
+    # evaluation only: the scorer's ground truth, when the run's plan grants it
+    *requests(("passive.oracle_bottom",), "active", "passive", granted=True),
+    *requests(("vmask.oracle",), "passive", "active", granted=True),
 )
+#: The protocol's table (the same as :data:`SURFACE`).
+DEFAULT_RULES = SURFACE
 
 
 class Policy:
-    """The table a party checks every frame against (sent and received)."""
+    """The table a party checks every frame against (sent and received), and the grants of the run."""
 
-    def __init__(self, rules: Iterable[Rule] = DEFAULT_RULES) -> None:
+    def __init__(self, rules: Iterable[Rule] = SURFACE, grants: Iterable[Grant] = ()) -> None:
         self.rules = tuple(rules)
+        self.grants = frozenset(grants)
         for rule in self.rules:
             for role in (rule.sender, rule.receiver):
                 if role not in ROLES:
                     raise ConfigError(f"policy rule {rule}: {role!r} is not a role; valid roles are "
                                       f"{', '.join(ROLES)}")
+            if rule.granted and rule.kind not in EVALUATION_ONLY:
+                raise ConfigError(f"policy rule {rule}: only evaluation-only kinds ({', '.join(EVALUATION_ONLY)}) "
+                                  "need a grant")
+        for grant in self.grants:
+            if not any(r.granted and r.kind == grant.kind and r.sender == role_of(grant.client)
+                       and r.receiver == role_of(grant.server) and "request" in r.roles for r in self.rules):
+                raise ConfigError(f"no rule of this policy lets {grant.describe()} pass")
+
+    def with_grants(self, grants: Iterable[Grant]) -> Policy:
+        """The same table with ``grants`` (replacing this policy's)."""
+        return Policy(self.rules, grants)
+
+    def serves(self, name: str) -> list[str]:
+        """The request kinds a party called ``name`` answers (evaluation-only ones only where granted to it)."""
+        role = role_of(name)
+        kinds = []
+        for r in self.rules:
+            if r.receiver != role or "request" not in r.roles or r.kind in kinds:
+                continue
+            if r.granted and not any(g.kind == r.kind and g.server == name for g in self.grants):
+                continue
+            kinds.append(r.kind)
+        return kinds
 
     def allowed(self, sender: str) -> list[str]:
-        """What a party named ``sender`` may send, one line per rule."""
+        """What a party named ``sender`` may send, one line per receiver and message role."""
         role = role_of(sender)
-        return [r.describe() for r in self.rules if r.sender == role]
+        groups: dict[tuple[str, str], list[str]] = {}
+        for r in self.rules:
+            if r.sender != role:
+                continue
+            for how in sorted(r.roles):
+                if r.granted and not any(g.kind == r.kind and sender == (g.client if how == "request" else g.server)
+                                         for g in self.grants):
+                    continue
+                groups.setdefault((r.receiver, how), []).append(r.kind)
+        plural = {"send": "messages", "request": "requests", "reply": "replies"}
+        return [f"{plural[how]} to {receiver}: {', '.join(kinds)}" for (receiver, how), kinds in groups.items()]
 
     def check(self, kind: str, sender: str, receiver: str, role: str) -> None:
         """Refuse (:class:`ProtocolError`) a ``role`` message of ``kind`` from ``sender`` to ``receiver`` that no
-        rule allows; the error names the sender, the kind and what the sender may send."""
+        rule allows, or an evaluation-only one that no grant covers; the error names the sender, the kind and what
+        the sender may send."""
         s, r = role_of(sender), role_of(receiver)
-        if any(rule.matches(kind, s, r, role) for rule in self.rules):
+        rules = [rule for rule in self.rules if rule.matches(kind, s, r, role)]
+        if rules and not all(rule.granted for rule in rules):
             return
+        if rules:
+            server, client = (receiver, sender) if role == "request" else (sender, receiver)
+            if any(g.kind == kind and g.server == server and g.client == client for g in self.grants):
+                return
+            held = "; this run grants only " + ", ".join(sorted(g.describe() for g in self.grants)) \
+                if self.grants else "; this run grants none"
+            raise ProtocolError(f"{sender} ({s}) may not send {kind!r} as a {role} to {receiver} ({r}): it is an "
+                                f"evaluation-only query of {EVALUATION_ONLY[kind]}, which {server} answers for "
+                                f"{client} only when the run's plan grants it{held}")
         allowed = self.allowed(sender)
         raise ProtocolError(f"{sender} ({s}) may not send {kind!r} as a {role} to {receiver} ({r}); a {s} party "
                             f"may send: {'; '.join(allowed) if allowed else 'nothing'}")

@@ -24,26 +24,34 @@ for B's reply, A's handlers answer B's requests, as in one process.
 Faults. Keepalive pings on every link; every wait has a deadline (``receive_timeout`` seconds
 without the awaited frame); the start-up barrier has its own deadline; a party that fails sends
 an ``abort`` frame to its peers (:meth:`NetChannel.abort`, done by the context manager on an
-exception), and every wait raises :class:`~vflbench.net.errors.PeerFailed` naming the party that
-failed first and its epoch and step. A frame the policy or the decoder refuses ends the run the
-same way (:class:`~vflbench.net.errors.ProtocolError`), and the offending peer is told why.
+exception), and every wait raises :class:`~vflbench.net.errors.PeerFailed` naming the peer whose link
+carried the failure (the authenticated peer) and, as that peer's claim, the party that failed first and its
+epoch and step. A frame the policy or the decoder refuses, a reply that does not answer the request it claims
+to (its kind, phase, epoch and step), a request the party does not serve and one its handler cannot take end
+the run the same way (:class:`~vflbench.net.errors.ProtocolError`, logged by the refusing party), and the
+offending peer is told why. Evaluation-only requests pass only where the run's plan grants them
+(:meth:`NetChannel.grant`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import itertools
 import logging
 import queue
+import re
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 import grpc
+import torch
+from torch import Tensor
 
 from vflbench.errors import ConfigError
 from vflbench.net.errors import BarrierTimeout, NetError, PeerFailed, ProtocolError
@@ -52,10 +60,15 @@ from vflbench.net.linkmodel import LinkProfile
 from vflbench.net.policy import Policy, role_of
 from vflbench.net.provision import Credentials
 from vflbench.protocol.channel import Channel, CommStats, Endpoint, Handler, Transcript
+from vflbench.protocol.grants import Grant
 from vflbench.protocol.messages import Message
 
 log = logging.getLogger(__name__)
 METHOD = "/vflbench.Link/Open"
+_TOO_LARGE = re.compile(r"(CLIENT|SERVER): Received message larger than max \((\d+) vs\. (\d+)\)")
+#: What a handler may raise on a peer's malformed request (refused as a protocol error naming the peer); anything
+#: else (a :class:`~vflbench.errors.VFLBenchError`, an error of the transport) passes through as it is.
+_MALFORMED = (ValueError, TypeError, RuntimeError, IndexError, KeyError)
 _RANK = {"passive": 0, "active": 1, "dealer": 2}
 T = TypeVar("T")
 
@@ -79,6 +92,10 @@ class NetOptions:
     """A traffic shaper on every link this party sends on (``None``: none): each frame leaves after the link has
     carried the frames before it at ``bandwidth_mbit_s`` and its own bytes, and arrives ``latency_ms`` later
     (:class:`Shaper`)."""
+    device: str | None = None
+    """Where the tensors of received messages are put: the party's ``train.device`` (``None``: the CPU, where frames
+    are decoded). Row ids and byte payloads (uint8: ciphertexts, keys, JSON reports) stay on the CPU, where they are
+    read; frames are always encoded from CPU copies."""
 
 
 class Shaper:
@@ -154,6 +171,17 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+def _placed(message: Message, device: str | None) -> Message:
+    """``message`` with its tensors on ``device`` (see :attr:`NetOptions.device`)."""
+    if device is None or device == "cpu":
+        return message
+
+    def put(t: Tensor) -> Tensor:
+        return t if t.dtype == torch.uint8 else t.to(device)
+
+    return dataclasses.replace(message, payload=put(message.payload), extra=tuple(put(t) for t in message.extra))
+
+
 class NetChannel:
     """Party ``name``'s links to its peers among ``parties`` in run ``run`` (see the module docstring).
 
@@ -210,7 +238,7 @@ class NetChannel:
         self._refused: dict[str, str] = {}
         self._mailbox: dict[tuple[str, str], deque[Message]] = defaultdict(deque)
         self._replies: dict[tuple[str, int], Message] = {}
-        self._pending: set[tuple[str, int]] = set()
+        self._pending: dict[tuple[str, int], Message] = {}
         self._requests: deque[tuple[Message, int]] = deque()
         self._failure: NetError | None = None
         self._calls = itertools.count(1)
@@ -222,6 +250,15 @@ class NetChannel:
 
     def _shaper(self) -> Shaper | None:
         return Shaper(self.options.shape) if self.options.shape is not None else None
+
+    def grant(self, grants: Iterable[Grant]) -> None:
+        """Let the evaluation-only requests of ``grants`` pass between their two parties (replacing the grants held
+        before: a grant a party refused is dropped this way). Every other evaluation-only request stays refused."""
+        grants = frozenset(grants)
+        self.policy = self.policy.with_grants(grants)
+        mine = sorted(g.describe() for g in grants if self.name in (g.server, g.client))
+        if mine:
+            log.info("party %s: the run's plan grants %s", self.name, "; ".join(mine))
 
     # ----------------------------------------------------------------- life cycle
 
@@ -431,16 +468,32 @@ class NetChannel:
         except grpc.RpcError as exc:
             details = exc.details() if hasattr(exc, "details") else str(exc)  # type: ignore[attr-defined]
             code = exc.code() if hasattr(exc, "code") else None  # type: ignore[attr-defined]
+            too_large = _TOO_LARGE.search(details or "")
             if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
                 self._fail(ProtocolError(f"{peer} refused the link from {self.name}: {details}"))
+            elif too_large and too_large.group(1) == "CLIENT":  # gRPC refused a frame the peer sent to this party
+                why = (f"{peer} sent a frame of {too_large.group(2)} bytes, which exceeds the limit of "
+                       f"{too_large.group(3)} bytes")
+                log.error("party %s refused a frame from %s: %s", self.name, peer, why)
+                self._fail(ProtocolError(f"{self.name} refused a frame from {peer}: {why}"))
+            elif too_large:  # the peer's gRPC refused a frame of this party's
+                self._lost(peer, f"{peer} refused a frame of {too_large.group(2)} bytes from {self.name}, which "
+                                 f"exceeds its limit of {too_large.group(3)} bytes")
+            elif code is None and not details:  # a listener's stream that ended without a status
+                self._lost(peer, self._closed_without_goodbye(peer))
             else:
-                self._lost(peer, f"link lost ({getattr(code, 'name', '?')}: {details})")
+                self._lost(peer, f"the connection to {peer} broke ({getattr(code, 'name', 'no status')}: "
+                                 f"{details or 'no detail'})")
             return
         except Exception as exc:  # a bug here must not leave the party's thread waiting forever
             log.exception("party %s: reading from %s failed", self.name, peer)
             self._fail(NetError(f"{self.name}: reading from {peer} failed: {type(exc).__name__}: {exc}"))
             return
-        self._lost(peer, "link closed without a goodbye")
+        self._lost(peer, self._closed_without_goodbye(peer))
+
+    def _closed_without_goodbye(self, peer: str) -> str:
+        return (f"{peer} closed the connection without a goodbye (its process ended or was killed, the network "
+                f"dropped, or it sent a frame larger than the limit of {self.options.max_frame_bytes} bytes)")
 
     def _lost(self, peer: str, why: str) -> None:
         with self._cond:
@@ -460,6 +513,12 @@ class NetChannel:
             "origin": self.name, "epoch": epoch, "step": step, "reason": f"refused a frame from {link.peer}: {exc}"}))
         link.outbox.put(None)
         self._fail(ProtocolError(f"{self.name} refused a frame from {link.peer}: {exc}"))
+
+    def refuse(self, peer: str, why: str) -> ProtocolError:
+        """Log that this party refuses what ``peer`` sent (``why`` names it) and return the :class:`ProtocolError`
+        to raise: the party's thread raising it ends the run, and its abort tells the peers why."""
+        log.error("party %s refused what %s sent: %s", self.name, peer, why)
+        return ProtocolError(f"{self.name} refused what {peer} sent: {why}")
 
     def _fail(self, error: NetError) -> None:
         with self._cond:
@@ -493,30 +552,36 @@ class NetChannel:
                 self._cond.notify_all()
             return
         if frame.type == "abort":
-            origin = frame.meta.get("origin")
-            origin = origin if isinstance(origin, str) else peer
+            # the failure is the authenticated peer's; whom it names as the first to fail is its claim
+            claimed = frame.meta.get("origin")
+            origin = claimed if isinstance(claimed, str) and claimed else peer
             epoch, step = (v if isinstance(v, int) else -1 for v in (frame.meta.get("epoch"), frame.meta.get("step")))
             reason = str(frame.meta.get("reason", ""))
-            relay = "" if origin == peer else f", passed on by {peer}"
+            what = f"{peer} failed" if origin == peer else f"{peer} reports that {origin} failed"
             with self._cond:
                 self._said_bye.add(peer)
             link.outbox.put(None)
-            self._fail(PeerFailed(f"{origin} failed{_at(epoch, step)}: {reason}{relay} (noticed by {self.name})",
-                                  party=origin, epoch=epoch, step=step, reason=reason))
+            self._fail(PeerFailed(f"{what}{_at(epoch, step)}: {reason} (noticed by {self.name})", party=peer,
+                                  origin=origin, epoch=epoch, step=step, reason=reason))
             return
         if frame.receiver != self.name:
             raise ProtocolError(f"{peer} addressed a {frame.kind!r} frame to {frame.receiver!r} on its link to "
                                 f"{self.name}")
         self.policy.check(frame.kind, peer, self.name, frame.role)
-        message = frame.message(peer)
+        message = _placed(frame.message(peer), self.options.device)
         if message.step >= 0:
             self._peer_position[peer] = (message.epoch, message.step)
         with self._cond:
             if frame.role == "reply":
-                if (peer, frame.call) not in self._pending:
+                request = self._pending.pop((peer, frame.call), None)
+                if request is None:
                     raise ProtocolError(f"{peer} replied to call {frame.call} ({frame.kind!r}), which {self.name} "
                                         "did not make or already has an answer to")
-                self._pending.discard((peer, frame.call))
+                asked = (request.kind, request.phase, request.epoch, request.step)
+                if (message.kind, message.phase, message.epoch, message.step) != asked:
+                    raise ProtocolError(f"{peer} answered call {frame.call} ({request.kind!r}, {request.phase} epoch "
+                                        f"{request.epoch} step {request.step}) with a {message.kind!r} reply for "
+                                        f"{message.phase} epoch {message.epoch} step {message.step}")
                 self._replies[(peer, frame.call)] = message
             elif frame.role == "request":
                 self._requests.append((message, frame.call))
@@ -560,9 +625,21 @@ class NetChannel:
         namespace = request.kind.split(".", 1)[0]
         handler = self._handlers.get(namespace)
         if handler is None:
-            raise NetError(f"party {self.name!r} serves no {namespace!r} requests (sent by {request.sender!r}, kind "
-                           f"{request.kind!r}); it serves: {', '.join(sorted(self._handlers)) or 'none'}")
-        reply = handler(request)
+            raise self.refuse(request.sender, f"{request.sender} sent a {request.kind!r} request, but {self.name} "
+                                              f"serves no {namespace!r} requests in this run (it serves: "
+                                              f"{', '.join(sorted(self._handlers)) or 'none'})")
+        try:
+            reply = handler(request)
+        except ProtocolError as exc:
+            if exc is self._failure:  # a failure of this party's links while the handler waited: not the request's
+                raise
+            raise self.refuse(request.sender, str(exc)) from None  # the handler's own check of the request
+        except _MALFORMED as exc:
+            log.debug("party %s: the %r handler failed on %s's request", self.name, request.kind, request.sender,
+                      exc_info=True)
+            raise self.refuse(request.sender, f"{self.name} could not answer {request.sender}'s {request.kind!r} "
+                                              f"request{_at(request.epoch, request.step)}: {type(exc).__name__}: "
+                                              f"{exc}") from None
         if reply.role != "reply" or reply.receiver != request.sender or reply.kind != request.kind:
             raise NetError(f"the {request.kind!r} handler of {self.name!r} did not answer its request")
         self._transmit(reply, call)
@@ -578,6 +655,9 @@ class NetChannel:
 
     def _put(self, link: _Link, frame: Frame) -> None:
         data = encode(frame)
+        if len(data) > self.options.max_frame_bytes:
+            raise NetError(f"{self.name} cannot send a {frame.kind or frame.type!r} frame of {len(data)} bytes to "
+                           f"{link.peer}: it exceeds the limit of {self.options.max_frame_bytes} bytes")
         with self._cond:  # the party's thread and a server thread may both send (a greeting, a refusal)
             w = self.wire[link.peer]
             w.frames_sent += 1
@@ -650,7 +730,7 @@ class NetChannel:
         call = next(self._calls)
         key = (request.receiver, call)
         with self._cond:
-            self._pending.add(key)
+            self._pending[key] = request
         self._transmit(request, call)
         reply = self._wait(lambda: self._replies.pop(key, None), what=f"the reply to {request.kind!r}",
                            peer=request.receiver)
@@ -706,10 +786,12 @@ class NetChannel:
         if self._closed:
             return
         origin, epoch, step = self.name, *self._position
+        said = reason
         if isinstance(self._failure, PeerFailed):  # pass on the first failure, not this party's report of it
             failure = self._failure
-            origin, epoch, step, reason = failure.party, failure.epoch, failure.step, failure.reason
-        log.error("party %s aborts: %s", self.name, reason)
+            origin, epoch, step, reason = failure.origin, failure.epoch, failure.step, failure.reason
+            said = str(failure)
+        log.error("party %s aborts: %s", self.name, said)
         with self._cond:
             links = list(self._links.values())
         for link in links:
@@ -722,6 +804,10 @@ class NetChannel:
         for link in links:
             link.drained.wait(max(0.0, deadline - time.monotonic()))
             link.finished.wait(max(0.0, deadline - time.monotonic()))
+            if link.call is not None:  # a dialled link: the listener ends the call once it has read the last frame
+                ended = threading.Event()
+                link.call.add_done_callback(lambda _, ended=ended: ended.set())
+                ended.wait(max(0.0, deadline - time.monotonic()))
         with self._cond:
             self._closed = True
             self._cond.notify_all()

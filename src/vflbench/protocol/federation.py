@@ -52,7 +52,7 @@ def classification_metrics(scores: Tensor, predicted: Tensor, y: Tensor) -> dict
         scores = torch.nan_to_num(scores, nan=0.0, posinf=0.0, neginf=0.0)
     n_classes = scores.shape[1]
     if n_classes == 2 and len(torch.unique(y)) == 2:
-        out["auc"] = float(roc_auc_score(y.numpy(), scores[:, 1].double().numpy()))
+        out["auc"] = float(roc_auc_score(y.cpu().numpy(), scores[:, 1].double().cpu().numpy()))
     if n_classes >= 100:
         top5 = scores.topk(5, 1).indices
         out["top5"] = float((top5 == y[:, None]).any(1).float().mean())

@@ -49,7 +49,8 @@ class TrainSettings:
 
 @dataclass(frozen=True)
 class DefenseAux:
-    """The auxiliary labelled rows a defense's threat model grants the active party (``aux_size``).
+    """The auxiliary labelled rows a defense's threat model grants the active party (a defense that declares
+    ``uses_aux``: rows of the held-out pool, ``data.aux_pool``).
 
     They are held out of the rows the parties train on. ``x``: each passive party's slice of them.
     """
@@ -68,7 +69,9 @@ class BindContext:
     advance, e.g. MixUp's permutation and mixing weight). ``link``: this party's endpoint of the
     channel, through which the instance talks to its halves at other parties (only messages).
     ``model_completion``: the parameters of a configured ``model_completion`` attack (the attacker
-    a defense may simulate), if any.
+    a defense may simulate), if any. ``device``: where the party's models and data live (``train.device``); a
+    defense that makes tensors before it sees any of the party's puts them there (its generators stay on the CPU:
+    draws are made there and moved).
     """
 
     party: str
@@ -83,6 +86,7 @@ class BindContext:
     active_has_features: bool = True
     model_completion: Mapping[str, Any] | None = None
     aux: DefenseAux | None = None
+    device: torch.device | None = None
 
 
 @dataclass
@@ -115,7 +119,9 @@ class Defense(Params):
     ``protects``: the attack targets it defends (``"labels"``, ``"features"``);
     ``adaptive_attacks``: names of attacks built against this defense (they need not be
     registered); ``adaptive_settings``: ``(parameter, value)`` pairs of this defense that model an
-    adaptive or misbehaving party (e.g. LabObf's false-attribute client).
+    adaptive or misbehaving party (e.g. LabObf's false-attribute client). ``uses_aux``: the active party's
+    instance is granted an auxiliary labelled set disjoint from the training rows (:class:`DefenseAux`: the
+    held-out pool, all of it or ``aux_size`` rows of it).
     """
 
     name: ClassVar[str] = ""
@@ -127,6 +133,7 @@ class Defense(Params):
     protects: ClassVar[tuple[str, ...]] = ()
     adaptive_attacks: ClassVar[tuple[str, ...]] = ()
     adaptive_settings: ClassVar[tuple[tuple[str, Any], ...]] = ()
+    uses_aux: ClassVar[bool] = False
     #: Parties beside the federation's that this defense needs (VMask's trusted dealer: ``"dealer"``);
     #: the experiment runs each with :meth:`start_party` at its own endpoint, in one process or as its own.
     extra_parties: ClassVar[tuple[str, ...]] = ()
@@ -144,9 +151,11 @@ class Defense(Params):
         (called before the party's models are loaded)."""
         raise NotImplementedError(f"defense {self.name!r} keeps no checkpointable state; --resume refuses it")
 
-    def start_party(self, name: str, link: Endpoint, generator: torch.Generator) -> None:
+    def start_party(self, name: str, link: Endpoint, generator: torch.Generator, *,
+                    device: torch.device | None = None) -> None:
         """Run the extra party ``name`` (one of :attr:`extra_parties`) at ``link``, before any instance is
-        bound; ``generator`` is a fresh generator on the active instance's seed path."""
+        bound; ``generator`` is a fresh generator on the active instance's seed path (a CPU generator);
+        ``device``: where the party computes (``train.device``; ``None``: the CPU)."""
         raise NotImplementedError(f"{self.name} declares no extra party {name!r}")
 
     def bind(self, context: BindContext) -> None:

@@ -20,10 +20,12 @@ SUMMARY_COLUMNS = ["defense", "strength", "seed", "attack", "attack_direction", 
 
 
 def markdown_table(df: pd.DataFrame, floatfmt: str = "{:.4g}") -> str:
-    """A GitHub-flavoured markdown table of ``df``."""
+    """A GitHub-flavoured markdown table of ``df`` (missing values as empty cells)."""
     def cell(v: object) -> str:
+        if v is None or v is pd.NA:
+            return ""
         if isinstance(v, float):
-            return "" if np.isnan(v) else floatfmt.format(v)
+            return "" if np.isnan(v) else floatfmt.format(0.0 if abs(v) < 1e-9 else v)
         return str(v)
 
     header = "| " + " | ".join(map(str, df.columns)) + " |"
@@ -87,17 +89,83 @@ def _mask_ratio_figures(summary: pd.DataFrame, d: Path) -> list[tuple[str, Path]
     return figures
 
 
+def _number(value: Any, digits: int = 2) -> str:
+    """A table cell: empty for a missing value, 0 for a rounding residue (|v| < 1e-9), else ``digits`` decimals."""
+    if value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NA:
+        return ""
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        return f"{0.0 if abs(value) < 1e-9 else float(value):.{digits}f}"
+    return str(value)
+
+
+def _with_interval(mean: Any, low: Any, high: Any) -> str:
+    """``mean [low, high]``, or the mean alone without an interval."""
+    text = _number(mean)
+    if text and _number(low) and _number(high):
+        return f"{text} [{_number(low)}, {_number(high)}]"
+    return text
+
+
 def _mean_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """Means over seeds per defense × strength × attack (columns of older sweeps without
-    directions or undefended leakages are left out)."""
-    aggs = {"attack_metric": ("attack_metric", "first"), "attack_direction": ("attack_direction", "first"),
-            "utility": ("utility", "mean"), "attack_value": ("attack_value", "mean"), "prior": ("prior", "mean"),
-            "leakage": ("leakage", "mean"), "leakage_std": ("leakage", "std"),
-            "undefended_leakage": ("undefended_leakage", "mean"), "utility_loss": ("utility_loss", "mean"),
-            "pu_score": ("pu_score", "min"), "seeds": ("seed", "nunique")}
-    aggs = {k: v for k, v in aggs.items() if v[0] in summary}
-    return (summary.dropna(subset=["attack"]).groupby(["defense", "strength", "attack"], dropna=False)
-            .agg(**aggs).reset_index())
+    """One row per defense × strength × attack: the statistics of summary.csv over seeds × repeats, as text
+    (ε_p and ε_p − ε_p(undefended) with their intervals; utility in percent, like ε_u in points)."""
+    attacked = summary.dropna(subset=["attack"])
+    if attacked.empty:
+        return pd.DataFrame()
+    has = set(summary.columns)
+    rows = []
+    for (defense, strength, attack), group in attacked.groupby(["defense", "strength", "attack"], dropna=False):
+        first = group.iloc[0]
+        seeds = int(group["seed"].nunique())
+        repeats = int(group["repeats"].min()) if "repeats" in has else 1
+        row = {"defense": defense, "strength": _number(strength, 4).rstrip("0").rstrip(".") if not pd.isna(strength)
+               else "", "attack": attack,
+               "metric": f"{first.get('attack_metric', '')} ({first.get('attack_direction', '')} leaks more)",
+               "selection": first.get("selection", ""), "seeds × repeats": f"{seeds} × {repeats}",
+               "utility (%)": _number(100.0 * group["utility"].mean()),
+               "ε_u (points)": _number(group["utility_loss"].mean())}
+        if "leakage_ci_low" in has:
+            row["ε_p (points) [95% CI]"] = _with_interval(first["leakage_mean"], first["leakage_ci_low"],
+                                                          first["leakage_ci_high"])
+            row["ε_p − undefended [95% CI]"] = ("" if defense == NO_DEFENSE else _with_interval(
+                first["delta_leakage"], first["delta_ci_low"], first["delta_ci_high"]))
+            row["change"] = "" if defense == NO_DEFENSE else first["change"]
+        else:  # a summary written before intervals: the mean over seeds only
+            row["ε_p (points)"] = _number(group["leakage"].mean())
+        scores = group["pu_score"].dropna() if "pu_score" in has else pd.Series(dtype=float)
+        row["PU score"] = _number(int(scores.min())) if len(scores) else ""
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+#: How scores.csv's columns read in the report.
+SCORE_LABELS = {"defense": "defense", "verdict": "verdict", "best_strength": "best strength", "s_pu": "S*_PU",
+                "utility_loss": "ε_u (points)", "worst_attack": "worst attack", "c_dcs": "C-DCS"}
+
+
+def _scores_view(scores: pd.DataFrame) -> pd.DataFrame:
+    """scores.csv as the report shows it: readable column names, intervals beside their means, empty cells for
+    what is not defined ("no measurable protection" carries no PU score)."""
+    has = set(scores.columns)
+    rows = []
+    for _, r in scores.iterrows():
+        row = {label: _number(r.get(key)) for key, label in SCORE_LABELS.items() if key in has}
+        if "best_strength" in has and not pd.isna(r["best_strength"]):
+            row["best strength"] = f"{float(r['best_strength']):g}"
+        if "s_pu" in has and not pd.isna(r["s_pu"]):
+            row["S*_PU"] = str(int(r["s_pu"]))
+        if "worst_leakage" in has:
+            row["worst ε_p (points) [95% CI]"] = _with_interval(r["worst_leakage"], r.get("worst_ci_low"),
+                                                                r.get("worst_ci_high"))
+        if "delta_leakage" in has:
+            row["ε_p − undefended [95% CI]"] = _with_interval(r["delta_leakage"], r.get("delta_ci_low"),
+                                                              r.get("delta_ci_high"))
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def _tune_vs_scores(tune: dict[str, Any], scores: pd.DataFrame | None) -> str:
@@ -115,19 +183,26 @@ def _tune_vs_scores(tune: dict[str, Any], scores: pd.DataFrame | None) -> str:
 
 
 def _verdicts(summary: pd.DataFrame) -> list[str]:
-    """A section naming the attacks that do not beat their prior without a defense (mean
-    undefended leakage over seeds <= 0 points): no defense is credited for stopping them."""
-    if "undefended_leakage" not in summary:
+    """A section naming the attacks that do not leak measurably without a defense (the interval of their
+    undefended leakage over seeds × repeats does not lie above 0, or there is none): no defense is credited
+    for stopping them."""
+    if "leaks_without_defense" not in summary:
         return []
-    per = summary.dropna(subset=["attack"]).groupby(["dataset", "algorithm", "attack"])["undefended_leakage"].mean()
-    idle = per[per <= 0]
+    attacked = summary.dropna(subset=["attack"])
+    per = attacked.groupby(["dataset", "algorithm", "attack"]).agg(
+        leaks=("leaks_without_defense", "first"), value=("undefended_leakage", "mean"),
+        low=("undefended_ci_low", "first") if "undefended_ci_low" in summary else ("undefended_leakage", "min"),
+        high=("undefended_ci_high", "first") if "undefended_ci_high" in summary else ("undefended_leakage", "max"))
+    idle = per[~per["leaks"].map(lambda v: bool(pd.notna(v) and v))]
     if idle.empty:
         return []
-    lines = ["## Attacks that do not leak without a defense", "",
-             "These attacks did not beat their prior on the runs without defenses (mean leakage over seeds "
-             "<= 0 points), so the defenses get no PU score or C-DCS for them:", ""]
-    lines += [f"- {attack} on {dataset} ({algorithm}): undefended leakage {value:.2f} points"
-              for (dataset, algorithm, attack), value in idle.items()]
+    lines = ["## Attacks that do not leak measurably without a defense", "",
+             "These attacks do not beat their prior measurably on the runs without defenses (the 95% interval of "
+             "their undefended leakage over seeds × repeats does not lie above 0 points, or there is no interval), "
+             "so the defenses get no PU score or C-DCS for them:", ""]
+    lines += [f"- {attack} on {dataset} ({algorithm}): undefended leakage "
+              f"{_with_interval(r['value'], r['low'], r['high'])} points"
+              for (dataset, algorithm, attack), r in idle.iterrows()]
     return [*lines, ""]
 
 
@@ -171,16 +246,26 @@ def build_report(directory: str | Path) -> Path:
           "share of the prior guess's error the attack removes). Utility loss ε_u = utility without defense − with "
           "it, in points. PU score = min of the two scores of Kang et al.'s Table 8; S*_PU = the best PU score over "
           "strengths against the worst attack (Kang eq. 22); C-DCS uses the prior as the ideal attack value. "
-          "PU scores and C-DCS are computed for label attacks that leak without a defense only; the `note` "
-          "column says what was left out and why.", ""]
+          "PU scores and C-DCS are computed for label attacks that leak measurably without a defense only. "
+          "Every ε_p is the mean over seeds × repeats with its 95% confidence interval [low, high] (over the "
+          "per-seed means; over the repeats when there is one seed); ε_p − undefended is paired by seed. A "
+          "defense protects at a strength only where the interval of the worst attack's ε_p − undefended lies "
+          "below 0; one that protects at no strength is reported as 'no measurable protection', without a PU "
+          "score, below No Protect. The `selection` column says how trained attacks picked their epoch "
+          "(`last`, `validation` on their own known labels, or `test_oracle`: an oracle, flagged).", ""]
+    if any(summary.get("selection", pd.Series(dtype=str)) == "test_oracle"):
+        md += ["**Warning:** some attacks picked their epoch by its test score (`select: test_oracle`), an oracle "
+               "no attacker has; their leakages are optimistic for the attacker.", ""]
     if scores is not None and not scores.empty:
-        md += ["## Optimal PU scores", "", markdown_table(scores), ""]
+        md += ["## Verdicts and optimal PU scores", "", markdown_table(_scores_view(scores)), ""]
+        md += [f"- {r['defense']}: {r['note']}" for _, r in scores.iterrows() if isinstance(r.get("note"), str)
+               and r["note"]] + [""]
     md += _verdicts(summary)
     if coverage is not None and not coverage.empty:
         md += ["## Adaptive attacks", "", "Whether each defense was evaluated against the adaptive attacks (and "
                "adaptive settings) that exist for it.", "", markdown_table(coverage), ""]
         md += [f"- note: {n}" for n in coverage["note"].dropna() if str(n)] + [""]
-    md += ["## Mean over seeds", "", markdown_table(mean_table), ""]
+    md += ["## Per defense, strength and attack", "", markdown_table(mean_table), ""]
     if tune:
         md += ["## Tune trace", "", f"Defense `{tune['defense']}`, budget ε_p ≤ {tune['budget']} points, seeds "
                f"{tune.get('seeds', '?')} (values are means over them): "
@@ -195,16 +280,16 @@ def build_report(directory: str | Path) -> Path:
     body = [f"<h1>vflbench report: {html.escape(d.name)}</h1>",
             f"<p>{html.escape(md[2])}</p>", f"<p>{html.escape(md[4])}</p>"]
     if scores is not None and not scores.empty:
-        body += ["<h2>Optimal PU scores</h2>", scores.to_html(index=False, float_format=lambda v: f"{v:.4g}")]
+        body += ["<h2>Verdicts and optimal PU scores</h2>", _scores_view(scores).to_html(index=False, na_rep="")]
     verdicts = _verdicts(summary)
     if verdicts:
         body += ["<h2>Attacks that do not leak without a defense</h2>", f"<p>{html.escape(verdicts[2])}</p>",
                  "<ul>" + "".join(f"<li>{html.escape(v[2:])}</li>" for v in verdicts[4:] if v) + "</ul>"]
     if coverage is not None and not coverage.empty:
-        body += ["<h2>Adaptive attacks</h2>", coverage.to_html(index=False)]
-    body += ["<h2>Mean over seeds</h2>", mean_table.to_html(index=False, float_format=lambda v: f"{v:.4g}")]
+        body += ["<h2>Adaptive attacks</h2>", coverage.to_html(index=False, na_rep="")]
+    body += ["<h2>Per defense, strength and attack</h2>", mean_table.to_html(index=False, na_rep="")]
     if tune:
-        body += ["<h2>Tune trace</h2>", pd.DataFrame(tune["trace"]).to_html(index=False)]
+        body += ["<h2>Tune trace</h2>", pd.DataFrame(tune["trace"]).to_html(index=False, na_rep="")]
     body += ["<h2>Plots</h2>"] + [f"<h3>{html.escape(t)}</h3><img src='{p.relative_to(d).as_posix()}' width='640'>"
                                   for t, p in figures]
     page = ("<!doctype html><html><head><meta charset='utf-8'><title>vflbench report</title><style>"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -10,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.transforms import Bbox
 
 from vflbench.experiment.sweep import NO_DEFENSE
 from vflbench.metrics.scores import pareto_front
@@ -33,25 +35,73 @@ def _point_labels(group: pd.DataFrame) -> dict[tuple[float, float], str]:
     return {key: ", ".join(texts) for key, texts in labels.items()}
 
 
-def tradeoff(summary: pd.DataFrame, attack: str, path: Path) -> Path:
-    """Privacy leakage vs utility loss per defense, labelled by strength, with the no-defense
-    point and the Pareto front (Kang Fig. 4; VMask Fig. 6). Means over seeds, std as bars."""
+#: Half the width of a plotted point's marker, in points: a label keeps off it.
+MARKER_POINTS = 5.0
+#: Where a strength label may go relative to its point, in order of preference: (dx, dy) in points, with the text's
+#: alignment. Close ones first; farther ones get a thin leader line to their point.
+_LABEL_SPOTS = [(dx * r, dy * r, ha, va) for r in (1, 2.6, 4.2, 5.8)
+                for dx, dy, ha, va in ((5, 4, "left", "bottom"), (5, -4, "left", "top"), (-5, 4, "right", "bottom"),
+                                       (-5, -4, "right", "top"), (0, 7, "center", "bottom"), (0, -7, "center", "top"),
+                                       (8, 0, "left", "center"), (-8, 0, "right", "center"))]
+
+
+def place_labels(ax: plt.Axes, labels: dict[tuple[float, float], str], *,
+                 points: list[tuple[float, float]] | None = None, colors: dict[tuple[float, float], Any] | None = None,
+                 fontsize: float = 7) -> list[Any]:
+    """Write each label next to its point (data coordinates), inside the axes, where it covers no label already
+    written and no other point's marker (``points``: every plotted point, by default the labelled ones): the
+    first free spot of :data:`_LABEL_SPOTS` (a far one with a leader line), else the first spot. ``colors``: a
+    label's colour (its series'). Call it once the axes' limits are final. Returns the annotations."""
+    fig = ax.figure
+    fig.canvas.draw()  # fixes the limits and gives a renderer that measures text
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    radius = MARKER_POINTS * fig.dpi / 72.0
+    markers = [(xy, ax.transData.transform(xy)) for xy in (points if points is not None else list(labels))]
+    inside = ax.get_window_extent(renderer)
+    placed: list[Any] = []
+    taken: list[Any] = []
+    for xy, text in sorted(labels.items()):
+        others = [Bbox.from_extents(px - radius, py - radius, px + radius, py + radius)
+                  for other, (px, py) in markers if other != xy]
+        spots = [*_LABEL_SPOTS, _LABEL_SPOTS[0]]  # where nothing is free: the first spot after all
+        for i, (dx, dy, ha, va) in enumerate(spots):
+            far = abs(dx) > 8 or abs(dy) > 8
+            note = ax.annotate(text, xy, textcoords="offset points", xytext=(dx, dy), ha=ha, va=va, fontsize=fontsize,
+                               zorder=6, color=(colors or {}).get(xy, "black"),
+                               arrowprops={"arrowstyle": "-", "color": "grey", "linewidth": 0.5} if far else None)
+            note.set_in_layout(False)  # a later tight_layout keeps the axes (and so these distances) as they are
+            box = note.get_window_extent(renderer).expanded(1.1, 1.15)
+            fits = inside.contains(box.x0, box.y0) and inside.contains(box.x1, box.y1)
+            if (fits and not any(box.overlaps(b) for b in taken + others)) or i == len(spots) - 1:
+                placed.append(note)
+                taken.append(box)
+                break
+            note.remove()
+    return placed
+
+
+def tradeoff_figure(summary: pd.DataFrame, attack: str) -> plt.Figure:
+    """The figure :func:`tradeoff` saves: titled with the dataset, the attack and its metric; each point
+    labelled with its defense strength (the legend's title says so), labels placed so that none overlaps."""
     data = summary[summary["attack"] == attack]
     agg = data.groupby(["defense", "strength"], dropna=False).agg(
         eps_u=("utility_loss", "mean"), eps_u_std=("utility_loss", "std"),
         eps_p=("leakage", "mean"), eps_p_std=("leakage", "std")).reset_index()
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
     markers = iter("osD^v<>phX*")
+    labels: dict[tuple[float, float], str] = {}
+    colors: dict[tuple[float, float], Any] = {}
     for defense, group in agg.groupby("defense"):
         if defense == NO_DEFENSE:
             continue
         group = group.sort_values("strength")
-        ax.errorbar(group["eps_u"], group["eps_p"],
-                    xerr=group["eps_u_std"].fillna(0), yerr=group["eps_p_std"].fillna(0),
-                    marker=next(markers, "o"), linestyle="-", capsize=3, label=defense)
-        for i, ((x, y), text) in enumerate(sorted(_point_labels(group).items())):
-            # alternate above / below so that the labels of neighbouring points do not overlap
-            ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 5 if i % 2 == 0 else -11), fontsize=7)
+        series = ax.errorbar(group["eps_u"], group["eps_p"],
+                             xerr=group["eps_u_std"].fillna(0), yerr=group["eps_p_std"].fillna(0),
+                             marker=next(markers, "o"), linestyle="-", capsize=3, label=defense)
+        for xy, text in _point_labels(group).items():
+            # two defenses' points at one place share a label (in black)
+            colors[xy] = "black" if xy in labels else series.lines[0].get_color()
+            labels[xy] = f"{labels[xy]}; {text}" if xy in labels else text
     base = agg[agg["defense"] == NO_DEFENSE]
     if not base.empty:
         ax.scatter(base["eps_u"], base["eps_p"], marker="*", s=160, color="black", zorder=5, label="no defense")
@@ -64,11 +114,24 @@ def tradeoff(summary: pd.DataFrame, attack: str, path: Path) -> Path:
                 markersize=13, markerfacecolor="none", label="Pareto front")
     ax.set_xlabel("utility loss ε_u (points)")
     ax.set_ylabel("privacy leakage ε_p (points)")
-    ax.set_title(f"privacy-utility trade-off: {attack}")
+    datasets = ", ".join(sorted(str(d) for d in data["dataset"].dropna().unique())) if "dataset" in data else ""
+    metrics = sorted(str(m) for m in data["attack_metric"].dropna().unique()) if "attack_metric" in data else []
+    metric = f" ({', '.join(metrics)})" if metrics else ""
+    ax.set_title(f"{datasets + ': ' if datasets else ''}{attack}{metric}: privacy-utility trade-off", fontsize=10)
     ax.axhline(0, color="lightgrey", linewidth=0.8)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, title="numbers at points: defense strength" if labels else None, title_fontsize=7)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    fig.tight_layout()
+    place_labels(ax, labels, colors=colors, points=[(float(x), float(y)) for x, y in
+                                                    zip(agg["eps_u"], agg["eps_p"], strict=True)
+                                                    if not (pd.isna(x) or pd.isna(y))])
+    return fig
+
+
+def tradeoff(summary: pd.DataFrame, attack: str, path: Path) -> Path:
+    """Privacy leakage vs utility loss per defense, labelled by strength, with the no-defense
+    point and the Pareto front (Kang Fig. 4; VMask Fig. 6). Means over seeds, std as bars."""
+    return _save(tradeoff_figure(summary, attack), path)
 
 
 def per_epoch(curves: pd.DataFrame, attack: str, path: Path) -> Path:

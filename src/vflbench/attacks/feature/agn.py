@@ -54,7 +54,7 @@ class AGN(MaliciousActiveAttack):
     aux_disjoint = True  # evaluated in DMAVFL's setting (§6.1: D_aux ∩ D_train = ∅)
     has_shadow: ClassVar[bool] = False
 
-    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,
+    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = None,
                  aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
                  n_targets: int | None = None, aux_batch_size: int = 128, lr: float = 1e-4, disc_lr: float = 1e-4,
                  hidden: int = 256, decoder_width: int = 64, shadow_model: str | None = None,
@@ -72,8 +72,9 @@ class AGN(MaliciousActiveAttack):
         own_flat = int(math.prod(aux.own.shape[1:])) if aux.own is not None else 0
         victim_flat = int(math.prod(aux.victim.shape[1:]))
         in_dim = own_flat + self.own_width(party, aux) + self.scenario_.embed_dim
-        gen = seeded(decoder_for(in_dim, aux.victim[0], hidden=self.hidden, width=self.decoder_width), generator)
-        disc = seeded(mlp(own_flat + victim_flat, (self.hidden, self.hidden), 1, leaky=True), generator)
+        gen = seeded(decoder_for(in_dim, aux.victim[0], hidden=self.hidden, width=self.decoder_width), generator,
+                     aux.victim)
+        disc = seeded(mlp(own_flat + victim_flat, (self.hidden, self.hidden), 1, leaky=True), generator, aux.victim)
         optimizers = {"generator": self.adam([own, gen], self.lr),
                       "discriminator": self.adam([disc], self.disc_lr, amsgrad=True)}
         return Adversary(party, aux, AuxBatches(len(aux.ids), generator), generator, own, None, gen, disc, optimizers)

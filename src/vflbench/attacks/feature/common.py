@@ -336,11 +336,15 @@ class MaliciousActiveAttack(Attack):
 
     Subclasses build their models in :meth:`build` and implement :meth:`attack_step`; the
     default reconstruction is ``f_d(cat(f_a(x_a), h_victim))`` with the embeddings the victim
-    sends at inference time. ``aux_size`` (a count) takes precedence over ``aux_fraction``.
+    sends at inference time. Their auxiliary set is disjoint from the training set (``aux_disjoint``):
+    the pool of held-out rows (``data.aux_pool``), all of it by default; ``aux_size`` (a count, which
+    takes precedence) or ``aux_fraction`` (a share of the training split) take that many rows of it.
     """
 
     target: ClassVar[Target] = "features"
     phase: ClassVar[Phase] = "malicious"
+    aux_disjoint: ClassVar[bool] = True
+    repeatable = False  # the reconstruction is the decoder trained during training
     reads = ("embedding",)
     threat = THREAT
     party = "active"
@@ -350,12 +354,10 @@ class MaliciousActiveAttack(Attack):
     honest_epochs: int = 0
 
     def __init__(self, *, victim: str | Sequence[str] = "passive_1", aux_size: int | None = None,
-                 aux_fraction: float | None = 0.1, aux_classes: Sequence[int] | None = None,
+                 aux_fraction: float | None = None, aux_classes: Sequence[int] | None = None,
                  target_split: Literal["train", "test"] = "test", n_targets: int | None = None,
                  aux_batch_size: int = 128, lr: float = 1e-4, shadow_model: str | None = None,
                  shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64) -> None:
-        if aux_size is None and aux_fraction is None:
-            raise ValueError("a malicious feature attack needs an auxiliary set: give aux_size or aux_fraction")
         if target_split not in ("train", "test"):
             raise ValueError(f"target_split must be 'train' or 'test', got {target_split!r}")
         if aux_batch_size < 1 or hidden < 1 or decoder_width < 4 or lr <= 0:
@@ -384,8 +386,7 @@ class MaliciousActiveAttack(Attack):
                 generator: torch.Generator | None = None) -> None:
         """Build the adversary's models on ``aux``, run its pretraining, and take over ``step``."""
         require(isinstance(party, ActiveParty), self.name, "the attacker must be the active party")
-        require(aux is not None and generator is not None, self.name, "it needs its auxiliary set (aux_size or "
-                "aux_fraction)")
+        require(aux is not None and generator is not None, self.name, "it needs its auxiliary set (data.aux_pool)")
         assert aux is not None and generator is not None
         require(len(aux.ids) >= 2, self.name, "its auxiliary set needs at least 2 rows")
         require(takeover_by(party) is None, self.name,
@@ -503,6 +504,7 @@ class MaliciousActiveAttack(Attack):
                                                                                  if view.aux is not None else 0})
 
 
-def seeded(module: nn.Module, generator: torch.Generator) -> nn.Module:
-    """Initialise ``module`` from ``generator`` (the attack's own stream)."""
-    return init_parameters(module, generator)
+def seeded(module: nn.Module, generator: torch.Generator, like: Tensor) -> nn.Module:
+    """Initialise ``module`` from ``generator`` (the attack's own stream, drawn on the CPU) and move it to the
+    device of ``like`` (the data it will run on)."""
+    return init_parameters(module, generator).to(like.device)

@@ -27,9 +27,10 @@ each batch first takes one Eq. (1) step of f_a, f_e, f_d on an aux batch, then c
 sends its gradient and updates the DAC with the updated encoder's aux embeddings.
 
 Auxiliary set: disjoint from the training set (``aux_disjoint``; §3.2 and §6.1: D_aux ∩
-D_train = ∅, |D_aux| : |D_train| = 1 : 10). The runner draws ``aux_fraction`` (default 1/11) of
-the training split and holds those rows out of every party's training, which leaves 10 training
-rows per aux row (Table 10: 1,909 aux and 19,091 training rows of Credit's 21,000).
+D_train = ∅, |D_aux| : |D_train| = 1 : 10). It is the pool of rows held out of every party's
+training (``data.aux_pool``; 1/11 of the training split gives the paper's 10 training rows per aux
+row, Table 10: 1,909 aux and 19,091 training rows of Credit's 21,000), all of it unless
+``aux_size``/``aux_fraction`` take fewer of its rows.
 
 Utility: the malicious party has no honest top model any more; its predictions are the DAC's
 (class scores ``logsumexp`` over the real/fake pair of each class), which is what a deployed
@@ -82,8 +83,8 @@ class DMAVFL(MaliciousActiveAttack):
 
     Parameters: ``victim`` (the passive party attacked, or a list of them: DMAVFL §7.4's several
     target clients, each with its own shadow f_e, one DAC on their concatenated embeddings and
-    one decoder of their concatenated slices), ``aux_size``/``aux_fraction`` (default 1/11 of
-    the training split, held out of training: aux : train = 1 : 10, DMAVFL §6.1) and
+    one decoder of their concatenated slices), ``aux_size``/``aux_fraction`` (default: the whole
+    pool of held-out rows, ``data.aux_pool``; 1/11 gives aux : train = 1 : 10, DMAVFL §6.1) and
     ``aux_classes`` (out-of-distribution aux),
     ``target_split``/``n_targets`` (rows scored), ``pretrain_epochs`` (``None``: URVFL's 720
     pretraining steps, at least 20 passes), ``lr`` (1e-4, f_a,
@@ -118,7 +119,7 @@ class DMAVFL(MaliciousActiveAttack):
     aux_disjoint = True
 
     def __init__(self, *, victim: str | Sequence[str] = "passive_1", aux_size: int | None = None,
-                 aux_fraction: float | None = 1 / 11, aux_classes: Sequence[int] | None = None,
+                 aux_fraction: float | None = None, aux_classes: Sequence[int] | None = None,
                  target_split: Literal["train", "test"] = "test",
                  n_targets: int | None = None, pretrain_epochs: int | None = None, aux_batch_size: int = 128,
                  lr: float = 1e-4, disc_lr: float = 1e-4, shadow_model: str | None = None,
@@ -186,7 +187,7 @@ class DMAVFL(MaliciousActiveAttack):
         try:
             decoder = seeded(decoder_for(own_width + embed, aux.victim[0], hidden=self.hidden,
                                           width=self.decoder_width, output=self.decoder_output,
-                                          victim_map=self.decoder_map, own_width=own_width), generator)
+                                          victim_map=self.decoder_map, own_width=own_width), generator, aux.victim)
         except ValueError as exc:
             raise ConfigError(f"dmavfl: decoder_map {tuple(self.decoder_map or ())}: {exc}") from None
         classes = 2 * self.scenario_.num_classes
@@ -196,9 +197,9 @@ class DMAVFL(MaliciousActiveAttack):
             if math.prod(self.dac_map) != embed:
                 raise ConfigError(f"dmavfl: dac_map {tuple(self.dac_map)} holds {math.prod(self.dac_map)} values, "
                                   f"the victims' embedding {embed}")
-            dac = seeded((ConvDAC if kind == "cnn" else BNConvDAC)(self.dac_map, classes), generator)
+            dac = seeded((ConvDAC if kind == "cnn" else BNConvDAC)(self.dac_map, classes), generator, aux.victim)
         else:
-            dac = seeded(mlp(embed, (self.hidden, self.hidden), classes, leaky=True), generator)
+            dac = seeded(mlp(embed, (self.hidden, self.hidden), classes, leaky=True), generator, aux.victim)
         optimizers = {"autoencoder": self.adam([own, shadow, decoder], self.lr),
                       "discriminator": self.adam([dac], self.disc_lr)}
         return Adversary(party, aux, AuxBatches(len(aux.ids), generator), generator, own, shadow, decoder, dac,
@@ -293,7 +294,7 @@ class DMAVFLSync(DMAVFL):
     sync = True
 
     def __init__(self, *, victim: str | Sequence[str] = "passive_1", aux_size: int | None = None,
-                 aux_fraction: float | None = 1 / 11, aux_classes: Sequence[int] | None = None,
+                 aux_fraction: float | None = None, aux_classes: Sequence[int] | None = None,
                  target_split: Literal["train", "test"] = "test",
                  n_targets: int | None = None, pretrain_epochs: int = 0, aux_batch_size: int = 128,
                  lr: float = 1e-4, disc_lr: float = 1e-4, shadow_model: str | None = None,

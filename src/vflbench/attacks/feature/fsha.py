@@ -67,7 +67,7 @@ class FSHA(MaliciousActiveAttack):
     paper = FSHA_PAPER
     aux_disjoint = True  # FSHA: the attacker's public set X_pub is not the clients' training set
 
-    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,
+    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = None,
                  aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
                  n_targets: int | None = None, aux_batch_size: int = 128, lr: float = 1e-5, disc_lr: float = 1e-4,
                  gradient_penalty: float = 500.0, wgan: bool = True, shadow_model: str | None = None,
@@ -87,8 +87,8 @@ class FSHA(MaliciousActiveAttack):
         pilot = self.make_shadow(aux, generator)
         embed = self.scenario_.embed_dim
         decoder = seeded(decoder_for(self.own_width(party, aux) + embed, aux.victim[0], hidden=self.hidden,
-                                     width=self.decoder_width), generator)
-        critic = seeded(mlp(embed, (self.hidden, self.hidden), 1, leaky=True), generator)
+                                     width=self.decoder_width), generator, aux.victim)
+        critic = seeded(mlp(embed, (self.hidden, self.hidden), 1, leaky=True), generator, aux.victim)
         optimizers = {"autoencoder": self.adam([own, pilot, decoder], self.lr),
                       "discriminator": self.adam([critic], self.disc_lr)}
         return Adversary(party, aux, AuxBatches(len(aux.ids), generator), generator, own, pilot, decoder, critic,

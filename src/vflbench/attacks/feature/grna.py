@@ -164,14 +164,14 @@ class GRNA(CuriousActiveAttack):
             lo, hi = aux.victim.min(0).values, aux.victim.max(0).values
         own_flat = own_x.flatten(1).float() if own_x is not None else None
         in_dim = (own_flat.shape[1] if own_flat is not None else 0) + flat_dim(aux.victim[0])
-        gen = seeded(Generator(in_dim, shape, self.hidden, lo, hi), view.generator)
+        gen = seeded(Generator(in_dim, shape, self.hidden, lo, hi), view.generator, aux.victim)
         opt = torch.optim.Adam(gen.parameters(), lr=self.lr)
         params = list(gen.parameters())
         n_vic = flat_dim(aux.victim[0])
         known_mean = aux.victim.flatten(1).mean(0)
 
         def generator_input(rows: Tensor) -> Tensor:
-            noise = torch.randn((len(rows), n_vic), generator=view.generator)
+            noise = torch.randn((len(rows), n_vic), generator=view.generator).to(aux.victim.device)
             return noise if own_flat is None else torch.cat([own_flat[rows], noise], 1)
 
         losses = []

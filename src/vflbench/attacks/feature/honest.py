@@ -181,9 +181,9 @@ def invert_embeddings(model: nn.Module, u: Tensor, shape: Sequence[int], *, step
     out = []
     for i in range(0, len(u), EVAL_CHUNK):
         target = u[i : i + EVAL_CHUNK]
-        x = torch.zeros((len(target), *shape))
+        x = torch.zeros((len(target), *shape), device=u.device)
         if init is not None:
-            x = x + init.to(x.dtype)
+            x = x + init.to(x.device, x.dtype)
         x.requires_grad_(True)
         opt = torch.optim.Adam([x], lr=lr, eps=eps, amsgrad=amsgrad)
         for _ in range(steps):
@@ -199,7 +199,7 @@ def invert_embeddings(model: nn.Module, u: Tensor, shape: Sequence[int], *, step
                 with torch.no_grad():
                     x.clamp_(*bounds)
         out.append(x.detach())
-    return torch.cat(out) if out else torch.empty((0, *shape))
+    return torch.cat(out) if out else torch.empty((0, *shape), device=u.device)
 
 
 class Conditional(nn.Module):
@@ -279,8 +279,9 @@ class CuriousActiveAttack(Attack):
     def __init__(self, *, victim: str, aux_size: int | None, aux_fraction: float | None,
                  aux_classes: Sequence[int] | None, target_split: Literal["train", "test"],
                  n_targets: int | None, shadow_model: str | None, shadow_options: dict[str, Any] | None) -> None:
-        if aux_size is None and aux_fraction is None:
-            raise ValueError("a feature attack needs an auxiliary set: give aux_size or aux_fraction")
+        if aux_size is None and aux_fraction is None and not self.aux_disjoint:
+            raise ValueError("a feature attack whose auxiliary rows are trained on needs an auxiliary set: give "
+                             "aux_size or aux_fraction")
         if target_split not in ("train", "test"):
             raise ValueError(f"target_split must be 'train' or 'test', got {target_split!r}")
         if n_targets is not None and n_targets < 1:
@@ -346,7 +347,7 @@ class CuriousActiveAttack(Attack):
                 hit = aux.ids[pos] == ids
                 if hit.any():
                     if self.aux_h_ is None:
-                        self.aux_h_ = torch.zeros((len(aux.ids), *h.shape[1:]), dtype=h.dtype)
+                        self.aux_h_ = torch.zeros((len(aux.ids), *h.shape[1:]), dtype=h.dtype, device=h.device)
                     self.aux_h_[pos[hit]] = h[hit].clone()
                     self.aux_seen_[pos[hit]] = True
             if self.observes_steps:

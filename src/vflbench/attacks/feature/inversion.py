@@ -172,7 +172,7 @@ class ModelInversion(CuriousActiveAttack):
         assert aux is not None
         rows, h_aux = self.aux_embeddings(view)
         inverse = seeded(decoder_for(h_aux.shape[1], aux.victim[0], hidden=self.hidden, width=self.decoder_width),
-                         view.generator)
+                         view.generator, h_aux)
         losses = fit_regression(inverse, h_aux, aux.victim[rows], epochs=self.inverse_epochs, lr=self.inverse_lr,
                                 batch_size=self.batch_size, generator=view.generator, eps=ADAM_EPS, amsgrad=True,
                                 halve_every=self.halve_every)

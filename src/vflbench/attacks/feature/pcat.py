@@ -53,7 +53,7 @@ PAPER = ("Gao & Zhang, Feature Inference Attack on Split Learning with a Pseudo-
 class PCAT(CuriousActiveAttack):
     """Pseudo-client attack by the honest-but-curious active party (see the module docstring).
 
-    Parameters: ``victim``, ``aux_size``/``aux_fraction`` (default 10% of the training rows),
+    Parameters: ``victim``, ``aux_size``/``aux_fraction`` (default: the whole held-out pool),
     ``aux_classes``, ``target_split``/``n_targets`` (rows scored), ``aux_batch_size`` (128),
     ``lr`` (1e-4, the pseudo-client's Adam), ``shadow_steps`` (1 pseudo-client step per VFL
     step), ``decoder_epochs`` (30), ``decoder_lr`` (1e-4), ``shadow_model``/``shadow_options``
@@ -67,7 +67,7 @@ class PCAT(CuriousActiveAttack):
     phase: ClassVar[Phase] = "observer"
     observes_steps = True
 
-    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,
+    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = None,
                  aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
                  n_targets: int | None = None, aux_batch_size: int = 128, lr: float = 1e-4, shadow_steps: int = 1,
                  decoder_epochs: int = 30, decoder_lr: float = 1e-4, shadow_model: str | None = None,
@@ -126,7 +126,7 @@ class PCAT(CuriousActiveAttack):
             parts = [] if own_bottom is None else [apply_in_chunks(own_bottom, aux.own)]
             inputs = torch.cat([*parts, apply_in_chunks(shadow, aux.victim)], 1)
         decoder = seeded(decoder_for(inputs.shape[1], aux.victim[0], hidden=self.hidden, width=self.decoder_width),
-                         view.generator)
+                         view.generator, inputs)
         opt = torch.optim.Adam(decoder.parameters(), lr=self.decoder_lr)
         losses = []
         decoder.train()

@@ -29,13 +29,13 @@ adds it as an extra image channel); the discriminators are MLPs with two hidden 
 draw from the global random stream; our embeddings are flat). Decoder: DMAVFL's (a small
 upsampling CNN for image strips, an MLP for tabular slices). Defaults: the original's
 (``e_lr`` 1e-3, ``d_lr`` 5e-4, lambda1 0.02, lambda2 1e-5, batch 128); the number of attack
-iterations is tied to the VFL steps (the original runs 20000). Auxiliary set: ``aux_fraction``
-0.5 of the training rows, held out of training (``aux_disjoint``), so |D_aux| = |D_train| as in
-the original's experiments (``run_sdar.py``: the data are split in half between the client and
-the server's auxiliary set, ``aux_data_frac`` 1.0; smaller sets, down to 5% of the client's,
-are its robustness study). DMAVFL's comparison gives every baseline 1:10 instead (its
-reproduction configs set ``aux_fraction: 0.1``); with the 46 rows that leaves on
-``breast_cancer`` SDAR does not beat the mean guess (docs/decisions.md).
+iterations is tied to the VFL steps (the original runs 20000). Auxiliary set: held out of
+training (``aux_disjoint``): the pool ``data.aux_pool`` (all of it by default). The original's
+experiments split the data in half between the client and the server's auxiliary set
+(``run_sdar.py``, ``aux_data_frac`` 1.0: ``data.aux_pool: 0.5``); smaller sets, down to 5% of the
+client's, are its robustness study, and DMAVFL's comparison gives every baseline 1:10
+(``data.aux_pool: 0.0909``); with the 46 rows that leaves on ``breast_cancer`` SDAR does not beat
+the mean guess (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def _bce(logits: Tensor, value: float) -> Tensor:
 class SDAR(CuriousActiveAttack):
     """SDAR by the honest-but-curious active party (see the module docstring).
 
-    Parameters: ``victim``, ``aux_size``/``aux_fraction`` (default 50%, held out), ``aux_classes``,
+    Parameters: ``victim``, ``aux_size``/``aux_fraction`` (default: the whole pool), ``aux_classes``,
     ``target_split``/``n_targets``, ``aux_batch_size`` (128), ``e_lr`` (1e-3), ``d_lr`` (5e-4),
     ``lambda1`` (0.02), ``lambda2`` (1e-5), ``e_dis_lr``/``d_dis_lr`` (``None``: ``e_lr * lambda1``
     and ``d_lr * lambda2``, the original's), ``label_dim`` (50), ``attack_steps`` (attack
@@ -86,10 +86,11 @@ class SDAR(CuriousActiveAttack):
     name = "sdar"
     paper = PAPER
     aux_disjoint = True  # SDAR's auxiliary set is not the client's training data (DMAVFL §3.2 on [45])
+    repeatable = False  # the reconstruction is the decoder trained during training
     phase: ClassVar[Phase] = "observer"
     observes_steps = True
 
-    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.5,
+    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = None,
                  aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
                  n_targets: int | None = None, aux_batch_size: int = 128, e_lr: float = 1e-3, d_lr: float = 5e-4,
                  lambda1: float = 0.02, lambda2: float = 1e-5, e_dis_lr: float | None = None,
@@ -128,11 +129,11 @@ class SDAR(CuriousActiveAttack):
         self.simulator_ = self.build_shadow(aux, generator)
         decoder = decoder_for(own_width + embed + self.label_dim, aux.victim[0], hidden=self.hidden,
                               width=self.decoder_width)
-        self.decoder_ = seeded(Conditional(decoder, classes, self.label_dim), generator)
+        self.decoder_ = seeded(Conditional(decoder, classes, self.label_dim), generator, aux.victim)
         self.e_dis_ = seeded(Conditional(mlp(embed + self.label_dim, (self.hidden, self.hidden), 1, leaky=True),
-                                         classes, self.label_dim), generator)
+                                         classes, self.label_dim), generator, aux.victim)
         self.d_dis_ = seeded(Conditional(mlp(flat_dim(aux.victim[0]) + self.label_dim, (self.hidden, self.hidden), 1,
-                                             leaky=True), classes, self.label_dim), generator)
+                                             leaky=True), classes, self.label_dim), generator, aux.victim)
         e_dis_lr = self.e_dis_lr if self.e_dis_lr is not None else self.e_lr * self.lambda1
         d_dis_lr = self.d_dis_lr if self.d_dis_lr is not None else self.d_lr * self.lambda2
         self.optimizers_ = {

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.optim import lr_scheduler
 
-from vflbench.attacks.base import AuxData, KnownLabels, LabelMetric, Phase, Prior, require
+from vflbench.attacks.base import AuxData, KnownLabels, LabelMetric, Phase, Prior, Selection, require
 from vflbench.attacks.label.model_completion import ModelCompletion
 from vflbench.attacks.registry import ATTACKS
 from vflbench.errors import CompatibilityError
@@ -150,13 +150,15 @@ class ActiveModelCompletion(ModelCompletion):
 
     def __init__(self, *, party: str = "passive_1", known_per_class: int = 4, epochs: int = 50,
                  optimizer: Literal["adam", "sgd"] = "adam", lr: float = 1e-3, batch_size: int | None = 16,
-                 head_hidden: int = 64, finetune_bottom: bool = True, select: Literal["best", "last"] = "best",
-                 prior: Prior = "local", every_epoch: bool = False, gamma_lr_scale_up: float = 1.0,
+                 head_hidden: int = 64, finetune_bottom: bool = True, select: Selection = "last",
+                 val_per_class: int = 1, prior: Prior = "local", every_epoch: bool = False,
+                 gamma_lr_scale_up: float = 1.0,
                  min_ratio: float = 1.0, max_ratio: float = 5.0, legacy_zero_grad: bool = True,
                  momentum: float = 0.9, metric: LabelMetric = "auto") -> None:
         super().__init__(party=party, known_per_class=known_per_class, epochs=epochs, optimizer=optimizer, lr=lr,
                          batch_size=batch_size, head_hidden=head_hidden, finetune_bottom=finetune_bottom,
-                         select=select, prior=prior, every_epoch=every_epoch, momentum=momentum, metric=metric)
+                         select=select, val_per_class=val_per_class, prior=prior, every_epoch=every_epoch,
+                         momentum=momentum, metric=metric)
         self.gamma_lr_scale_up = gamma_lr_scale_up
         self.min_ratio = min_ratio
         self.max_ratio = max_ratio

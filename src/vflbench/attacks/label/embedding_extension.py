@@ -45,6 +45,7 @@ from vflbench.attacks.base import (
     PartyView,
     Prior,
     Scenario,
+    Selection,
     check_metric,
     require,
 )
@@ -98,8 +99,9 @@ class EmbeddingExtension(Attack):
     def __init__(self, *, party: str = "passive_1", known_per_class: int = 100, perturb_dims: int = 4,
                  inner_steps: int = 50, generator_lr: float = 5e-2, epochs: int = 50,
                  optimizer: Literal["adam", "sgd"] = "adam", lr: float = 1e-3, batch_size: int | None = 16,
-                 head_hidden: int = 64, finetune_bottom: bool = True, select: Literal["best", "last"] = "best",
-                 prior: Prior = "local", every_epoch: bool = False, metric: LabelMetric = "auto") -> None:
+                 head_hidden: int = 64, finetune_bottom: bool = True, select: Selection = "last",
+                 val_per_class: int = 1, prior: Prior = "local", every_epoch: bool = False,
+                 metric: LabelMetric = "auto") -> None:
         if perturb_dims < 1:
             raise ValueError(f"perturb_dims must be at least 1, got {perturb_dims}")
         if inner_steps < 0:
@@ -118,12 +120,14 @@ class EmbeddingExtension(Attack):
         self.head_hidden = head_hidden
         self.finetune_bottom = finetune_bottom
         self.select = select
+        self.val_per_class = val_per_class
         self.prior = prior
         self.every_epoch = every_epoch
         self.metric = metric
         self.completion_ = ModelCompletion(party=party, known_per_class=known_per_class, epochs=epochs,
                                            optimizer=optimizer, lr=lr, batch_size=batch_size, head_hidden=head_hidden,
-                                           finetune_bottom=finetune_bottom, select=select, prior=prior,
+                                           finetune_bottom=finetune_bottom, select=select,
+                                           val_per_class=val_per_class, prior=prior,
                                            every_epoch=every_epoch, metric=metric)
 
     def check(self, scenario: Scenario) -> None:  # noqa: D102
@@ -150,7 +154,7 @@ class EmbeddingExtension(Attack):
         x_aux = party.data.x_train[known.ids]
         with torch.no_grad():
             width = base.eval()(x_aux[:1]).shape[1]
-        perturb = init_parameters(nn.Linear(width, self.perturb_dims), party.generator)
+        perturb = init_parameters(nn.Linear(width, self.perturb_dims), party.generator).to(x_aux.device)
         perturb.requires_grad_(False)
         party.bottom = ExtendedBottom(base, perturb)
         num_classes = int(known.labels.max()) + 1

@@ -25,6 +25,7 @@ def _epochs_ok(epoch: int, epochs: Sequence[int] | None) -> bool:
 class _CutGradientAttack(Attack):
     reads = ("cut_gradient",)
     phase = "observer"
+    repeatable = False  # a function of the transcript alone
 
     def __init__(self, *, party: str = "passive_1", epochs: list[int] | None = None) -> None:
         self.party = party
@@ -70,6 +71,7 @@ class DirectionScoring(_CutGradientAttack):
     """
 
     name = "direction_scoring"
+    repeatable = True  # its known positive is drawn anew on every repeat
     paper = "Li et al., Label Leakage and Protection in Two-party Split Learning (ICLR 2022)"
     threat = "honest-but-curious passive party observing cut-layer gradients, knowing a positive sample (T1)"
     requirements = ("binary labels",)
@@ -84,7 +86,7 @@ class DirectionScoring(_CutGradientAttack):
 
     def infer(self, view: PartyView) -> LabelInference:  # noqa: D102
         assert view.known is not None
-        positives = view.known.ids[view.known.labels == 1]
+        positives = view.known.ids[(view.known.labels == 1).cpu()]  # row ids are CPU tensors
         reference: Tensor | None = None
         batches = []
         for ids, g in self.messages(view):
@@ -142,7 +144,7 @@ class _ModelGradientAttack(_CutGradientAttack):
             assert r.param_grads is not None
             weight, bias = r.param_grads
             x = view.data.x_train[r.ids].flatten(1)
-            xb = torch.cat([x, torch.ones(len(x), 1)], 1)
+            xb = torch.cat([x, torch.ones(len(x), 1, device=x.device, dtype=x.dtype)], 1)
             out.append((r.ids, xb, r.embedding, torch.cat([weight.T, bias[None]], 0), r.gradient))
         return out
 
@@ -159,7 +161,8 @@ class ResidueReconstruction(_ModelGradientAttack):
     def infer(self, view: PartyView) -> LabelInference:  # noqa: D102
         batches = []
         for ids, xb, _, grad, _ in self.batches(view):
-            residue = torch.linalg.lstsq(xb.T.double(), grad.double(), driver="gelsd").solution.float()
+            # gelsd (SVD-based, minimum norm) exists on the CPU only: solved there whatever the device
+            residue = torch.linalg.lstsq(xb.T.double().cpu(), grad.double().cpu(), driver="gelsd").solution.float()
             batches.append(Scores(ids, -(residue.squeeze(1) if residue.shape[1] == 1 else residue)))
         return LabelInference(batches=batches)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from typing import Literal
 
 import numpy as np
 import torch
@@ -25,8 +24,11 @@ from vflbench.attacks.base import (
     Prior,
     Scenario,
     Scores,
+    Selection,
     check_metric,
+    check_selection,
     require,
+    split_validation,
 )
 from vflbench.attacks.label.model_completion import ModelCompletion, class_scores, predict
 from vflbench.attacks.registry import ATTACKS
@@ -94,8 +96,10 @@ class MixMatchCompletion(ModelCompletion):
       ``1 - 0.02 * lr`` (Fu's weight decay; like Fu's, it also shrinks a frozen bottom).
 
     The EMA model is evaluated after every epoch on the test split (and, as a diagnostic, on
-    all training rows, Fu's "label inference accuracy"); the runner reports the best epoch by
-    test score or the last (``select``).
+    all training rows, Fu's "label inference accuracy"); the runner reports the epoch the
+    selection rule picks (``select``: the last by default; ``"validation"`` holds ``val_per_class``
+    known labels per class out of the labelled set and picks the epoch that scores best on them;
+    ``"test_oracle"`` is Fu's best test epoch, an oracle).
 
     Departures, all forced or behaviour-preserving: the labelled and unlabelled chunks are
     interleaved and forwarded separately only when the model has BatchNorm; without it one
@@ -123,8 +127,9 @@ class MixMatchCompletion(ModelCompletion):
     def __init__(self, *, party: str = "passive_1", known_per_class: int = 4, epochs: int = 10,
                  val_iteration: int = 1024, batch_size: int = 16, lr: float = 2e-3, alpha: float = 0.75,
                  lambda_u: float = 50.0, temperature: float = 0.8, ema_decay: float = 0.999,
-                 head_hidden: int = 64, finetune_bottom: bool = True, select: Literal["best", "last"] = "best",
-                 prior: Prior = "local", every_epoch: bool = False, metric: LabelMetric = "auto") -> None:
+                 head_hidden: int = 64, finetune_bottom: bool = True, select: Selection = "last",
+                 val_per_class: int = 1, prior: Prior = "local", every_epoch: bool = False,
+                 metric: LabelMetric = "auto") -> None:
         self.party = party
         self.known_per_class = known_per_class
         self.epochs = epochs
@@ -138,6 +143,7 @@ class MixMatchCompletion(ModelCompletion):
         self.head_hidden = head_hidden
         self.finetune_bottom = finetune_bottom
         self.select = select
+        self.val_per_class = val_per_class
         self.prior = prior
         self.every_epoch = every_epoch
         self.metric = metric
@@ -148,6 +154,7 @@ class MixMatchCompletion(ModelCompletion):
             raise ValueError("alpha, temperature and lr must be positive")
         if not 0.0 <= ema_decay <= 1.0:
             raise ValueError(f"ema_decay must lie in [0, 1], got {ema_decay}")
+        check_selection(self.name, select, val_per_class, known_per_class)
 
     def check(self, scenario: Scenario) -> None:  # noqa: D102
         super().check(scenario)
@@ -156,10 +163,11 @@ class MixMatchCompletion(ModelCompletion):
                 "use model_completion (a sigmoid on the bottom model) instead")
         require(scenario.bottom not in MIXUP_INCOMPATIBLE_BOTTOMS, self.name,
                 f"the {scenario.bottom!r} bottom model reads integer codes or token ids, which mixup cannot mix")
-        known = self.known_per_class * scenario.num_classes
+        per_class = self.known_per_class - (self.val_per_class if self.select == "validation" else 0)
+        known = per_class * scenario.num_classes
         require(self.batch_size <= known, self.name,
-                f"batch_size ({self.batch_size}) exceeds the {known} known labels "
-                f"({self.known_per_class} per class); lower batch_size or raise known_per_class")
+                f"batch_size ({self.batch_size}) exceeds the {known} known labels it fine-tunes on "
+                f"({per_class} per class); lower batch_size or raise known_per_class")
 
     def infer(self, view: PartyView) -> LabelInference:  # noqa: D102
         return self.complete(view, view.bottom())
@@ -177,7 +185,7 @@ class MixMatchCompletion(ModelCompletion):
                                      "codes or token ids, which mixup cannot mix")
         k = view.scenario.num_classes
         gen = view.generator
-        head = init_parameters(inference_head(view.scenario.embed_dim, k, self.head_hidden), gen)
+        head = init_parameters(inference_head(view.scenario.embed_dim, k, self.head_hidden), gen).to(x_all.device)
         model = nn.Sequential(bottom, head)
         if not self.finetune_bottom:
             bottom.requires_grad_(False)
@@ -188,10 +196,11 @@ class MixMatchCompletion(ModelCompletion):
         beta = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=gen)))
         interleaved = has_batchnorm(model)
 
+        fit, val = split_validation(view.known, self.select, self.val_per_class, gen)
         labelled = torch.zeros(len(x_all), dtype=torch.bool)
         labelled[view.known.ids] = True
-        x_l, x_u = x_all[view.known.ids], x_all[~labelled]
-        t_l = F.one_hot(view.known.labels, k).to(x_all.dtype)
+        x_l, x_u = x_all[fit.ids], x_all[~labelled]
+        t_l = F.one_hot(fit.labels, k).to(x_all.dtype)
         size = self.batch_size
         train_ids, test_ids = torch.arange(len(x_all)), torch.arange(len(view.data.x_test))
         per_epoch = []
@@ -229,9 +238,12 @@ class MixMatchCompletion(ModelCompletion):
                         if avg.is_floating_point():
                             avg.mul_(self.ema_decay).add_(live, alpha=1.0 - self.ema_decay)
                             live.mul_(decay)
+            train_scores = class_scores(predict(ema, x_all))
             per_epoch.append(LabelInference(
-                train=Scores(train_ids, class_scores(predict(ema, x_all)), "train"),
-                test=Scores(test_ids, class_scores(predict(ema, view.data.x_test)), "test")))
+                train=Scores(train_ids, train_scores, "train"),
+                test=Scores(test_ids, class_scores(predict(ema, view.data.x_test)), "test"),
+                validation=None if val is None else Scores(val.ids, train_scores[val.ids])))
         return LabelInference(per_epoch=per_epoch,
                               details={"known_labels": len(x_l), "unlabelled": len(x_u), "trained": True,
+                                       "validation_labels": 0 if val is None else len(val.ids),
                                        "interleaved": interleaved})

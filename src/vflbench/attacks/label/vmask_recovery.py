@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vflbench.attacks.base import LabelInference, LabelMetric, PartyView, Prior
+from vflbench.attacks.base import LabelInference, LabelMetric, PartyView, Prior, Selection
 from vflbench.attacks.label.model_completion import ModelCompletion
 from vflbench.attacks.registry import ATTACKS
 from vflbench.mpc.masking import AttackerBottom, MaskableLayer, VMaskBottom
@@ -84,7 +84,9 @@ class LayerRecorder:
 
     An observer of the layer's :class:`~vflbench.mpc.observation.ObservationPoint`: it keeps P_k's weight
     before masking and its share at masking, and folds every forward and backward opening (up to
-    ``max_openings`` each) into weighted normal equations. A new masking starts a new episode.
+    ``max_openings`` each) into weighted normal equations. A new masking starts a new episode. The record and
+    its solve are kept on the CPU in float64 whatever device the layer runs on (small dense linear algebra; the
+    openings it folds are copied there, at most ``max_openings`` per stage and episode).
     """
 
     def __init__(self, layer: MaskableLayer, *, max_openings: int | None) -> None:
@@ -106,10 +108,10 @@ class LayerRecorder:
 
     def masked(self, weight: Tensor, bias: Tensor | None, weight_share: Tensor, bias_share: Tensor | None) -> None:
         """A new masking episode: remember P_k's plaintext weight before it and its shares after it."""
-        self.weight0 = weight.detach().to(torch.float64).clone()
-        self.bias0 = None if bias is None else bias.detach().to(torch.float64).clone()
-        self.share0 = weight_share.clone()
-        self.bias_share0 = None if bias_share is None else bias_share.clone()
+        self.weight0 = weight.detach().to("cpu", torch.float64, copy=True)
+        self.bias0 = None if bias is None else bias.detach().to("cpu", torch.float64, copy=True)
+        self.share0 = weight_share.to("cpu", copy=True)
+        self.bias_share0 = None if bias_share is None else bias_share.to("cpu", copy=True)
         self.episodes += 1
         self.open = True
         self._reset()
@@ -121,11 +123,11 @@ class LayerRecorder:
 
     def known(self, weight_share: Tensor, bias_share: Tensor | None, frac_bits: int,
               scale: float = 1.0) -> tuple[Tensor, Tensor | None]:
-        """``W_known``: P_k's weight before masking plus its own updates since (from its share)."""
-        w = self.weight0 + _ring_delta(weight_share, self.share0, frac_bits) * scale
+        """``W_known``: P_k's weight before masking plus its own updates since (from its share); on the CPU."""
+        w = self.weight0 + _ring_delta(weight_share.cpu(), self.share0, frac_bits) * scale
         b = None
         if self.bias0 is not None and bias_share is not None and self.bias_share0 is not None:
-            b = self.bias0 + _ring_delta(bias_share, self.bias_share0, frac_bits) * scale
+            b = self.bias0 + _ring_delta(bias_share.cpu(), self.bias_share0, frac_bits) * scale
         return w, b
 
     @torch.no_grad()
@@ -135,7 +137,7 @@ class LayerRecorder:
             return
         self.counts[o.stage] += 1
         w_known, b_known = self.known(o.weight_share, o.bias_share, o.frac_bits, o.scale)
-        x, out = o.operand.to(torch.float64), o.opened.to(torch.float64)
+        x, out = o.operand.to("cpu", torch.float64), o.opened.to("cpu", torch.float64)
         weight = 1.0 / o.resolution**2
         if o.stage == "forward":
             design, resid = self._forward_rows(x, out, w_known, b_known)
@@ -289,13 +291,14 @@ class VMaskWeightRecovery(ModelCompletion):
 
     def __init__(self, *, party: str = "passive_1", known_per_class: int = 4, epochs: int = 50,
                  optimizer: Literal["adam", "sgd"] = "adam", lr: float = 1e-3, batch_size: int | None = 16,
-                 head_hidden: int = 64, finetune_bottom: bool = True, select: Literal["best", "last"] = "best",
-                 prior: Prior = "local", every_epoch: bool = False, momentum: float = 0.9,
+                 head_hidden: int = 64, finetune_bottom: bool = True, select: Selection = "last",
+                 val_per_class: int = 1, prior: Prior = "local", every_epoch: bool = False, momentum: float = 0.9,
                  metric: LabelMetric = "auto", max_openings: int | None = 64,
                  fallback: Literal["tracked", "share"] = "tracked") -> None:
         super().__init__(party=party, known_per_class=known_per_class, epochs=epochs, optimizer=optimizer, lr=lr,
                          batch_size=batch_size, head_hidden=head_hidden, finetune_bottom=finetune_bottom,
-                         select=select, prior=prior, every_epoch=every_epoch, momentum=momentum, metric=metric)
+                         select=select, val_per_class=val_per_class, prior=prior, every_epoch=every_epoch,
+                         momentum=momentum, metric=metric)
         if every_epoch:
             raise ValueError("every_epoch is not supported: the weights are recovered from the final masking "
                              "episode, at the end of training")
@@ -373,8 +376,8 @@ def _evaluation_only_errors(layer: MaskableLayer, rec: LayerRecorder, w_hat: Ten
     out = w_true.shape[0]
 
     def aug(w: Tensor, b: Tensor | None) -> Tensor:
-        col = (b if b is not None else torch.zeros(out, dtype=torch.float64)).to(torch.float64).reshape(out, 1)
-        return torch.cat([w.to(torch.float64).reshape(out, -1), col], 1)
+        col = (b if b is not None else torch.zeros(out, dtype=torch.float64)).to("cpu", torch.float64).reshape(out, 1)
+        return torch.cat([w.to("cpu", torch.float64).reshape(out, -1), col], 1)
 
     truth = aug(w_true, b_true)
     err, known = aug(w_hat, b_hat) - truth, aug(w_known, b_known) - truth

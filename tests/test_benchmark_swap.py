@@ -1,0 +1,95 @@
+"""The reproduction scripts take ``--dataset`` and ``--set`` (benchmarks/swap.py): another dataset without a
+driver. Their runs here are cut to seconds with ``--set`` on the embedded data."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import reproduce  # noqa: E402
+import reproduce_dmavfl  # noqa: E402
+import reproduce_labobf  # noqa: E402
+import swap  # noqa: E402
+
+from vflbench.experiment.config import load_config  # noqa: E402
+
+BREAST = ["data.name=breast_cancer", "data.options={}", "data.columns=null", "data.split=auto"]
+
+
+def _args(*argv: str, setting: bool = False) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    if setting:
+        parser.add_argument("--setting", default=None)
+    swap.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_dataset_and_set_become_overrides_and_a_tag():
+    args = _args("--dataset", "breast_cancer", "--set", "train.epochs=1", "--set", "data.train_size=100")
+    assert swap.overrides(args) == [*BREAST, "train.epochs=1", "data.train_size=100"]
+    assert swap.overrides(_args()) == [] and swap.tag([]) == ""
+    assert swap.tag(swap.overrides(args)).startswith("@") and swap.tag(["a"]) != swap.tag(["b"])
+    # a script whose --dataset named one of its settings: it still does; another name is a swap
+    named = _args("--dataset", "credit", setting=True)
+    assert swap.setting_and_overrides(named, ["credit", "x"], "x") == ("credit", [])
+    assert swap.setting_and_overrides(_args("--dataset", "wine", setting=True), ["credit"], "credit") == \
+        ("credit", ["data.name=wine", "data.options={}", "data.columns=null", "data.split=auto"])
+
+
+def test_reproduce_runs_its_configs_on_the_swapped_dataset(tmp_path, capsys):
+    reproduce.main(["kang_credit_vlr", "--dataset", "breast_cancer", "--set", "train.epochs=1", "--no-run",
+                    "--out", str(tmp_path)])
+    swapped = load_config(reproduce.config_path("kang_credit_vlr"), [*BREAST, "train.epochs=1"])
+    assert swapped.data.name == "breast_cancer"
+    missing = capsys.readouterr().err
+    assert f"no {tmp_path / swapped.hash() / 'result.json'}" in missing and "[data.name=breast_cancer" in missing
+
+
+def test_a_bad_swap_is_one_line_before_anything_runs(tmp_path):
+    with pytest.raises(SystemExit) as info:
+        reproduce.main(["kang_credit_vlr", "--dataset", "imagenet", "--out", str(tmp_path)])
+    assert str(info.value).startswith("error: kang_credit_vlr.yaml with data.name=imagenet") \
+        and "unknown dataset 'imagenet'" in str(info.value)
+    assert not tmp_path.joinpath("x").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_reproduce_labobf_run_one_returns_the_trained_run(tmp_path, monkeypatch):
+    from vflbench.attacks.label.mixmatch import MixMatchCompletion
+    from vflbench.attacks.label.model_completion import ModelCompletion
+    from vflbench.experiment.run import TrainedRun
+
+    tiny = {"known_per_class": 5, "epochs": 1, "batch_size": 8, "prior": "local"}
+    monkeypatch.setitem(reproduce_labobf.FLAVOURS, "mm", (MixMatchCompletion, {**tiny, "val_iteration": 2}))
+    monkeypatch.setitem(reproduce_labobf.FLAVOURS, "mc", (ModelCompletion, tiny))
+    small = (*BREAST, "train.epochs=1", "attacks.0.known_per_class=5", "attacks.0.epochs=1",
+             "attacks.0.val_iteration=2", "attacks.0.batch_size=8")
+    done = reproduce_labobf.run_one("labobf_epsilon_like_raw", 0, tmp_path, None, small)
+    assert isinstance(done.run, TrainedRun) and done.run.config.data.name == "breast_cancer"
+    assert done.record["n_train"] == len(done.run.data.y_train) and "mm_attack_acc" in done.record
+    cached = reproduce_labobf.run_one("labobf_epsilon_like_raw", 0, tmp_path, None, small)
+    assert cached.run is None and cached.record == done.record  # from OUT/<stem>-s0.json
+
+
+def test_reproduce_dmavfl_stores_leakage_in_points_and_counts_only_trained_rows(tmp_path):
+    """Before: ``leakage`` was prior - MSE (MSE units) and ``n_train`` counted the held-out aux rows."""
+    from vflbench.metrics.scores import leakage_points
+
+    small = [*BREAST, "train.epochs=1", "attacks.0.pretrain_epochs=1"]
+    record = reproduce_dmavfl.run_one("credit_dmavfl", reproduce_dmavfl.EXPERIMENTS["credit_dmavfl"], None,
+                                      tmp_path, 1, small)
+    assert record["leakage"] == pytest.approx(leakage_points("mse", record["value"], record["prior"]))
+    assert record["leakage"] == pytest.approx(100 * (1 - record["value"] / record["prior"]))
+    assert record["n_held_out"] > 0
+    cfg = reproduce_dmavfl.build(reproduce_dmavfl.EXPERIMENTS["credit_dmavfl"], small)
+    from vflbench.experiment.scenario import load_vertical_data
+
+    training_rows = len(load_vertical_data(cfg).y_train)
+    assert record["n_train"] + record["n_held_out"] == training_rows
+    assert record["swap"] == small and json.dumps(record)
