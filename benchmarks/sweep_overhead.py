@@ -3,8 +3,8 @@
 A run that sleeps needs no core, so the executor's overhead (start-up, checks, workers, scheduling, collection) is
 measurable on a 2-core machine at any number of workers. Each measurement is a fresh process (``python
 sweep_overhead.py --child ...``, timed from outside: Python's start-up and imports included) that starts a sweep
-as `vflbench sweep` does (``read_config``, ``start_workers``, ``check_components``, then ``run_sweep(cfg, out,
-workers=n, runner=sleep_point)``) on ``sweep_demo.yaml`` with ``--seeds`` seeds (7 points a seed: 1 undefended, 6
+as `vflbench sweep` does (``read_config``, ``start_sweep_workers``, ``check_components``, then ``run_sweep(cfg,
+out, workers=n, runner=sleep_point)``) on ``sweep_demo.yaml`` with ``--seeds`` seeds (7 points a seed: 1 undefended, 6
 defended, two label attacks each), into a fresh directory. ``sleep_point`` sleeps ``--sleep`` seconds (its points,
 defended or not, are independent: it does not wait for an undefended reference) and writes a ``result.json``
 shaped like a real one, so that the summary and scores are collected as in a real sweep. It records when each
@@ -28,8 +28,10 @@ the two walls at each worker count: ``per_run`` is what the executor adds to eac
 Run:  .venv/bin/python benchmarks/sweep_overhead.py [--workers 1 2 4 8] [--sleep 1] [--seeds 4 8] [--repeat 1]
           [--sources ../main/src src] [--json F]
 
-``--sources`` compares versions side by side (measured alternately; the code before issue 26 is started as its
-command line started a sweep: ``load_config``, then ``run_sweep``).
+``--first-run-imports`` makes each run import, before it sleeps, what the first real run of a process imports on
+its own (``torch._dynamo``, scikit-learn's datasets), so that a version whose workers do not preload them pays for
+it as with real runs. ``--sources`` compares versions side by side (measured alternately; the code before issue 26
+is started as its command line started a sweep: ``load_config``, then ``run_sweep``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 SLEEP_ENV = "VFLBENCH_BENCH_SLEEP"
+IMPORTS_ENV = "VFLBENCH_BENCH_FIRST_RUN_IMPORTS"
 EXAMPLE = Path(__file__).resolve().parents[1] / "src" / "vflbench" / "examples" / "sweep_demo.yaml"
 
 
@@ -59,6 +62,9 @@ def sleep_point(config: dict[str, Any], runs_dir: str, data_root: str | None) ->
     from vflbench.experiment.results import write_atomic
 
     start = time.time()
+    if os.environ.get(IMPORTS_ENV):  # what a process's first real run imports on its own (torch's optimizers: dynamo)
+        import sklearn.datasets  # noqa: F401
+        import torch._dynamo  # noqa: F401
     time.sleep(float(os.environ[SLEEP_ENV]))
     cfg = ExperimentConfig.model_validate(config)
     digest = cfg.hash()
@@ -82,21 +88,24 @@ def child(out: Path, workers: int, seeds: int) -> None:
     server first, then the checks); writes the process's own times to ``out/child.json``."""
     import atexit
     import gc
-
-    from vflbench.experiment import sweep
+    import importlib.util
 
     overrides = [f"sweep.seeds={json.dumps(list(range(seeds)))}"]
-    if hasattr(sweep, "start_workers"):
+    if importlib.util.find_spec("vflbench.experiment.workers") is not None:
         from vflbench.cli import collector_paused
         from vflbench.experiment.config import check_components, read_config
+        from vflbench.experiment.workers import start_sweep_workers
 
         atexit.register(gc.freeze)  # as vflbench.cli.main does
         imported = time.time()
         cfg = read_config(EXAMPLE, overrides)
-        sweep.start_workers(cfg, workers)
+        start_sweep_workers(cfg.sweep, workers)
         with collector_paused():
+            from vflbench.experiment import sweep
+
             check_components(cfg)
     else:  # the code before issue 26, started as its command line started a sweep
+        from vflbench.experiment import sweep
         from vflbench.experiment.config import load_config
 
         imported = time.time()
@@ -110,7 +119,8 @@ def child(out: Path, workers: int, seeds: int) -> None:
                                                 "reported": done, "returned": time.time(), "rows": len(table)}))
 
 
-def measure(workers: int, seeds: int, sleep: float, source: str | None = None) -> dict[str, Any]:
+def measure(workers: int, seeds: int, sleep: float, source: str | None = None,
+            first_run_imports: bool = False) -> dict[str, Any]:
     """Run one child sweep (with ``source`` first on its PYTHONPATH: another version's ``src``); its wall time and
     the timeline's decomposition."""
     out = Path(tempfile.mkdtemp(prefix=f"sweep_overhead_{workers}_"))
@@ -119,7 +129,8 @@ def measure(workers: int, seeds: int, sleep: float, source: str | None = None) -
         tic = time.time()
         subprocess.run([sys.executable, __file__, "--child", str(out), "--workers", str(workers), "--seeds",
                         str(seeds)], check=True,
-                       env={**os.environ, SLEEP_ENV: str(sleep), **({"PYTHONPATH": source} if source else {})})
+                       env={**os.environ, SLEEP_ENV: str(sleep), IMPORTS_ENV: "1" if first_run_imports else "",
+                            **({"PYTHONPATH": source} if source else {})})
         wall = time.time() - tic
         own = json.loads((out / "child.json").read_text())
         points = [json.loads(p.read_text()) for p in (out / "timeline").glob("*.json")]
@@ -163,6 +174,10 @@ def main() -> None:
     ap.add_argument("--sources", nargs="+", default=[None],
                     help="source trees to compare (each one's src is put first on the child's PYTHONPATH), "
                          "measured alternately; default: this environment's vflbench")
+    ap.add_argument("--first-run-imports", action="store_true",
+                    help="each run first imports what a process's first real run imports on its own (torch._dynamo, "
+                         "scikit-learn's datasets: ~0.8 s of CPU once per process unless its fork server preloaded "
+                         "them), then sleeps")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
@@ -173,7 +188,7 @@ def main() -> None:
         for w in args.workers if rep % 2 == 0 else list(reversed(args.workers)):
             for seeds in args.seeds:
                 for source in args.sources if rep % 2 == 0 else list(reversed(args.sources)):
-                    r = {"repeat": rep, **measure(w, seeds, args.sleep, source)}
+                    r = {"repeat": rep, **measure(w, seeds, args.sleep, source, args.first_run_imports)}
                     results.append(r)
                     print(f"{r['source']} workers {w}, {r['runs']} runs: wall {r['wall']:.2f} s (ideal "
                           f"{r['ideal']:.0f} s), imports {r['imports']:.2f} s, announced {r['announced']:.2f} s, "

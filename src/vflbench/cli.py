@@ -252,7 +252,7 @@ def sweep(
 ) -> None:
     """Run every point of a sweep (cached by config hash) and write summary.csv and scores.csv."""
     from vflbench.experiment.config import check_components, read_config
-    from vflbench.experiment.sweep import run_sweep, start_workers
+    from vflbench.experiment.workers import start_sweep_workers
 
     set_ = with_device(set_, device)
     cfg = read_config(config, set_ or [])
@@ -261,8 +261,11 @@ def sweep(
     if force and not resume:
         raise VFLBenchError("--force applies to --resume only (a sweep without --resume runs every point anyway)")
     check_out_dir(out_dir)
-    start_workers(cfg, workers)  # the workers' imports run beside the checks' below, not after them
+    # the workers' fork server first: its imports (torch, vflbench) run beside this process's below, not after them
+    start_sweep_workers(cfg.sweep, workers)
     with collector_paused():
+        from vflbench.experiment.sweep import run_sweep
+
         check_components(cfg)
     progress = SweepProgress(err)
     try:

@@ -16,9 +16,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-import multiprocessing
-import multiprocessing.context
-import multiprocessing.forkserver
 import os
 import socket
 import sys
@@ -31,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from vflbench.errors import ConfigError, VFLBenchError
 from vflbench.experiment.config import ExperimentConfig
+from vflbench.experiment.workers import PARTY_PRELOAD, Context, fork_server
 
 if TYPE_CHECKING:
     from vflbench.net.linkmodel import LinkProfile
@@ -189,20 +187,11 @@ def _claimed(reference: ExperimentConfig | None, out_dir: Path) -> Iterator[bool
         yield mine and not (out_dir / reference.hash() / "result.json").is_file()
 
 
-#: What the launcher's fork server imports once for all party processes (:mod:`vflbench.experiment.party_worker`).
-PARTY_PRELOAD = ["vflbench.experiment.party_worker"]
-
-
-def party_context() -> multiprocessing.context.ForkServerContext | multiprocessing.context.SpawnContext:
-    """Where the party processes come from: a fork server where the platform has one (Linux, macOS), started now
-    (if it is not running yet) and importing ``PARTY_PRELOAD`` at once, else spawned processes. The fork server is a
-    fresh process that runs no torch operation and opens no gRPC channel, so a party forked from it starts clean."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PARTY_PRELOAD)
-    multiprocessing.forkserver.ensure_running()
-    return context
+def party_context() -> Context:
+    """Where the party processes come from: the fork server (:func:`~vflbench.experiment.workers.fork_server`),
+    started now (if it is not running yet) and importing ``PARTY_PRELOAD`` at once. It runs no torch operation and
+    opens no gRPC channel, so a party forked from it starts clean."""
+    return fork_server(PARTY_PRELOAD)
 
 
 def _party_main(argv: list[str], log: str) -> None:
@@ -219,8 +208,7 @@ class _PartyProcess:
     """A party process forked from the launcher's fork server, with the part of :class:`subprocess.Popen`'s
     interface the launcher uses (``poll``, ``returncode``, ``kill``, ``wait``)."""
 
-    def __init__(self, context: multiprocessing.context.ForkServerContext | multiprocessing.context.SpawnContext,
-                 argv: list[str], log: Path) -> None:
+    def __init__(self, context: Context, argv: list[str], log: Path) -> None:
         self.process = context.Process(target=_party_main, args=(argv, str(log)), name=f"vflbench-{argv[4]}")
         self.process.start()
 

@@ -4,7 +4,6 @@ config hash, resumable); collect the tidy results table and the privacy-utility 
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import itertools
 import json
@@ -16,10 +15,9 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,6 +36,7 @@ from vflbench.experiment.config import (
 )
 from vflbench.experiment.lock import exclusive
 from vflbench.experiment.results import write_atomic
+from vflbench.experiment.workers import WORKER_PRELOAD, fork_server, start_sweep_workers
 from vflbench.metrics.scores import (
     NO_PROTECTION_SCORE,
     ScoreTable,
@@ -358,23 +357,13 @@ def _watch_parent() -> None:
     os._exit(1)
 
 
-#: What the workers' fork server imports once, so that every worker it forks starts with it imported
-#: (:mod:`vflbench.experiment.sweep_worker`: the experiment layer, the attacks and defenses, and what a first run
-#: imports on its own).
-WORKER_PRELOAD = ["vflbench.experiment.sweep_worker"]
-
-
 def start_workers(cfg: ExperimentConfig, workers: int | None = None) -> multiprocessing.context.BaseContext | None:
     """Start the fork server of the sweep's workers now, if ``cfg`` runs on local workers (``workers``, else
-    ``sweep.workers``, above 1); the context to take them from, else ``None``.
-
-    Call it before anything imports torch in this process (`vflbench sweep` calls it before it checks the
-    config's components): the fork server's imports then run beside this process's instead of after them,
-    which on a many-core machine halves the time before the first point starts. Calling it again is harmless."""
+    ``sweep.workers``, above 1); the context to take them from, else ``None``
+    (:func:`~vflbench.experiment.workers.start_sweep_workers`, which `vflbench sweep` calls before it imports
+    this module and torch). Calling it again is harmless."""
     settings = sweep_settings(cfg)
-    if settings.executor != "local" or (workers or settings.workers) < 2:
-        return None
-    return _worker_context()
+    return start_sweep_workers({"workers": settings.workers, "executor": settings.executor}, workers)
 
 
 def _worker_context() -> multiprocessing.context.BaseContext:
@@ -383,34 +372,9 @@ def _worker_context() -> multiprocessing.context.BaseContext:
 
     A spawned worker imports torch and vflbench itself (2-5 s here) before its first point. The
     fork server starts importing ``WORKER_PRELOAD`` at once, while this process checks the sweep's
-    points (which imports the same here), and then forks each worker ready to run. It is a fresh
-    single-threaded process that runs no torch operation, so no thread pool is copied into a worker
-    (the reason workers are not forked from this process, which has run some)."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return get_context("spawn")
-    context = get_context("forkserver")
-    context.set_forkserver_preload(WORKER_PRELOAD)
-    with _sigint_ignored_by_children():
-        multiprocessing.forkserver.ensure_running()
-    return context
-
-
-@contextlib.contextmanager
-def _sigint_ignored_by_children() -> Iterator[None]:
-    """Start processes in this block with SIGINT ignored from their first instruction (an ignored signal stays
-    ignored across fork and exec, and Python then installs no handler of its own): the fork server, and every
-    worker it forks, never turn a Ctrl-C on the terminal into a ``KeyboardInterrupt`` traceback, not even while
-    the server still imports torch; this process handles the Ctrl-C. This process ignores SIGINT too while the
-    block runs (starting the fork server takes about 6 ms: a Ctrl-C in them is lost, and a second one works).
-    Only the main thread can change signal handlers; elsewhere the block does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, handler)
+    points (which imports the same here), and then forks each worker ready to run
+    (:mod:`vflbench.experiment.workers`)."""
+    return fork_server(WORKER_PRELOAD)
 
 
 def _longest_first(points: Sequence[SweepPoint]) -> list[SweepPoint]:
