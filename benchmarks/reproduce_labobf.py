@@ -151,8 +151,10 @@ METRICS = ("acc", "auc", "bal")
 
 
 def balanced_ids(y: torch.Tensor, seed: int) -> torch.Tensor:
-    """A class-balanced subsample of rows of ``y``: every class cut to the smallest class's count."""
+    """A class-balanced subsample of rows of ``y``: every class cut to the smallest class's count. Row ids, so on
+    the CPU (as the attacks' score ids are) wherever ``y`` lives."""
     gen = generator(seed, "labobf", "balanced_test")
+    y = y.cpu()
     counts = torch.bincount(y)
     n = int(counts[counts > 0].min())
     picked = [rows[torch.randperm(len(rows), generator=gen)[:n]]

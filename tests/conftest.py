@@ -13,6 +13,15 @@ import torch
 from vflbench.protocol.hooks import PartyHook
 
 SHARED_DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a child Python process that runs this checkout's vflbench: this process's own (its
+    ``PYTHONPATH`` too, where the dependencies may be installed, as on the lent GPU machine; its
+    ``VFLBENCH_DEVICE``), with this checkout's ``src`` first on the path and one OpenMP thread, and ``extra``."""
+    path = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", **extra}
 
 
 def datasets_root() -> Path | None:

@@ -144,8 +144,9 @@ def test_the_check_sees_a_tensor_left_behind():
 
 
 def test_data_moves_once_and_row_ids_stay_on_the_cpu():
-    cfg = build_config(minimal(data={"name": "digits", "parties": 3})).resolved()
+    cfg = build_config(minimal(data={"name": "digits", "parties": 3}, train={"device": "cpu"})).resolved()
     vd = load_vertical_data(cfg)
+    assert vd.device == torch.device("cpu")  # as loaded (auto would move it to a GPU where there is one)
     moved = vd.to(META)
     assert isinstance(moved, VerticalData) and moved.device == META
     assert all(p.x_train.device == META and p.x_test.device == META for p in (*moved.passive, moved.active))
@@ -228,7 +229,8 @@ def test_a_cuda_run_starts_from_the_cpu_run_weights_and_ends_close_to_it(tmp_pat
 
 @CUDA
 def test_vmask_trains_on_cuda_as_on_the_cpu(tmp_path):
-    raw = minimal(train={"epochs": 2, "batch_size": 32}, defenses=[{"name": "vmask", "aux_size": 64, "mc_epochs": 2}])
+    raw = minimal(data={"aux_pool": 64}, train={"epochs": 2, "batch_size": 32},  # VMask's shadow set: held out
+                  defenses=[{"name": "vmask", "aux_size": 64, "mc_epochs": 2}])
     runs = {d: run_experiment(build_config({**raw, "train": {**raw["train"], "device": d}}), out_dir=tmp_path / d)
             for d in ("cpu", "cuda")}
     assert abs(runs["cuda"].utility.value - runs["cpu"].utility.value) < 0.05

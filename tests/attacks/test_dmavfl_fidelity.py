@@ -60,7 +60,7 @@ def test_dmavfl_decodes_with_tanh_by_default_and_builds_a_cnn_dac_on_the_embeddi
     state = attack.state_
     assert isinstance(state.decoder, ImageDecoder) and state.decoder.output == "tanh"
     assert isinstance(state.discriminator, ConvDAC)
-    h = torch.randn(3, 16)
+    h = torch.randn(3, 16, generator=torch.Generator().manual_seed(0)).to(vd.device)
     assert state.discriminator(h).shape == (3, 2 * 10)
     convs = [m for m in state.discriminator.features if isinstance(m, torch.nn.Conv2d)]
     assert len(convs) == 2 and all(c.stride == (2, 2) for c in convs)  # Table 10: "CNN layer * 2"
@@ -80,12 +80,12 @@ def test_bad_dmavfl_fidelity_options_fail_early(params, message):
 
 @pytest.mark.parametrize("update", ["paper", "urvfl"])
 def test_dac_steps_on_eq5_or_on_eq5_plus_the_malicious_loss_like_urvfl(update):
-    attack, _ = _attack(dac_update=update)
+    attack, vd = _attack(dac_update=update)
     state = attack.state_
     before = copy.deepcopy(state.discriminator)
-    g = torch.Generator().manual_seed(1)
-    h = torch.randn(16, 16, generator=g).requires_grad_()
-    y = torch.randint(0, 10, (16,), generator=g)
+    g = torch.Generator().manual_seed(1)  # drawn on the CPU, then put where the run's embeddings and labels are
+    h = torch.randn(16, 16, generator=g).to(vd.device).requires_grad_()
+    y = torch.randint(0, 10, (16,), generator=g).to(vd.device)
     attack.attack_step(state, torch.arange(16), h, y)
     # the aux batch is the whole aux set (aux_batch_size = aux_size), so its order does not matter
     with torch.no_grad():
@@ -230,14 +230,14 @@ def test_figure6_decision_curve_is_the_detectors_rule_and_the_plot_is_written(tm
 
 
 def test_cnn_bn_dac_is_urvfls_clsdiscriminator2_normalising_each_pass_by_its_own_batch():
-    attack, _ = _attack(dac="cnn_bn", dac_map=[1, 4, 4])
+    attack, vd = _attack(dac="cnn_bn", dac_map=[1, 4, 4])
     dac = attack.state_.discriminator
     assert isinstance(dac, BNConvDAC)
     convs = [m for m in dac.features if isinstance(m, torch.nn.Conv2d)]
     assert [c.out_channels for c in convs] == [64, 128, 64] and [c.stride[0] for c in convs] == [2, 2, 1]
     assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in dac.features) == 3
     g = torch.Generator().manual_seed(0)
-    h, others = torch.randn(4, 16, generator=g), torch.randn(4, 16, generator=g)
+    h, others = (torch.randn(4, 16, generator=g).to(vd.device) for _ in range(2))
     dac.train()
     assert dac(h).shape == (4, 20)
     # training mode: a row's logits depend on the batch it comes with (batch statistics), as in URVFL's passes
@@ -284,8 +284,8 @@ def test_shadow_mode_train_embeds_the_aux_batch_with_its_own_batchnorm_statistic
     old = [b.running_mean.clone() for b in before.modules() if isinstance(b, torch.nn.BatchNorm2d)]
     dac = copy.deepcopy(state.discriminator)
     g = torch.Generator().manual_seed(1)
-    h = torch.randn(16, 64, generator=g).requires_grad_()
-    y = torch.randint(0, 10, (16,), generator=g)
+    h = torch.randn(16, 64, generator=g).to(vd.device).requires_grad_()
+    y = torch.randint(0, 10, (16,), generator=g).to(vd.device)
     attack.attack_step(state, torch.arange(16), h, y)
     assert not state.shadow.training  # back in eval mode for everything else
     with torch.no_grad():  # the aux batch is the whole aux set (aux_batch_size = aux_size)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import minimal
-from test_label_attacks import _tensors
+from test_label_attacks import _assert_holds_none_of, _tensors
 
 from vflbench.attacks import ATTACKS
 from vflbench.attacks.base import FeatureInference
@@ -205,10 +205,7 @@ def test_feature_attacker_view_carries_no_victim_state():
     assert view.aux is not None and len(view.aux.ids) == 300 and view.aux.victim_party == "passive_1"
     reachable = list(_tensors(view))
     assert reachable
-    for t in reachable:
-        for f in forbidden:
-            same_storage = t.untyped_storage().data_ptr() == f.untyped_storage().data_ptr()
-            assert not same_storage and not (t.shape == f.shape and torch.equal(t, f))
+    _assert_holds_none_of(reachable, forbidden)
     # what it may hold: its own slice, aux rows of the victim's slice, the victim's messages
     assert torch.equal(view.aux.victim, vd.passive[0].x_train[view.aux.ids])
     inference = planned.attack.infer(view)

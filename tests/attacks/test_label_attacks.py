@@ -97,6 +97,16 @@ def _tensors(obj, seen=None):
         yield from _tensors(vars(obj), seen)
 
 
+def _assert_holds_none_of(reachable, forbidden):
+    """No tensor of ``reachable`` shares storage with, or has the values of, a tensor of ``forbidden``. Values are
+    compared on the CPU: a run's tensors live on its device (``train.device``), a view's row ids on the CPU."""
+    on_cpu = [f.cpu() for f in forbidden]
+    for t in reachable:
+        for f, f_cpu in zip(forbidden, on_cpu, strict=True):
+            same_storage = t.device == f.device and t.untyped_storage().data_ptr() == f.untyped_storage().data_ptr()
+            assert not same_storage and not (t.shape == f.shape and torch.equal(t.cpu(), f_cpu))
+
+
 def test_attacker_view_carries_no_other_party_state():
     cfg = build_config(minimal(data={"name": "breast_cancer"}, train={"epochs": 1},
                                attacks=[{"name": "norm_scoring"}, {"name": "model_completion", "epochs": 1}]))
@@ -112,10 +122,7 @@ def test_attacker_view_carries_no_other_party_state():
         assert all(m.receiver == "passive_1" or m.sender == "passive_1" for m in view.transcript.messages)
         reachable = list(_tensors(view))
         assert reachable, "the walk must find the view's own tensors"
-        for t in reachable:
-            for f in forbidden:
-                same_storage = t.untyped_storage().data_ptr() == f.untyped_storage().data_ptr()
-                assert not same_storage and not (t.shape == f.shape and torch.equal(t, f))
+        _assert_holds_none_of(reachable, forbidden)
         if view.known is not None:
             assert len(view.known.ids) == 2 * planned.attack.known_per_class
 

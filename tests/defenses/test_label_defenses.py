@@ -103,9 +103,9 @@ def test_kdk_soft_labels_sum_to_one_on_k_classes_ranked_by_the_teacher():
     [kdk] = fed.active.defenses
     soft, y = fed.active.objective.targets, vd.y_train
     assert soft.shape == (len(y), 10) and fed.active.objective.out_dim == 10
-    torch.testing.assert_close(soft.sum(1), torch.ones(len(y)))
+    torch.testing.assert_close(soft.sum(1), torch.ones(len(y), device=soft.device))
     assert ((soft > 0).sum(1) == 3).all()
-    torch.testing.assert_close(soft[torch.arange(len(y)), y], torch.full((len(y),), 0.55))
+    torch.testing.assert_close(soft[torch.arange(len(y)), y], torch.full((len(y),), 0.55, device=soft.device))
     assert soft.unique().tolist() == pytest.approx([0.0, 0.225, 0.55])
     # the teacher was trained on the active party's own slice and chose the other classes
     assert kdk.teacher_ is not None and kdk.teacher_accuracy_ > 0.8
@@ -206,7 +206,7 @@ def test_mixup_mixes_inputs_and_the_loss_with_the_step_draw():
     d = active.defenses[0]
     pending = d.bottom_draw(16)
     y = active.objective.targets[:16]
-    logits = torch.randn(16, 10, generator=torch.Generator().manual_seed(0))
+    logits = torch.randn(16, 10, generator=torch.Generator().manual_seed(0)).to(y.device)  # where the model's are
     onehot = torch.nn.functional.one_hot(y, 10).double()
     mixed = (pending.weights[0] * onehot + pending.weights[1] * onehot[pending.perms[1]]).float()
     torch.testing.assert_close(active.objective.loss(logits, y), soft_cross_entropy(logits, mixed))

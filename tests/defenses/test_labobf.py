@@ -137,7 +137,7 @@ def test_host_recomputes_every_partys_attribute_and_a_false_one_differs():
     widths = [s.x_train.shape[1] + 1 for s in (*vd.passive, vd.active)]
     assert [p.data.x_train.shape[1] for p in fed.parties()] == widths
     [host] = plan.active
-    assert torch.equal(host.host_sum(len(vd.y_train)), appended.sum(0))
+    assert torch.equal(host.host_sum(len(vd.y_train)), appended.sum(0).cpu())  # the host sums on the CPU
     false = _bound(LabObf(false_attribute=True), 2, parties=3)
     honest = _bound(LabObf(), 2, parties=3)
     assert not torch.equal(false.host_sum(100), honest.host_sum(100))

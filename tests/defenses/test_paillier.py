@@ -75,10 +75,10 @@ def _layer(he, party="passive_1"):
 
 
 def _assert_same_training(plain, he, party="passive_1", atol=1e-6):
-    revealed = _reveal(he, party)
+    revealed = _reveal(he, party)  # decrypted on the CPU, where Paillier's arithmetic runs
     lin = _last_linear(next(p for p in plain.passives if p.name == party).bottom)
-    torch.testing.assert_close(revealed["weight"], lin.weight.detach().T.double(), atol=atol, rtol=0)
-    torch.testing.assert_close(revealed["bias"], lin.bias.detach().double(), atol=atol, rtol=0)
+    torch.testing.assert_close(revealed["weight"], lin.weight.detach().T.double().cpu(), atol=atol, rtol=0)
+    torch.testing.assert_close(revealed["bias"], lin.bias.detach().double().cpu(), atol=atol, rtol=0)
     for p, q in zip(plain.active.top.parameters(), he.active.top.parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=atol, rtol=0)
 

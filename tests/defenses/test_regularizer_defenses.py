@@ -109,7 +109,7 @@ def test_mid_puts_one_bottleneck_per_passive_slice_and_its_kl_reaches_the_loss()
     assert top.loss_ is None  # taken by the regularizer
     assert all(not torch.equal(a, b) for a, b in zip(before, top.mids.parameters(), strict=True))
     top.train()
-    top(torch.randn(8, 48))
+    top(torch.randn(8, 48, generator=torch.Generator().manual_seed(0)).to(vd.device))  # where the run's embeddings are
     kl = mid.regularizer(StepState(0, 0, torch.arange(8), "active"))
     assert kl is not None and kl.item() > 0 and mid.regularizer(StepState(0, 0, torch.arange(8), "active")) is None
     copy.deepcopy(top)  # a stored loss term never blocks copies

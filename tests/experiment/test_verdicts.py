@@ -5,6 +5,7 @@ prior without a defense, and notes on adaptive attacks a defense was not evaluat
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -119,9 +120,15 @@ def test_describe_names_the_attacks_on_what_a_defense_protects_and_its_adaptive_
     from vflbench.cli import app
 
     def describe(name):
-        proc = CliRunner().invoke(app, ["describe", name], env={"COLUMNS": "400"})
+        proc = CliRunner().invoke(app, ["describe", name])
         assert proc.exit_code == 0, proc.output
-        return {line.split(":")[0].strip(): line.split(":", 1)[1] for line in proc.output.splitlines() if ":" in line}
+        # rich wraps lines at the terminal's width (fixed when the console was made, from $COLUMNS then): join
+        # them, then cut out the two sections, which end at the next section or the parameters table
+        text = " ".join(proc.output.split())
+        sections = re.search(r"attacks on what it protects: (.*?) adaptive attacks: (.*?)(?: parameters [^a-z]|$)",
+                             text)
+        assert sections is not None, proc.output
+        return {"attacks on what it protects": sections[1], "adaptive attacks": sections[2]}
 
     vmask = describe("vmask_rs")
     assert "model_completion" in vmask["attacks on what it protects"] and "dmavfl" not in vmask[

@@ -7,19 +7,17 @@ import struct
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import msgpack
 import pytest
 import torch
 
 pytest.importorskip("msgpack")
+from conftest import child_env
 
 from vflbench.net.errors import ProtocolError
 from vflbench.net.frames import DTYPES, MAGIC, VERSION, Frame, decode, encode
 from vflbench.protocol.messages import Message
-
-SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def tensors() -> list[torch.Tensor]:
@@ -233,7 +231,7 @@ def test_hostile_frames_never_reach_the_unpickler():
 
     Runs in a subprocess so that the audit hook (which cannot be removed) stays out of other tests."""
     proc = subprocess.run([sys.executable, "-c", HOSTILE_SCRIPT], capture_output=True, text=True, timeout=60,
-                          env={"PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+                          env=child_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert "REFUSED 8 8 NET 3 FOUND 0" in lines, proc.stdout + proc.stderr[-3000:]

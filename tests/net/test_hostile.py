@@ -24,6 +24,7 @@ import yaml
 
 pytest.importorskip("grpc")
 pytest.importorskip("cryptography")
+from conftest import child_env
 
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import build_config
@@ -34,7 +35,6 @@ from vflbench.net.policy import SURFACE, Policy, requests
 from vflbench.protocol.grants import Grant
 from vflbench.protocol.messages import Message
 
-SRC = Path(__file__).resolve().parents[2] / "src"
 RAW = {"data": {"name": "digits", "parties": 2, "train_size": 200, "test_size": 64},
        "model": {"bottom": "mlp2", "top": "mlp2"},
        "train": {"algorithm": "vhnn", "epochs": 1, "batch_size": 64, "lr": 0.1}, "seed": 7}
@@ -233,7 +233,7 @@ def test_a_real_party_run_process_refuses_the_probe_with_exit_3_and_one_line_no_
     from vflbench.experiment.launch import free_port
 
     address = f"127.0.0.1:{free_port()}"
-    env = {"PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    env = child_env()
     prober = subprocess.Popen([sys.executable, "-c", ORACLE_PROBE, cfg.hash(), address, str(certs / "active")],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     passive = subprocess.Popen([sys.executable, "-m", "vflbench.cli", "party", "run", "exp.yaml", "--party",

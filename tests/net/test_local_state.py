@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from conftest import child_env
 from torch import Tensor, nn
 
 from vflbench.experiment.config import build_config
@@ -240,7 +241,6 @@ def test_a_live_passive_process_receives_only_its_surface_and_holds_no_labels_or
     import subprocess
     import sys
     import threading
-    from pathlib import Path
 
     import yaml
 
@@ -262,10 +262,9 @@ def test_a_live_passive_process_receives_only_its_surface_and_holds_no_labels_or
     passive_2 = NetChannel(name="passive_2", run=cfg.hash(), parties=parties, addresses={"active": address},
                            credentials=Credentials.load(tmp_path / "certs" / "passive_2"), policy=party_policy(),
                            options=options)
-    src = Path(__file__).resolve().parents[2] / "src"
     proc = subprocess.Popen([sys.executable, "-c", RECORDING_PASSIVE, str(tmp_path / "exp.yaml"), address,
                              str(tmp_path / "certs" / "passive_1"), str(tmp_path / "wire.json")],
-                            env={"PYTHONPATH": str(src), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+                            env=child_env(),
                             stderr=subprocess.PIPE, text=True)
     results: dict[str, object] = {}
 
@@ -299,7 +298,7 @@ def test_a_live_passive_process_receives_only_its_surface_and_holds_no_labels_or
     assert {f["peer"] for f in received} == {"active"}  # nothing from passive_2: passive parties have no link
     assert {"passive.setup", "passive.forward", "passive.backward", "passive.end_epoch", "passive.done"} \
         <= {f["kind"] for f in received}
-    vd = load_vertical_data(cfg)
+    vd = load_vertical_data(cfg).to("cpu")  # the ground truth beside the values the frames recorded (CPU tensors)
     y = vd.y_train
     onehot = torch.nn.functional.one_hot(y, vd.num_classes).float()
     ids = torch.empty(0, dtype=torch.long)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("cryptography")
-
+from conftest import child_env
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
@@ -72,7 +72,7 @@ def test_incomplete_credentials_are_named(tmp_path):
 def test_the_cli_provisions_and_refuses_clearly(tmp_path):
     def cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "vflbench.cli", "net", "provision", *args], capture_output=True,
-                              text=True, timeout=60, env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+                              text=True, timeout=60, env=child_env())
 
     ok = cli(str(tmp_path / "p"), "--parties", "active,passive_1,dealer")
     assert ok.returncode == 0, ok.stderr

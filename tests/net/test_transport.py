@@ -21,6 +21,7 @@ import torch
 
 pytest.importorskip("grpc")
 pytest.importorskip("cryptography")
+from conftest import child_env
 
 from vflbench.errors import ConfigError
 from vflbench.net import (
@@ -38,7 +39,6 @@ from vflbench.net import (
 from vflbench.protocol.channel import Endpoint
 from vflbench.protocol.messages import Message
 
-SRC = Path(__file__).resolve().parents[2] / "src"
 FAST = NetOptions(keepalive_ms=1000, keepalive_timeout_ms=1000, receive_timeout=10, start_timeout=10,
                   close_timeout=2)
 RUN = "test-run"
@@ -287,7 +287,7 @@ def test_a_killed_party_makes_its_peer_fail_within_seconds_naming_it(certs):
     active.listen()
     proc = subprocess.Popen([sys.executable, "-c", KILLED_PASSIVE, str(certs / "project" / "passive_1"),
                              str(active.address)], stdout=subprocess.PIPE, text=True,
-                            env={"PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+                            env=child_env())
     try:
         active.start()
         for step in range(3):

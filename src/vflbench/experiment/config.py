@@ -34,6 +34,14 @@ MAX_EMBED_DIM = 1 << 20
 MAX_SEED = 2**32 - 1
 
 
+#: What a run computes from a config, as a version: bumped whenever the same config would give other results
+#: (a method's default changed, a scoring or selection rule changed). It is part of every config hash, so a sweep
+#: or an undefended reference never reuses a result computed under older rules, and ``result.json`` records it as
+#: ``schema_version``. 2: issue 24 (selection ``last``, priors floored at a constant guess, repeats and intervals,
+#: the held-out auxiliary pool).
+RESULTS_VERSION = 2
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
@@ -163,9 +171,11 @@ class ExperimentConfig(_Strict):
         return out
 
     def hash(self) -> str:
-        """A short stable hash of the resolved config (the run directory's name). ``train.device`` is left out:
-        it says where a run computes, not what it computes (docs/decisions.md, "Devices")."""
+        """A short stable hash of the resolved config and :data:`RESULTS_VERSION` (the run directory's name).
+        ``train.device`` is left out: it says where a run computes, not what it computes (docs/decisions.md,
+        "Devices")."""
         payload = self.resolved().model_dump(mode="json", exclude={"sweep": True, "train": {"device"}})
+        payload["results_version"] = RESULTS_VERSION
         text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 

@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vflbench.experiment.config import RESULTS_VERSION
+
 
 @dataclass
 class UtilityResult:
@@ -91,6 +93,9 @@ class RunResult:
     device: str = "cpu"
     """The device the run computed on (``train.device`` resolved: ``cpu``, ``cuda:0``...); runs written before
     devices existed ran on the CPU."""
+    schema_version: int = RESULTS_VERSION
+    """The rules the run's results were computed under (:data:`~vflbench.experiment.config.RESULTS_VERSION`);
+    1 for results written before the field existed."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -113,7 +118,7 @@ class RunResult:
                 a["direction"] = direction_of(a["metric"])
             attacks.append(AttackResult(**a))
         return cls(**{**raw, "utility": UtilityResult(**raw["utility"]), "attacks": attacks,
-                      "timing": Timing(**raw["timing"])})
+                      "timing": Timing(**raw["timing"]), "schema_version": raw.get("schema_version", 1)})
 
     @property
     def utility_loss(self) -> float | None:
