@@ -26,7 +26,7 @@ from typing import Any
 KINDS = ("datasets", "models", "top models", "attacks", "defenses")
 #: Class attributes of attacks and defenses that describe them (the threat model and its parts).
 ATTRIBUTES = ("paper", "threat", "target", "reads", "phase", "requirements", "side", "strength_param",
-              "strength_direction", "protects", "adaptive_attacks", "adaptive_settings")
+              "strength_direction", "protects", "adaptive_attacks", "adaptive_settings", "search_space")
 FILE = "catalog.json"
 FORMAT = 1
 
@@ -56,6 +56,9 @@ def describe_entries(entries: Iterable[Any]) -> list[dict[str, Any]]:
     rows = []
     for entry in entries:
         attributes = {a: getattr(entry.factory, a) for a in ATTRIBUTES if getattr(entry.factory, a, None) is not None}
+        if "search_space" in attributes:  # its values may be objects (a factor of the configured value): as shown
+            attributes["search_space"] = {k: [f"{v:g}" if isinstance(v, float) else str(v) for v in values]
+                                          for k, values in attributes["search_space"].items()}
         rows.append({"name": entry.name, "summary": entry.summary, "info": _jsonable(entry.info),
                      "attributes": _jsonable(attributes), "parameters": _parameters(entry.factory)})
     return rows

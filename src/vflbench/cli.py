@@ -162,13 +162,33 @@ def _result_table(result: Any) -> Table:
             undefended = f"{a.undefended_leakage:.2f} ({verdict})"
         table.add_row(f"attack {a.name}", metric, f"{a.value:.4f}", f"{a.prior:.4f} ({a.prior_name})", leakage,
                       undefended)
+        _searched_row(table, a)
     if result.attacks:
         repeats = max(len(a.leakages) for a in result.attacks)
         table.caption = (f"leakage: mean over {repeats} repeat(s) of each attack on this trained model"
                          + (" with its 95% interval [low, high] over the attack's randomness" if repeats > 1 else
                             "; set evaluation.repeats >= 2 for intervals, and sweep seeds for the training's "
                             "randomness"))
+        if any(a.details.get("search") for a in result.attacks):
+            table.caption += ("; searched: the attacker's setting its own validation rows selected "
+                              "(evaluation.attacker_search), never the test rows")
     return table
+
+
+def _searched_row(table: Table, a: Any) -> None:
+    """The row of the attacker the attacker search selected for attack ``a`` (its setting, value, prior and
+    leakage), or "default attacker only" for an attack whose settings cannot be searched."""
+    search = a.details.get("search") or {}
+    if a.leakage_worst is not None:
+        setting = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                            for k, v in (a.attacker_setting or {}).items())
+        ci = a.leakage_worst_ci
+        leakage = f"{a.leakage_worst:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+        undefended = "unknown" if a.undefended_leakage_worst is None else f"{a.undefended_leakage_worst:.2f}"
+        table.add_row(f"  searched: {setting}" + (" (the default)" if search.get("chosen_is_default") else ""), "",
+                      f"{a.value_worst:.4f}", f"{a.prior_worst:.4f}", leakage, undefended)
+    elif search.get("status") == "default attacker only":
+        table.add_row("  searched", "", "default attacker only", "", "", "")
 
 
 def with_device(set_: list[str] | None, device: str | None) -> list[str]:
@@ -314,10 +334,11 @@ def tune(
     check_out_dir(out_dir)
     result = run_tune(cfg, out_dir, budget=budget, low=low, high=high, steps=steps,
                       data_root=str(data_root) if data_root else None)
-    table = Table("strength", "worst ε_p", "ε_u", "meets", title=f"tune {result.defense} (ε_p ≤ {budget})")
+    table = Table("strength", "worst attack", "worst ε_p", "ε_u", "meets",
+                  title=f"tune {result.defense} (ε_p ≤ {budget})")
     for t in result.trace:
-        table.add_row(f"{t['strength']:g}", f"{t['worst_leakage']:.2f}", f"{t['utility_loss']:.2f}",
-                      "yes" if t["meets"] else "no")
+        table.add_row(f"{t['strength']:g}", t.get("worst_attack", ""), f"{t['worst_leakage']:.2f}",
+                      f"{t['utility_loss']:.2f}", "yes" if t["meets"] else "no")
     out.print(table)
     seeds = f"means over seeds {result.seeds}"
     out.print(f"chosen strength: {result.chosen['strength']:g} ({seeds})" if result.chosen
@@ -393,7 +414,8 @@ def describe(name: Annotated[str, typer.Argument(help="a dataset, model, attack 
             found = True
             out.print(f"[bold]{name}[/bold] ({kind.rstrip('s')}): {entry['summary']}")
             attributes = entry["attributes"]
-            facts = {**entry["info"], **{k: v for k, v in attributes.items() if v and not k.startswith("adaptive")}}
+            facts = {**entry["info"], **{k: v for k, v in attributes.items()
+                                         if v and not k.startswith("adaptive") and k != "search_space"}}
             for key, value in facts.items():
                 if value in (None, (), [], "", {}):
                     continue
@@ -402,6 +424,10 @@ def describe(name: Annotated[str, typer.Argument(help="a dataset, model, attack 
                 elif isinstance(value, list):
                     value = ", ".join(map(str, value))
                 out.print(f"  {key}: {value}")
+            if kind == "attacks":
+                grid = attributes.get("search_space") or {}
+                shown = "; ".join(f"{k} " + ", ".join(values) for k, values in grid.items())
+                out.print(f"  attacker search grid: {shown or 'none (default attacker only)'}")
             if kind == "defenses":
                 _describe_attacks_against(attributes)
             params = [p for p in entry["parameters"] if p["name"] not in SUPPLIED]

@@ -283,7 +283,40 @@ def test_adaptive_attacker_holds_only_its_own_attribute_column_constant(one_thre
         assert torch.equal(after[:, :column], before[:, :column])
         assert torch.all(after[:, column] == view.data.x_train[:, column].mean())
     assert adaptive.details["attribute_column"] == column
-    assert adaptive.value != plain.value  # the constant column changes what the fine-tuning sees
+
+
+def _mixmatch_values(defenses, seed):
+    """Plain and adaptive MixMatch (shared draws) on one trained run at a small but working budget: the attack
+    reaches AUC 0.7 on the undefended model."""
+    small = {"epochs": 5, "val_iteration": 100, "known_per_class": 20, "prior": "random"}
+    cfg = build_config(minimal(data=SYNTH, train=FAST, defenses=defenses, seed=seed,
+                               attacks=[{"name": "model_completion_mixmatch", **small},
+                                        {"name": "labobf_adaptive_mixmatch", **small}]))
+    vd = load_vertical_data(cfg)
+    plan = validate_attacks(cfg, vd)
+    plain, adaptive = run_attacks(plan, train_run(cfg, vd, attacks=plan))[0]
+    return plain.value, adaptive.value
+
+
+def test_adaptive_attacker_does_at_least_as_well_as_the_plain_attack_under_labobf(one_thread):
+    """Over seeds 0-2, under LabObf the adaptive attacker's mean AUC is at least the plain MixMatch attack's (less
+    a 0.01 tolerance). Without LabObf the two attacks are the same attack (same values), so the adaptive attacker
+    is no better an attacker on an undefended model; its gain under LabObf splits into the part that takes back
+    LabObf's protection against the plain attack (min(gain, plain undefended - plain under LabObf)) and the part
+    above the plain attack on the undefended model (max(0, adaptive under LabObf - plain undefended)). Measured
+    here: plain 0.7241 undefended, 0.5077 under LabObf; adaptive 0.6581 under LabObf: a gain of 0.1504, of which
+    0.143 takes back protection and 0.007 (seed 2 only) lies above the undefended attack."""
+    defended = [_mixmatch_values([{"name": "labobf", "normalise": False}], seed) for seed in (0, 1, 2)]
+    undefended = [_mixmatch_values([], seed) for seed in (0, 1, 2)]
+    assert all(plain == adaptive for plain, adaptive in undefended)  # without LabObf: the same attack
+    mean = [sum(values) / 3 for values in zip(*defended, strict=True)]
+    plain_undefended = sum(plain for plain, _ in undefended) / 3
+    assert plain_undefended > 0.65  # the attack works without a defense at this budget
+    assert plain_undefended - mean[0] > 0.1  # and LabObf protects against the plain attack
+    assert mean[1] >= mean[0] - 0.01  # the adaptive attacker does at least as well under LabObf
+    gains = [(a - p, min(a - p, u - p), max(0.0, a - u)) for (p, a), (u, _) in zip(defended, undefended, strict=True)]
+    gain, undone, above = (sum(g[k] for g in gains) / 3 for k in range(3))
+    assert gain > 0.05 and undone >= 0.5 * gain  # most of its gain takes back what LabObf took from the attack
 
 
 def test_adaptive_attacker_without_labobf_is_mixmatch(one_thread):

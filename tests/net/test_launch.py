@@ -204,3 +204,19 @@ def test_launch_passes_a_named_link_shape_by_name_so_net_json_records_its_source
     again = shape_profile(options[1])
     assert again == lan and again is not None and "836 Mbit/s" in again.as_dict()["source"]
     assert _shape_options(LinkProfile(20.0, 10.0)) == ["--bandwidth-mbit", "20.0", "--latency-ms", "10.0"]
+
+
+@pytest.mark.slow
+def test_launched_attacker_search_runs_in_the_attacks_processes_and_equals_one_process(tmp_path):
+    """The passive party's model completion searches its settings in its own process; the active party's model
+    inversion scores its settings on held-out auxiliary rows whose embeddings it asks the passive party for. On the
+    CPU, as the launched-attacks test above (bit-for-bit equality)."""
+    raw = {"data": {"name": "digits", "parties": 2, "train_size": 600, "test_size": 200},
+           "model": {"bottom": "mlp2", "top": "mlp2"},
+           "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1, "device": "cpu"},
+           "evaluation": {"attacker_search": True, "search_budget": 3},
+           "attacks": [{"name": "model_completion", "known_per_class": 4, "epochs": 2},
+                       {"name": "model_inversion", "mode": "black_box", "inverse_epochs": 3, "n_targets": 40}],
+           "seed": 2}
+    result, _ = check_same(raw, tmp_path)
+    assert all(a["details"]["search"]["status"] == "searched" and a["attacker_setting"] for a in result["attacks"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal
 
@@ -35,6 +35,27 @@ Selection = Literal["last", "validation", "test_oracle"]
 (``val_per_class`` per class, held out of its fine-tuning); ``"test_oracle"``, the epoch with the best
 *test* score, an oracle no attacker has (the protocol of Fu et al.'s and VMask's code), kept only to
 reproduce those papers' numbers and flagged wherever it is reported."""
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A value of an attack's :attr:`~Attack.search_space` relative to the configured one: ``factor`` times
+    the attack's own setting (rounded, at least 1, for an integer setting). Cost knobs (epochs, iterations)
+    are searched this way, so that a grid follows the budget the config gives the attack instead of replacing
+    a small test budget by a paper-scale one."""
+
+    factor: float
+
+    def of(self, value: Any) -> Any:
+        """The grid value for a configured ``value``."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"a relative search value (x{self.factor:g}) needs a numeric setting, got {value!r}")
+        if isinstance(value, int):
+            return max(1, round(value * self.factor))
+        return value * self.factor
+
+    def __str__(self) -> str:
+        return f"x{self.factor:g}"
 
 
 @dataclass(frozen=True)
@@ -121,6 +142,10 @@ class PartyView:
     generator: torch.Generator
     aux: AuxData | None = None
     received: list[ReceivedEmbeddings] = field(default_factory=list)
+    holdout: KnownLabels | None = None
+    """Known labels the runner holds out of the attack's fine-tuning to score its settings on (the attacker
+    search, ``evaluation.attacker_search``): an attack that fine-tunes on known labels leaves these rows out
+    and returns its scores of them as ``validation`` (:func:`split_validation`); ``None`` otherwise."""
 
     def with_models(self, models: dict[str, nn.Module]) -> PartyView:
         """The same view with other models (e.g. randomly initialised for the scratch prior)."""
@@ -225,9 +250,23 @@ class Attack(Params, ABC):
     shares_draws_with: ClassVar[str | None] = None
     """Another attack whose known labels and random stream this one uses (None: its own, by name),
     so that two attacks that differ only in the model they start from are compared on equal terms."""
+    search_space: ClassVar[Mapping[str, tuple[Any, ...]]] = {}
+    """The attacker search's grid (``evaluation.attacker_search``): a small set of values for some of the
+    attack's own parameters, all within its threat model, that the runner tries on the trained model and
+    selects among on the attacker's own validation rows (never the test rows). Values are absolute, or
+    :class:`Scale` factors of the configured value (for cost knobs). Only settings that act after training
+    can be searched on one trained model: attacks whose settings act during training (malicious attacks,
+    observers whose inference is fixed by what they kept) declare an empty grid and are reported as "default
+    attacker only". What the threat model grants (the known-label budget, the auxiliary set) is never
+    searched. Subclasses inherit their parent's grid; :meth:`search_grid` may narrow it per instance."""
 
     def check(self, scenario: Scenario) -> None:
         """Raise :class:`CompatibilityError` if the scenario does not meet the requirements."""
+
+    def search_grid(self, scenario: Scenario) -> Mapping[str, tuple[Any, ...]]:
+        """The grid the attacker search tries for this instance in ``scenario`` (:attr:`search_space` by
+        default; an attack whose settings do nothing in some mode or scenario returns less, or nothing)."""
+        return self.search_space
 
     def extra_embedding_dims(self) -> int:
         """Dimensions a malicious passive attacker appends to its uploaded embedding (0: none)."""
@@ -262,10 +301,18 @@ class Attack(Params, ABC):
 
 
 def split_validation(known: KnownLabels, select: str, val_per_class: int,
-                     generator: torch.Generator) -> tuple[KnownLabels, KnownLabels | None]:
+                     generator: torch.Generator,
+                     holdout: KnownLabels | None = None) -> tuple[KnownLabels, KnownLabels | None]:
     """The known labels an attack fine-tunes on and, with ``select == "validation"``, the validation split
     it selects its epoch on: ``val_per_class`` rows of every class, drawn from ``generator`` (the attack's
-    own stream) and held out of the fine-tuning. Other rules keep every known label for fine-tuning."""
+    own stream) and held out of the fine-tuning. Other rules keep every known label for fine-tuning.
+
+    ``holdout`` (the view's :attr:`PartyView.holdout`, set by the attacker search): the runner's own
+    validation rows, held out whatever the rule, with no draw from ``generator`` (so that every setting the
+    search tries fine-tunes on the same rows with the same stream)."""
+    if holdout is not None:
+        held = torch.isin(known.ids.cpu(), holdout.ids.cpu()).to(known.ids.device)
+        return KnownLabels(known.ids[~held], known.labels[~held]), holdout
     if select != "validation":
         return known, None
     order = torch.randperm(len(known.ids), generator=generator)

@@ -119,6 +119,11 @@ class EvaluationConfig(_Strict):
                          "(its own random stream and known labels each): the attack randomness, apart from the "
                          "training randomness that seeds measure")
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="level of every confidence interval reported")
+    attacker_search: bool = Field(False, description="also run every attack with a search grid (its search_space) "
+                                  "at the setting its own validation rows select, and report that attacker's leakage "
+                                  "(leakage_worst, attacker_setting) beside the default attacker's")
+    search_budget: int = Field(8, ge=1, le=1000, description="settings the attacker search tries per attack (the "
+                               "default setting and a seeded random subset of the grid when it holds more)")
 
 
 class ComponentSpec(BaseModel):
@@ -173,9 +178,13 @@ class ExperimentConfig(_Strict):
     def hash(self) -> str:
         """A short stable hash of the resolved config and :data:`RESULTS_VERSION` (the run directory's name).
         ``train.device`` is left out: it says where a run computes, not what it computes (docs/decisions.md,
-        "Devices")."""
+        "Devices"); so are ``evaluation.attacker_search`` and ``search_budget`` while the search is off (a config
+        without it keeps the hash it had before the search existed)."""
         payload = self.resolved().model_dump(mode="json", exclude={"sweep": True, "train": {"device"}})
         payload["results_version"] = RESULTS_VERSION
+        if not self.evaluation.attacker_search:  # without a search its budget means nothing: hashes stay as they were
+            for key in ("attacker_search", "search_budget"):
+                payload["evaluation"].pop(key)
         text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 

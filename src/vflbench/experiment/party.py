@@ -634,6 +634,7 @@ def _run_passive(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, 
     from vflbench.experiment.run import TrainedRun
     from vflbench.experiment.scenario import PassiveData, build_passive
     from vflbench.experiment.scoring import run_attacks
+    from vflbench.experiment.search import search_attacks
     from vflbench.protocol import History
 
     assert isinstance(local.data, PassiveData)
@@ -672,8 +673,9 @@ def _run_passive(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, 
     seconds: dict[str, float] = {}
     if attacks.attacks:
         assert local.ground_truth is not None
-        results, seconds = run_attacks(attacks, TrainedRun(cfg, local.ground_truth, side,  # type: ignore[arg-type]
-                                                           History(), 0.0, attacks.held_out()))
+        trained = TrainedRun(cfg, local.ground_truth, side, History(), 0.0, attacks.held_out())  # type: ignore[arg-type]
+        results, seconds = run_attacks(attacks, trained)
+        seconds.update(search_attacks(attacks, trained, results))
     endpoint.post("passive.report", ACTIVE, to_bytes_tensor({
         "stats": {k: v.as_dict() for k, v in channel.stats.items()}, "wire": wire_of(channel),
         "attacks": {str(i): dataclasses.asdict(r) for i, r in zip(local.positions, results, strict=True)},
@@ -698,6 +700,7 @@ def _run_active(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, s
     from vflbench.experiment.run import TrainedRun, _undefended_result, environment, mark_undefended, utility_of
     from vflbench.experiment.scenario import DefensePlan, build_federation, embed_dim_of
     from vflbench.experiment.scoring import run_attacks
+    from vflbench.experiment.search import search_attacks
     from vflbench.protocol import History
     from vflbench.rng import generator
 
@@ -782,6 +785,7 @@ def _run_active(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, s
     run = TrainedRun(cfg, local.ground_truth if local.ground_truth is not None else vd, fed, history,
                      time.perf_counter() - tic, held_out)
     found, attack_seconds = run_attacks(attacks, run)  # before passive.done: it may query the passive parties
+    attack_seconds.update(search_attacks(attacks, run, found))  # so may the search of a feature attack
     reports = {}
     for remote in remotes:
         endpoint.post("passive.done", remote.name)

@@ -40,6 +40,14 @@ class AttackResult:
     defense can be credited for stopping it (``None``: no interval, unknown).
     ``details["selection"]``: how the reported epoch of a trained attack was picked (``last``,
     ``validation`` or ``test_oracle``).
+
+    With ``evaluation.attacker_search`` (:mod:`vflbench.experiment.search`), an attack with a search grid also
+    reports the attacker its own validation rows selected: ``attacker_setting`` (the chosen values of the grid's
+    parameters), ``value_worst``/``prior_worst``/``leakage_worst`` (means over the repeats of that attacker, its
+    prior run with the same setting), ``leakages_worst`` (per repeat) and ``leakage_worst_ci``; and the same
+    attacker's leakage without defenses (``undefended_leakage_worst``/``undefended_leakages_worst``).
+    ``details["search"]`` records every setting tried with its validation score. All are ``None`` without a
+    search, and for attacks that can only be run as configured ("default attacker only").
     """
 
     name: str
@@ -61,6 +69,14 @@ class AttackResult:
     ci_basis: str = "none"
     undefended_leakages: list[float] | None = None
     undefended_ci: list[float] | None = None
+    attacker_setting: dict[str, Any] | None = None
+    value_worst: float | None = None
+    prior_worst: float | None = None
+    leakage_worst: float | None = None
+    leakages_worst: list[float] | None = None
+    leakage_worst_ci: list[float] | None = None
+    undefended_leakage_worst: float | None = None
+    undefended_leakages_worst: list[float] | None = None
 
 
 @dataclass

@@ -39,6 +39,7 @@ from vflbench.experiment.results import (
 )
 from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
 from vflbench.experiment.scoring import run_attacks
+from vflbench.experiment.search import check_search, search_attacks
 from vflbench.metrics.scores import attack_leakage, leaks
 from vflbench.metrics.stats import mean_interval
 from vflbench.protocol import Federation, History, Progress
@@ -85,6 +86,8 @@ def check_before_training(cfg: ExperimentConfig, vd: VerticalData, plan: AttackP
         which = f"only class {present[0]}" if present else "no class"
         raise DataError(f"the {len(vd.y_train)} training rows of {cfg.data.name} hold {which}; a classifier needs "
                         "at least two classes (check the label column, or a data.train_size too small to hold two)")
+    if cfg.evaluation.attacker_search:
+        check_search(plan)
     trained = torch.ones(len(vd.y_train), dtype=torch.bool)
     if plan.pool is not None:
         trained[plan.pool] = False
@@ -275,14 +278,20 @@ def _holder_alive(lock: Path) -> bool:
 def mark_undefended(attacks: list[AttackResult], undefended: list[dict[str, Any]] | None, *, seed: int,
                     confidence: float) -> None:
     """Set each attack's undefended leakage (mean and per repeat), its interval and ``leaks_without_defense``
-    (attacks match by position: the undefended run has the same attack list and repeats); ``undefended=None``:
-    the run itself has no defenses, so its own leakage is the undefended one."""
+    (attacks match by position: the undefended run has the same attack list and repeats), and the searched
+    attacker's undefended leakage where both runs searched; ``undefended=None``: the run itself has no defenses,
+    so its own leakage is the undefended one."""
     for i, attack in enumerate(attacks):
         if undefended is None:
             base = list(attack.leakages) or [attack.leakage]
         else:
             base = [float(v) for v in undefended[i].get("leakages") or [attack_leakage(undefended[i])]]
         interval = mean_interval({seed: base}, confidence)
+        worst = (attack.leakages_worst if undefended is None
+                 else [float(v) for v in undefended[i].get("leakages_worst") or []] or None)
+        if worst:
+            attack.undefended_leakage_worst = sum(worst) / len(worst)
+            attack.undefended_leakages_worst = list(worst)
         attack.undefended_leakage = sum(base) / len(base)
         attack.undefended_leakages = base
         attack.undefended_ci = [interval.low, interval.high] if interval.defined else None
@@ -379,6 +388,7 @@ def _train_and_record(cfg: ExperimentConfig, vd: VerticalData, attack_plan: Atta
             baselines["alone"] = utility_of(cfg, train_run(cfg, vd, with_defenses=False, alone=True,
                                                            held_out=held_out).history).__dict__
     attack_results, attack_seconds = run_attacks(attack_plan, run)
+    attack_seconds.update(search_attacks(attack_plan, run, attack_results))
     mark_undefended(attack_results, None if undefended is None else undefended["attacks"], seed=cfg.seed,
                     confidence=cfg.evaluation.confidence)
     comm = run.federation.channel.train

@@ -307,6 +307,22 @@ def _label_once(planned: PlannedAttack, run: TrainedRun, metric: str,
     return value, max(model_prior, floor), details
 
 
+def attack_metric(planned: PlannedAttack, run: TrainedRun) -> str:
+    """The metric ``planned``'s attack is scored under on ``run`` (``"mse"`` for a feature attack)."""
+    attack = planned.attack
+    return "mse" if attack.target == "features" else metric_name(run.data.y_train, run.data.num_classes,
+                                                                 attack.metric)
+
+
+def repeated(planned: PlannedAttack, run: TrainedRun, metric: str) -> list[tuple[float, float, dict[str, Any]]]:
+    """Every repeat's value, prior and diagnostics of ``planned``'s attack on ``run`` (``evaluation.repeats`` of
+    them when the attack is repeatable, else one)."""
+    attack = planned.attack
+    repeats = run.config.evaluation.repeats if attack.repeatable else 1
+    return [_feature_once(planned, run, r) if attack.target == "features" else _label_once(planned, run, metric, r)
+            for r in range(repeats)]
+
+
 def run_attacks(plan: AttackPlan, run: TrainedRun) -> tuple[list[AttackResult], dict[str, float]]:
     """Run every planned attack on ``run``; return scored results and seconds per attack.
 
@@ -321,11 +337,9 @@ def run_attacks(plan: AttackPlan, run: TrainedRun) -> tuple[list[AttackResult], 
     for planned in plan.attacks:
         attack = planned.attack
         tic = time.perf_counter()
-        repeats = evaluation.repeats if attack.repeatable else 1
-        metric = "mse" if attack.target == "features" else metric_name(run.data.y_train, run.data.num_classes,
-                                                                       attack.metric)
-        outcomes = [_feature_once(planned, run, r) if attack.target == "features" else
-                    _label_once(planned, run, metric, r) for r in range(repeats)]
+        metric = attack_metric(planned, run)
+        outcomes = repeated(planned, run, metric)
+        repeats = len(outcomes)
         per_epoch = None
         if attack.every_epoch and attack.target == "labels":
             select = getattr(attack, "select", "last")

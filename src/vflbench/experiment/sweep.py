@@ -70,6 +70,8 @@ class SweepConfig(BaseModel):
     baseline: bool = Field(True, description="add a no-defense run per seed (needed for utility loss)")
     workers: int = Field(1, ge=1)
     executor: Literal["local", "ray"] = "local"
+    attacker_search: bool = Field(False, description="run the attacker search on every point (sets "
+                                  "evaluation.attacker_search on each)")
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,8 @@ def expand(cfg: ExperimentConfig) -> list[SweepPoint]:
     """All points of the sweep, deduplicated by config hash, in a stable order."""
     settings = sweep_settings(cfg)
     base = cfg.model_dump(mode="json", exclude={"sweep"})
+    if settings.attacker_search:
+        base["evaluation"]["attacker_search"] = True
     variants = settings.defenses if settings.defenses is not None else [cfg.defenses]
     variant_dicts = [[s.model_dump(mode="json") for s in v] for v in variants]
     if settings.baseline and [] not in variant_dicts:
@@ -576,9 +580,17 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
     with ``leakage_ci_low``/``leakage_ci_high``; ``delta_leakage`` = ε_p − ε_p(undefended), paired by seed,
     with ``delta_ci_low``/``delta_ci_high``; ``change`` (``lower``, ``higher``, or ``no measurable change`` when
     that interval reaches 0); and ``leaks_without_defense`` (the interval of the undefended leakage lies above 0).
+
+    With the attacker search (``evaluation.attacker_search``) every row also says what the search did
+    (``search``: ``searched`` or ``default attacker only``), the setting it chose on that run
+    (``attacker_setting``, JSON) and that attacker's leakage (``leakage_worst``, ``undefended_leakage_worst``), and
+    carries the same group statistics of the searched attacker (:data:`WORST_COLUMNS`: ``leakage_worst_mean``,
+    ``leakage_worst_ci_low``/``leakage_worst_ci_high``, ``delta_worst`` with its interval, ``change_worst``,
+    ``leaks_worst_without_defense``).
     """
     rows = []
     repeats: list[tuple[list[float], list[float] | None]] = []
+    worst_repeats: list[tuple[list[float], list[float] | None]] = []
     stacks: list[tuple[list[dict[str, Any]], set[str]]] = []
     for point in points:
         path = out_dir / RUNS / point.hash / "result.json"
@@ -599,6 +611,7 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
         if not result["attacks"]:
             rows.append({**base, "attack": None})
             repeats.append(([], None))
+            worst_repeats.append(([], None))
         for a in result["attacks"]:
             leakage = attack_leakage(a)
             own = [float(v) for v in a.get("leakages") or [leakage]]
@@ -608,16 +621,29 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
             if undefended_repeats is None and not result["defense"]:
                 undefended_repeats = own
             undefended = (sum(undefended_repeats) / len(undefended_repeats)) if undefended_repeats else math.nan
+            worst = [float(v) for v in a.get("leakages_worst") or []]
+            undefended_worst = [float(v) for v in a.get("undefended_leakages_worst") or []]
+            if not undefended_worst and worst and not result["defense"]:
+                undefended_worst = worst
+            search = a.get("details", {}).get("search") or {}
             rows.append({**base, "attack": a["name"], "attack_target": a["target"], "attack_metric": a["metric"],
                          "attack_direction": a.get("direction"),
                          "selection": a.get("details", {}).get("selection", "unknown"),
                          "attack_value": a["value"], "prior": a["prior"], "prior_name": a["prior_name"],
-                         "leakage": leakage, "repeats": len(own), "undefended_leakage": undefended})
+                         "leakage": leakage, "repeats": len(own), "undefended_leakage": undefended,
+                         "search": search.get("status", ""),
+                         "attacker_setting": (json.dumps(a["attacker_setting"], sort_keys=True)
+                                              if a.get("attacker_setting") is not None else ""),
+                         "leakage_worst": sum(worst) / len(worst) if worst else math.nan,
+                         "undefended_leakage_worst": (sum(undefended_worst) / len(undefended_worst)
+                                                      if undefended_worst else math.nan)})
             repeats.append((own, None if undefended_repeats is None else [float(v) for v in undefended_repeats]))
+            worst_repeats.append((worst, undefended_worst or None))
     table = pd.DataFrame(rows)
     if table.empty:
         return table
     _group_statistics(table, repeats)
+    _group_statistics(table, worst_repeats, WORST_COLUMNS)
     vanilla = (table[table["defense"] == NO_DEFENSE].groupby(["dataset", "algorithm", "setting", "seed"])["utility"]
                .first())
     keys = list(zip(table["dataset"], table["algorithm"], table["setting"], table["seed"], strict=True))
@@ -633,15 +659,28 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
     return table
 
 
-def _group_statistics(table: pd.DataFrame, repeats: list[tuple[list[float], list[float] | None]]) -> None:
-    """Add each row's group statistics (see :func:`collect`) to ``table``, in place. ``repeats``: each row's
-    leakage per repeat and its undefended leakage per repeat (``None`` when unknown)."""
-    columns: dict[str, list[Any]] = {k: [math.nan] * len(table) for k in (
-        "leakage_mean", "leakage_ci_low", "leakage_ci_high", "delta_leakage", "delta_ci_low", "delta_ci_high",
-        "undefended_ci_low", "undefended_ci_high")}
-    extra: dict[str, list[Any]] = {"ci_basis": [""] * len(table), "delta_basis": [""] * len(table),
-                                   "n_seeds": [0] * len(table), "change": [""] * len(table),
-                                   "leaks_without_defense": [None] * len(table)}
+#: The group statistics of :func:`collect` (the default attacker's), by the name of each column.
+STAT_COLUMNS = {k: k for k in ("leakage_mean", "leakage_ci_low", "leakage_ci_high", "delta_leakage", "delta_ci_low",
+                               "delta_ci_high", "undefended_ci_low", "undefended_ci_high", "ci_basis", "delta_basis",
+                               "n_seeds", "change", "leaks_without_defense")}
+#: The same statistics of the attacker the search selected (``evaluation.attacker_search``), by the default's name.
+WORST_COLUMNS = {"leakage_mean": "leakage_worst_mean", "leakage_ci_low": "leakage_worst_ci_low",
+                 "leakage_ci_high": "leakage_worst_ci_high", "delta_leakage": "delta_worst",
+                 "delta_ci_low": "delta_worst_ci_low", "delta_ci_high": "delta_worst_ci_high",
+                 "undefended_ci_low": "undefended_worst_ci_low", "undefended_ci_high": "undefended_worst_ci_high",
+                 "ci_basis": "worst_ci_basis", "delta_basis": "worst_delta_basis", "n_seeds": "worst_n_seeds",
+                 "change": "change_worst", "leaks_without_defense": "leaks_worst_without_defense"}
+
+
+def _group_statistics(table: pd.DataFrame, repeats: list[tuple[list[float], list[float] | None]],
+                      names: dict[str, str] = STAT_COLUMNS) -> None:
+    """Add each row's group statistics (see :func:`collect`) to ``table``, in place, under ``names`` (the default
+    attacker's :data:`STAT_COLUMNS`, or the searched attacker's :data:`WORST_COLUMNS`). ``repeats``: each row's
+    leakage per repeat and its undefended leakage per repeat (``None`` when unknown); a group without any leakage
+    (no search) gets empty cells."""
+    empty: dict[str, Any] = {"ci_basis": "", "delta_basis": "", "n_seeds": 0, "change": "",
+                             "leaks_without_defense": None}
+    columns: dict[str, list[Any]] = {k: [empty.get(k, math.nan)] * len(table) for k in STAT_COLUMNS}
     attacked = table["attack"].notna()
     for _, group in table[attacked].groupby(GROUP, dropna=False):
         rows = list(group.index)
@@ -650,9 +689,12 @@ def _group_statistics(table: pd.DataFrame, repeats: list[tuple[list[float], list
         undefended: dict[int, list[float]] = {}
         for i in rows:
             seed = int(table.at[i, "seed"])
-            own.setdefault(seed, []).extend(repeats[i][0])
+            if repeats[i][0]:
+                own.setdefault(seed, []).extend(repeats[i][0])
             if repeats[i][1] is not None:
                 undefended.setdefault(seed, []).extend(repeats[i][1] or [])
+        if not own:
+            continue
         li = mean_interval(own, confidence)
         ui = mean_interval(undefended, confidence) if undefended else None
         baseline = group["defense"].iloc[0] == NO_DEFENSE  # its own undefended run: no difference to report
@@ -664,17 +706,14 @@ def _group_statistics(table: pd.DataFrame, repeats: list[tuple[list[float], list
                   "delta_ci_low": math.nan if di is None else di.low,
                   "delta_ci_high": math.nan if di is None else di.high,
                   "undefended_ci_low": math.nan if ui is None else ui.low,
-                  "undefended_ci_high": math.nan if ui is None else ui.high}
+                  "undefended_ci_high": math.nan if ui is None else ui.high,
+                  "ci_basis": li.basis, "delta_basis": "" if di is None else di.basis, "n_seeds": li.seeds,
+                  "change": change, "leaks_without_defense": leaks(ui)}
         for i in rows:
             for key, value in values.items():
                 columns[key][i] = value
-            extra["ci_basis"][i] = li.basis
-            extra["delta_basis"][i] = "" if di is None else di.basis
-            extra["n_seeds"][i] = li.seeds
-            extra["change"][i] = change
-            extra["leaks_without_defense"][i] = leaks(ui)
-    for key, column in {**columns, **extra}.items():
-        table[key] = column
+    for key, column in columns.items():
+        table[names[key]] = column
 
 
 def _true(value: Any) -> bool:
@@ -729,9 +768,13 @@ def scores_table(table: pd.DataFrame, score_table: ScoreTable = ScoreTable()) ->
     with no protecting strength gets ``significant = false``, no ``s_pu`` and the verdict "no measurable
     protection", and is ranked below No Protect (whose ``s_pu`` is 0 by Kang's convention). Attacks left out
     (feature attacks; attacks that do not leak measurably without a defense) are named in ``note``.
+
+    With the attacker search (``evaluation.attacker_search``) the attacker each attack's search selected counts as
+    an attack of its own, ``"<attack> [searched]"`` (:func:`with_searched`), so the worst attack at a strength is
+    the stronger of the default and the searched attacker, and the verdict is judged against it.
     """
     attacked = table.dropna(subset=["attack"]) if "attack" in table else table.iloc[0:0]
-    attacked = _with_statistics(attacked.reset_index(drop=True))
+    attacked = with_searched(_with_statistics(attacked.reset_index(drop=True)))
     rows = []
     for (dataset, algorithm, setting, defense), group in attacked.groupby(["dataset", "algorithm", "setting",
                                                                           "defense"], dropna=False):
@@ -774,6 +817,27 @@ def scores_table(table: pd.DataFrame, score_table: ScoreTable = ScoreTable()) ->
                        _loss=out["utility_loss"].astype(float))
             .sort_values(["_order", "_score", "_loss"], kind="stable").drop(columns=["_order", "_score", "_loss"])
             .reset_index(drop=True))
+
+
+#: How scores.csv names the attacker an attack's search selected.
+SEARCHED = " [searched]"
+
+
+def with_searched(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` and, for every row whose searched attacker has group statistics (:data:`WORST_COLUMNS`), a row of
+    that attacker as an attack of its own (``"<attack> [searched]"``, with the searched attacker's leakages in the
+    default's columns)."""
+    if "leakage_worst_mean" not in table:
+        return table
+    searched = table[table["leakage_worst_mean"].notna()].copy()
+    if searched.empty:
+        return table
+    for default, worst in WORST_COLUMNS.items():
+        searched[default] = searched[worst]
+    searched["leakage"] = searched["leakage_worst"]
+    searched["undefended_leakage"] = searched["undefended_leakage_worst"]
+    searched["attack"] = searched["attack"] + SEARCHED
+    return pd.concat([table, searched], ignore_index=True)
 
 
 def _worst_entry(worst: pd.Series) -> dict[str, Any]:

@@ -9,7 +9,13 @@ takes label attacks only: a feature attack's leakage is on another scale (points
 attack must leak measurably without the defense (the confidence interval of its undefended leakage over
 the seeds and repeats lies above 0 points): otherwise any strength "meets" the budget and the defense would be
 credited for stopping nothing. A strength meets the budget when the upper end of the worst attack's interval
-does (its mean, when the seeds and repeats give no interval)."""
+does (its mean, when the seeds and repeats give no interval).
+
+With the attacker search (``evaluation.attacker_search``, or ``sweep.attacker_search``) every attack with a search
+grid counts twice, as the default attacker and as the attacker its search selected (``"<attack> [searched]"``);
+the worst attack is the strongest of all of them, so tune meets the budget against the worst case. An attacker
+(default or searched) that does not leak measurably without the defense is left out of the worst case; an attack
+none of whose attackers does is refused."""
 
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from typing import Any
 from vflbench.defenses import DEFENSES
 from vflbench.experiment.config import ConfigError, ExperimentConfig, apply_override, build_config
 from vflbench.experiment.results import write_json
-from vflbench.experiment.sweep import RUNS, SweepPoint, collect, is_done
+from vflbench.experiment.sweep import RUNS, SEARCHED, SweepPoint, collect, is_done
 from vflbench.metrics.scores import attack_leakage, leaks
 from vflbench.metrics.stats import Interval, mean_interval
 
@@ -79,45 +85,58 @@ def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: floa
     out = Path(out_dir)
     seeds = [int(s) for s in (cfg.sweep or {}).get("seeds") or [cfg.seed]]
     base = cfg.model_dump(mode="json", exclude={"sweep"})
+    if (cfg.sweep or {}).get("attacker_search"):
+        base["evaluation"]["attacker_search"] = True
     points: list[SweepPoint] = []
 
-    def evaluate(raw: dict[str, Any], knobs: dict[str, Any]) -> tuple[float, list[Interval]]:
-        """Mean utility over the seeds and each attack's leakage (points) with its interval over seeds × repeats."""
+    def evaluate(raw: dict[str, Any], knobs: dict[str, Any]) -> tuple[float, dict[str, Interval]]:
+        """Mean utility over the seeds and the leakage (points) of every attacker (each attack's default one and,
+        with the attacker search, the one it selected) with its interval over seeds × repeats."""
         results = []
         for seed in seeds:
             point = SweepPoint(build_config({**raw, "seed": seed}), {**knobs, "seed": seed})
             points.append(point)
             results.append((seed, _evaluate(point.config, out, data_root)))
         utility = sum(r["utility"]["value"] for _, r in results) / len(results)
-        leakage = [mean_interval({seed: [float(v) for v in r["attacks"][i].get("leakages")
-                                         or [attack_leakage(r["attacks"][i])]] for seed, r in results},
-                                 cfg.evaluation.confidence)
-                   for i in range(len(results[0][1]["attacks"]))]
+        leakage: dict[str, Interval] = {}
+        for i, spec in enumerate(cfg.attacks):
+            label = spec.name if spec.name not in leakage else f"{spec.name}#{i}"
+            leakage[label] = mean_interval({seed: [float(v) for v in r["attacks"][i].get("leakages")
+                                                   or [attack_leakage(r["attacks"][i])]] for seed, r in results},
+                                           cfg.evaluation.confidence)
+            searched = {seed: [float(v) for v in r["attacks"][i].get("leakages_worst") or []] for seed, r in results}
+            if any(searched.values()):
+                leakage[label + SEARCHED] = mean_interval(searched, cfg.evaluation.confidence)
         return utility, leakage
 
     log.info("tune %s: seeds %s (each tried strength is the mean over them)", name, seeds)
     vanilla, undefended = evaluate({**base, "defenses": []}, {})
-    for spec, interval in zip(cfg.attacks, undefended, strict=True):
-        verdict = leaks(interval)
-        if verdict is None:
-            raise ConfigError(f"tune cannot tell whether attack {spec.name!r} leaks without a defense: seeds {seeds} "
+    usable: set[str] = set()
+    for label, interval in undefended.items():
+        if leaks(interval):
+            usable.add(label)
+    for label, interval in undefended.items():
+        if label.endswith(SEARCHED) or label in usable or label + SEARCHED in usable:
+            continue
+        if leaks(interval) is None:
+            raise ConfigError(f"tune cannot tell whether attack {label!r} leaks without a defense: seeds {seeds} "
                               f"with evaluation.repeats {cfg.evaluation.repeats} give no interval of its leakage; "
                               "give sweep.seeds (at least 3) or evaluation.repeats >= 2")
-        if verdict is False:
-            raise ConfigError(f"attack {spec.name!r} does not leak measurably without a defense (undefended "
-                              f"leakage {interval.mean:.2f} points, {round(100 * interval.confidence)}% interval "
-                              f"[{interval.low:.2f}, {interval.high:.2f}] over seeds {seeds}), so every strength "
-                              "would meet the budget and tune would credit the defense for stopping nothing; "
-                              "strengthen the attack (more epochs, other parameters) or leave it out")
+        raise ConfigError(f"attack {label!r} does not leak measurably without a defense (undefended "
+                          f"leakage {interval.mean:.2f} points, {round(100 * interval.confidence)}% interval "
+                          f"[{interval.low:.2f}, {interval.high:.2f}] over seeds {seeds}), so every strength "
+                          "would meet the budget and tune would credit the defense for stopping nothing; "
+                          "strengthen the attack (more epochs, other parameters, evaluation.attacker_search) or "
+                          "leave it out")
     result = TuneResult(name, budget, seeds)
 
     def trial(strength: float) -> bool:
         raw = json.loads(json.dumps(base))
         apply_override(raw, ["defenses", "0", "strength"], strength)
         utility, leakage = evaluate(raw, {"strength": strength})
-        worst = max(leakage, key=lambda i: i.mean)
+        label, worst = max(((k, v) for k, v in leakage.items() if k in usable), key=lambda kv: kv[1].mean)
         bound = worst.high if worst.defined else worst.mean
-        entry = {"strength": strength, "worst_leakage": worst.mean, "worst_ci_high": worst.high,
+        entry = {"strength": strength, "worst_attack": label, "worst_leakage": worst.mean, "worst_ci_high": worst.high,
                  "utility": utility, "utility_loss": 100.0 * (vanilla - utility), "meets": bound <= budget}
         result.trace.append(entry)
         log.info("tune %s strength=%g worst_eps_p=%.2f (upper bound %.2f) eps_u=%.2f", name, strength, worst.mean,

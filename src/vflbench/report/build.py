@@ -12,7 +12,7 @@ import pandas as pd
 
 from vflbench.errors import VFLBenchError
 from vflbench.experiment.results import write_atomic
-from vflbench.experiment.sweep import NO_DEFENSE, RUNS
+from vflbench.experiment.sweep import NO_DEFENSE, RUNS, with_searched
 from vflbench.report import plots
 
 SUMMARY_COLUMNS = ["defense", "strength", "seed", "attack", "attack_direction", "utility", "attack_value", "prior",
@@ -136,10 +136,37 @@ def _mean_table(summary: pd.DataFrame) -> pd.DataFrame:
             row["change"] = "" if defense == NO_DEFENSE else first["change"]
         else:  # a summary written before intervals: the mean over seeds only
             row["ε_p (points)"] = _number(group["leakage"].mean())
+        if "search" in has and group["search"].map(_text).any():
+            row.update(_searched_cells(group, defense == NO_DEFENSE))
         scores = group["pu_score"].dropna() if "pu_score" in has else pd.Series(dtype=float)
         row["PU score"] = _number(int(scores.min())) if len(scores) else ""
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _text(value: Any) -> bool:
+    """Whether a table cell holds a non-empty string (not NaN, as an empty CSV column reads)."""
+    return isinstance(value, str) and bool(value)
+
+
+def _searched_cells(group: pd.DataFrame, baseline: bool) -> dict[str, str]:
+    """The attacker search's cells of one defense × strength × attack group: the searched attacker's ε_p and its
+    difference from the undefended run (with intervals), and the settings the search chose on the group's runs
+    (the most frequent first); "default attacker only" for an attack whose settings cannot be searched."""
+    first = group.iloc[0]
+    if not (group["search"] == "searched").any():
+        status = first["search"] if _text(first["search"]) else ""
+        return {"searched ε_p [95% CI]": status, "searched ε_p − undefended [95% CI]": "", "attacker setting": ""}
+    settings = group["attacker_setting"].dropna().astype(str)
+    counts = settings[settings != ""].value_counts()
+    shown = "; ".join(f"{setting} ({n}×)" if len(counts) > 1 else setting for setting, n in counts.head(2).items())
+    if len(counts) > 2:
+        shown += f"; {len(counts) - 2} more"
+    return {"searched ε_p [95% CI]": _with_interval(first["leakage_worst_mean"], first["leakage_worst_ci_low"],
+                                                     first["leakage_worst_ci_high"]),
+            "searched ε_p − undefended [95% CI]": "" if baseline else _with_interval(
+                first["delta_worst"], first["delta_worst_ci_low"], first["delta_worst_ci_high"]),
+            "attacker setting": shown}
 
 
 #: How scores.csv's columns read in the report.
@@ -253,6 +280,15 @@ def build_report(directory: str | Path) -> Path:
           "below 0; one that protects at no strength is reported as 'no measurable protection', without a PU "
           "score, below No Protect. The `selection` column says how trained attacks picked their epoch "
           "(`last`, `validation` on their own known labels, or `test_oracle`: an oracle, flagged).", ""]
+    searched = "search" in summary and bool(summary["search"].map(_text).any())
+    if searched:
+        md += ["Attacker search (`evaluation.attacker_search`): every attack with a search grid was also run at the "
+               "setting that scored best on the attacker's own validation rows (held-out known labels, or held-out "
+               "auxiliary rows for a feature attack; never the test rows), beside the default attacker: the "
+               "'searched' columns. The verdicts count that attacker as an attack of its own (`<attack> [searched]`), "
+               "so a defense is judged against the stronger of the default and the searched attacker. Attacks whose "
+               "settings act during training are run with their default settings only ('default attacker only').",
+               ""]
     if any(summary.get("selection", pd.Series(dtype=str)) == "test_oracle"):
         md += ["**Warning:** some attacks picked their epoch by its test score (`select: test_oracle`), an oracle "
                "no attacker has; their leakages are optimistic for the attacker.", ""]
@@ -260,7 +296,7 @@ def build_report(directory: str | Path) -> Path:
         md += ["## Verdicts and optimal PU scores", "", markdown_table(_scores_view(scores)), ""]
         md += [f"- {r['defense']}: {r['note']}" for _, r in scores.iterrows() if isinstance(r.get("note"), str)
                and r["note"]] + [""]
-    md += _verdicts(summary)
+    md += _verdicts(with_searched(summary))
     if coverage is not None and not coverage.empty:
         md += ["## Adaptive attacks", "", "Whether each defense was evaluated against the adaptive attacks (and "
                "adaptive settings) that exist for it.", "", markdown_table(coverage), ""]
@@ -279,9 +315,11 @@ def build_report(directory: str | Path) -> Path:
     write_atomic(d / "report.md", "\n".join(md))
     body = [f"<h1>vflbench report: {html.escape(d.name)}</h1>",
             f"<p>{html.escape(md[2])}</p>", f"<p>{html.escape(md[4])}</p>"]
+    if searched:
+        body.append(f"<p>{html.escape(md[6])}</p>")
     if scores is not None and not scores.empty:
         body += ["<h2>Verdicts and optimal PU scores</h2>", _scores_view(scores).to_html(index=False, na_rep="")]
-    verdicts = _verdicts(summary)
+    verdicts = _verdicts(with_searched(summary))
     if verdicts:
         body += ["<h2>Attacks that do not leak without a defense</h2>", f"<p>{html.escape(verdicts[2])}</p>",
                  "<ul>" + "".join(f"<li>{html.escape(v[2:])}</li>" for v in verdicts[4:] if v) + "</ul>"]

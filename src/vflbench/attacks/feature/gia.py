@@ -28,10 +28,10 @@ the target's true features, with cross-entropy between two logit vectors, a QUIR
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
-from vflbench.attacks.base import FeatureInference, PartyView, Phase
+from vflbench.attacks.base import FeatureInference, PartyView, Phase, Scale
 from vflbench.attacks.feature.honest import CuriousActiveAttack, fit_regression, invert_embeddings
 from vflbench.attacks.registry import ATTACKS
 
@@ -53,6 +53,9 @@ class GIA(CuriousActiveAttack):
     paper = PAPER
     aux_disjoint = False  # GIA inserts its aux features into the victim's data (DMAVFL §2.1)
     phase: ClassVar[Phase] = "observer"  # it keeps the victim's embeddings of the aux rows during training
+    search_space: ClassVar[Mapping[str, tuple[Any, ...]]] = {
+        "shadow_lr": (1e-4, 1e-3, 1e-2), "opt_lr": (1e-3, 1e-2, 1e-1), "opt_steps": (Scale(1.0), Scale(4.0))}
+    """The shadow's fit and the per-row inversion, both after training."""
 
     def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,
                  aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",

@@ -30,13 +30,13 @@ the runner does not provide yet: :meth:`GRNA.check` rejects it before training.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
 
-from vflbench.attacks.base import AuxData, FeatureInference, PartyView, Phase, Scenario, require
+from vflbench.attacks.base import AuxData, FeatureInference, PartyView, Phase, Scale, Scenario, require
 from vflbench.attacks.feature.common import seeded
 from vflbench.attacks.feature.honest import (
     CuriousActiveAttack,
@@ -89,6 +89,9 @@ class GRNA(CuriousActiveAttack):
     paper = PAPER
     aux_disjoint = False  # GRNA has no aux set; our shadow needs the victim's training-time aux embeddings
     phase: ClassVar[Phase] = "observer"  # it keeps the victim's embeddings of the aux rows during training
+    search_space: ClassVar[Mapping[str, tuple[Any, ...]]] = {
+        "lr": (1e-4, 1e-3), "epochs": (Scale(0.5), Scale(1.0), Scale(2.0)), "var_lambda": (0.0, 0.25, 1.0)}
+    """The generator's training after training (what it kept during training is not searched)."""
 
     def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,
                  aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",

@@ -389,8 +389,18 @@ class CuriousActiveAttack(Attack):
         if seen is None or h is None or not seen.any():
             raise CompatibilityError(f"attack {self.name!r}: no embedding of an auxiliary row was received during "
                                      "training")
-        rows = torch.nonzero(seen).flatten()
-        return rows, h[rows]
+        kept = torch.nonzero(seen).flatten()  # positions in the auxiliary set the attack trained with
+        ids = self.aux_.ids[kept].cpu()
+        # positions of those rows in the view's auxiliary set (the same set, or a part of it: the attacker search
+        # holds some of its rows out to score its settings on)
+        order = torch.argsort(aux.ids.cpu())
+        sorted_ids = aux.ids.cpu()[order]
+        at = torch.searchsorted(sorted_ids, ids).clamp(max=len(sorted_ids) - 1)
+        hit = sorted_ids[at] == ids
+        if not hit.any():
+            raise CompatibilityError(f"attack {self.name!r}: no embedding of an auxiliary row was received during "
+                                     "training")
+        return order[at[hit]].to(aux.ids.device), h[kept[hit.to(kept.device)]]
 
     def targets(self, view: PartyView) -> tuple[ReceivedEmbeddings, Tensor | None]:
         """The victim's inference-time embeddings of the target rows and the attacker's own slice of them."""

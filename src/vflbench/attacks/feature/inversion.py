@@ -43,12 +43,12 @@ aux-mean guess on both (docs/decisions.md). Set ``mode: query_free`` for Kang et
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Literal
 
 import torch
 
-from vflbench.attacks.base import FeatureInference, PartyView
+from vflbench.attacks.base import FeatureInference, PartyView, Scale, Scenario
 from vflbench.attacks.feature.common import decoder_for, seeded
 from vflbench.attacks.feature.honest import (
     CuriousActiveAttack,
@@ -82,6 +82,11 @@ class ModelInversion(CuriousActiveAttack):
 
     name = "model_inversion"
     paper = PAPER
+    search_space: ClassVar[Mapping[str, tuple[Any, ...]]] = {
+        "inverse_lr": (1e-4, 1e-3, 1e-2), "inverse_epochs": (Scale(0.5), Scale(1.0), Scale(2.0)),
+        "shadow_lr": (1e-4, 1e-3, 1e-2), "lr": (0.01, 0.1, 1.0), "tv_weight": (0.0, 0.5, 2.0)}
+    """Black box: the inverse network's learning rate and epochs; query-free: the shadow's learning rate, the
+    inversion's learning rate and its TV weight (:meth:`search_grid` picks the mode's)."""
 
     def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,
                  aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
@@ -121,6 +126,11 @@ class ModelInversion(CuriousActiveAttack):
 
     def records_aux(self) -> bool:  # noqa: D102
         return self.mode == "black_box"
+
+    def search_grid(self, scenario: Scenario) -> Mapping[str, tuple[Any, ...]]:
+        """The settings the configured ``mode`` uses after training."""
+        keys = ("inverse_lr", "inverse_epochs") if self.mode == "black_box" else ("shadow_lr", "lr", "tv_weight")
+        return {k: self.search_space[k] for k in keys}
 
     def uses_top(self) -> bool:  # noqa: D102
         return self.mode == "query_free"

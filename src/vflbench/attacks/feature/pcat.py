@@ -24,14 +24,14 @@ tabular slices; :func:`~vflbench.attacks.feature.common.decoder_for`). Defaults:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vflbench.attacks.base import AuxData, FeatureInference, PartyView, Phase
+from vflbench.attacks.base import AuxData, FeatureInference, PartyView, Phase, Scale
 from vflbench.attacks.feature.common import AuxBatches, decoder_for, seeded
 from vflbench.attacks.feature.honest import (
     CuriousActiveAttack,
@@ -66,6 +66,9 @@ class PCAT(CuriousActiveAttack):
     aux_disjoint = True  # as DMAVFL §3.2 reads PCAT [12]: D_aux ∩ D_train = ∅
     phase: ClassVar[Phase] = "observer"
     observes_steps = True
+    search_space: ClassVar[Mapping[str, tuple[Any, ...]]] = {
+        "decoder_lr": (1e-4, 1e-3, 1e-2), "decoder_epochs": (Scale(0.5), Scale(1.0), Scale(2.0))}
+    """The decoder, trained after training (the pseudo-client, trained during training, is not searched)."""
 
     def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = None,
                  aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",

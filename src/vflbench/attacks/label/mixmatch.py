@@ -10,7 +10,8 @@ evaluated after every epoch.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -22,6 +23,7 @@ from vflbench.attacks.base import (
     LabelMetric,
     PartyView,
     Prior,
+    Scale,
     Scenario,
     Scores,
     Selection,
@@ -123,6 +125,8 @@ class MixMatchCompletion(ModelCompletion):
              "model_completion.py")
     threat = "honest-but-curious passive party holding a few labelled samples and its own unlabelled rows (T1)"
     batch_size: int
+    search_space: ClassVar[Mapping[str, tuple[Any, ...]]] = {
+        "lr": (5e-4, 2e-3, 8e-3), "epochs": (Scale(0.5), Scale(1.0), Scale(2.0)), "lambda_u": (10.0, 50.0, 100.0)}
 
     def __init__(self, *, party: str = "passive_1", known_per_class: int = 4, epochs: int = 10,
                  val_iteration: int = 1024, batch_size: int = 16, lr: float = 2e-3, alpha: float = 0.75,
@@ -196,7 +200,7 @@ class MixMatchCompletion(ModelCompletion):
         beta = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=gen)))
         interleaved = has_batchnorm(model)
 
-        fit, val = split_validation(view.known, self.select, self.val_per_class, gen)
+        fit, val = split_validation(view.known, self.select, self.val_per_class, gen, view.holdout)
         labelled = torch.zeros(len(x_all), dtype=torch.bool)
         labelled[view.known.ids] = True
         x_l, x_u = x_all[fit.ids], x_all[~labelled]

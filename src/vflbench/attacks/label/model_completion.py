@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -13,6 +14,8 @@ from vflbench.attacks.base import (
     LabelMetric,
     PartyView,
     Prior,
+    Scale,
+    Scenario,
     Scores,
     Selection,
     check_metric,
@@ -42,6 +45,9 @@ class ModelCompletion(Attack):
     phase = "post_training"
     paper = "Fu et al., Label Inference Attacks Against VFL (USENIX Security 2022); VMask Alg. 3; Kang et al. §6.2"
     threat = "honest-but-curious passive party holding a few labelled samples (T1)"
+    search_space: ClassVar[Mapping[str, tuple[Any, ...]]] = {
+        "lr": (1e-4, 1e-3, 1e-2), "epochs": (Scale(0.5), Scale(1.0), Scale(2.0)), "optimizer": ("adam", "sgd"),
+        "head_hidden": (32, 64, 128)}
 
     def __init__(self, *, party: str = "passive_1", known_per_class: int = 4, epochs: int = 50,
                  optimizer: Literal["adam", "sgd"] = "adam", lr: float = 1e-3, batch_size: int | None = 16,
@@ -71,6 +77,11 @@ class ModelCompletion(Attack):
         require(self.party != "active", self.name, "it is run by a passive party")
         check_metric(self.name, self.metric, scenario)
 
+    def search_grid(self, scenario: Scenario) -> Mapping[str, tuple[Any, ...]]:
+        """The fine-tuning's grid; nothing in VLR, where the attack puts a sigmoid on the bottom model and trains
+        nothing."""
+        return {} if scenario.algorithm == "vlr" else self.search_space
+
     def infer(self, view: PartyView) -> LabelInference:  # noqa: D102
         if view.scenario.algorithm == "vlr":
             return self._sigmoid_on_bottom(view, view.bottom())
@@ -93,7 +104,8 @@ class ModelCompletion(Attack):
 
     def _fit(self, view: PartyView, bottom: nn.Module, *, head: bool) -> LabelInference:
         assert view.known is not None
-        fit, val = split_validation(view.known, self.select, self.val_per_class, view.generator)
+        fit, val = split_validation(view.known, self.select, self.val_per_class, view.generator,
+                                    view.holdout)
         x, y = view.data.x_train[fit.ids], fit.labels
         n_test = len(view.data.x_test)
         test_ids = torch.arange(n_test)
