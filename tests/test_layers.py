@@ -2,7 +2,7 @@
 layer or the layers below it. Lazy imports inside functions count too: they are dependencies all the same.
 
     base (errors, rng, registry, devices) < data, metrics < models < protocol < mpc, he, net < defenses, attacks
-    < experiment < report < api, cli
+    < experiment < report < api, cli, catalog
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ LAYERS: dict[str, int] = {
     "defenses": 5, "attacks": 5,
     "experiment": 6,
     "report": 7,
-    "api": 8, "cli": 8, "__init__": 8, "examples": 8,
+    "api": 8, "cli": 8, "catalog": 8, "__init__": 8, "examples": 8,
 }
 
 

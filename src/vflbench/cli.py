@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import inspect
+import atexit
+import contextlib
+import gc
 import json
 import logging
 import os
@@ -12,6 +14,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,6 +32,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from vflbench import catalog
+from vflbench._version import __version__
 from vflbench.errors import VFLBenchError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -43,17 +48,33 @@ app.add_typer(party_app, name="party")
 out = Console()
 err = Console(stderr=True)
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"vflbench {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                   help="Print the version and exit.")] = False) -> None:
+    """Train, attack, defend and evaluate vertical federated learning."""
+
+
 KINDS = ("datasets", "models", "attacks", "defenses")
 
 
-def _registries() -> dict[str, Any]:
-    from vflbench.attacks import ATTACKS
-    from vflbench.data import DATASETS
-    from vflbench.defenses import DEFENSES
-    from vflbench.models import MODELS, TOP_MODELS
-
-    return {"datasets": DATASETS, "models": MODELS, "top models": TOP_MODELS,
-            "attacks": ATTACKS, "defenses": DEFENSES}
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause the garbage collector while a command imports torch and the components: the imports create about a
+    million objects and no garbage, and the collector's passes over them cost a fifth of the import time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class RichProgress:
@@ -214,11 +235,12 @@ def run(
     device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N (train.device)")] = None,
 ) -> None:
     """Train and evaluate one experiment; write OUT/<config hash>/result.json."""
-    from vflbench.experiment.config import load_config
-    from vflbench.experiment.run import run_experiment
-
     set_ = with_device(set_, device)
-    cfg = load_config(config, set_ or [])
+    with collector_paused():
+        from vflbench.experiment.config import load_config
+        from vflbench.experiment.run import run_experiment
+
+        cfg = load_config(config, set_ or [])
     if cfg.sweep is not None:
         raise VFLBenchError(f"{config} has a sweep: section, and `vflbench run` runs one experiment; run the sweep "
                             f"with: vflbench sweep {config} --out DIR (or remove the sweep: section to run the base "
@@ -282,16 +304,22 @@ def sweep(
     device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N (train.device)")] = None,
 ) -> None:
     """Run every point of a sweep (cached by config hash) and write summary.csv and scores.csv."""
-    from vflbench.experiment.config import load_config
-    from vflbench.experiment.sweep import run_sweep
+    from vflbench.experiment.config import check_components, read_config
+    from vflbench.experiment.workers import start_sweep_workers
 
     set_ = with_device(set_, device)
-    cfg = load_config(config, set_ or [])
+    cfg = read_config(config, set_ or [])
     if workers is not None and workers < 1:
         raise VFLBenchError(f"--workers must be at least 1, got {workers}")
     if force and not resume:
         raise VFLBenchError("--force applies to --resume only (a sweep without --resume runs every point anyway)")
     check_out_dir(out_dir)
+    # the workers' fork server first: its imports (torch, vflbench) run beside this process's below, not after them
+    start_sweep_workers(cfg.sweep, workers)
+    with collector_paused():
+        from vflbench.experiment.sweep import run_sweep
+
+        check_components(cfg)
     progress = SweepProgress(err)
     try:
         table = run_sweep(cfg, out_dir, resume=resume, workers=workers,
@@ -377,7 +405,6 @@ def init(
 @app.command("list")
 def list_(kind: Annotated[str, typer.Argument(help="datasets | models | attacks | defenses")]) -> None:
     """List the registered names of one kind of component."""
-    regs = _registries()
     if kind not in KINDS:
         raise VFLBenchError(f"unknown kind {kind!r}; valid kinds are: {', '.join(KINDS)}.")
     kinds = [kind, "top models"] if kind == "models" else [kind]
@@ -385,32 +412,27 @@ def list_(kind: Annotated[str, typer.Argument(help="datasets | models | attacks 
         table = Table(title=k)
         table.add_column("name")
         table.add_column("summary")
-        for entry in regs[k]:
-            table.add_row(entry.name, entry.summary)
+        for entry in catalog.entries(k):
+            table.add_row(entry["name"], entry["summary"])
         out.print(table)
 
 
-def _parameters(factory: Any) -> list[tuple[str, str]]:
-    skip = {"self", "root", "input_shape", "out_dim", "meta", "in_dim", "num_classes"}
-    params = []
-    for p in inspect.signature(factory).parameters.values():
-        if p.name in skip or p.kind is inspect.Parameter.VAR_KEYWORD:
-            continue
-        default = "required" if p.default is inspect.Parameter.empty else repr(p.default)
-        params.append((p.name, default))
-    return params
+#: Parameters the framework supplies (the data's shape, the root of the files), not the user.
+SUPPLIED = {"root", "input_shape", "out_dim", "meta", "in_dim", "num_classes"}
 
 
-def _describe_attacks_against(defense: Any, attacks: Any) -> None:
+def _describe_attacks_against(defense: dict[str, Any]) -> None:
     """The registered attacks on what ``defense`` protects, and the adaptive attacks and settings
     that exist for it (named by the defense; a name not registered in this build is still shown)."""
-    protects = getattr(defense, "protects", ())
-    against = [e.name for e in attacks if getattr(e.factory, "target", None) in protects]
-    out.print(f"  attacks on what it protects: {', '.join(against) or '(none registered)'}")
-    adaptive = [a if a in attacks else f"{a} (not registered in this build)"
-                for a in getattr(defense, "adaptive_attacks", ())]
+    protects = defense.get("protects", ())
+    attacks = catalog.entries("attacks")
+    against = [e["name"] for e in attacks if e["attributes"].get("target") in protects]
+    registered = {e["name"] for e in attacks}
+    adaptive = [a if a in registered else f"{a} (not registered in this build)"
+                for a in defense.get("adaptive_attacks", ())]
     adaptive += [f"the defense with {param}: {json.dumps(value)}"
-                 for param, value in getattr(defense, "adaptive_settings", ())]
+                 for param, value in defense.get("adaptive_settings", ())]
+    out.print(f"  attacks on what it protects: {', '.join(against) or '(none registered)'}")
     out.print(f"  adaptive attacks: {', '.join(adaptive) or '(none known)'}")
 
 
@@ -418,43 +440,37 @@ def _describe_attacks_against(defense: Any, attacks: Any) -> None:
 def describe(name: Annotated[str, typer.Argument(help="a dataset, model, attack or defense name")]) -> None:
     """Show what a component is: paper, threat model, what it reads, parameters and defaults."""
     found = False
-    for kind, reg in _registries().items():
-        if name not in reg:
-            continue
-        found = True
-        entry = reg.get(name)
-        factory = entry.factory
-        out.print(f"[bold]{name}[/bold] ({kind.rstrip('s')}): {entry.summary}")
-        facts = dict(entry.info)
-        for attr in ("paper", "threat", "target", "reads", "phase", "requirements", "side",
-                     "strength_param", "strength_direction", "protects"):
-            value = getattr(factory, attr, None)
-            if value:
-                facts[attr] = value
-        for key, value in facts.items():
-            if value in (None, (), [], "", {}):
+    for kind in catalog.KINDS:
+        for entry in catalog.entries(kind):
+            if entry["name"] != name:
                 continue
-            if isinstance(value, dict):
-                value = ", ".join(f"{k} {v}" for k, v in value.items())
-            elif isinstance(value, (list, tuple)):
-                value = ", ".join(map(str, value))
-            out.print(f"  {key}: {value}")
-        if kind == "attacks":
-            grid = getattr(factory, "search_space", {})
-            shown = "; ".join(f"{k} " + ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
-                              for k, values in grid.items())
-            out.print(f"  attacker search grid: {shown or 'none (default attacker only)'}")
-        if kind == "defenses":
-            _describe_attacks_against(factory, _registries()["attacks"])
-        params = _parameters(factory)
-        if params:
-            table = Table("parameter", "default", title="parameters")
-            for p, d in params:
-                table.add_row(p, d)
-            out.print(table)
+            found = True
+            out.print(f"[bold]{name}[/bold] ({kind.rstrip('s')}): {entry['summary']}")
+            attributes = entry["attributes"]
+            facts = {**entry["info"], **{k: v for k, v in attributes.items()
+                                         if v and not k.startswith("adaptive") and k != "search_space"}}
+            for key, value in facts.items():
+                if value in (None, (), [], "", {}):
+                    continue
+                if isinstance(value, dict):
+                    value = ", ".join(f"{k} {v}" for k, v in value.items())
+                elif isinstance(value, list):
+                    value = ", ".join(map(str, value))
+                out.print(f"  {key}: {value}")
+            if kind == "attacks":
+                grid = attributes.get("search_space") or {}
+                shown = "; ".join(f"{k} " + ", ".join(values) for k, values in grid.items())
+                out.print(f"  attacker search grid: {shown or 'none (default attacker only)'}")
+            if kind == "defenses":
+                _describe_attacks_against(attributes)
+            params = [p for p in entry["parameters"] if p["name"] not in SUPPLIED]
+            if params:
+                table = Table("parameter", "default", title="parameters")
+                for p in params:
+                    table.add_row(p["name"], "required" if p["default"] is None else p["default"])
+                out.print(table)
     if not found:
-        names = sorted({n for reg in _registries().values() for n in reg.names()})
-        raise VFLBenchError(f"unknown component {name!r}; valid names are: {', '.join(names)}.")
+        raise VFLBenchError(f"unknown component {name!r}; valid names are: {', '.join(catalog.names())}.")
 
 
 @datasets_app.command("verify")
@@ -464,10 +480,10 @@ def datasets_verify(
 ) -> None:
     """Check that dataset files are present and match their published checksums. Exit status 1 when a file is
     corrupt, or when a dataset named on the command line is missing."""
-    from vflbench.data import verify_datasets
     from vflbench.data.files import resolve_root
+    from vflbench.data.verify import verify_datasets
 
-    statuses = verify_datasets(resolve_root(data_root), names or None)
+    statuses = verify_datasets(resolve_root(data_root), names or None, infos=catalog.infos("datasets"))
     table = Table("dataset", "status", "details")
     for s in statuses:
         style = {"ok": "green", "unverified": "yellow", "embedded": "cyan", "missing": "yellow",
@@ -530,16 +546,17 @@ def party_run(
 ) -> None:
     """Run one party of an experiment (or VMask's dealer: --party dealer), talking to the others over mutual-TLS
     gRPC (VLR and VHNN, with defenses and attacks; each attack runs in its party's process; see docs/deployment.md)."""
-    try:
-        from vflbench.experiment.party import check_party_config, party_names, party_policy, run_party
-        from vflbench.net import Credentials, NetChannel, NetError, NetOptions
-        from vflbench.net.linkmodel import shape_profile
-    except ImportError as exc:
-        raise VFLBenchError(f"`vflbench party` needs the net extra ({exc.name} is missing): "
-                            "pip install 'vflbench[net]'") from None
-    from vflbench.experiment.config import load_config
+    with collector_paused():
+        try:
+            from vflbench.experiment.party import check_party_config, party_names, party_policy, run_party
+            from vflbench.net import Credentials, NetChannel, NetError, NetOptions
+            from vflbench.net.linkmodel import shape_profile
+        except ImportError as exc:
+            raise VFLBenchError(f"`vflbench party` needs the net extra ({exc.name} is missing): "
+                                "pip install 'vflbench[net]'") from None
+        from vflbench.experiment.config import load_config
 
-    cfg = load_config(config, with_device(set_, device)).resolved()
+        cfg = load_config(config, with_device(set_, device)).resolved()
     check_party_config(cfg)
     addresses = {}
     for item in address:
@@ -590,15 +607,20 @@ def launch(
     """Run every party (and VMask's dealer) as its own local process over loopback mutual-TLS gRPC; the active party
     writes OUT/<config hash>/result.json, as `vflbench run` does, and net.json (time per epoch, traffic, projection
     onto a LAN and a WAN)."""
-    try:
-        from vflbench.experiment.launch import launch as launch_run
-    except ImportError as exc:
-        raise VFLBenchError(f"`vflbench launch` needs the net extra ({exc.name} is missing): "
-                            "pip install 'vflbench[net]'") from None
-    from vflbench.experiment.config import load_config
-    from vflbench.experiment.results import RunResult
+    from vflbench.experiment.launch import launch as launch_run
+    from vflbench.experiment.launch import party_context
 
-    cfg = load_config(config, with_device(set_, device))
+    party_context()  # the party processes' fork server imports torch, vflbench and gRPC beside this process's imports
+    with collector_paused():
+        try:
+            import vflbench.experiment.party  # noqa: F401  (the net extra)
+        except ImportError as exc:
+            raise VFLBenchError(f"`vflbench launch` needs the net extra ({exc.name} is missing): "
+                                "pip install 'vflbench[net]'") from None
+        from vflbench.experiment.config import load_config
+        from vflbench.experiment.results import RunResult
+
+        cfg = load_config(config, with_device(set_, device))
     if certs is not None and insecure:
         raise VFLBenchError("give --certs or --insecure-localhost, not both")
     from vflbench.net.linkmodel import shape_profile
@@ -661,6 +683,10 @@ def main() -> None:
                         handlers=[RichHandler(console=err, show_path=False, show_time=False)]
                         if err.is_terminal else [logging.StreamHandler(sys.stderr)])
     previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    # at exit, the collector's last passes over torch's objects take 0.5-1 s; frozen, they are skipped (the
+    # objects are freed with the process all the same)
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
     try:
         code = app(standalone_mode=False)
     except VFLBenchError as exc:

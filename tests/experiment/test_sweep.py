@@ -219,9 +219,9 @@ def _runner_recording_pid(config, runs_dir, data_root):
     return done
 
 
-def test_two_workers_run_points_here_and_in_one_spawned_process_longest_first(tmp_path):
-    """Old behaviour: --workers 2 spawned two processes (each paying seconds of imports) while this
-    one only waited, and the points ran in grid order whatever their length."""
+def test_n_workers_run_the_points_longest_first_while_this_process_hands_them_out(tmp_path):
+    """Before issue 26 this process ran points too (so it reported the workers' points only between its own); now
+    the n workers run every point and this process hands them out and reports each as it finishes."""
     import os
 
     cfg = _sweep_config(seeds=[0], grid={"train.epochs": [1, 3, 2]}, defenses=[[{"name": "max_norm"}]])
@@ -230,7 +230,56 @@ def test_two_workers_run_points_here_and_in_one_spawned_process_longest_first(tm
     run_sweep(cfg, tmp_path, workers=2, runner=_runner_recording_pid)
     pids = {int(p.name.split(".")[1]) for p in (tmp_path / RUNS).glob("*.pid")}
     assert len(list((tmp_path / RUNS).glob("*.pid"))) == len(expand(cfg))
-    assert os.getpid() in pids and len(pids) == 2
+    assert os.getpid() not in pids and len(pids) == 2
+
+
+def _sleeping_runner(config, runs_dir, data_root):
+    """Sleeps a tenth of a second per training epoch and writes nothing: the executor's behaviour alone."""
+    import time
+
+    time.sleep(0.1 * config["train"]["epochs"])
+    return build_config(config).hash()
+
+
+def test_each_point_is_reported_as_soon_as_it_finishes(tmp_path):
+    """Before issue 26 the sweep's own process reported the workers' points only after its own point: a long point
+    there held back the report of every short one finished meanwhile (the issue's 'points finish one at a time')."""
+    import time
+
+    cfg = _sweep_config(seeds=[0], grid={"train.epochs": [30, 1, 2]}, defenses=[[{"name": "max_norm"}]],
+                        baseline=False)
+    reported = {}
+    started = time.monotonic()
+    run_sweep(cfg, tmp_path, workers=2, runner=_sleeping_runner,
+              on_done=lambda p: reported.setdefault(p.config.train.epochs, time.monotonic() - started))
+    assert set(reported) == {30, 1, 2}
+    assert reported[1] < reported[30] - 1.0 and reported[2] < reported[30] - 1.0
+
+
+def _failing_runner(config, runs_dir, data_root):
+    if config["train"]["epochs"] == 2:
+        raise ValueError("point failed")
+    return _sleeping_runner(config, runs_dir, data_root)
+
+
+def test_a_failed_point_in_a_worker_stops_the_sweep_with_its_error(tmp_path):
+    cfg = _sweep_config(seeds=[0], grid={"train.epochs": [1, 2, 100]}, defenses=[[{"name": "max_norm"}]],
+                        baseline=False)
+    with pytest.raises(ValueError, match="point failed"):
+        run_sweep(cfg, tmp_path, workers=2, runner=_failing_runner)
+
+
+def test_results_are_the_same_with_one_worker_and_with_three(tmp_path):
+    """Where a point runs (this process, a forked worker; before or after its undefended reference) does not
+    change its result."""
+    cfg = _sweep_config(seeds=[0, 1], grid={"defenses.0.strength": [5.0]})
+    results = {}
+    for workers in (1, 3):
+        out = tmp_path / str(workers)
+        run_sweep(cfg, out, workers=workers)
+        results[workers] = {p.parent.name: {k: v for k, v in json.loads(p.read_text()).items() if k != "timing"}
+                            for p in (out / RUNS).glob("*/result.json")}
+    assert len(results[1]) == 4 and results[1] == results[3]
 
 
 def test_an_undefended_point_is_not_trained_while_another_worker_trains_it_as_a_reference(tmp_path):
@@ -259,6 +308,37 @@ def test_an_undefended_point_is_not_trained_while_another_worker_trains_it_as_a_
     points = expand(_sweep_config())
     order = sweep_mod._longest_first(list(reversed(points)))
     assert [bool(p.config.defenses) for p in order] == sorted(bool(p.config.defenses) for p in points)
+
+
+def test_a_defended_point_trains_while_another_worker_trains_its_undefended_reference(tmp_path):
+    """Before issue 26 a defended point with attacks waited for its undefended reference before it trained: with
+    the references of every seed in training, the other workers sat idle. It needs that run's result only to
+    score its attacks, so it now trains first and waits (if at all) at the end."""
+    import threading
+    import time
+
+    from vflbench.experiment.run import claim_undefended, run_experiment, undefended_config
+
+    cfg = build_config(minimal(data={"name": "breast_cancer"}, train={"epochs": 2, "batch_size": 32},
+                               defenses=[{"name": "max_norm"}], attacks=[{"name": "norm_scoring"}]))
+    runs = tmp_path / RUNS
+    plain = undefended_config(cfg)
+    with claim_undefended(plain, runs) as mine:  # another worker is training the reference
+        assert mine
+        point = threading.Thread(target=run_experiment, args=(cfg,), kwargs={"out_dir": runs})
+        point.start()
+        metrics = runs / cfg.hash() / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) == 2) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(metrics.read_text().splitlines()) == 2  # trained both epochs while the reference is claimed
+        time.sleep(0.5)
+        assert point.is_alive() and not (runs / cfg.hash() / "result.json").exists()  # waiting for the reference
+        reference = run_experiment(plain, out_dir=runs)  # what the other worker writes
+    point.join(120)
+    assert not point.is_alive()
+    result = json.loads((runs / cfg.hash() / "result.json").read_text())
+    assert result["attacks"][0]["undefended_leakage"] == reference.attacks[0].leakage
 
 
 def test_a_shared_undefended_run_is_claimed_once_and_a_dead_holder_is_taken_over(tmp_path):

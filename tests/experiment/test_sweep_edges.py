@@ -15,6 +15,7 @@ from conftest import minimal
 
 from vflbench.errors import ConfigError, VFLBenchError
 from vflbench.experiment import sweep as sweep_mod
+from vflbench.experiment import workers as workers_mod
 from vflbench.experiment.config import build_config
 from vflbench.experiment.sweep import SWEEP_LOCK, run_sweep
 
@@ -130,7 +131,7 @@ def test_cli_force_needs_resume(tmp_path, cli):
 def test_processes_started_for_the_workers_ignore_sigint_from_birth():
     """Before: a Ctrl-C while the fork server imported torch printed its 40-line KeyboardInterrupt traceback."""
     before = signal.getsignal(signal.SIGINT)
-    with sweep_mod._sigint_ignored_by_children():
+    with workers_mod.sigint_ignored_by_children():
         child = subprocess.run([sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) == "
                                 "signal.SIG_IGN)"], capture_output=True, text=True, timeout=60)
     assert child.stdout.strip() == "True"

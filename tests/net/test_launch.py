@@ -16,9 +16,9 @@ pytest.importorskip("cryptography")
 
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import build_config
-from vflbench.experiment.launch import _wait, launch
+from vflbench.experiment.launch import _PartyProcess, _wait, launch, party_context
 from vflbench.experiment.party import merged_comm, party_names
-from vflbench.experiment.run import run_experiment
+from vflbench.experiment.run import run_experiment, undefended_config
 from vflbench.net.linkmodel import LINK_PROFILES, project
 from vflbench.protocol.channel import CommStats
 from vflbench.protocol.messages import Message
@@ -121,6 +121,30 @@ def test_launched_paillier_keeps_its_keys_in_the_active_process_and_equals_one_p
     # the passive parties' key requests arrive after the active party built its top model: the layout of both
     # parties' shares is completed then (a top without their shares would train another model)
     assert "paillier.share" in result["comm"]["by_kind"]
+
+
+@pytest.mark.slow
+def test_a_defended_launch_runs_its_undefended_reference_as_processes_beside_it_and_equals_one_process(tmp_path):
+    """Before issue 26 the reference was launched first and the defended run after it, each paying the processes'
+    start-up; now both start together, and the defended active party reads the reference's result when it scores
+    its attacks (the reference is still a launched run: its net.json is there, which an in-process run has not)."""
+    raw = {"data": {"name": "breast_cancer", "parties": 2}, "model": {"bottom": "mlp2", "top": "mlp2"},
+           "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 32, "lr": 0.05},
+           "defenses": [{"name": "max_norm"}], "attacks": [{"name": "norm_scoring"}], "seed": 0}
+    result, _ = check_same(raw, tmp_path)
+    reference = undefended_config(build_config(raw))
+    assert (tmp_path / "many" / reference.hash() / "net.json").is_file()
+    assert result["attacks"][0]["undefended_leakage"] is not None
+    assert not list((tmp_path / "many").glob(".*.undefended"))  # the launcher's claim is released
+
+
+@pytest.mark.slow
+def test_a_party_process_from_the_fork_server_runs_the_command_with_its_output_and_exit_status(tmp_path):
+    log = tmp_path / "active.log"
+    process = _PartyProcess(party_context(), ["party", "run", str(tmp_path / "none.yaml"), "--party", "active",
+                                              "--address", "active=127.0.0.1:1"], log)
+    assert process.wait() == 2 and process.returncode == 2
+    assert "does not exist" in log.read_text()
 
 
 def test_merged_comm_counts_each_message_once_from_the_counter_that_keeps_its_kind():

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from vflbench.data.files import check_files, resolve_root
-from vflbench.data.registry import DATASETS
-from vflbench.errors import DataError
+from vflbench.errors import DataError, unknown_name
+from vflbench.registry import closest
 
 Status = Literal["ok", "unverified", "missing", "corrupt", "embedded"]
 
@@ -29,35 +30,43 @@ class DatasetStatus:
     message: str
 
 
-def verify_datasets(root: str | Path | None, names: list[str] | None = None) -> list[DatasetStatus]:
+def verify_datasets(root: str | Path | None, names: list[str] | None = None, *,
+                    infos: Mapping[str, Mapping[str, Any]] | None = None) -> list[DatasetStatus]:
     """Check the files (and published checksums) of the datasets ``names`` under ``root``.
 
     ``root`` ``None`` falls back to ``$VFLBENCH_DATA``. ``names`` ``None`` checks every
     registered dataset except generic loaders (``csv``), whose file is an option. Files are
     checked for presence and checksums only, never parsed. An unknown name, or a generic
-    loader named explicitly, raises a :class:`DataError`.
+    loader named explicitly, raises a :class:`DataError`. ``infos``: each dataset's registry
+    ``info`` (its files, folder, checksums, source) by name; by default the live registry's, which
+    imports every loader (and torch); the command line passes :mod:`vflbench.catalog`'s instead.
     """
+    if infos is None:
+        from vflbench.data import DATASETS
+
+        infos = {e.name: e.info for e in DATASETS}
     base = resolve_root(root)
     if names is None:
-        entries = [e for e in DATASETS if not e.info.get("generic")]
+        chosen = [name for name, info in infos.items() if not info.get("generic")]
     else:
-        entries = []
         for name in names:
-            entry = DATASETS.get(name)  # an unknown name raises an error listing the valid ones
-            if entry.info.get("generic"):
+            if name not in infos:
+                error = unknown_name("dataset", name, infos)
+                raise type(error)(f"{error}{closest(name, infos)}")
+            if infos[name].get("generic"):
                 raise DataError(f"dataset {name!r} reads a file given as an option and has no "
                                 f"fixed files to verify; load it to check the file.")
-            entries.append(entry)
+        chosen = list(names)
     statuses: list[DatasetStatus] = []
-    for entry in entries:
-        files = tuple(entry.info.get("files", ()))
-        folder = entry.info.get("folder")
+    for name in chosen:
+        info = infos[name]
+        files = tuple(info.get("files", ()))
+        folder = info.get("folder")
         if not files or folder is None:
-            statuses.append(DatasetStatus(entry.name, "embedded",
-                                          "shipped with the package; no files needed"))
+            statuses.append(DatasetStatus(name, "embedded", "shipped with the package; no files needed"))
             continue
-        check = check_files(entry.name, base, folder, files, md5=entry.info.get("md5"),
-                            sha256=entry.info.get("sha256"), source=entry.info.get("source", ""))
+        check = check_files(name, base, folder, files, md5=info.get("md5"), sha256=info.get("sha256"),
+                            source=info.get("source", ""))
         status: Status = "unverified" if check.status == "ok" and check.unchecked else check.status
-        statuses.append(DatasetStatus(entry.name, status, check.message))
+        statuses.append(DatasetStatus(name, status, check.message))
     return statuses

@@ -375,7 +375,15 @@ def build_config(raw: dict[str, Any], overrides: list[str] = ()) -> ExperimentCo
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:  # type: ignore[assignment]
-    """Read a YAML config file and validate it."""
+    """Read a YAML config file and validate it, its components included (:func:`check_components`)."""
+    cfg = read_config(path, overrides)
+    check_components(cfg)
+    return cfg
+
+
+def read_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:  # type: ignore[assignment]
+    """Read a YAML config file and validate its structure, without importing the components to check them (a
+    sweep starts its workers before :func:`check_components` imports torch)."""
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"{p} is a directory; give the path of an experiment YAML file (e.g. configs/demo.yaml)")
@@ -388,9 +396,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig
             from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{p} must hold a mapping with sections data, model, train, defenses, attacks, seed")
-    cfg = build_config(raw, list(overrides))
-    check_components(cfg)
-    return cfg
+    return build_config(raw, list(overrides))
 
 
 def check_components(cfg: ExperimentConfig) -> None:

@@ -6,30 +6,32 @@ TLS with ``insecure``). The active party writes the run directory (``OUT/<config
 atomically), so a launched run is read like a ``vflbench run`` one. Every process has deadlines (the start-up
 barrier, a receive deadline without progress); a process that fails aborts its peers, and the launcher waits
 ``grace`` seconds for the others before it kills them, then names the party that failed first. A config with
-defenses and attacks is first launched without its defenses (unless that run's result is in ``out_dir``), as
-``vflbench run`` does, for the attacks' undefended leakage.
+defenses and attacks is launched beside the same config without its defenses (unless that run's result is in
+``out_dir``), as ``vflbench run`` does, for the attacks' undefended leakage. The party processes are forked from
+one fork server that imports torch, vflbench and gRPC once for all of them, and start together.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vflbench.errors import ConfigError, VFLBenchError
 from vflbench.experiment.config import ExperimentConfig
-from vflbench.experiment.party import check_party_config, party_names
-from vflbench.experiment.resume import check_resumable, committed_epoch
-from vflbench.experiment.run import undefended_config
-from vflbench.net.linkmodel import LINK_PROFILES, LinkProfile
-from vflbench.protocol.messages import ACTIVE, DEALER
+from vflbench.experiment.workers import PARTY_PRELOAD, Context, fork_server
+
+if TYPE_CHECKING:
+    from vflbench.net.linkmodel import LinkProfile
 
 
 class LaunchError(VFLBenchError):
@@ -77,7 +79,20 @@ def launch(cfg: ExperimentConfig, *, out_dir: Path, certs: Path | None = None, i
     resumed; see :func:`~vflbench.experiment.party.run_party`). ``shape``: every process shapes the links it sends
     on to this bandwidth and one-way delay (:class:`~vflbench.net.transport.Shaper`), so the run takes the time it
     would on that network.
+
+    The party processes are forked from one fork server (:func:`party_context`), which imports torch, vflbench
+    and gRPC once for all of them, and start together. A config with defenses and attacks is launched beside the
+    same config without its defenses (unless that run's result is in ``out_dir``), as ``vflbench run`` does, for
+    the attacks' undefended leakage: its processes start with the others', and the active party reads its result
+    when it scores its attacks (the launcher holds the run's claim meanwhile,
+    :func:`~vflbench.experiment.run.claim_undefended`).
     """
+    # imported here, not with this module: the command line starts the fork server (party_context) first
+    from vflbench.experiment.party import check_party_config, party_names
+    from vflbench.experiment.resume import check_resumable, committed_epoch
+    from vflbench.experiment.run import undefended_config
+    from vflbench.protocol.messages import ACTIVE, DEALER
+
     cfg = cfg.resolved()
     check_party_config(cfg)
     if resume:
@@ -85,81 +100,158 @@ def launch(cfg: ExperimentConfig, *, out_dir: Path, certs: Path | None = None, i
         committed_epoch(out_dir / cfg.hash())  # refuse before any process starts
     if stop_after is not None and stop_after < 1:
         raise ConfigError(f"stop_after takes a number of epochs of at least 1, got {stop_after}")
-    if cfg.defenses and cfg.attacks and not (out_dir / undefended_config(cfg).hash() / "result.json").is_file():
-        # the attacks' leakage without the defenses, which result.json reports beside theirs (as `vflbench run`)
-        launch(undefended_config(cfg), out_dir=out_dir, certs=certs, insecure=insecure, data_root=data_root,
-               start_timeout=start_timeout, receive_timeout=receive_timeout, timeout=timeout, grace=grace,
-               shape=shape)
-    names = party_names(cfg)
-    run_dir = out_dir / cfg.hash()
-    logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    addresses = {ACTIVE: f"127.0.0.1:{free_port()}"}
-    if DEALER in names:
-        addresses[DEALER] = f"127.0.0.1:{free_port()}"
-    package_root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
-                                                       if p)}
-    with tempfile.TemporaryDirectory(prefix="vflbench-launch-") as tmp:
-        config_path = Path(tmp) / "config.yaml"
-        config_path.write_text(cfg.to_yaml())
+    context = party_context()  # the fork server imports while the certificates are made
+    reference = undefended_config(cfg) if cfg.defenses and cfg.attacks else None
+    runs = [_Run(cfg, "", resume, stop_after)]
+    with tempfile.TemporaryDirectory(prefix="vflbench-launch-") as tmp, \
+            _claimed(reference, out_dir) as launch_reference:
+        if launch_reference:
+            assert reference is not None
+            runs.append(_Run(reference, f" of the undefended reference run {reference.hash()}", False, None))
         if certs is None and not insecure:
             from vflbench.net.provision import provision
 
             certs = Path(tmp) / "certs"
-            provision(certs, names, project=f"launch-{cfg.hash()}", days=2)
-        procs: dict[str, subprocess.Popen[bytes]] = {}
-        files = {}
+            provision(certs, party_names(cfg), project=f"launch-{cfg.hash()}", days=2)
+        procs: dict[str, _PartyProcess] = {}
+        logs: dict[str, Path] = {}
         tic = time.monotonic()
         try:
-            for name in names:
-                command = [sys.executable, "-m", "vflbench.cli", "party", "run", str(config_path), "--party", name,
-                           "--out", str(run_dir), "--start-timeout", str(start_timeout),
-                           "--receive-timeout", str(receive_timeout),
-                           *(a for k, v in addresses.items() for a in ("--address", f"{k}={v}"))]
-                command += ["--insecure"] if insecure else ["--certs", str(Path(certs or "") / name)]
-                if data_root is not None:
-                    command += ["--data-root", str(data_root)]
-                command += ["--resume"] * resume + (["--stop-after", str(stop_after)] if stop_after else [])
-                if shape is not None:
-                    command += _shape_options(shape)
-                files[name] = (logs / f"{name}.log").open("wb")
-                procs[name] = subprocess.Popen(command, stdout=files[name], stderr=subprocess.STDOUT, env=env)
+            for run in runs:
+                config_path = Path(tmp) / f"{run.cfg.hash()}.yaml"
+                config_path.write_text(run.cfg.to_yaml())
+                run_logs = out_dir / run.cfg.hash() / "logs"
+                run_logs.mkdir(parents=True, exist_ok=True)
+                names = party_names(run.cfg)
+                addresses = {ACTIVE: f"127.0.0.1:{free_port()}"}
+                if DEALER in names:
+                    addresses[DEALER] = f"127.0.0.1:{free_port()}"
+                for name in names:
+                    argv = ["party", "run", str(config_path), "--party", name, "--out", str(out_dir / run.cfg.hash()),
+                            "--start-timeout", str(start_timeout), "--receive-timeout", str(receive_timeout),
+                            *(a for k, v in addresses.items() for a in ("--address", f"{k}={v}"))]
+                    argv += ["--insecure"] if insecure else ["--certs", str(Path(certs or "") / name)]
+                    if data_root is not None:
+                        argv += ["--data-root", str(data_root)]
+                    argv += ["--resume"] * run.resume
+                    argv += ["--stop-after", str(run.stop_after)] if run.stop_after else []
+                    if shape is not None:
+                        argv += _shape_options(shape)
+                    key = name + run.label
+                    logs[key] = run_logs / f"{name}.log"
+                    procs[key] = _PartyProcess(context, argv, logs[key])
             failed = _wait(procs, timeout=timeout, grace=grace, started=tic)
         finally:
             for proc in procs.values():
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
-            for f in files.values():
-                f.close()
     seconds = time.monotonic() - tic
+    run_dir = out_dir / cfg.hash()
     if failed:
-        text = {n: (logs / f"{n}.log").read_text(errors="replace") for n in failed}
+        text = {n: logs[n].read_text(errors="replace") for n in failed}
         # the party whose own error it is, not one that noticed another's failure
         failed.sort(key=lambda n: "(noticed by" in _error_line(text[n]))
         first, *others = failed
         detail = "; ".join(f"{n} (exit {procs[n].returncode}): {_error_line(text[n]).rstrip('.')}" for n in others)
         raise LaunchError(f"party {first} failed first (exit {procs[first].returncode}): "
                           f"{_error_line(text[first]).rstrip('.')}"
-                          + (f"; then {detail}" if detail else "") + f". Logs: {logs}")
+                          + (f"; then {detail}" if detail else "") + f". Logs: {logs[first].parent}")
     if stop_after is not None and stop_after < cfg.train.epochs:
         return Launched(run_dir, {}, {}, seconds, stopped_after=stop_after)
     return Launched(run_dir, json.loads((run_dir / "result.json").read_text()),
                     json.loads((run_dir / "net.json").read_text()), seconds)
 
 
+@dataclass(frozen=True)
+class _Run:
+    """One run of a launch: its config, the words that tell its parties apart in errors, resume and stop_after."""
+
+    cfg: ExperimentConfig
+    label: str
+    resume: bool
+    stop_after: int | None
+
+
+@contextlib.contextmanager
+def _claimed(reference: ExperimentConfig | None, out_dir: Path) -> Iterator[bool]:
+    """Whether this launch must run ``reference`` (the undefended run of its config), holding its claim while it
+    does: not when there is none, when its result is in ``out_dir``, or once another process that claimed it has
+    written it (then this waits for that)."""
+    if reference is None or (out_dir / reference.hash() / "result.json").is_file():
+        yield False
+        return
+    from vflbench.experiment.run import claim_undefended
+
+    with claim_undefended(reference, out_dir) as mine:
+        yield mine and not (out_dir / reference.hash() / "result.json").is_file()
+
+
+def party_context() -> Context:
+    """Where the party processes come from: the fork server (:func:`~vflbench.experiment.workers.fork_server`),
+    started now (if it is not running yet) and importing ``PARTY_PRELOAD`` at once. It runs no torch operation and
+    opens no gRPC channel, so a party forked from it starts clean."""
+    return fork_server(PARTY_PRELOAD)
+
+
+def _party_main(argv: list[str], log: str) -> None:
+    """A party process: ``vflbench party run ARGV`` with its output in ``log`` (its exit status is the command's)."""
+    with open(log, "ab", buffering=0) as file:
+        os.dup2(file.fileno(), 1)
+        os.dup2(file.fileno(), 2)
+    sys.argv = ["vflbench", *argv]
+    # the command line by name, as the party processes were started before (`python -m vflbench.cli party run`)
+    importlib.import_module("vflbench.cli").main()
+
+
+class _PartyProcess:
+    """A party process forked from the launcher's fork server, with the part of :class:`subprocess.Popen`'s
+    interface the launcher uses (``poll``, ``returncode``, ``kill``, ``wait``)."""
+
+    def __init__(self, context: Context, argv: list[str], log: Path) -> None:
+        self.process = context.Process(target=_party_main, args=(argv, str(log)), name=f"vflbench-{argv[4]}")
+        self.process.start()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def wait(self) -> int | None:
+        self.process.join()
+        return self.process.exitcode
+
+
+class _Process(Protocol):
+    """What the launcher needs of a process: a :class:`subprocess.Popen` or a :class:`_PartyProcess`."""
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def kill(self) -> None: ...
+
+    def wait(self) -> int | None: ...
+
+
 def _shape_options(shape: LinkProfile) -> list[str]:
     """The ``party run`` options that give a process ``shape``: a named profile by its name (so that ``net.json``
     records its source), any other link by its numbers."""
+    from vflbench.net.linkmodel import LINK_PROFILES
+
     name = next((key for key, profile in LINK_PROFILES.items() if profile == shape), None)
     if name is not None:
         return ["--shape", name]
     return ["--bandwidth-mbit", repr(shape.bandwidth_mbit_s), "--latency-ms", repr(shape.latency_ms)]
 
 
-def _wait(procs: dict[str, subprocess.Popen[bytes]], *, timeout: float | None, grace: float,
-          started: float) -> list[str]:
+def _wait(procs: Mapping[str, _Process], *, timeout: float | None, grace: float, started: float) -> list[str]:
     """Wait for every process; the parties that failed, in the order their failure was seen (a process still
     running ``grace`` seconds after the first failure, or at ``timeout``, is killed and counts as failed)."""
     failed: list[str] = []

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from vflbench.experiment.config import RESULTS_VERSION
-from vflbench.metrics.scores import attack_leakage, direction_of
 
 
 @dataclass
@@ -124,6 +123,9 @@ class RunResult:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> RunResult:
         """The result a ``result.json`` records (as written by :meth:`to_dict`)."""
+        # here, not with the module: the scores import scipy (0.7 s), and `vflbench init` imports this module
+        from vflbench.metrics.scores import attack_leakage, direction_of
+
         attacks = []
         for a in raw["attacks"]:
             a = dict(a)

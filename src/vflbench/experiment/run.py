@@ -386,10 +386,14 @@ def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path |
     vd = load_vertical_data(cfg, data_root)
     attack_plan = validate_attacks(cfg, vd)
     check_before_training(cfg, vd, attack_plan)
-    undefended = (_undefended_result(cfg, out_dir=out_dir, data_root=data_root)
-                  if cfg.defenses and cfg.attacks else None)
     honest = (_honest_result(cfg, out_dir=out_dir, data_root=data_root)
               if needs_honest_reference(cfg, attack_plan) else None)
+
+    def undefended() -> dict[str, Any] | None:
+        """The undefended run's result, asked for once this run has trained: a sweep's defended point trains while
+        another worker trains its reference, instead of waiting for it first."""
+        return _undefended_result(cfg, out_dir=out_dir, data_root=data_root) if cfg.defenses and cfg.attacks else None
+
     run_dir = out_dir / cfg.hash() if out_dir else None
     fresh = run_dir is not None and not run_dir.exists()
     try:
@@ -418,10 +422,12 @@ def unfinished_run_error(exc: OSError, run_dir: Path | None, *, fresh: bool) -> 
 
 
 def _train_and_record(cfg: ExperimentConfig, vd: VerticalData, attack_plan: AttackPlan,
-                      undefended: dict[str, Any] | None, *, run_dir: Path | None,
+                      undefended_result: Callable[[], dict[str, Any] | None], *, run_dir: Path | None,
                       progress: Progress | None, honest: dict[str, Any] | None = None) -> RunResult:
-    """Train ``cfg``, run its baselines and attacks, and write its run directory ``run_dir`` (if any); ``honest``:
-    the result of its detectors' honest reference run (:func:`honest_config`), ``None`` when the run is one."""
+    """Train ``cfg``, run its baselines and attacks, and write its run directory ``run_dir`` (if any);
+    ``undefended_result()`` gives the undefended run's result (``None`` without defenses or attacks), asked for
+    once the training is done; ``honest``: the result of its detectors' honest reference run
+    (:func:`honest_config`), ``None`` when the run is one."""
     metrics_lines: list[str] = []
 
     def open_run_dir() -> None:
@@ -445,6 +451,7 @@ def _train_and_record(cfg: ExperimentConfig, vd: VerticalData, attack_plan: Atta
         save_checkpoints(run, run_dir)
     if run_dir is not None and cfg.train.save_embeddings:
         save_embeddings(run, run_dir, cfg.train.save_embeddings)
+    undefended = undefended_result()
     baselines: dict[str, Any] = {}
     held_out = attack_plan.held_out()  # the baselines train on the same rows as the run
     for name in cfg.baselines:

@@ -4,7 +4,6 @@ config hash, resumable); collect the tidy results table and the privacy-utility 
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import itertools
 import json
@@ -16,10 +15,9 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,6 +37,7 @@ from vflbench.experiment.config import (
 )
 from vflbench.experiment.lock import exclusive
 from vflbench.experiment.results import write_atomic
+from vflbench.experiment.workers import WORKER_PRELOAD, fork_server, start_sweep_workers
 from vflbench.metrics.scores import (
     NO_PROTECTION_SCORE,
     ScoreTable,
@@ -208,9 +207,11 @@ def run_sweep(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = Fals
               on_start: Callable[[int, int], None] | None = None, force: bool = False) -> pd.DataFrame:
     """Run every point (skipping finished ones with ``resume``); write summary.csv and scores.csv.
 
-    ``on_start(to_run, total)`` is called once before the first point runs and ``on_done(point)``
-    after each point finishes. If the sweep is interrupted (Ctrl-C, a signal turned into an
-    exception) or a point fails, the queued points are cancelled, the workers are ended, the
+    With one worker the points run in this process; with ``n`` (local executor) they run in ``n`` worker
+    processes forked from a fork server (:func:`start_workers`) while this process hands them out and reports
+    them. ``on_start(to_run, total)`` is called once before the first point runs and ``on_done(point)``
+    as soon as each point finishes, from this thread. If the sweep is interrupted (Ctrl-C, a signal turned
+    into an exception) or a point fails, the queued points are cancelled, the workers are ended, the
     summary of the points finished so far is written, and the exception propagates.
 
     One sweep at a time writes into ``out_dir`` (a lock file, ``.sweep.lock``, names its pid; another
@@ -224,8 +225,9 @@ def run_sweep(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = Fals
     if resume and not force:
         check_same_definition(cfg, out)
     n_workers = workers or settings.workers
-    # started before the checks below import torch here, so the fork server imports it meanwhile
-    context = _worker_context() if settings.executor == "local" and n_workers > 1 else None
+    # started before the checks below import torch here (if the command line has not started it already), so that
+    # the fork server imports it meanwhile
+    context = start_workers(cfg, workers)
     points = expand(cfg)
     _check_points(points)
     todo = [p for p in points if not (resume and is_done(out, p))]
@@ -360,53 +362,33 @@ def _watch_parent() -> None:
     os._exit(1)
 
 
-#: What a sweep worker needs before its first point; the fork server imports it once, and every worker it
-#: forks starts with it imported.
-WORKER_PRELOAD = ["vflbench.experiment.sweep", "vflbench.experiment.run", "vflbench.attacks", "vflbench.defenses"]
+def start_workers(cfg: ExperimentConfig, workers: int | None = None) -> multiprocessing.context.BaseContext | None:
+    """Start the fork server of the sweep's workers now, if ``cfg`` runs on local workers (``workers``, else
+    ``sweep.workers``, above 1); the context to take them from, else ``None``
+    (:func:`~vflbench.experiment.workers.start_sweep_workers`, which `vflbench sweep` calls before it imports
+    this module and torch). Calling it again is harmless."""
+    settings = sweep_settings(cfg)
+    return start_sweep_workers({"workers": settings.workers, "executor": settings.executor}, workers)
 
 
 def _worker_context() -> multiprocessing.context.BaseContext:
     """Where the sweep's workers come from: a fork server where the platform has one (Linux, macOS),
-    started now, else spawned processes.
+    started now (if it is not running yet), else spawned processes.
 
-    A spawned worker imports torch and vflbench itself (3.5-5 s here) before its first point. The
+    A spawned worker imports torch and vflbench itself (2-5 s here) before its first point. The
     fork server starts importing ``WORKER_PRELOAD`` at once, while this process checks the sweep's
-    points (which imports the same here), and then forks each worker ready to run. It is a fresh
-    single-threaded process that runs no torch operation, so no thread pool is copied into a worker
-    (the reason workers are not forked from this process, which has run some)."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return get_context("spawn")
-    context = get_context("forkserver")
-    context.set_forkserver_preload(WORKER_PRELOAD)
-    with _sigint_ignored_by_children():
-        multiprocessing.forkserver.ensure_running()
-    return context
-
-
-@contextlib.contextmanager
-def _sigint_ignored_by_children() -> Iterator[None]:
-    """Start processes in this block with SIGINT ignored from their first instruction (an ignored signal stays
-    ignored across fork and exec, and Python then installs no handler of its own): the fork server, and every
-    worker it forks, never turn a Ctrl-C on the terminal into a ``KeyboardInterrupt`` traceback, not even while
-    the server still imports torch; this process handles the Ctrl-C. This process ignores SIGINT too while the
-    block runs (starting the fork server takes about 6 ms: a Ctrl-C in them is lost, and a second one works).
-    Only the main thread can change signal handlers; elsewhere the block does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, handler)
+    points (which imports the same here), and then forks each worker ready to run
+    (:mod:`vflbench.experiment.workers`)."""
+    return fork_server(WORKER_PRELOAD)
 
 
 def _longest_first(points: Sequence[SweepPoint]) -> list[SweepPoint]:
     """The points in decreasing order of their expected run time, so that a long point does not
     start last and leave the other workers idle at the end. The estimate is the number of training
     epochs (the one cost knob every config has). Of points of equal epochs, those without defenses
-    come first (a defended point with attacks needs its undefended run's result: started first, the
-    other workers rarely wait for it); otherwise the sweep's order is kept."""
+    come first: a defended point with attacks reads its undefended run's result when it has trained,
+    and that run, started first, is then done (the worker rarely waits for it); otherwise the sweep's
+    order is kept."""
     return sorted(points, key=lambda p: (-p.config.train.epochs, bool(p.config.defenses)))
 
 
@@ -414,96 +396,30 @@ def _run_pool(todo: Sequence[SweepPoint], runs_dir: str, data_root: str | None, 
               runner: Callable[[dict[str, Any], str, str | None], str],
               on_done: Callable[[SweepPoint], None] | None,
               context: multiprocessing.context.BaseContext | None = None) -> None:
-    """Run ``todo`` on this process and ``n_workers - 1`` worker processes (from ``context``, by default
-    :func:`_worker_context`), longest points first.
+    """Run ``todo`` on ``n_workers`` worker processes (from ``context``, by default :func:`_worker_context`),
+    longest points first, while this process only hands them out and reports them.
 
-    This process is one of the workers. The others come from a fork server (:func:`_worker_context`)
-    that imported torch and vflbench while this process checked the points. The workers
-    live for the whole sweep and each is handed its next point as soon as it finishes one, from the
-    pool's own thread; ``on_done`` is called from this thread only, after each of its own points
-    and at the end. On any exception (an interruption included, or a failed point, seen after this
-    process's current point) the queued points are cancelled and the workers ended before re-raising.
+    Every point is queued at once, in order; each worker takes the next as soon as it finishes one (the pool's
+    queue), so no worker waits for this process. The workers live for the whole sweep. ``on_done`` is called
+    from this thread as soon as each point finishes. On any exception (an interruption included, or a failed
+    point) the queued points are cancelled and the workers ended before re-raising.
     """
-    from vflbench.experiment.run import undefended_config
-
-    queue = _longest_first(todo)
-    # the run a defended point with attacks waits for (its undefended reference, maybe another point)
-    reference = {p.hash: undefended_config(p.config).hash() if p.config.defenses and p.config.attacks else None
-                 for p in queue}
-    running: set[str] = set()
-    lock = threading.Lock()
-    finished: list[SweepPoint] = []
-    failures: list[BaseException] = []
     before = set(multiprocessing.active_children())
-    pool = ProcessPoolExecutor(max_workers=n_workers - 1, mp_context=context or _worker_context(),
+    pool = ProcessPoolExecutor(max_workers=n_workers, mp_context=context or _worker_context(),
                                initializer=_worker_init)
-
-    def take() -> SweepPoint | None:
-        """The next point, skipping those whose undefended reference another worker is training now."""
-        with lock:
-            if not queue or failures:
-                return None
-            ready = next((k for k, p in enumerate(queue) if reference[p.hash] not in running), 0)
-            point = queue.pop(ready)
-            running.add(point.hash)
-            return point
-
-    def finish(point: SweepPoint) -> None:
-        with lock:
-            running.discard(point.hash)
-            finished.append(point)
-
-    def hand_out() -> None:
-        point = take()
-        if point is None:
-            return
-        future = pool.submit(runner, point.config.model_dump(mode="json"), runs_dir, data_root)
-        future.add_done_callback(lambda f: done(f, point))
-
-    def done(future: Future[str], point: SweepPoint) -> None:
-        if future.cancelled():
-            return
-        error = future.exception()
-        if error is not None:
-            with lock:
-                failures.append(error)
-            return
-        finish(point)
-        hand_out()
-
-    def report() -> None:
-        with lock:
-            ready = finished[:]
-            finished.clear()
-        for point in ready:
-            if on_done is not None:
-                on_done(point)
-
-    def start_workers() -> None:
-        try:
-            for _ in range(n_workers - 1):
-                hand_out()
-        except BaseException as exc:
-            with lock:
-                failures.append(exc)
-
-    # handing out starts a worker, which waits for the fork server's imports: not on this thread, which runs
-    # its own first point meanwhile
-    starter = threading.Thread(target=start_workers, name="vflbench-sweep-start", daemon=True)
     try:
-        starter.start()
-        while (point := take()) is not None:
-            runner(point.config.model_dump(mode="json"), runs_dir, data_root)
-            finish(point)
-            report()
-        starter.join()
+        # the first submissions start the workers: each waits for the fork server's imports (here, not in a worker)
+        pending = {pool.submit(runner, p.config.model_dump(mode="json"), runs_dir, data_root): p
+                   for p in _longest_first(todo)}
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                point = pending.pop(future)
+                future.result()  # a failed point raises its error here
+                if on_done is not None:
+                    on_done(point)
         pool.shutdown(wait=True)
-        report()
-        if failures:
-            raise failures[0]
     except BaseException:
-        with lock:
-            queue.clear()
         pool.shutdown(wait=False, cancel_futures=True)
         workers = [p for p in multiprocessing.active_children() if p not in before]
         for process in workers:
