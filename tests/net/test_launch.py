@@ -17,7 +17,7 @@ pytest.importorskip("cryptography")
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import build_config
 from vflbench.experiment.launch import _wait, launch
-from vflbench.experiment.party import merged_comm, party_names
+from vflbench.experiment.party import comm_from_dict, merged_comm, party_names
 from vflbench.experiment.run import run_experiment
 from vflbench.net.linkmodel import LINK_PROFILES, project
 from vflbench.protocol.channel import CommStats
@@ -127,10 +127,13 @@ def test_merged_comm_counts_each_message_once_from_the_counter_that_keeps_its_ki
     loop, net = CommStats(), CommStats()
     loop.count(Message("embedding", "passive_1", "active", torch.zeros(2, 3), torch.arange(2), 0, 0))
     net.count(Message("passive.forward", "active", "passive_1", torch.zeros(0), torch.arange(2), 0, 0))
-    net.count(Message("vmask.forward", "passive_1", "active", torch.zeros(4), torch.arange(0), 0, 0))
+    net.count(Message("vmask.forward", "passive_1", "active", torch.zeros(4), torch.arange(0), 0, 0, role="request"))
     merged = merged_comm([(loop, lambda k: True), (net, lambda k: not k.startswith("passive."))])
     assert merged["messages"] == 2 and merged["bytes_up"] == 24 + 16 and merged["bytes_down"] == 0
     assert set(merged["by_kind"]) == {"embedding", "vmask.forward"}
+    # the request's round trip is merged too, and survives a report's round trip through JSON
+    assert (merged["rounds"], merged["rounds_up"]) == (1, 1) and merged["by_kind"]["vmask.forward"]["up"]["rounds"] == 1
+    assert comm_from_dict(merged).by_kind["vmask.forward"]["up"].rounds == 1
 
 
 def test_link_model_projects_latency_per_frame_and_bytes_over_bandwidth():

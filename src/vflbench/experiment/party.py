@@ -499,13 +499,16 @@ def merged_comm(parts: list[tuple[CommStats, Callable[[str], bool]]]) -> dict[st
                 into = merged.by_kind[kind].setdefault(direction, KindStats())
                 into.messages += s.messages
                 into.bytes += s.bytes
+                into.rounds += s.rounds
                 merged.messages += s.messages
                 if direction == "up":
                     merged.messages_up += s.messages
                     merged.bytes_up += s.bytes
+                    merged.rounds_up += s.rounds
                 else:
                     merged.messages_down += s.messages
                     merged.bytes_down += s.bytes
+                    merged.rounds_down += s.rounds
     return merged.as_dict()
 
 
@@ -514,7 +517,7 @@ def comm_from_dict(raw: Mapping[str, Any]) -> CommStats:
     stats = CommStats()
     for kind, directions in raw["by_kind"].items():
         for direction, s in directions.items():
-            stats.by_kind[kind][direction] = KindStats(int(s["messages"]), int(s["bytes"]))
+            stats.by_kind[kind][direction] = KindStats(int(s["messages"]), int(s["bytes"]), int(s["rounds"]))
     return stats
 
 
@@ -917,7 +920,7 @@ def _resume_active(out_dir: Path, epoch: int, fed: Any, channel: NetChannel, bat
 def _comm_restored(raw: Mapping[str, Any]) -> CommStats:
     """:func:`comm_from_dict` with the totals too."""
     stats = comm_from_dict(raw)
-    for key in ("messages", "bytes_up", "bytes_down", "messages_up", "messages_down"):
+    for key in ("messages", "bytes_up", "bytes_down", "messages_up", "messages_down", "rounds_up", "rounds_down"):
         setattr(stats, key, int(raw[key]))
     return stats
 
