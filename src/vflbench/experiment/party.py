@@ -155,18 +155,18 @@ def _counts(value: Any, what: str, sender: str) -> dict[str, dict[str, int]]:
 
 def _stats(value: Any, sender: str) -> dict[str, Any]:
     """A report's channel counters per phase (:meth:`CommStats.as_dict`), checked as far as the active party reads
-    them (the kinds, directions, messages and bytes)."""
+    them (the kinds, directions, messages, bytes and rounds)."""
     if not isinstance(value, dict) or not isinstance(value.get("train"), dict):
         raise ProtocolError(f"{sender}'s report must carry its channel counters per phase, 'train' included")
     by_kind = value["train"].get("by_kind")
     ok = isinstance(by_kind, dict) and all(
         isinstance(kind, str) and isinstance(d, dict) and set(d) <= {"up", "down"}
-        and all(isinstance(c, dict) and set(c) == {"messages", "bytes"}
+        and all(isinstance(c, dict) and set(c) == {"messages", "bytes", "rounds"}
                 and all(type(v) is int and v >= 0 for v in c.values()) for c in d.values())
         for kind, d in by_kind.items())
     if not ok:
         raise ProtocolError(f"{sender}'s report: its 'train' counters must map each kind to up/down counts of "
-                            "messages and bytes (non-negative integers)")
+                            "messages, bytes and rounds (non-negative integers)")
     return value
 
 
