@@ -354,10 +354,13 @@ def test_the_fixed_mask_dealer_hands_each_seed_and_share_to_its_own_party_once()
     active, passive = session.channel.endpoint("active"), session.passive
     shared(torch.randn(2, 5))
     mask_id = int(shared.passive.mask_id)
+    mine = {"mask": mask_id, "party": "passive_1", "layer": "Linear"}
     with pytest.raises(PermissionError, match="only the active party"):
-        passive.call("dealer.take_mask", "dealer", meta={"mask": mask_id})
+        passive.call("dealer.take_mask", "dealer", meta=mine)
     with pytest.raises(TripleReuseError, match="already took its seed"):
-        active.call("dealer.take_mask", "dealer", meta={"mask": mask_id})
+        active.call("dealer.take_mask", "dealer", meta=mine)
+    with pytest.raises(PermissionError, match="of 'passive_1', not to layer 'Linear' of 'passive_2'"):
+        active.call("dealer.take_mask", "dealer", meta={**mine, "party": "passive_2"})
     with pytest.raises(PermissionError, match="asked for by the passive party"):
         active.call("dealer.mask", "dealer", meta={"layer": "Linear", "shape": "3,5"})
     other = session.channel.endpoint("passive_2")

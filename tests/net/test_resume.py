@@ -155,7 +155,7 @@ def test_a_restored_dealer_keeps_its_weight_masks_and_deals_the_same_fixed_mask_
     whole = Dealer(7)
     old, _ = whole.open_mask("passive_1", "layer0", (2, 3))
     mask, seed = whole.open_mask("passive_1", "layer0", (2, 3))  # retires the first mask of the layer
-    whole.take_mask(mask)
+    whole.take_mask(mask, "passive_1", "layer0")
     whole.issue_masked("passive_1", mask, meta)
     state = whole.state_dict()
     restored = Dealer(12345)
@@ -164,7 +164,7 @@ def test_a_restored_dealer_keeps_its_weight_masks_and_deals_the_same_fixed_mask_
         (t1, c1), (t2, c2) = whole.issue_masked("passive_1", mask, meta), restored.issue_masked("passive_1", mask, meta)
         assert t1 == t2 and torch.equal(c1, c2)
     with pytest.raises(TripleReuseError, match="already took its seed"):
-        restored.take_mask(mask)
+        restored.take_mask(mask, "passive_1", "layer0")
     with pytest.raises(KeyError, match="retired"):
         restored.issue_masked("passive_1", old, meta)
     assert restored.open_mask("passive_1", "layer1", (2, 3)) == whole.open_mask("passive_1", "layer1", (2, 3))

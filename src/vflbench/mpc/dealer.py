@@ -249,9 +249,12 @@ class Dealer(ServiceHandle):
             raise KeyError(f"{self.name}: no current weight mask {mask_id} (never opened, or retired by a newer "
                            "mask of its layer)") from None
 
-    def take_mask(self, mask_id: int) -> int:
-        """The active party's seed of mask ``mask_id`` (taken once)."""
+    def take_mask(self, mask_id: int, owner: str, layer: str) -> int:
+        """The active party's seed of mask ``mask_id`` of ``owner``'s layer ``layer`` (taken once)."""
         mask = self._mask(mask_id)
+        if (mask.owner, mask.layer) != (owner, layer):
+            raise PermissionError(f"{self.name}: weight mask {mask_id} belongs to layer {mask.layer!r} of "
+                                  f"{mask.owner!r}, not to layer {layer!r} of {owner!r}")
         if mask.taken:
             raise TripleReuseError(f"{self.name}: the active party already took its seed of weight mask {mask_id}")
         mask.taken = True
@@ -410,7 +413,8 @@ class DealerService:
     A half is delivered once, to its own party only, and counts as used when delivered.
     Fixed weight masks (see the module doc): ``dealer.mask`` (from P_k: a new mask for its layer ``meta["layer"]``
     of weight shape ``meta["shape"]``; the reply carries P_k's seed, the id in the header), ``dealer.take_mask``
-    (from the active party: its seed of mask ``meta["mask"]``, once) and ``dealer.triple`` with a ``mask`` in
+    (from the active party: its seed of mask ``meta["mask"]`` of the passive party ``meta["party"]``'s layer
+    ``meta["layer"]``, once) and ``dealer.triple`` with a ``mask`` in
     the header (from the mask's P_k: a fixed-mask triple; the reply carries ``C0_t``, the id in the header).
     """
 
@@ -482,7 +486,7 @@ class DealerService:
             if request.sender != ACTIVE:
                 raise PermissionError(f"{request.sender!r} asked for the active party's seed of a weight mask; only "
                                       "the active party may take it")
-            seed = self.dealer.take_mask(int(meta["mask"]))  # type: ignore[arg-type]
+            seed = self.dealer.take_mask(int(meta["mask"]), str(meta["party"]), str(meta["layer"]))  # type: ignore[arg-type]
             return request.reply(torch.tensor([seed], dtype=torch.int64))
         if request.sender == ACTIVE:
             raise PermissionError(f"the active party sent {request.kind}; weight masks and their triples are asked "

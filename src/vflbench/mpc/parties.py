@@ -294,7 +294,9 @@ class ActiveShares:
         if request.meta.get("mask") is None:
             return request.reply()
         mask_id = int(request.meta["mask"])  # type: ignore[arg-type]
-        taken = self.link.call("dealer.take_mask", DEALER, meta={"mask": mask_id}, phase=request.phase)
+        taken = self.link.call("dealer.take_mask", DEALER, meta={"mask": mask_id, "party": request.sender,
+                                                                 "layer": str(request.meta["layer"])},
+                               phase=request.phase)
         return request.reply(holder.set_mask(mask_id, int(taken.payload[0])))
 
     def handle(self, request: Message) -> Message:
@@ -317,11 +319,13 @@ class ActiveShares:
             operand = request.tensors[0]
             size = meta_shape(meta["input_size"]) if meta.get("input_size") else None
             spec = holder.spec(step, operand.shape, None if size is None else (size[0], size[1]))  # type: ignore[arg-type]
-            self.triples += 1
             if holder.mask_seed is not None:
-                return request.reply(holder.masked_product(spec, operand, int(meta["triple"]), tag=step))  # type: ignore[arg-type]
+                z1 = holder.masked_product(spec, operand, int(meta["triple"]), tag=step)  # type: ignore[arg-type]
+                self.triples += 1
+                return request.reply(z1)
             x1, e0, d0 = request.tensors
             taken = self.link.call("dealer.take", DEALER, meta={"triple": meta["triple"]}, phase=request.phase)
+            self.triples += 1
             e1, d1, z1 = holder.bilinear(spec, x1, e0, d0, triple_half(taken, 1), tag=step)
             return request.reply(e1, d1, z1)
         if step == "decay":
