@@ -446,7 +446,7 @@ def test_the_fixed_mask_protocol_gives_the_per_product_protocols_run_bit_for_bit
     """Issue 26: the default protocol (fixed_mask: P_K's share opened once per masking) and the protocol before it
     (beaver: a fresh triple per product, both operands opened) give the same run to the last bit -- utility,
     attacks (the weight recovery reads every opening), metrics and final weights -- and fixed_mask sends under
-    a third of the bytes. On the commit before issue 26 (b135da5) this run gave per-epoch accuracies
+    a third of the bytes. On the commits before issue 26 (b135da5, d4cebb2) this run gave per-epoch accuracies
     [0.3194444477558136, 0.39444443583488464] and attacks [0.1944444477558136, 0.20277777314186096]."""
     fixed, fixed_weights, fixed_metrics = _run_with("fixed_mask", tmp_path / "fixed")
     beaver, beaver_weights, beaver_metrics = _run_with("beaver", tmp_path / "beaver")
