@@ -12,7 +12,16 @@ the frames and bytes that crossed the links per epoch (evaluation and end-of-epo
 steps. The projection of a full 60,000-row epoch (469 steps) on a network: 469 x (measured ms per step + frames per
 step x one-way latency + 8 x bytes per step / bandwidth); VMask's end-of-epoch work and the evaluation are left out.
 
+``--shape lan`` (or ``wan``) launches the parties on a shaped link instead (``vflbench launch --shape``: every process
+delays what it sends as a link of the profile's bandwidth and one-way latency would), so the per-step times are
+measured on that link, not projected. ``--variants`` picks the runs: ``vanilla``, ``vmask`` (its default protocol)
+and ``vmask_beaver`` (VMask with ``protocol: beaver``, the per-product Beaver protocol before issue 26: the same
+numbers, more traffic); the ratios are each VMask variant's per step over vanilla's. ``--launch-only`` skips the
+one-process runs.
+
     VFLBENCH_DATA=../shared/datasets OMP_NUM_THREADS=1 python benchmarks/network_vmask.py --out network_vmask.json
+    VFLBENCH_DATA=../shared/datasets OMP_NUM_THREADS=1 python benchmarks/network_vmask.py --shape lan \
+        --variants vanilla,vmask,vmask_beaver --launch-only --out network_vmask_lan.json
 """
 
 from __future__ import annotations
@@ -30,15 +39,19 @@ import torch
 from vflbench.experiment.config import build_config
 from vflbench.experiment.launch import launch
 from vflbench.experiment.run import run_experiment
-from vflbench.net.linkmodel import LINK_PROFILES
+from vflbench.net.linkmodel import LINK_PROFILES, SHAPES, shape_profile
 
 #: VMask (NDSS 2025) Table III, MLP3 / TM, seconds per epoch (GPU servers on 836 Mbit/s Ethernet).
 PAPER = {"vanilla": 1.9, "vmask": 6.2}
 FULL_EPOCH_STEPS = math.ceil(60_000 / 128)
 
 
+VARIANTS = ("vanilla", "vmask", "vmask_beaver")
+
+
 def config(variant: str, *, train_size: int, epochs: int) -> dict:
-    defenses = [] if variant == "vanilla" else [{"name": "vmask", "budget": 0.25, "sigma": 0.01, "mc_epochs": 20}]
+    vmask = {"name": "vmask", "budget": 0.25, "sigma": 0.01, "mc_epochs": 20}
+    defenses = {"vanilla": [], "vmask": [vmask], "vmask_beaver": [{**vmask, "protocol": "beaver"}]}[variant]
     return {"data": {"name": "tabmnist", "parties": 2, "train_size": train_size, "test_size": 1000, "aux_pool": 640},
             "model": {"bottom": "mlp3", "top": "mlp2"},
             "train": {"algorithm": "vhnn", "aggregation": "concat", "epochs": epochs, "batch_size": 128, "lr": 0.1,
@@ -46,51 +59,76 @@ def config(variant: str, *, train_size: int, epochs: int) -> dict:
             "defenses": defenses, "seed": 0}
 
 
+def _untimed(result: dict) -> dict:
+    return {k: v for k, v in result.items() if k != "timing"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train-size", type=int, default=6400)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default=None,
+                        help="launch on a shaped link (lan: 836 Mbit/s, 0.1 ms; wan: 100 Mbit/s, 50 ms)")
+    parser.add_argument("--variants", default="vanilla,vmask", help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--launch-only", action="store_true", help="skip the one-process runs")
     parser.add_argument("--out", type=Path, default=Path("network_vmask.json"))
     args = parser.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    if "vanilla" not in variants or any(v not in VARIANTS for v in variants):
+        parser.error(f"--variants takes vanilla and any of {', '.join(VARIANTS[1:])}, got {args.variants!r}")
+    shape = shape_profile(args.shape)
+    link = "processes_loopback" if shape is None else f"processes_{SHAPES[args.shape]}"
     torch.set_num_threads(1)
     report: dict = {"load_before": os.getloadavg(), "cpus": os.cpu_count(), "train_size": args.train_size,
                     "epochs": args.epochs, "full_epoch_steps": FULL_EPOCH_STEPS, "paper_table3_mlp3_tm": PAPER,
+                    "shape": None if shape is None else shape.as_dict(),
                     "profiles": {k: v.as_dict() for k, v in LINK_PROFILES.items()}, "variants": {}}
     with tempfile.TemporaryDirectory(prefix="network-vmask-") as tmp:
-        for variant in ("vanilla", "vmask"):
+        for variant in variants:
             cfg = build_config(config(variant, train_size=args.train_size, epochs=args.epochs))
-            one = run_experiment(cfg).to_dict()
+            one = None if args.launch_only else run_experiment(cfg).to_dict()
             tic = time.perf_counter()
-            many = launch(cfg, out_dir=Path(tmp), receive_timeout=300)
-            rows = one["data"]["n_train"] - 640  # the pool is held out of both variants' training
+            many = launch(cfg, out_dir=Path(tmp) / variant, receive_timeout=300, shape=shape)
+            rows = many.result["data"]["n_train"] - 640  # the pool is held out of both variants' training
             steps = math.ceil(rows / 128)
             net = many.net
             per_step = {
-                "one_process_ms": [1e3 * s / steps for s in one["timing"]["epoch_seconds"]],
                 "processes_ms": [1e3 * s / steps for s in many.result["timing"]["epoch_seconds"]],
                 "frames": [f / steps for f in net["wire_per_epoch"]["frames"]],
                 "bytes": [b / steps for b in net["wire_per_epoch"]["bytes"]],
             }
+            if one is not None:
+                per_step["one_process_ms"] = [1e3 * s / steps for s in one["timing"]["epoch_seconds"]]
             last = -1  # the last epoch: no warm-up, and VMask's mask is the selected one
-            projected = {name: FULL_EPOCH_STEPS * (per_step["processes_ms"][last] / 1e3
-                                                   + per_step["frames"][last] * p.latency_ms / 1e3
-                                                   + 8 * per_step["bytes"][last] / (p.bandwidth_mbit_s * 1e6))
-                         for name, p in LINK_PROFILES.items()}
+            full = {link: FULL_EPOCH_STEPS * per_step["processes_ms"][last] / 1e3}
+            if one is not None:
+                full["one_process"] = FULL_EPOCH_STEPS * per_step["one_process_ms"][last] / 1e3
+            if shape is None:  # a shaped run is measured on its link: projecting it would count the link twice
+                full.update({f"projected_{name}": FULL_EPOCH_STEPS * (per_step["processes_ms"][last] / 1e3
+                                                                      + per_step["frames"][last] * p.latency_ms / 1e3
+                                                                      + 8 * per_step["bytes"][last]
+                                                                      / (p.bandwidth_mbit_s * 1e6))
+                             for name, p in LINK_PROFILES.items()})
             report["variants"][variant] = {
                 "steps_per_epoch": steps, "launch_seconds": time.perf_counter() - tic, "per_step": per_step,
-                "epoch_wall_seconds_processes": net["epoch_seconds"],
-                "full_epoch_seconds": {"one_process": FULL_EPOCH_STEPS * per_step["one_process_ms"][last] / 1e3,
-                                       "processes_loopback": FULL_EPOCH_STEPS * per_step["processes_ms"][last] / 1e3,
-                                       **{f"projected_{k}": v for k, v in projected.items()}},
-                "accuracy": many.result["utility"]["value"],
-                "identical_to_one_process": {k: v for k, v in many.result.items() if k != "timing"}
-                == {k: v for k, v in one.items() if k != "timing"}}
+                "epoch_wall_seconds_processes": net["epoch_seconds"], "full_epoch_seconds": full,
+                "accuracy": many.result["utility"]["value"], "comm": many.result["comm"],
+                "identical_to_one_process": None if one is None else _untimed(many.result) == _untimed(one)}
     report["load_after"] = os.getloadavg()
     full = {v: r["full_epoch_seconds"] for v, r in report["variants"].items()}
-    report["ratio_vmask_over_vanilla"] = {k: full["vmask"][k] / full["vanilla"][k] for k in full["vanilla"]}
+    report["ratio_over_vanilla"] = {v: {k: full[v][k] / full["vanilla"][k] for k in full["vanilla"]}
+                                    for v in variants if v != "vanilla"}
+    # per step in every epoch (the first epoch masks VMask's initial layer, later ones what it selected)
+    base = report["variants"]["vanilla"]["per_step"]["processes_ms"]
+    report["ratio_over_vanilla_per_epoch"] = {v: [ms / b for ms, b in zip(r["per_step"]["processes_ms"], base,
+                                                                         strict=True)]
+                                              for v, r in report["variants"].items() if v != "vanilla"}
     report["ratio_paper"] = PAPER["vmask"] / PAPER["vanilla"]
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({"full_epoch_seconds": full, "ratio": report["ratio_vmask_over_vanilla"],
+    print(json.dumps({"full_epoch_seconds": full, "ratio": report["ratio_over_vanilla"],
+                      "ratio_per_epoch": report["ratio_over_vanilla_per_epoch"],
+                      "per_step": {v: {k: r["per_step"][k] for k in ("frames", "bytes", "processes_ms")}
+                                   for v, r in report["variants"].items()},
                       "load": [report["load_before"], report["load_after"]]}, indent=2))
 
 

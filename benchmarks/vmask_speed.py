@@ -39,7 +39,7 @@ class DealerClock:
         self._originals = {}
 
     def install(self) -> None:
-        for name in ("issue_mul", "issue_matmul", "issue_conv2d", "issue_conv2d_input_grad"):
+        for name in ("issue_mul", "issue_matmul", "issue_conv2d", "issue_conv2d_input_grad", "issue_masked"):
             original = getattr(dealer_module.Dealer, name)
             self._originals[name] = original
 

@@ -148,9 +148,27 @@ def test_requests_replies_and_mailboxes_are_counted_per_kind_and_direction():
     active.post("demo.labels", "passive_1", torch.arange(4))
     assert torch.equal(passive.take("demo.labels", "active").payload, torch.arange(4))
     train, setup = channel.stats["train"].as_dict(), channel.stats["setup"].as_dict()
-    assert train["by_kind"]["demo.double"] == {"down": {"messages": 1, "bytes": 12}, "up": {"messages": 1, "bytes": 12}}
+    # the request (up) is the round trip; its reply (down) is a message of its own, no second round
+    assert train["by_kind"]["demo.double"] == {"down": {"messages": 1, "bytes": 12, "rounds": 0},
+                                               "up": {"messages": 1, "bytes": 12, "rounds": 1}}
     assert (train["messages"], train["bytes_up"], train["bytes_down"]) == (2, 12, 12)
-    assert setup["by_kind"]["demo.labels"] == {"down": {"messages": 1, "bytes": 32}}
+    assert (train["rounds"], train["rounds_up"], train["rounds_down"]) == (1, 1, 0)
+    # a posted (one-way) message is a message, not a round trip
+    assert setup["by_kind"]["demo.labels"] == {"down": {"messages": 1, "bytes": 32, "rounds": 0}}
+    assert setup["rounds"] == 0
+
+
+def test_rounds_are_counted_in_the_requests_direction():
+    """A request from the active party to a passive one is a round trip down (issue 26: rounds per direction
+    and kind, besides messages and bytes)."""
+    channel = Channel(("active", "passive_1"))
+    active, passive = channel.endpoint("active"), channel.endpoint("passive_1")
+    passive.serve("demo", lambda request: request.reply())
+    for _ in range(3):
+        active.call("demo.ping", "passive_1", torch.ones(2))
+    stats = channel.stats["train"]
+    assert (stats.rounds_up, stats.rounds_down, stats.rounds, stats.messages) == (0, 3, 3, 6)
+    assert stats.by_kind["demo.ping"]["down"].rounds == 3 and stats.by_kind["demo.ping"]["up"].rounds == 0
 
 
 def test_a_party_cannot_take_what_was_not_sent_nor_reach_what_nobody_serves():

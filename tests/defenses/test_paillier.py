@@ -348,8 +348,9 @@ def test_paillier_traffic_reaches_result_json_comm(tmp_path):
     steps = 2 * ROWS // BATCH
     ct_bytes = 2 * TEST_KEY_BITS // 8
     share = by_kind["paillier.share"]
-    assert share["up"] == {"messages": steps, "bytes": ROWS * 2 * 4 * ct_bytes}  # [[h - S]] per training batch
-    assert share["down"] == {"messages": steps, "bytes": 0}  # empty acknowledgements
+    # [[h - S]] per training batch, each a request: one round trip
+    assert share["up"] == {"messages": steps, "bytes": ROWS * 2 * 4 * ct_bytes, "rounds": steps}
+    assert share["down"] == {"messages": steps, "bytes": 0, "rounds": 0}  # empty acknowledgements
     assert by_kind["paillier.rescale"]["up"]["messages"] == by_kind["paillier.rescale"]["down"]["messages"] > 0
     assert "paillier.public_key" not in by_kind  # setup traffic is counted in its own phase
     paillier_up = sum(v["up"]["bytes"] for k, v in by_kind.items() if k.startswith("paillier.") and "up" in v)

@@ -30,7 +30,8 @@ from vflbench.mpc import (
     unmask_submodule,
 )
 from vflbench.mpc._service import DisconnectedService, ServiceHandle
-from vflbench.mpc.parties import PROTOCOL_KINDS, LocalSession, local_session
+from vflbench.mpc.dealer import TripleReuseError
+from vflbench.mpc.parties import PROTOCOL_KINDS, LocalSession, local_session, resolve_protocol
 
 FAST = settings(max_examples=20, deadline=None)
 F_BITS = 16
@@ -132,7 +133,9 @@ def test_shared_linear_matches_nn_linear(
         shared.passive.weight_offset.grad.double(), lin64.weight.grad, rtol=1e-5, atol=1e-5 * xmag**2
     )
     torch.testing.assert_close(shared.passive.bias_offset.grad.double(), lin64.bias.grad, rtol=1e-5, atol=1e-5 * xmag)
-    assert dealer.issued["matmul"] == 2 and dealer.pending == 0 and dealer.consumed == 4
+    # one triple per product: beaver (secureml) hands each party its half, fixed_mask (reveal) sends P_k its C0 only
+    assert dealer.issued["matmul"] == 2 and dealer.pending == 0 and session.active.triples == 2
+    assert dealer.consumed == (4 if truncation == "secureml" else 0)
 
 
 @FAST
@@ -251,9 +254,10 @@ def test_unsupported_layers_raise() -> None:
 
 
 def test_comm_grows_by_the_expected_elements_per_forward_and_backward() -> None:
-    """The channel counts VMask's messages by kind: the same elements as the two-party protocol sends."""
+    """The channel counts VMask's messages by kind: the same elements as the two-party protocol sends (beaver,
+    the protocol before issue 26)."""
     b, n_in, n_out = 4, 6, 3
-    shared, session = masked(nn.Linear(n_in, n_out))
+    shared, session = masked(nn.Linear(n_in, n_out), protocol="beaver")
     setup = traffic(session, ("vmask.share",))
     assert setup["up"]["elements"] == n_in * n_out + n_out  # P_K's weight and bias shares
     assert session.channel.stats["setup"].by_kind["vmask.share"]["up"].messages == 1
@@ -283,13 +287,45 @@ def test_comm_grows_by_the_expected_elements_per_forward_and_backward() -> None:
     assert dealer.issued["matmul"] == 3
 
 
-def test_conv_comm_opens_input_shaped_masks() -> None:
-    shared, session = masked(nn.Conv2d(2, 3, 3, padding=1))
+def test_fixed_mask_sends_the_masked_operand_and_the_output_shares_only() -> None:
+    """fixed_mask (issue 26): P_K's share is opened once per masking (``D``, weight-sized, set-up phase); each
+    product sends P_k's masked operand ``E`` up and P_K's output share down, and the dealer sends P_k its ``C0``
+    (output-sized); two round trips per product. The active party takes only its mask's seed (8 bytes)."""
+    b, n_in, n_out = 4, 6, 3
+    shared, session = masked(nn.Linear(n_in, n_out))
+    assert shared.protocol == "fixed_mask"
+    setup = session.channel.stats["setup"].by_kind
+    assert setup["vmask.share"]["up"].bytes == 8 * (n_in * n_out + n_out)  # P_K's weight and bias shares
+    assert setup["vmask.share"]["down"].bytes == 8 * n_in * n_out  # D = w1 - B, once
+    assert setup["dealer.mask"]["down"].bytes == 8 and setup["dealer.take_mask"]["up"].bytes == 8  # the seeds
+    x = torch.randn(b, n_in, requires_grad=True)
+    y = shared(x)
+    train = session.channel.train.by_kind
+    assert (train["vmask.forward"]["up"].bytes, train["vmask.forward"]["down"].bytes) == (8 * b * n_in, 8 * b * n_out)
+    assert train["dealer.triple"]["down"].bytes == 8 * b * n_out  # C0 (the request carries a header only)
+    assert train["vmask.forward"]["up"].rounds == train["dealer.triple"]["down"].rounds == 1
+    assert "dealer.take" not in train and "dealer.take_mask" not in train
+    y.backward(torch.randn(b, n_out))
+    assert (train["vmask.backward"]["up"].bytes, train["vmask.backward"]["down"].bytes) == (8 * b * n_out, 8 * b * n_in)
+    assert train["dealer.triple"]["down"].bytes == 8 * (b * n_out + b * n_in)
+    assert session.channel.train.rounds == 4 and session.channel.train.messages == 8
+    dealer = session.dealer
+    assert dealer.issued["matmul"] == 2 and dealer.consumed == 0 and dealer.pending == 0
+    assert session.active.triples == 2
+
+
+@pytest.mark.parametrize("protocol", ["fixed_mask", "beaver"])
+def test_conv_comm_opens_input_shaped_masks(protocol: str) -> None:
+    shared, session = masked(nn.Conv2d(2, 3, 3, padding=1), protocol=protocol)
     x = torch.randn(2, 2, 5, 5)
     y = shared(x)
     s = traffic(session, ("vmask.forward",))
-    assert s["up"]["elements"] == 2 * x.numel() + 3 * 2 * 3 * 3
-    assert s["down"]["elements"] == x.numel() + 3 * 2 * 3 * 3 + y.numel()
+    if protocol == "beaver":
+        assert s["up"]["elements"] == 2 * x.numel() + 3 * 2 * 3 * 3
+        assert s["down"]["elements"] == x.numel() + 3 * 2 * 3 * 3 + y.numel()
+    else:
+        assert (s["up"]["elements"], s["down"]["elements"]) == (x.numel(), y.numel())
+        assert session.channel.train.by_kind["dealer.triple"]["down"].bytes == 8 * y.numel()
 
 
 def test_messages_of_a_layer_in_evaluation_mode_count_as_eval() -> None:
@@ -302,12 +338,105 @@ def test_messages_of_a_layer_in_evaluation_mode_count_as_eval() -> None:
 
 def test_only_the_active_party_takes_party_1_halves() -> None:
     """The dealer hands each party its own half: a passive party cannot take the active party's."""
-    shared, session = masked(nn.Linear(5, 3))
+    shared, session = masked(nn.Linear(5, 3), protocol="beaver")
     shared(torch.randn(2, 5))
     with pytest.raises(PermissionError, match="only the active party"):
         session.passive.call("dealer.take", "dealer", meta={"triple": 0})
     with pytest.raises(PermissionError, match="party 1"):
         session.channel.endpoint("active").call("dealer.triple", "dealer", meta={"op": "mul", "a": "2", "b": "2"})
+
+
+def test_the_fixed_mask_dealer_hands_each_seed_and_share_to_its_own_party_once() -> None:
+    """fixed_mask: only P_k asks for weight masks and their triples, and only against its own masks; only the
+    active party takes its seed of a mask, once; a layer's new mask retires the old one; P_K refuses a triple id
+    it was already asked for (a reused A_t or C1_t would unmask P_k's operand or P_K's share)."""
+    shared, session = masked(nn.Linear(5, 3))
+    active, passive = session.channel.endpoint("active"), session.passive
+    shared(torch.randn(2, 5))
+    mask_id = int(shared.passive.mask_id)
+    mine = {"mask": mask_id, "party": "passive_1", "layer": "Linear"}
+    with pytest.raises(PermissionError, match="only the active party"):
+        passive.call("dealer.take_mask", "dealer", meta=mine)
+    with pytest.raises(TripleReuseError, match="already took its seed"):
+        active.call("dealer.take_mask", "dealer", meta=mine)
+    with pytest.raises(PermissionError, match="of 'passive_1', not to layer 'Linear' of 'passive_2'"):
+        active.call("dealer.take_mask", "dealer", meta={**mine, "party": "passive_2"})
+    with pytest.raises(PermissionError, match="asked for by the passive party"):
+        active.call("dealer.mask", "dealer", meta={"layer": "Linear", "shape": "3,5"})
+    other = session.channel.endpoint("passive_2")
+    spec = {"op": "matmul", "a": "2,5", "b": "5,3", "mask": mask_id, "transpose": True}
+    with pytest.raises(PermissionError, match="against 'passive_1'"):
+        other.call("dealer.triple", "dealer", meta=spec)
+    last = shared.peer.masked_triple  # replay the last triple id to P_K
+    triple_id, _ = last(shared_spec(shared, 2), mask_id, phase="train")
+    e = torch.zeros(2, 5, dtype=torch.int64)
+    passive.call("vmask.forward", "active", e, meta={"layer": "Linear", "triple": triple_id, "input_size": ""})
+    with pytest.raises(TripleReuseError, match="not later than the last one used"):
+        passive.call("vmask.forward", "active", e, meta={"layer": "Linear", "triple": triple_id, "input_size": ""})
+    newer, _ = shared.peer.open_mask((3, 5), phase="train")
+    assert newer > mask_id
+    with pytest.raises(KeyError, match="retired by a newer mask"):
+        passive.call("dealer.triple", "dealer", meta=spec)
+
+
+def shared_spec(shared: nn.Module, batch: int):  # type: ignore[no-untyped-def]
+    """The forward product's spec of a masked Linear for a batch of ``batch`` rows."""
+    from vflbench.mpc.protocol import layer_spec
+
+    return layer_spec(shared.geometry, "forward", (batch, shared.in_features), shared.passive.weight_share.shape)
+
+
+def test_the_protocol_follows_the_truncation_unless_named() -> None:
+    assert resolve_protocol(None, "reveal") == "fixed_mask" and resolve_protocol(None, "secureml") == "beaver"
+    assert resolve_protocol("beaver", "reveal") == "beaver"
+    with pytest.raises(ValueError, match="truncation 'secureml' needs protocol 'beaver'"):
+        masked(nn.Linear(2, 2), truncation="secureml", protocol="fixed_mask")
+    with pytest.raises(ValueError, match="unknown masked-layer protocol 'nope'; valid: fixed_mask, beaver"):
+        masked(nn.Linear(2, 2), protocol="nope")
+    shared, session = masked(nn.Linear(2, 2), truncation="secureml")
+    assert shared.protocol == "beaver" and shared.passive.weight_opening is None
+    assert "dealer.mask" not in session.channel.stats["setup"].by_kind
+
+
+def _trained(layer: nn.Module, protocol: str, xs: list[Tensor], grads: list[Tensor]) -> list[Tensor]:
+    """Outputs, input gradients, evaluation outputs, effective weights and the unmasked layer of a masked
+    ``layer`` trained a few steps with a torch optimizer (momentum), decayed until the shares renormalise."""
+    shared, _ = masked(copy.deepcopy(layer), sigma=0.01, seed=3, protocol=protocol)
+    opt = torch.optim.SGD(shared.parameters(), lr=0.05, momentum=0.9)
+    seen: list[Tensor] = []
+    for x, g in zip(xs, grads, strict=True):
+        x = x.clone().requires_grad_(True)
+        y = shared(x)
+        y.backward(g)
+        seen += [y.detach(), x.grad]
+        opt.step()
+        opt.zero_grad()
+        shared.decay_(0.7)  # the public scale falls below 1/2 every other step: the shares are renormalised
+    shared.eval()
+    with torch.no_grad():
+        seen.append(shared(xs[0]))
+    seen += [t for t in oracle_effective_weight(shared) if t is not None]
+    seen += [p.detach() for p in unmask(shared).parameters()]
+    return seen
+
+
+@pytest.mark.parametrize("layer,shape", [(nn.Linear(9, 5), (6, 9)), (nn.Linear(5, 5, bias=False), (3, 5)),
+                                         (nn.Conv2d(2, 3, 3, stride=2, padding=1), (2, 2, 7, 6)),
+                                         (nn.Conv2d(3, 4, 2, bias=False), (3, 3, 5, 5))])
+def test_fixed_mask_gives_the_per_product_protocols_results_bit_for_bit(layer: nn.Module, shape) -> None:  # type: ignore[no-untyped-def]
+    """Issue 26: the fixed_mask protocol computes the same ring values as beaver (a fresh triple and both
+    operands opened per product), so every output, input gradient, weight update, renormalisation and the
+    unmasked layer are equal to the last bit; only the traffic differs."""
+    torch.manual_seed(0)
+    layer = copy.deepcopy(layer)
+    g = gen(11)
+    xs = [torch.randn(shape, generator=g) * 3 for _ in range(4)]
+    out_shape = layer(xs[0]).shape
+    grads = [torch.randn(out_shape, generator=g) * 1e-3 for _ in range(4)]
+    fixed, beaver = _trained(layer, "fixed_mask", xs, grads), _trained(layer, "beaver", xs, grads)
+    assert len(fixed) == len(beaver) > 10
+    for a, b in zip(fixed, beaver, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
 
 
 # -- masking noise, unmasking -----------------------------------------------------------------------
@@ -581,22 +710,25 @@ def test_the_peer_handle_is_not_copied_or_pickled() -> None:
     assert isinstance(pickle.loads(pickle.dumps(shared.peer)), DisconnectedService)
 
 
-def test_a_deep_copy_draws_fresh_input_shares() -> None:
-    """The copy shares P_k's random source (not a clone of it), so no input mask is ever reused."""
-    shared, session = masked(nn.Linear(4, 3), record_active_inbox=True)
+@pytest.mark.parametrize("protocol", ["fixed_mask", "beaver"])
+def test_a_deep_copy_draws_fresh_input_shares(protocol: str) -> None:
+    """The copy shares P_k's random source and its peer (not clones of them), so no input mask is ever reused
+    (beaver: P_k's own input shares; fixed_mask: the dealer's A_t of a fresh triple id)."""
+    shared, session = masked(nn.Linear(4, 3), record_active_inbox=True, protocol=protocol)
     clone = copy.deepcopy(shared)
     x = torch.randn(2, 4)
     shared(x)
     clone(x)
     inbox = session.active.holder("passive_1", "Linear").received
-    first, second = [t for tag, t in inbox if tag == "forward"][::3]
+    first, second = [t for tag, t in inbox if tag == "forward"][:: 3 if protocol == "beaver" else 1]
     assert not torch.equal(first, second)
 
 
-def test_the_active_party_only_receives_masked_values() -> None:
+@pytest.mark.parametrize("protocol", ["fixed_mask", "beaver"])
+def test_the_active_party_only_receives_masked_values(protocol: str) -> None:
     torch.manual_seed(0)
     lin = nn.Linear(50, 20)
-    shared, session = masked(lin, record_active_inbox=True, sigma=0.01)
+    shared, session = masked(lin, record_active_inbox=True, sigma=0.01, protocol=protocol)
     x = torch.randn(40, 50, requires_grad=True)
     y = shared(x)
     gy = torch.randn_like(y)
@@ -609,6 +741,9 @@ def test_the_active_party_only_receives_masked_values() -> None:
         assert float(decode(t).abs().median()) > 1e6, tag  # uniform ring elements, not encodings
         for target in targets:
             assert not looks_like(t, target), tag
+    if protocol == "fixed_mask":  # P_K received its weight share and one masked operand per product, no more
+        assert [tag for tag, _ in holder.received] == ["weight_share", "weight_share", "forward", "backward"]
+        return
     # what P_K can combine from its inbox: x1 + e0 = x1 + (x0 - a0) = x - a0, still masked by P_k's a0
     fwd = [t for tag, t in holder.received if tag == "forward"]
     x1, e0 = fwd[0], fwd[1]

@@ -17,7 +17,7 @@ pytest.importorskip("cryptography")
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import build_config
 from vflbench.experiment.launch import _PartyProcess, _wait, launch, party_context
-from vflbench.experiment.party import merged_comm, party_names
+from vflbench.experiment.party import comm_from_dict, merged_comm, party_names
 from vflbench.experiment.run import run_experiment, undefended_config
 from vflbench.net.linkmodel import LINK_PROFILES, project
 from vflbench.protocol.channel import CommStats
@@ -87,9 +87,13 @@ def test_launched_vmask_with_its_dealer_process_equals_one_process(tmp_path):
     result, net = check_same(raw, tmp_path)
     kinds = result["comm"]["by_kind"]
     # VMask's own messages and the dealer's triples (counted at the passive party's process) are in comm
-    assert {"vmask.forward", "dealer.triple", "dealer.take"} <= kinds.keys()
-    # each triple: P_k's request and the dealer's reply (neither to the active party), one take by the active party
-    assert kinds["dealer.triple"]["down"]["messages"] == 2 * kinds["dealer.take"]["down"]["messages"] > 0
+    assert {"vmask.forward", "dealer.triple"} <= kinds.keys()
+    # each product (fixed_mask): P_k's triple request and the dealer's reply (neither to the active party), one round
+    # trip; then P_k's request to the active party and its reply, another; the active party takes no triple half
+    products = sum(kinds.get(k, {}).get("up", {}).get("rounds", 0) for k in ("vmask.forward", "vmask.backward"))
+    triples = kinds["dealer.triple"]["down"]
+    assert triples["messages"] == 2 * triples["rounds"] == 2 * products > 0
+    assert "dealer.take" not in kinds
     assert {"active-passive_1", "active-dealer", "passive_1-dealer"} <= net["wire_total"].keys()
 
 
@@ -151,10 +155,13 @@ def test_merged_comm_counts_each_message_once_from_the_counter_that_keeps_its_ki
     loop, net = CommStats(), CommStats()
     loop.count(Message("embedding", "passive_1", "active", torch.zeros(2, 3), torch.arange(2), 0, 0))
     net.count(Message("passive.forward", "active", "passive_1", torch.zeros(0), torch.arange(2), 0, 0))
-    net.count(Message("vmask.forward", "passive_1", "active", torch.zeros(4), torch.arange(0), 0, 0))
+    net.count(Message("vmask.forward", "passive_1", "active", torch.zeros(4), torch.arange(0), 0, 0, role="request"))
     merged = merged_comm([(loop, lambda k: True), (net, lambda k: not k.startswith("passive."))])
     assert merged["messages"] == 2 and merged["bytes_up"] == 24 + 16 and merged["bytes_down"] == 0
     assert set(merged["by_kind"]) == {"embedding", "vmask.forward"}
+    # the request's round trip is merged too, and survives a report's round trip through JSON
+    assert (merged["rounds"], merged["rounds_up"]) == (1, 1) and merged["by_kind"]["vmask.forward"]["up"]["rounds"] == 1
+    assert comm_from_dict(merged).by_kind["vmask.forward"]["up"].rounds == 1
 
 
 def test_link_model_projects_latency_per_frame_and_bytes_over_bandwidth():

@@ -143,3 +143,29 @@ def test_a_restored_dealer_continues_its_counters_and_refuses_every_triple_issue
     again.issue_mul((2,))
     with pytest.raises(RuntimeError, match="issued but not taken"):
         again.state_dict()
+
+
+def test_a_restored_dealer_keeps_its_weight_masks_and_deals_the_same_fixed_mask_triples():
+    """fixed_mask (issue 26): a dealer restored from its checkpoint knows every current weight mask (ids, seeds,
+    whether the active party took its seed), deals the next triples with the uninterrupted dealer's ids and values,
+    and gives no active seed twice."""
+    from vflbench.mpc.dealer import Dealer, TripleReuseError
+
+    meta = {"op": "matmul", "a": "4,3", "b": "3,2", "transpose": True}
+    whole = Dealer(7)
+    old, _ = whole.open_mask("passive_1", "layer0", (2, 3))
+    mask, seed = whole.open_mask("passive_1", "layer0", (2, 3))  # retires the first mask of the layer
+    whole.take_mask(mask, "passive_1", "layer0")
+    whole.issue_masked("passive_1", mask, meta)
+    state = whole.state_dict()
+    restored = Dealer(12345)
+    restored.load_state_dict(state)
+    for _ in range(2):
+        (t1, c1), (t2, c2) = whole.issue_masked("passive_1", mask, meta), restored.issue_masked("passive_1", mask, meta)
+        assert t1 == t2 and torch.equal(c1, c2)
+    with pytest.raises(TripleReuseError, match="already took its seed"):
+        restored.take_mask(mask, "passive_1", "layer0")
+    with pytest.raises(KeyError, match="retired"):
+        restored.issue_masked("passive_1", old, meta)
+    assert restored.open_mask("passive_1", "layer1", (2, 3)) == whole.open_mask("passive_1", "layer1", (2, 3))
+    assert seed != restored.open_mask("passive_1", "layer0", (2, 3))[1]

@@ -64,7 +64,7 @@ from vflbench.models.finetune import complete, complete_stacked, stackable
 from vflbench.mpc.dealer import Dealer, DealerService
 from vflbench.mpc.layers import Truncation
 from vflbench.mpc.masking import VMaskBottom, make_maskable
-from vflbench.mpc.parties import PROTOCOL_KINDS, ActiveShareHolder, ActiveShares
+from vflbench.mpc.parties import PROTOCOL_KINDS, ActiveShareHolder, ActiveShares, Protocol, resolve_protocol
 from vflbench.protocol.channel import Endpoint
 from vflbench.protocol.hooks import BindContext, Defense, DefenseAux, TrainSettings
 from vflbench.protocol.messages import ACTIVE, DEALER, Message, Phase, Scalar
@@ -196,6 +196,9 @@ class VMask(Defense):
     not), all of it, or ``aux_size`` rows of it.
     ``shadow_epochs`` (default 1, as Algorithm 6) passes over the auxiliary set per VFL epoch let
     a run shortened to fewer VFL epochs give the shadow model the paper's number of steps.
+    ``protocol``: how the masked layers' products are computed (:func:`~vflbench.mpc.parties.resolve_protocol`;
+    ``None``: ``fixed_mask`` with ``truncation: reveal``, ``beaver`` with ``secureml``); ``fixed_mask`` and
+    ``beaver`` give the same numbers with ``reveal`` and differ only in their traffic (docs/decisions.md, issue 26).
 
     One instance runs at every party (side ``both``) and the instances talk only through the
     channel. At P_k: :meth:`wrap_bottom` makes P_k's own bottom model maskable and sends its initial
@@ -223,7 +226,7 @@ class VMask(Defense):
                  mc_batch_size: int | Literal["full"] | None = None, mc_momentum: float | None = None,
                  shadow_epochs: int = 1, frac_bits: int = 16,
                  truncation: Truncation = "reveal", layers: list[int] | None = None,
-                 attacker_view: Literal["reinit", "share"] = "reinit") -> None:
+                 attacker_view: Literal["reinit", "share"] = "reinit", protocol: Protocol | None = None) -> None:
         self.budget = budget
         self.sigma = sigma
         self.aux_size = aux_size
@@ -238,6 +241,8 @@ class VMask(Defense):
         self.truncation = truncation
         self.layers = layers
         self.attacker_view = attacker_view
+        self.protocol = protocol
+        resolve_protocol(protocol, truncation)  # refuses an unknown protocol, or fixed_mask with secureml
         if attacker_view not in ATTACKER_VIEWS:
             raise ValueError(f"attacker_view must be 'reinit' or 'share' (the recovered view is the attack "
                              f"vmask_weight_recovery), got {attacker_view!r}")
@@ -434,8 +439,10 @@ class VMask(Defense):
     def state_dict(self) -> dict[str, Any]:
         """This half's state at an epoch boundary. P_k: the layers it holds masked, its decision count and, per
         masked layer, its input-share generator, attacker view and momentum (the shares are in its model's state
-        dict). The active party: per P_k its shadow model, the shadow's optimizer, the masks, norms and estimates;
-        its own share of every masked layer with its noise generator; the mask ratios and the triples it took."""
+        dict, with a ``fixed_mask`` layer's opening and mask). The active party: per P_k its shadow model, the
+        shadow's optimizer, the masks, norms and estimates; its own share of every masked layer with its noise
+        generator (and, with ``fixed_mask``, its weight mask's id and seed and the last triple it used); the mask
+        ratios and the triples it took."""
         if self.context_.party != ACTIVE:
             assert self.bottom_ is not None
             layers = self.bottom_.layers()
@@ -450,7 +457,8 @@ class VMask(Defense):
             return {"masked": sorted(self.masked_), "decisions": self.decisions_, "layers": own}
         holders = [{"party": party, "layer": layer, "geometry": dict(h.geometry), "frac_bits": h.frac_bits,
                     "truncation": h.truncation, "generator": h.generator.get_state(), "weight_share": h.weight_share,
-                    "bias_share": h.bias_share, "scale": h.scale}
+                    "bias_share": h.bias_share, "scale": h.scale, "mask_id": h.mask_id, "mask_seed": h.mask_seed,
+                    "last_triple": h.last_triple}
                    for (party, layer), h in self.shares_.holders.items()]
         parties = {party: {"shadow": s.shadow.state_dict(), "shadow_opt": s.shadow_opt.state_dict(),
                            "masked": sorted(s.masked), "grad_norm": s.grad_norm,
@@ -484,6 +492,8 @@ class VMask(Defense):
             holder.weight_share, holder.bias_share, holder.scale = (_on(h["weight_share"], self.context_.device),
                                                                     _on(h["bias_share"], self.context_.device),
                                                                     float(h["scale"]))
+            holder.mask_id, holder.mask_seed = h.get("mask_id"), h.get("mask_seed")
+            holder.last_triple = int(h.get("last_triple", -1))
             self.shares_.holders[(str(h["party"]), str(h["layer"]))] = holder
         self.ratios_ = [float(r) for r in state["ratios"]]
         self.shares_.triples = int(state["triples"])
@@ -501,7 +511,8 @@ class VMask(Defense):
             generator = torch.Generator()
             generator.set_state(saved["randomness"])
             layer.restore_masked(link=self._link(), generator_passive=generator, sigma=self.sigma,
-                                 frac_bits=self.frac_bits, truncation=self.truncation, name=f"layer{i}")
+                                 frac_bits=self.frac_bits, truncation=self.truncation, name=f"layer{i}",
+                                 protocol=self.protocol)
             layer.attacker_view, layer.reinit_seed = str(saved["attacker_view"]), int(saved["reinit_seed"])
             assert layer.shared is not None
             device = layer.shared.passive.weight_share.device  # checkpoints load on the CPU
@@ -536,7 +547,7 @@ class VMask(Defense):
             layers[i].reinit_seed = int(meta[f"reinit_{i}"])  # type: ignore[arg-type]
             layers[i].mask(link=self._link(), generator_passive=self._gen("share", i, self.decisions_),
                            sigma=self.sigma, frac_bits=self.frac_bits, truncation=self.truncation, name=f"layer{i}",
-                           phase=phase)
+                           phase=phase, protocol=self.protocol)
         for i in sorted(self.masked_ - target):
             layers[i].unmask(self.sigma, phase=phase)
         self.masked_ = target

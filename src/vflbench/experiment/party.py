@@ -155,18 +155,18 @@ def _counts(value: Any, what: str, sender: str) -> dict[str, dict[str, int]]:
 
 def _stats(value: Any, sender: str) -> dict[str, Any]:
     """A report's channel counters per phase (:meth:`CommStats.as_dict`), checked as far as the active party reads
-    them (the kinds, directions, messages and bytes)."""
+    them (the kinds, directions, messages, bytes and rounds)."""
     if not isinstance(value, dict) or not isinstance(value.get("train"), dict):
         raise ProtocolError(f"{sender}'s report must carry its channel counters per phase, 'train' included")
     by_kind = value["train"].get("by_kind")
     ok = isinstance(by_kind, dict) and all(
         isinstance(kind, str) and isinstance(d, dict) and set(d) <= {"up", "down"}
-        and all(isinstance(c, dict) and set(c) == {"messages", "bytes"}
+        and all(isinstance(c, dict) and set(c) == {"messages", "bytes", "rounds"}
                 and all(type(v) is int and v >= 0 for v in c.values()) for c in d.values())
         for kind, d in by_kind.items())
     if not ok:
         raise ProtocolError(f"{sender}'s report: its 'train' counters must map each kind to up/down counts of "
-                            "messages and bytes (non-negative integers)")
+                            "messages, bytes and rounds (non-negative integers)")
     return value
 
 
@@ -499,13 +499,16 @@ def merged_comm(parts: list[tuple[CommStats, Callable[[str], bool]]]) -> dict[st
                 into = merged.by_kind[kind].setdefault(direction, KindStats())
                 into.messages += s.messages
                 into.bytes += s.bytes
+                into.rounds += s.rounds
                 merged.messages += s.messages
                 if direction == "up":
                     merged.messages_up += s.messages
                     merged.bytes_up += s.bytes
+                    merged.rounds_up += s.rounds
                 else:
                     merged.messages_down += s.messages
                     merged.bytes_down += s.bytes
+                    merged.rounds_down += s.rounds
     return merged.as_dict()
 
 
@@ -514,7 +517,7 @@ def comm_from_dict(raw: Mapping[str, Any]) -> CommStats:
     stats = CommStats()
     for kind, directions in raw["by_kind"].items():
         for direction, s in directions.items():
-            stats.by_kind[kind][direction] = KindStats(int(s["messages"]), int(s["bytes"]))
+            stats.by_kind[kind][direction] = KindStats(int(s["messages"]), int(s["bytes"]), int(s["rounds"]))
     return stats
 
 
@@ -921,7 +924,7 @@ def _resume_active(out_dir: Path, epoch: int, fed: Any, channel: NetChannel, bat
 def _comm_restored(raw: Mapping[str, Any]) -> CommStats:
     """:func:`comm_from_dict` with the totals too."""
     stats = comm_from_dict(raw)
-    for key in ("messages", "bytes_up", "bytes_down", "messages_up", "messages_down"):
+    for key in ("messages", "bytes_up", "bytes_down", "messages_up", "messages_down", "rounds_up", "rounds_down"):
         setattr(stats, key, int(raw[key]))
     return stats
 

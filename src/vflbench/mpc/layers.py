@@ -108,8 +108,16 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.nn.grad import conv2d_weight
 
+from vflbench.mpc.dealer import operand_mask
 from vflbench.mpc.observation import ObservationPoint, Opening
-from vflbench.mpc.parties import ActivePeer, PartyRandomness, PassiveShareHolder, on_device
+from vflbench.mpc.parties import (
+    ActivePeer,
+    PartyRandomness,
+    PassiveShareHolder,
+    Protocol,
+    on_device,
+    resolve_protocol,
+)
 from vflbench.mpc.protocol import (
     BilinearSpec,
     Meta,
@@ -169,7 +177,8 @@ class SharedLayer(nn.Module, ABC):
     """Common machinery of :class:`SharedLinear` and :class:`SharedConv2d` (P_k's side).
 
     ``geometry``: the layer's public description (sent to P_K when it is masked), from which each
-    party derives the shared products (:func:`~vflbench.mpc.protocol.layer_spec`).
+    party derives the shared products (:func:`~vflbench.mpc.protocol.layer_spec`); ``protocol``: how the
+    products are computed (:data:`~vflbench.mpc.parties.PROTOCOLS`; ``None``: the default for ``truncation``).
     """
 
     passive: PassiveShareHolder
@@ -185,10 +194,15 @@ class SharedLayer(nn.Module, ABC):
         frac_bits: int,
         truncation: Truncation,
         observation: ObservationPoint | None = None,
+        protocol: Protocol | None = None,
     ) -> None:
         super().__init__()
         if truncation not in TRUNCATIONS:
             raise ValueError(f"unknown truncation {truncation!r}; valid: {', '.join(TRUNCATIONS)}")
+        self.protocol: Protocol = resolve_protocol(protocol, truncation)
+        if (self.protocol == "fixed_mask") != passive.fixed_mask:
+            raise ValueError(f"protocol {self.protocol!r} needs a share holder "
+                             f"{'with' if self.protocol == 'fixed_mask' else 'without'} a weight opening")
         self.passive = passive
         self.peer = peer
         self.randomness = randomness
@@ -233,9 +247,40 @@ class SharedLayer(nn.Module, ABC):
         """
         f = self.frac_bits
         p = self.passive
+        spec: BilinearSpec = layer_spec(self.geometry, stage, v_ring.shape, p.weight_share.shape, input_size)
+        z = (self._fixed_mask_product(v_ring, spec, stage, input_size) if self.protocol == "fixed_mask"
+             else self._beaver_product(v_ring, spec, stage, input_size))
+        if self.truncation == "reveal":
+            z = truncate_public(z, f)
+        # decode(z) * scale * out_factor in one multiply: 2^-f * scale * out_factor is exact for a
+        # power-of-two out_factor, so the result is the same as multiplying one factor at a time
+        return z.to(torch.float64).mul_(float(p.scale) * out_factor / 2.0**f)
+
+    def _fixed_mask_product(self, v_ring: Tensor, spec: BilinearSpec, stage: Stage,
+                            input_size: tuple[int, int] | None) -> Tensor:
+        """The ``fixed_mask`` protocol at P_k (:mod:`vflbench.mpc.parties`): the untruncated ring product
+        ``op(v, W)`` (+ the bias at ``2f`` fractional bits), reconstructed at P_k."""
+        p = self.passive
+        assert p.mask_id is not None and p.mask_seed is not None and p.weight_opening is not None
+        dev = v_ring.device
+        triple_id, c0 = self.peer.masked_triple(spec, int(p.mask_id), phase=self.phase)
+        a = operand_mask(int(p.mask_seed), triple_id, v_ring.shape, device=dev)
+        z1 = self.peer.product(stage, v_ring - a, triple_id, phase=self.phase, input_size=input_size)
+        z = spec.op(v_ring, spec.weight_operand(p.weight_share.to(dev)))
+        z += spec.op(a, spec.weight_operand(p.weight_opening.to(dev)))
+        z += c0.to(dev)
+        z += z1.to(dev)  # Reconstruct, at P_k only
+        b0 = p.bias_share.to(dev) if (spec.bias_view is not None and p.bias_share is not None) else None
+        return add_bias_share(z, b0, spec, 0, self.truncation, self.frac_bits)
+
+    def _beaver_product(self, v_ring: Tensor, spec: BilinearSpec, stage: Stage,
+                        input_size: tuple[int, int] | None) -> Tensor:
+        """The ``beaver`` protocol at P_k: a fresh triple per product, both operands opened; the product
+        reconstructed at P_k (untruncated with ``reveal``, from locally truncated shares with ``secureml``)."""
+        f = self.frac_bits
+        p = self.passive
         dev = v_ring.device
         phase = self.phase
-        spec: BilinearSpec = layer_spec(self.geometry, stage, v_ring.shape, p.weight_share.shape, input_size)
         v0, v1 = share(v_ring, self.randomness.generator)
         t0 = on_device(self.peer.triple(spec, phase=phase), dev)
         e0, d0 = party_masks(v0, spec.weight_operand(p.weight_share.to(dev)), t0)
@@ -245,11 +290,7 @@ class SharedLayer(nn.Module, ABC):
         b0 = p.bias_share.to(dev) if (spec.bias_view is not None and p.bias_share is not None) else None
         z = add_bias_share(z0, b0, spec, 0, self.truncation, f)
         z += z1  # Reconstruct, at P_k only
-        if self.truncation == "reveal":
-            z = truncate_public(z, f)
-        # decode(z) * scale * out_factor in one multiply: 2^-f * scale * out_factor is exact for a
-        # power-of-two out_factor, so the result is the same as multiplying one factor at a time
-        return z.to(torch.float64).mul_(float(p.scale) * out_factor / 2.0**f)
+        return z
 
     def _secure_forward(self, x: Tensor) -> Tensor:
         xo = self._to_operand(x)
@@ -306,7 +347,13 @@ class SharedLayer(nn.Module, ABC):
                 p.bias_share.copy_(truncate_share(p.bias_share, 0, bits))
                 p.residual_bias.div_(2.0**bits)
             p.scale.mul_(2.0**bits)
-            self.peer.renormalize(bits, phase=self.phase)
+            if self.protocol == "fixed_mask":  # P_K's share changes: a fresh mask opens its new value
+                mask_id, seed = self.peer.open_mask(p.weight_share.shape, phase=self.phase)
+                opening = self.peer.renormalize(bits, phase=self.phase, mask=mask_id)
+                assert opening is not None
+                p.set_opening(mask_id, seed, opening)
+            else:
+                self.peer.renormalize(bits, phase=self.phase)
 
     @torch.no_grad()
     def step(
@@ -488,6 +535,7 @@ def mask_layer(
     name: str = "",
     observation: ObservationPoint | None = None,
     phase: Phase = "setup",
+    protocol: Protocol | None = None,
 ) -> SharedLinear | SharedConv2d:
     """Mask a plaintext layer of P_k's bottom model (VMask Algorithm 1, lines 2-6).
 
@@ -497,12 +545,15 @@ def mask_layer(
     The plaintext ``layer`` is not modified: the caller (P_k) must drop it, e.g. by replacing it in
     the model (see :func:`mask_submodule`). ``name`` identifies the layer in P_k's requests (unique per
     party); ``observation``: P_k's observation point of the layer (told about the masking, then about
-    every opening); ``phase``: the phase the masking's messages are counted in.
+    every opening); ``phase``: the phase the masking's messages are counted in; ``protocol``: how the
+    products are computed (:func:`~vflbench.mpc.parties.resolve_protocol`; ``fixed_mask`` first asks the
+    dealer for a weight mask, ``dealer.mask``, and keeps P_K's opening of its share under it).
     """
     if sigma < 0:
         raise ValueError(f"sigma must be >= 0, got {sigma}")
     if truncation not in TRUNCATIONS:
         raise ValueError(f"unknown truncation {truncation!r}; valid: {', '.join(TRUNCATIONS)}")
+    chosen = resolve_protocol(protocol, truncation)
     geometry: Meta
     if isinstance(layer, nn.Conv2d):
         if layer.dilation != (1, 1) or layer.groups != 1 or layer.padding_mode != "zeros":
@@ -518,9 +569,12 @@ def mask_layer(
     w0, w1 = share(w_ring, generator_passive)
     b0, b1 = (None, None) if b_ring is None else share(b_ring, generator_passive)
     peer = ActivePeer(link, name or type(layer).__name__)
-    peer.share_weights(w1, b1, geometry=geometry, sigma=sigma, frac_bits=frac_bits, truncation=truncation,
-                       phase=phase)
-    passive = PassiveShareHolder(w0, b0, frac_bits=frac_bits, dtype=layer.weight.dtype)
+    mask = peer.open_mask(w0.shape, phase=phase) if chosen == "fixed_mask" else None
+    opening = peer.share_weights(w1, b1, geometry=geometry, sigma=sigma, frac_bits=frac_bits, truncation=truncation,
+                                 phase=phase, mask=None if mask is None else mask[0])
+    passive = PassiveShareHolder(w0, b0, frac_bits=frac_bits, dtype=layer.weight.dtype, fixed_mask=mask is not None)
+    if mask is not None and opening is not None:
+        passive.set_opening(mask[0], mask[1], opening)
     common = {
         "peer": peer,
         "randomness": PartyRandomness(generator_passive, party=link.owner),
@@ -529,6 +583,7 @@ def mask_layer(
         "frac_bits": frac_bits,
         "truncation": truncation,
         "observation": observation,
+        "protocol": chosen,
     }
     if observation is not None:
         with torch.no_grad():
@@ -546,20 +601,25 @@ def restored_layer(
     truncation: Truncation = "reveal",
     name: str = "",
     observation: ObservationPoint | None = None,
+    protocol: Protocol | None = None,
 ) -> SharedLinear | SharedConv2d:
     """P_k's side of a layer that was masked before a checkpoint, rebuilt without a message: its share buffers
-    are zero here, for the checkpoint's state dict to fill (the active party restores its own share from its own
-    checkpoint). ``generator_passive`` carries on P_k's input-share draws (its state restored by the caller)."""
+    (and, with ``fixed_mask``, its weight opening and mask) are zero here, for the checkpoint's state dict to fill
+    (the active party restores its own share from its own checkpoint). ``generator_passive`` carries on P_k's
+    input-share draws (its state restored by the caller)."""
     if truncation not in TRUNCATIONS:
         raise ValueError(f"unknown truncation {truncation!r}; valid: {', '.join(TRUNCATIONS)}")
+    chosen = resolve_protocol(protocol, truncation)
     geometry: Meta = ({"kind": "conv", "stride": shape_meta(layer.stride), "padding": shape_meta(_conv_padding(layer))}
                       if isinstance(layer, nn.Conv2d) else {"kind": "linear"})
     zeros = torch.zeros(layer.weight.shape, dtype=torch.int64, device=layer.weight.device)
     bias = None if layer.bias is None else torch.zeros(layer.bias.shape, dtype=torch.int64, device=layer.weight.device)
-    passive = PassiveShareHolder(zeros, bias, frac_bits=frac_bits, dtype=layer.weight.dtype)
+    passive = PassiveShareHolder(zeros, bias, frac_bits=frac_bits, dtype=layer.weight.dtype,
+                                 fixed_mask=chosen == "fixed_mask")
     common = {"peer": ActivePeer(link, name or type(layer).__name__),
               "randomness": PartyRandomness(generator_passive, party=link.owner), "geometry": geometry,
-              "sigma": sigma, "frac_bits": frac_bits, "truncation": truncation, "observation": observation}
+              "sigma": sigma, "frac_bits": frac_bits, "truncation": truncation, "observation": observation,
+              "protocol": chosen}
     return _shared(layer, passive, common)
 
 

@@ -12,31 +12,61 @@ model holds the layer) and the active party P_K (party 1). The parties share no 
   P_k asks for a fresh triple (``dealer.triple``) and gets its half and the triple's id; P_K asks
   for its half of that id (``dealer.take``).
 
+Two protocols compute a masked layer's products (:data:`PROTOCOLS`; the layer's output ``z = op(x, W)``
+is reconstructed to P_k in both, and with ``truncation: reveal`` both give the same ring value):
+
+* ``beaver`` (the only protocol before issue 26; the one ``truncation: secureml`` needs, whose local
+  truncation depends on how the product is split into shares): per product P_k shares its operand
+  ``x`` (it sends ``x1``), both parties take halves of a fresh triple ``(a, b, c)`` from the dealer and
+  open ``eps = x - a`` and ``delta = W - b`` to each other, and P_K sends its output share.
+* ``fixed_mask`` (the default with ``truncation: reveal``, issue 26): P_k's operand is plaintext at P_k
+  and P_K's share ``w1`` stays fixed while the layer stays masked, so only the cross term ``op(x, w1)``
+  needs the other party. When the layer is masked (and again after a renormalisation changes ``w1``)
+  P_K opens ``D = w1 - B`` to P_k once, under a fixed dealer mask ``B`` known to P_K alone; per product
+  P_k takes ``C0_t`` of a triple ``(A_t, B, C_t = op(A_t, B))`` with a fresh ``A_t`` known to P_k alone
+  (:mod:`vflbench.mpc.dealer`), sends ``E = x - A_t``, and P_K answers
+  ``z1 = op(E, w1) + C1_t`` (+ its bias share); P_k adds ``op(x, w0) + op(A_t, D) + C0_t`` (+ its bias
+  share): ``op(x, w0) + op(A_t, w1 - B) + op(A_t, B) + op(x - A_t, w1) = op(x, W)``. What each party sees
+  is argued in docs/decisions.md (issue 26): P_K sees the same kind of opening of P_k's operand as before
+  and nothing of P_k's share; P_k sees one uniformly masked ``w1 - B`` per masking where ``beaver`` showed it
+  ``W - b`` per product, and P_K's output share, which it can compute from the output it receives anyway.
+
 Requests (P_k -> P_K; the header ``meta`` names the layer, the triple id, the stage):
 
 * ``vmask.share``: P_K's weight (and bias) share (Algorithm 1 lines 2-4) and the layer's public
-  geometry; the reply is empty.
-* ``vmask.forward`` / ``vmask.backward``: P_k's share of the operand and its Beaver openings
-  ``e0, d0``; the reply carries P_K's openings ``e1, d1`` and its output share.
-* ``vmask.decay`` / ``vmask.renormalize``: the public decay factor / the number of bits; empty reply.
+  geometry; the reply is empty (``beaver``), or ``D`` (``fixed_mask``: the header names the mask, whose seed
+  P_K takes from the dealer with ``dealer.take_mask``).
+* ``vmask.forward`` / ``vmask.backward``: ``beaver``: P_k's share of the operand and its Beaver openings
+  ``e0, d0``; the reply carries P_K's openings ``e1, d1`` and its output share. ``fixed_mask``: ``E``; the
+  reply carries ``z1``.
+* ``vmask.decay`` / ``vmask.renormalize``: the public decay factor / the number of bits; empty reply
+  (``fixed_mask``'s renormalisation names a new mask and its reply carries the new ``D``).
 * ``vmask.release``: the noise scale (Algorithm 1 lines 7-10); the reply carries P_K's noised shares.
 * ``vmask.oracle``: EVALUATION ONLY (scoring an attack, ``eval`` phase), never part of the protocol;
   the reply carries P_K's shares.
 
-Every tensor is an int64 ring element (8 bytes) or an 8-byte scalar, so the channel's byte counts
-are what :class:`~vflbench.mpc.comm.Comm` counted when both parties lived in one object.
+Every tensor is an int64 ring element (8 bytes) or an 8-byte scalar; with ``beaver`` the channel's byte
+counts are what :class:`~vflbench.mpc.comm.Comm` counted when both parties lived in one object.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
 from vflbench.mpc._service import ServiceHandle
-from vflbench.mpc.dealer import Dealer, DealerService, TripleShare
+from vflbench.mpc.dealer import (
+    Dealer,
+    DealerService,
+    TripleReuseError,
+    TripleShare,
+    output_share,
+    weight_mask,
+)
 from vflbench.mpc.protocol import (
     BilinearSpec,
     Meta,
@@ -46,6 +76,7 @@ from vflbench.mpc.protocol import (
     meta_shape,
     party_combine,
     party_masks,
+    shape_meta,
     truncate_share,
 )
 from vflbench.mpc.ring import encode
@@ -55,6 +86,24 @@ from vflbench.protocol.messages import ACTIVE, DEALER, Message, Phase
 #: The kinds of VMask's secret-sharing protocol (what ``mpc_bytes`` sums; ``vmask.oracle`` is not one).
 PROTOCOL_KINDS = ("vmask.share", "vmask.forward", "vmask.backward", "vmask.decay", "vmask.renormalize",
                   "vmask.release")
+
+Protocol = Literal["fixed_mask", "beaver"]
+PROTOCOLS: tuple[str, ...] = ("fixed_mask", "beaver")
+"""How a masked layer's products are computed (see the module doc)."""
+
+
+def resolve_protocol(protocol: str | None, truncation: str) -> Protocol:
+    """The protocol a masked layer uses: ``protocol``, or by default ``fixed_mask`` with ``truncation: reveal`` and
+    ``beaver`` with ``secureml`` (the only one that keeps secureml's numbers: its local truncation depends on how
+    the product is split into shares). ``fixed_mask`` with ``secureml`` is refused."""
+    if protocol is None:
+        return "fixed_mask" if truncation == "reveal" else "beaver"
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown masked-layer protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
+    if protocol == "fixed_mask" and truncation != "reveal":
+        raise ValueError(f"the fixed_mask protocol reconstructs the untruncated product (truncation 'reveal'); "
+                         f"truncation {truncation!r} needs protocol 'beaver'")
+    return "fixed_mask" if protocol == "fixed_mask" else "beaver"
 
 
 def on_device(t: TripleShare, device: torch.device) -> TripleShare:
@@ -104,6 +153,12 @@ class ActiveShareHolder:
         self.weight_share: Tensor | None = None
         self.bias_share: Tensor | None = None
         self.scale = 1.0
+        self.mask_id: int | None = None
+        """The dealer's fixed weight mask of the ``fixed_mask`` protocol (``None``: ``beaver``)."""
+        self.mask_seed: int | None = None
+        """P_K's seed of that mask (its ``B`` and its output shares ``C1_t``)."""
+        self.last_triple = -1
+        """The last fixed-mask triple used: every product needs a later one (triple ids only grow)."""
         self.record_received = record_received
         self.received: list[tuple[str, Tensor]] = []
         """What P_K received (tag, ring tensor), logged when ``record_received``."""
@@ -151,6 +206,28 @@ class ActiveShareHolder:
         z1 = add_bias_share(z1, b1, spec, 1, self.truncation, self.frac_bits)
         return e1, d1, z1
 
+    def set_mask(self, mask_id: int, seed: int) -> Tensor:
+        """Start the ``fixed_mask`` protocol under the dealer's mask ``mask_id`` (P_K's ``seed``): returns the
+        opening ``D = w1 - B`` for P_k, the only time P_K's current share is opened."""
+        w1 = self.require()
+        self.mask_id, self.mask_seed = int(mask_id), int(seed)
+        return w1 - weight_mask(seed, w1.shape, device=w1.device)
+
+    def masked_product(self, spec: BilinearSpec, e: Tensor, triple_id: int, *, tag: str) -> Tensor:
+        """P_K's side of a ``fixed_mask`` product: ``op(E, w1) + C1_t`` (+ its bias share) for P_k."""
+        self._log(tag, e)
+        if self.mask_seed is None:
+            raise RuntimeError(f"layer {self.name!r} uses the beaver protocol; a fixed_mask product needs a mask")
+        if triple_id <= self.last_triple:
+            raise TripleReuseError(f"layer {self.name!r}: triple {triple_id} is not later than the last one used "
+                                   f"({self.last_triple}); a triple is used once")
+        self.last_triple = int(triple_id)
+        w1 = self.require().to(e.device)
+        z1 = spec.op(e, spec.weight_operand(w1))
+        z1 += output_share(self.mask_seed, triple_id, z1.shape, device=e.device)
+        b1 = self.bias_share.to(e.device) if (spec.bias_view is not None and self.bias_share is not None) else None
+        return add_bias_share(z1, b1, spec, 1, "reveal", self.frac_bits)
+
     def decay(self, factor: float) -> None:
         """Public decay of the effective weight: the scale is multiplied by ``factor``."""
         self.scale *= factor
@@ -169,6 +246,7 @@ class ActiveShareHolder:
         b1 = None if self.bias_share is None else self.bias_share + self._noise(self.bias_share.shape,
                                                                                  sigma).to(w1.device)
         self.weight_share, self.bias_share = None, None
+        self.mask_id = self.mask_seed = None
         return w1, b1
 
 
@@ -210,6 +288,17 @@ class ActiveShares:
     def _sigma(self, requested: float) -> float:
         return requested if self.sigma is None else self.sigma
 
+    def _open(self, holder: ActiveShareHolder, request: Message) -> Message:
+        """The reply of a ``fixed_mask`` (re)masking: P_K takes its seed of the mask the header names from the
+        dealer and answers with ``D`` (``beaver``: an empty reply)."""
+        if request.meta.get("mask") is None:
+            return request.reply()
+        mask_id = int(request.meta["mask"])  # type: ignore[arg-type]
+        taken = self.link.call("dealer.take_mask", DEALER, meta={"mask": mask_id, "party": request.sender,
+                                                                 "layer": str(request.meta["layer"])},
+                               phase=request.phase)
+        return request.reply(holder.set_mask(mask_id, int(taken.payload[0])))
+
     def handle(self, request: Message) -> Message:
         """Answer one ``vmask.<step>`` request of a passive party."""
         meta, step = request.meta, request.kind.split(".", 1)[1]
@@ -224,12 +313,17 @@ class ActiveShares:
             holder.accept_shares(w1, rest[0] if meta.get("bias") else None,
                                  sigma=self._sigma(float(meta["sigma"])))  # type: ignore[arg-type]
             self.holders[(request.sender, name)] = holder
-            return request.reply()
+            return self._open(holder, request)
         holder = self.holder(request.sender, name)
         if step in ("forward", "backward"):
-            x1, e0, d0 = request.tensors
+            operand = request.tensors[0]
             size = meta_shape(meta["input_size"]) if meta.get("input_size") else None
-            spec = holder.spec(step, x1.shape, None if size is None else (size[0], size[1]))  # type: ignore[arg-type]
+            spec = holder.spec(step, operand.shape, None if size is None else (size[0], size[1]))  # type: ignore[arg-type]
+            if holder.mask_seed is not None:
+                z1 = holder.masked_product(spec, operand, int(meta["triple"]), tag=step)  # type: ignore[arg-type]
+                self.triples += 1
+                return request.reply(z1)
+            x1, e0, d0 = request.tensors
             taken = self.link.call("dealer.take", DEALER, meta={"triple": meta["triple"]}, phase=request.phase)
             self.triples += 1
             e1, d1, z1 = holder.bilinear(spec, x1, e0, d0, triple_half(taken, 1), tag=step)
@@ -239,7 +333,7 @@ class ActiveShares:
             return request.reply()
         if step == "renormalize":
             holder.renormalize(int(request.payload))
-            return request.reply()
+            return self._open(holder, request)
         if step == "release":
             w1, b1 = holder.release(sigma=self._sigma(float(request.payload)))
             return request.reply(w1, *(() if b1 is None else (b1,)))
@@ -248,6 +342,11 @@ class ActiveShares:
             return request.reply(w1, *(() if holder.bias_share is None else (holder.bias_share.clone(),)))
         raise ValueError(f"unknown VMask request {request.kind!r}; valid: "
                          f"{', '.join((*PROTOCOL_KINDS, 'vmask.oracle'))}")
+
+
+def _mask_meta(mask: int | None) -> dict[str, int]:
+    """The header naming a weight mask (none for ``beaver``, whose messages stay as they were)."""
+    return {} if mask is None else {"mask": int(mask)}
 
 
 class ActivePeer(ServiceHandle):
@@ -269,14 +368,34 @@ class ActivePeer(ServiceHandle):
         return self.link.call(f"vmask.{step}", ACTIVE, *tensors, meta={"layer": self.layer, **meta}, phase=phase)
 
     def share_weights(self, w1: Tensor, b1: Tensor | None, *, geometry: Meta, sigma: float, frac_bits: int,
-                      truncation: str, phase: Phase) -> None:
-        """P_k sends P_K its weight (and bias) share and the layer's public geometry (Algorithm 1)."""
-        self._call("share", w1, *(() if b1 is None else (b1,)), phase=phase, bias=b1 is not None, sigma=sigma,
-                   frac_bits=frac_bits, truncation=truncation, **geometry)
+                      truncation: str, phase: Phase, mask: int | None = None) -> Tensor | None:
+        """P_k sends P_K its weight (and bias) share and the layer's public geometry (Algorithm 1). With the dealer's
+        weight mask ``mask`` (``fixed_mask``) P_K answers with the opening ``D`` of its share, returned."""
+        reply = self._call("share", w1, *(() if b1 is None else (b1,)), phase=phase, bias=b1 is not None,
+                           sigma=sigma, frac_bits=frac_bits, truncation=truncation, **_mask_meta(mask), **geometry)
+        return None if mask is None else reply.payload
+
+    def open_mask(self, shape: torch.Size | tuple[int, ...], *, phase: Phase) -> tuple[int, int]:
+        """A fresh fixed weight mask for this layer from the dealer (``fixed_mask``): its id and P_k's seed."""
+        reply = self.link.call("dealer.mask", DEALER, meta={"layer": self.layer, "shape": shape_meta(shape)},
+                               phase=phase)
+        return int(reply.meta["mask"]), int(reply.payload[0])  # type: ignore[arg-type]
 
     def triple(self, spec: BilinearSpec, *, phase: Phase) -> TripleShare:
         """P_k's half of a fresh Beaver triple for ``spec``, from the dealer."""
         return triple_half(self.link.call("dealer.triple", DEALER, meta=spec.triple, phase=phase), 0)
+
+    def masked_triple(self, spec: BilinearSpec, mask: int, *, phase: Phase) -> tuple[int, Tensor]:
+        """A fresh fixed-mask triple for ``spec`` against weight mask ``mask``: its id and P_k's share ``C0_t``."""
+        reply = self.link.call("dealer.triple", DEALER, meta={**spec.triple, "mask": mask,
+                                                              "transpose": spec.transpose}, phase=phase)
+        return int(reply.meta["triple"]), reply.payload  # type: ignore[arg-type]
+
+    def product(self, stage: Stage, e: Tensor, triple_id: int, *, phase: Phase,
+                input_size: tuple[int, int] | None = None) -> Tensor:
+        """One ``fixed_mask`` product: P_k sends its masked operand ``E``; P_K answers with ``z1``."""
+        size = "" if input_size is None else f"{input_size[0]},{input_size[1]}"
+        return self._call(stage, e, phase=phase, triple=triple_id, input_size=size).payload
 
     def bilinear(self, stage: Stage, x1: Tensor, e0: Tensor, d0: Tensor, triple_id: int, *, phase: Phase,
                  input_size: tuple[int, int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -291,9 +410,11 @@ class ActivePeer(ServiceHandle):
         """Tell P_K the public decay factor (a control message)."""
         self._call("decay", torch.tensor([factor], dtype=torch.float64), phase=phase)
 
-    def renormalize(self, bits: int, *, phase: Phase) -> None:
-        """Ask P_K to divide its shares by ``2^bits`` (a control message)."""
-        self._call("renormalize", torch.tensor([bits], dtype=torch.int64), phase=phase)
+    def renormalize(self, bits: int, *, phase: Phase, mask: int | None = None) -> Tensor | None:
+        """Ask P_K to divide its shares by ``2^bits`` (a control message); with a new weight mask ``mask``
+        (``fixed_mask``: P_K's share changed) P_K answers with its new opening ``D``, returned."""
+        reply = self._call("renormalize", torch.tensor([bits], dtype=torch.int64), phase=phase, **_mask_meta(mask))
+        return None if mask is None else reply.payload
 
     def release(self, *, sigma: float, phase: Phase) -> tuple[Tensor, Tensor | None]:
         """Unmasking: P_K adds fresh noise and sends its shares to P_k."""
@@ -321,7 +442,9 @@ class PassiveShareHolder(nn.Module):
     the ring's resolution, float64, |.| <= 2^-(f+1)), ``momentum_*`` (the momentum of the plaintext
     gradients, used by :meth:`~vflbench.mpc.layers.SharedLayer.step`). Parameters: ``weight_offset`` /
     ``bias_offset``, P_k's plaintext additive part of the weight, zero except between a torch
-    optimizer's step and the next forward (see :mod:`vflbench.mpc.layers`).
+    optimizer's step and the next forward (see :mod:`vflbench.mpc.layers`). With ``fixed_mask``
+    (the ``fixed_mask`` protocol, see the module doc) also ``weight_opening`` (``D = w1 - B``, int64),
+    ``mask_id`` and ``mask_seed`` (P_k's seed of the dealer's mask; int64 scalars).
     """
 
     weight_share: Tensor
@@ -333,10 +456,15 @@ class PassiveShareHolder(nn.Module):
     momentum_bias: Tensor | None
     weight_offset: nn.Parameter
     bias_offset: nn.Parameter | None
+    weight_opening: Tensor | None
+    mask_id: Tensor | None
+    mask_seed: Tensor | None
 
-    def __init__(self, weight_share: Tensor, bias_share: Tensor | None, *, frac_bits: int, dtype: torch.dtype) -> None:
+    def __init__(self, weight_share: Tensor, bias_share: Tensor | None, *, frac_bits: int, dtype: torch.dtype,
+                 fixed_mask: bool = False) -> None:
         super().__init__()
         self.frac_bits = frac_bits
+        self.fixed_mask = fixed_mask
         self.register_buffer("weight_share", weight_share)
         self.register_buffer("bias_share", bias_share)
         self.register_buffer("scale", torch.tensor(1.0, dtype=torch.float64, device=weight_share.device))
@@ -357,6 +485,18 @@ class PassiveShareHolder(nn.Module):
             if bias_share is None
             else nn.Parameter(torch.zeros(bias_share.shape, dtype=dtype, device=bias_share.device))
         )
+        self.register_buffer("weight_opening", torch.zeros_like(weight_share) if fixed_mask else None)
+        self.register_buffer("mask_id", torch.tensor(-1, dtype=torch.int64) if fixed_mask else None)
+        self.register_buffer("mask_seed", torch.tensor(0, dtype=torch.int64) if fixed_mask else None)
+
+    @torch.no_grad()
+    def set_opening(self, mask_id: int, seed: int, opening: Tensor) -> None:
+        """Keep a new weight mask's id, P_k's seed and P_K's opening ``D`` (``fixed_mask``)."""
+        if self.weight_opening is None or self.mask_id is None or self.mask_seed is None:
+            raise RuntimeError("this layer uses the beaver protocol: it keeps no weight opening")
+        self.weight_opening.copy_(opening)
+        self.mask_id.fill_(int(mask_id))
+        self.mask_seed.fill_(int(seed))
 
     def entries(self) -> Iterator[tuple[str, Tensor | None, nn.Parameter | None]]:
         """``(suffix, share, offset)`` for the weight and the bias."""

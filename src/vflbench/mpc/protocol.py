@@ -62,13 +62,16 @@ class BilinearSpec:
 
     ``triple``: the header of the dealer request for its Beaver triple (the operation and the
     operand shapes, see :func:`vflbench.mpc.dealer.issue_from_meta`); ``bias_view``: how the bias
-    share enters the product's output (``None``: no bias term, the backward pass).
+    share enters the product's output (``None``: no bias term, the backward pass); ``transpose``:
+    ``weight_operand`` transposes the weight (a linear layer's forward product), which a fixed weight
+    mask of the weight's shape must follow (:meth:`vflbench.mpc.dealer.Dealer.issue_masked`).
     """
 
     triple: Meta
     op: BilinearOp
     weight_operand: Callable[[Tensor], Tensor]
     bias_view: Callable[[Tensor], Tensor] | None
+    transpose: bool = False
 
 
 Shape = torch.Size | tuple[int, ...]
@@ -87,7 +90,7 @@ def layer_spec(geometry: Meta, stage: Stage, operand: Shape, weight: Shape,
         out_features, in_features = w
         if stage == "forward":
             return BilinearSpec({"op": "matmul", "a": shape_meta(a), "b": shape_meta((in_features, out_features))},
-                                ring_matmul, lambda m: m.t(), lambda b: b)
+                                ring_matmul, lambda m: m.t(), lambda b: b, transpose=True)
         return BilinearSpec({"op": "matmul", "a": shape_meta(a), "b": shape_meta((out_features, in_features))},
                             ring_matmul, lambda m: m, None)
     st, pd = meta_shape(geometry["stride"]), meta_shape(geometry["padding"])

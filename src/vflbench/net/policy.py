@@ -19,8 +19,9 @@ active      ``vmask.oracle`` -- evaluation only, when the run's plan grants it  
 passive     ``vmask.select``; ``passive.forward``, ``passive.backward``,               active
             ``passive.end_epoch``, ``passive.checkpoint``, ``passive.resume``
 passive     ``passive.oracle_bottom`` -- evaluation only, when the plan grants it     active
-dealer      ``dealer.triple``                                                         passive
-dealer      ``dealer.take``, ``dealer.checkpoint``, ``dealer.resume``                 active
+dealer      ``dealer.triple``, ``dealer.mask``                                        passive
+dealer      ``dealer.take``, ``dealer.checkpoint``, ``dealer.resume``,                active
+            ``dealer.take_mask``
 ==========  =======================================================================  ==========
 
 One-way messages: ``embedding``, ``passive.ready`` and ``passive.report`` (passive -> active); ``cut_gradient``,
@@ -107,8 +108,8 @@ SURFACE: tuple[Rule, ...] = (
     *requests(("vmask.select",), "active", "passive"),
     *requests(PAILLIER_REQUESTS, "passive", "active"),
     # the dealer of Beaver triples answers, never asks
-    *requests(("dealer.triple",), "passive", "dealer"),
-    *requests(("dealer.take", "dealer.checkpoint", "dealer.resume"), "active", "dealer"),
+    *requests(("dealer.triple", "dealer.mask"), "passive", "dealer"),
+    *requests(("dealer.take", "dealer.checkpoint", "dealer.resume", "dealer.take_mask"), "active", "dealer"),
     # a passive party in its own process, driven by the active party
     *sends(("passive.setup", "passive.done"), "active", "passive"),
     *sends(("passive.ready", "passive.report"), "passive", "active"),

@@ -55,17 +55,22 @@ class Transcript:
 
 @dataclass
 class KindStats:
-    """Traffic of one message kind in one direction."""
+    """Traffic of one message kind in one direction: messages, bytes and rounds (the requests among the
+    messages: each request and its reply is one round trip, counted in the request's direction)."""
 
     messages: int = 0
     bytes: int = 0
+    rounds: int = 0
 
 
 @dataclass
 class CommStats:
     """Traffic counted by the channel in one phase (``up`` = towards the active party).
 
-    ``by_kind`` breaks the totals down by message kind and direction (``"up"``/``"down"``).
+    ``by_kind`` breaks the totals down by message kind and direction (``"up"``/``"down"``). ``rounds``
+    counts round trips: a request and its reply are one round, in the request's direction and under
+    its kind (the reply adds a message and its bytes, no round); a one-way message is a message, not a
+    round trip.
     """
 
     messages: int = 0
@@ -73,27 +78,40 @@ class CommStats:
     bytes_down: int = 0
     messages_up: int = 0
     messages_down: int = 0
+    rounds_up: int = 0
+    rounds_down: int = 0
     by_kind: dict[str, dict[str, KindStats]] = field(default_factory=lambda: defaultdict(dict))
 
     def count(self, message: Message) -> None:
         """Add one message."""
         up = message.receiver == ACTIVE
+        rounds = int(message.role == "request")
         self.messages += 1
         if up:
             self.bytes_up += message.nbytes
             self.messages_up += 1
+            self.rounds_up += rounds
         else:
             self.bytes_down += message.nbytes
             self.messages_down += 1
+            self.rounds_down += rounds
         stats = self.by_kind[message.kind].setdefault("up" if up else "down", KindStats())
         stats.messages += 1
         stats.bytes += message.nbytes
+        stats.rounds += rounds
+
+    @property
+    def rounds(self) -> int:
+        """Round trips in both directions."""
+        return self.rounds_up + self.rounds_down
 
     def as_dict(self) -> dict[str, Any]:
-        """Plain values for result.json: totals, then ``by_kind`` (kind -> direction -> messages, bytes)."""
+        """Plain values for result.json: totals, then ``by_kind`` (kind -> direction -> messages, bytes, rounds)."""
         return {"messages": self.messages, "bytes_up": self.bytes_up, "bytes_down": self.bytes_down,
                 "messages_up": self.messages_up, "messages_down": self.messages_down,
-                "by_kind": {k: {d: {"messages": s.messages, "bytes": s.bytes} for d, s in sorted(v.items())}
+                "rounds": self.rounds, "rounds_up": self.rounds_up, "rounds_down": self.rounds_down,
+                "by_kind": {k: {d: {"messages": s.messages, "bytes": s.bytes, "rounds": s.rounds}
+                                for d, s in sorted(v.items())}
                             for k, v in sorted(self.by_kind.items())}}
 
 
