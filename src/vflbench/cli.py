@@ -153,6 +153,8 @@ def _result_table(result: Any) -> Table:
         metric = f"{a.metric} ({a.direction} leaks more)"
         if a.details.get("selection") == "test_oracle":
             metric += " [test-oracle epoch]"
+        if a.details.get("out_of_range"):
+            metric += f" [OUT OF RANGE: {100 * a.details['out_of_range_share']:.0f}% of the values]"
         leakage = f"{a.leakage:.2f}" + (f" [{a.leakage_ci[0]:.2f}, {a.leakage_ci[1]:.2f}]" if a.leakage_ci else "")
         if a.undefended_leakage is None:
             undefended = "unknown"

@@ -153,7 +153,7 @@ def test_held_out_rows_follow_the_data_section_and_the_seed_only():
     assert not torch.isin(aux_data(gia, vd, None, 0, held).ids, held).any()
     assert all(ATTACKS.get(n).factory.aux_disjoint for n in ("dmavfl", "dmavfl_sync", "agn", "fsha", "sdar", "pcat"))
     with pytest.raises(ConfigError, match="holds 300"):
-        validate_attacks(_cfg({"name": "dmavfl", "aux_fraction": 0.5}), vd)
+        validate_attacks(_cfg({"name": "dmavfl", "aux_fraction": 0.5}, {"epochs": 25}), vd)  # default recipe: 25
 
 
 def test_dmavfl_sync_refuses_pretraining_unless_a_hybrid_is_asked_for():

@@ -11,6 +11,7 @@ another party's data, labels or models.
 from __future__ import annotations
 
 import copy
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -70,6 +71,10 @@ class Scenario:
     top: str
     embed_dim: int
     single_logit: bool
+    epochs: int = 0
+    """VFL training epochs (``train.epochs``; 0: not known)."""
+    steps_per_epoch: int = 0
+    """Training batches per epoch (the rows the parties train on over ``train.batch_size``; 0: not known)."""
 
 
 @dataclass(frozen=True)
@@ -259,6 +264,13 @@ class Attack(Params, ABC):
     observers whose inference is fixed by what they kept) declare an empty grid and are reported as "default
     attacker only". What the threat model grants (the known-label budget, the auxiliary set) is never
     searched. Subclasses inherit their parent's grid; :meth:`search_grid` may narrow it per instance."""
+    min_epochs: ClassVar[int] = 0
+    """The fewest VFL epochs under attack that the attack needs (0: no minimum); with fewer, :func:`require_training`
+    refuses the run before training unless it has at least ``min_steps`` training steps under attack."""
+    min_steps: ClassVar[int] = 0
+    """Training steps under attack that also suffice (0: only ``min_epochs`` counts)."""
+    min_epochs_reason: ClassVar[str] = ""
+    """Why (for the refusal's message)."""
 
     def check(self, scenario: Scenario) -> None:
         """Raise :class:`CompatibilityError` if the scenario does not meet the requirements."""
@@ -342,6 +354,43 @@ def check_selection(attack: str, select: str, val_per_class: int, known_per_clas
         raise ConfigError(f"attack {attack!r}: select: validation holds out val_per_class ({val_per_class}) of the "
                           f"known_per_class ({known_per_class}) labels of every class, which leaves none to fine-tune "
                           "on; raise known_per_class or use select: last")
+
+
+#: Parameters that say what an attack targets (which party, which rows it is given or scored on), not how it
+#: computes: an attack whose other parameters are all at their defaults runs its default recipe.
+TARGETING = ("party", "victim", "aux_size", "aux_fraction", "aux_classes", "target_split", "n_targets", "metric")
+
+
+def default_recipe(attack: Attack) -> bool:
+    """Whether every parameter of ``attack`` other than :data:`TARGETING` ones has its constructor's default value."""
+    for name, param in inspect.signature(type(attack).__init__).parameters.items():
+        if name in TARGETING or param.default is inspect.Parameter.empty:
+            continue
+        if name in vars(attack) and getattr(attack, name) != param.default:
+            return False
+    return True
+
+
+def require_training(attack: Attack, scenario: Scenario, *, before: int = 0) -> None:
+    """Refuse (:class:`CompatibilityError`, before training) a run shorter than the attack's default recipe needs:
+    fewer than its ``min_epochs`` VFL epochs under attack (``train.epochs`` less the ``before`` epochs of honest
+    training first) and fewer than its ``min_steps`` training steps under attack. The minimum is what the default
+    recipe was measured to need, so an attack given a recipe of its own (any parameter other than what it targets,
+    :func:`default_recipe`) is run as configured; scenarios that do not know the training length (``epochs`` 0)
+    are not checked."""
+    if not attack.min_epochs or not scenario.epochs or not default_recipe(attack):
+        return
+    epochs = scenario.epochs - before
+    steps = epochs * scenario.steps_per_epoch
+    if epochs >= attack.min_epochs or (attack.min_steps and steps >= attack.min_steps):
+        return
+    honest = f" (train.epochs {scenario.epochs} less {before} honest epochs)" if before else ""
+    steps_text = f", or at least {attack.min_steps} training steps under attack" if attack.min_steps else ""
+    raise CompatibilityError(
+        f"{attack.name} needs train.epochs >= {attack.min_epochs + before}{steps_text} with its default settings; "
+        f"this run attacks for {epochs} epochs{honest} of {scenario.steps_per_epoch} steps ({steps} steps). "
+        f"{attack.min_epochs_reason} Train longer, or give the attack settings of your own (e.g. its learning "
+        "rates), which are then run as given and flagged if they reconstruct out of the data's range")
 
 
 def require(condition: bool, attack: str, message: str) -> None:

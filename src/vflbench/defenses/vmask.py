@@ -36,11 +36,16 @@ Simulation notes (also in docs/decisions.md):
   Neither is what P_k can know: every masked layer has a declared observation point
   (:class:`~vflbench.mpc.observation.ObservationPoint`) through which P_k's own code sees its weight
   before masking and every value reconstructed to it, from which the attack ``vmask_weight_recovery``
-  solves for the effective weights (the ``recovered`` view; docs/decisions.md).
+  solves for the effective weights (the ``recovered`` view; docs/decisions.md). Its own record alone (weight
+  before masking plus its own updates, no solve) is the attack ``vmask_own_record``.
 * Before training, the paper's own preconditions (§IV-D: ``B < n_in`` for FC layers,
   ``n > (h+2p+s)/(s+1)`` for conv layers) are checked for every eligible layer; violations are
   logged as a warning and reported (with the recovery channels that apply to each layer) in
-  ``details()``, which goes into result.json's defense entry.
+  ``details()``, which goes into result.json's defense entry. The check needs only the shape of one
+  row of P_k's slice, which P_k sends in its ``vmask.setup`` message (its own slice's shape, public as
+  the configuration), so it runs without auxiliary rows.
+* ``vmask_alls`` runs no shadow model and no selection, so it takes no auxiliary set (``uses_aux``
+  false): a run with it holds out only what ``data.aux_pool`` says, and it refuses ``aux_size``.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vflbench.data.base import PartySlice
 from vflbench.defenses import DEFENSES
 from vflbench.errors import CompatibilityError
 from vflbench.models import init_parameters
@@ -168,6 +174,18 @@ def _layer_list(text: object) -> set[int]:
     return {int(i) for i in str(text).split(",") if i}
 
 
+def _input_shape(party: str, text: object) -> tuple[int, ...]:
+    """The shape of one row of ``party``'s slice from its ``vmask.setup`` header (``"1,28,14"``), checked."""
+    try:
+        shape = tuple(int(i) for i in str(text).split(","))
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1 or math.prod(shape) > 1 << 31:
+        raise CompatibilityError(f"vmask: {party!r} sent input_shape {text!r} in vmask.setup; expected the shape of "
+                                 "one row of its slice as positive integers joined by commas (e.g. '1,28,14')")
+    return shape
+
+
 def start_dealer(link: Endpoint, active_generator: torch.Generator, *,
                  device: torch.device | None = None) -> DealerService:
     """Run VMask's trusted dealer at ``link`` (its own party, :data:`~vflbench.protocol.messages.DEALER`).
@@ -212,7 +230,7 @@ class VMask(Defense):
     side = "both"
     paper = "Tan et al., VMask: Tunable Label Privacy Protection for VFL via Layer Masking (NDSS 2025)"
     protects = ("labels",)
-    adaptive_attacks = ("vmask_weight_recovery",)
+    adaptive_attacks = ("vmask_own_record", "vmask_weight_recovery")
     threat = "honest-but-curious passive parties running model completion on their bottom models"
     strength_param = "budget"
     strength_direction = "smaller is stronger"
@@ -246,6 +264,9 @@ class VMask(Defense):
         if attacker_view not in ATTACKER_VIEWS:
             raise ValueError(f"attacker_view must be 'reinit' or 'share' (the recovered view is the attack "
                              f"vmask_weight_recovery), got {attacker_view!r}")
+        if aux_size is not None and not self.uses_aux:
+            raise ValueError(f"{self.name} trains no shadow model, so it takes no auxiliary set; remove aux_size "
+                             f"(got {aux_size})")
         if sigma < 0 or (aux_size is not None and aux_size < 1) or known_per_class < 1 or mc_epochs < 1 \
                 or shadow_epochs < 1:
             raise ValueError("sigma must be >= 0 and aux_size, known_per_class, mc_epochs, shadow_epochs >= 1")
@@ -283,6 +304,7 @@ class VMask(Defense):
             context.link.serve("vmask", self._serve_active)
         else:
             self.bottom_: VMaskBottom | None = None
+            self.input_shape_: tuple[int, ...] | None = None
             self.masked_: set[int] = set()
             self.decisions_ = 0
             context.link.serve("vmask", self._serve_passive)
@@ -336,11 +358,18 @@ class VMask(Defense):
                                      f"the bottom model has {n} linear layers (0..{n - 1})")
         return chosen
 
+    def augment_features(self, part: PartySlice) -> PartySlice:
+        """At P_k: note the shape of one row of its own slice (sent in ``vmask.setup`` for the paper's
+        precondition check); the slice is unchanged."""
+        self.input_shape_ = part.sample_shape
+        return part
+
     def wrap_bottom(self, model: nn.Module, party: str) -> nn.Module:
         """At P_k: make its own bottom model maskable, send the active party its initial parameters
-        (``vmask.setup``) and mask the layers the reply names (Algorithm 4 lines 2-3). At the active
-        party: keep only the architecture of P_k's model (public, as the configuration), with its values
-        cleared, for the shadow; the values arrive in P_k's ``vmask.setup`` message."""
+        and the shape of one row of its slice (``vmask.setup``) and mask the layers the reply names
+        (Algorithm 4 lines 2-3). At the active party: keep only the architecture of P_k's model (public,
+        as the configuration), with its values cleared, for the shadow; the values arrive in P_k's
+        ``vmask.setup`` message."""
         if self.context_.party == ACTIVE:
             if party != ACTIVE:
                 architecture = copy.deepcopy(model)
@@ -356,7 +385,11 @@ class VMask(Defense):
         if not layers:
             raise CompatibilityError("vmask needs a bottom model with Linear or Conv2d layers")
         self.bottom_ = VMaskBottom(model, layers)
-        reply = self._link().call("vmask.setup", ACTIVE, *initial, meta={"layers": len(layers)}, phase="setup")
+        if self.input_shape_ is None:
+            raise CompatibilityError("vmask: P_k's half saw no slice of its own before its bottom model was built "
+                                     "(augment_features); build the party with build_federation or build_passive")
+        meta: dict[str, Scalar] = {"layers": len(layers), "input_shape": ",".join(map(str, self.input_shape_))}
+        reply = self._link().call("vmask.setup", ACTIVE, *initial, meta=meta, phase="setup")
         self._apply_mask(reply.meta, phase="setup")
         return self.bottom_
 
@@ -377,7 +410,7 @@ class VMask(Defense):
         if int(request.meta["layers"]) != n:  # type: ignore[arg-type]
             raise CompatibilityError(f"vmask: {party!r} has {request.meta['layers']} maskable layers, its shadow {n}")
         train = self._train()
-        self._check_conditions(party, shadow, n, train.batch_size)
+        self._check_conditions(party, shadow, n, train.batch_size, _input_shape(party, request.meta.get("input_shape")))
         state = PartyState(shadow=shadow,
                            shadow_opt=torch.optim.SGD(shadow.parameters(), lr=train.lr, momentum=train.momentum),
                            masked=set(), grad_norm=torch.zeros(n, dtype=torch.float64))
@@ -397,14 +430,15 @@ class VMask(Defense):
         self._apply_mask(request.meta, phase=request.phase)
         return request.reply()
 
-    def _check_conditions(self, party: str, plain: nn.Module, n: int, batch_size: int) -> None:
+    def _check_conditions(self, party: str, plain: nn.Module, n: int, batch_size: int,
+                          input_shape: tuple[int, ...]) -> None:
         """The paper's §IV-D preconditions for the eligible layers (on a copy of P_k's initial model,
-        which the active party holds as the shadow), with a warning naming the violations."""
-        if self.context_.aux is None:
-            return
+        which the active party holds as the shadow, run on two zero rows of the shape P_k sent), with a
+        warning naming the violations."""
         eligible = set(self._eligible(n))
         probe = copy.deepcopy(plain)
-        conditions = [c for c in layer_conditions(probe, self.context_.aux.x[party][:2], batch_size)
+        device = next((t.device for t in probe.parameters()), None)
+        conditions = [c for c in layer_conditions(probe, torch.zeros((2, *input_shape), device=device), batch_size)
                       if c.layer in eligible]
         self.conditions_[party] = conditions
         bad = [c for c in conditions if not c.paper_secure]
@@ -736,10 +770,13 @@ class VMaskRS(VMask):
 
 @DEFENSES.register(summary="VMask masking every eligible layer in every epoch")
 class VMaskALLS(VMask):
-    """VMask-ALLS: all eligible layers masked throughout (no selection)."""
+    """VMask-ALLS: all eligible layers masked throughout (no selection). It trains no shadow model and
+    simulates no attack, so it takes no auxiliary set: no row is held out for it (``uses_aux`` false), and
+    ``aux_size`` is refused."""
 
     name = "vmask_alls"
     selection = "all"
+    uses_aux: ClassVar[bool] = False
 
     def _initial(self, n: int) -> set[int]:
         return set(self._eligible(n))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +28,7 @@ from vflbench.data import VerticalData, known_label_indices
 from vflbench.data.sampling import aux_indices
 from vflbench.errors import CompatibilityError, ConfigError
 from vflbench.experiment.config import ExperimentConfig
-from vflbench.experiment.scenario import DEFAULT_EMBED_DIM, pool_rows
+from vflbench.experiment.scenario import DEFAULT_EMBED_DIM, pool_rows, pool_size
 from vflbench.protocol import Federation, PassiveParty, StepState
 from vflbench.protocol.grants import Grant
 from vflbench.protocol.hooks import PartyHook
@@ -44,8 +45,10 @@ def scenario_of(cfg: ExperimentConfig, vd: VerticalData) -> Scenario:
     out = 1 if single else vd.num_classes
     embed = out if cfg.train.algorithm == "vlr" else (cfg.model.embed_dim or DEFAULT_EMBED_DIM)
     assert cfg.train.aggregation and cfg.model.bottom and cfg.model.top
+    trained = len(vd.y_train) - min(pool_size(cfg, len(vd.y_train)), len(vd.y_train))
     return Scenario(cfg.train.algorithm, cfg.train.aggregation, vd.num_classes, vd.num_parties,
-                    cfg.model.bottom, cfg.model.top, embed, single)
+                    cfg.model.bottom, cfg.model.top, embed, single, epochs=cfg.train.epochs,
+                    steps_per_epoch=math.ceil(trained / cfg.train.batch_size))
 
 
 @dataclass

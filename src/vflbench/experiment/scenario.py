@@ -143,6 +143,14 @@ def active_data(vd: VerticalData, *, granted: Tensor | None = None) -> VerticalD
                         vd.y_test.clone(), info=dict(vd.info))
 
 
+def pool_size(cfg: ExperimentConfig, n: int) -> int:
+    """How many of the ``n`` training rows ``data.aux_pool`` holds out (a row count, or a share of ``n``; 0: none)."""
+    pool = cfg.data.aux_pool
+    if not pool:
+        return 0
+    return pool if isinstance(pool, int) else max(1, round(pool * n))
+
+
 def pool_rows(cfg: ExperimentConfig, y_train: Tensor) -> Tensor | None:
     """The training rows held out of every party's training as the auxiliary pool (``data.aux_pool``: a share
     of the training split, or a row count), sorted; ``None`` without a pool.
@@ -152,11 +160,11 @@ def pool_rows(cfg: ExperimentConfig, y_train: Tensor) -> Tensor | None:
     like. Attacks and defenses whose threat model keeps their auxiliary set disjoint from the training set
     (``aux_disjoint``; VMask's shadow set) draw it from this pool.
     """
-    pool = cfg.data.aux_pool
-    if not pool:
-        return None
     n = len(y_train)
-    size = pool if isinstance(pool, int) else max(1, round(pool * n))
+    size = pool_size(cfg, n)
+    if not size:
+        return None
+    pool = cfg.data.aux_pool
     if size > (n + 1) // 2:
         raise ConfigError(f"data.aux_pool {pool} holds out {size} of the {n} training rows, more than half; "
                           f"give at most {(n + 1) // 2} rows or a share of at most 0.5")

@@ -13,6 +13,12 @@ auxiliary rows (the training mean when it has none), and ``leakage = 100·(1 - M
 in points (higher = more leakage, as for label attacks): the share of the guess's error the
 attack removes, positive when it beats the guess. For images ``details`` also hold
 ``prior_ssim`` (the SSIM of the same mean guess) and ``ssim_leakage = 100·(SSIM - prior_ssim)``.
+A reconstruction is checked against the range of the victim's slice on the same reference rows
+(:func:`out_of_range_share`): ``details.out_of_range_share`` is the share of its values outside
+(``truth_out_of_range_share`` that of the true values, which the reference rows need not bound), and
+``details.out_of_range`` flags it (with a warning) when the first exceeds the second by more than
+:data:`OUT_OF_RANGE_FLAG`, so that an attack that reconstructs values the data do not take is not reported as a
+bare MSE.
 """
 
 from __future__ import annotations
@@ -54,6 +60,12 @@ log = logging.getLogger(__name__)
 
 #: A task is imbalanced when its largest class has more than this many times the rows of its smallest.
 IMBALANCE_RATIO = 1.5
+#: A reconstructed value is out of range when it lies outside the data's range on the reference rows by more than
+#: this share of the whole slice's range (:func:`out_of_range_share`).
+OUT_OF_RANGE_MARGIN = 0.05
+#: A reconstruction is flagged ``out_of_range`` when the share of its values out of range exceeds the share of the
+#: true values out of the same range (rows the reference rows do not bound) by more than this.
+OUT_OF_RANGE_FLAG = 0.05
 
 
 def imbalanced(y: Tensor, num_classes: int) -> bool:
@@ -190,6 +202,21 @@ def random_prior(metric: str, num_classes: int) -> float:
     return 0.5 if metric == "auc" else 1.0 / num_classes
 
 
+def out_of_range_share(recon: Tensor, reference: Tensor) -> float:
+    """The share of the values of ``recon`` outside the data's range on the ``reference`` rows, widened on both sides
+    by :data:`OUT_OF_RANGE_MARGIN` times the range of the whole reference slice: each feature's own minimum and
+    maximum for a tabular slice (rows x features), the slice's for an image strip (every pixel takes the same range,
+    and a pixel that happens to be blank in the reference rows is no bound). Non-finite values count as outside."""
+    ref = reference.float()
+    if ref.dim() == 2:
+        low, high = ref.amin(0, keepdim=True), ref.amax(0, keepdim=True)
+    else:
+        low, high = ref.min(), ref.max()
+    margin = OUT_OF_RANGE_MARGIN * float(ref.max() - ref.min())
+    outside = ~torch.isfinite(recon) | (recon < low - margin) | (recon > high + margin)
+    return float(outside.float().mean())
+
+
 def feature_prior(truth: Tensor, aux: AuxData | None, train_slice: Tensor | None) -> float:
     """MSE of guessing the per-feature mean of the victim's slice (aux rows, else all training rows)."""
     reference = aux.victim if aux is not None else train_slice
@@ -217,15 +244,25 @@ def score_features(inf: FeatureInference, run: TrainedRun, victims: Sequence[str
     truth = truth.float()
     train_slice = victim_features(run.data, victims, "train")[0] if aux is None else None
     recon = inf.features.detach().float().to(truth.device).reshape(truth.shape)
+    reference = aux.victim if aux is not None else train_slice
+    assert reference is not None
+    outside = out_of_range_share(recon, reference.to(truth.device))
+    natural = out_of_range_share(truth, reference.to(truth.device))
     recon = torch.nan_to_num(recon, nan=0.0, posinf=0.0, neginf=0.0)
     value = float(((recon - truth) ** 2).mean())
     prior = feature_prior(truth, aux, train_slice)
     details: dict[str, Any] = {**inf.details, "split": inf.split, "n_targets": len(inf.ids), "mse": value,
-                               "prior_mse": prior}
+                               "prior_mse": prior, "out_of_range_share": outside,
+                               "truth_out_of_range_share": natural,
+                               "out_of_range": outside > natural + OUT_OF_RANGE_FLAG,
+                               "range_reference": "aux rows" if aux is not None else "training slice"}
+    if details["out_of_range"]:
+        log.warning("feature attack on %s: %.1f%% of the reconstructed values lie outside the range of the victim's "
+                    "slice on the %s (%.1f%% of the true values; MSE %.4g against the mean guess's %.4g): the attack "
+                    "reconstructs values the data do not take", "+".join(victims), 100 * outside,
+                    details["range_reference"], 100 * natural, value, prior)
     if part.kind == "image" and truth.dim() == 4:
         details["ssim"] = float(ssim(recon, truth, data_range=1.0).mean())
-        reference = aux.victim if aux is not None else train_slice
-        assert reference is not None
         guess = reference.float().mean(0, keepdim=True).expand_as(truth).contiguous()
         details["prior_ssim"] = float(ssim(guess, truth, data_range=1.0).mean())
     parties = {p.name: p for p in run.federation.passives}

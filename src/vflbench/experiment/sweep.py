@@ -535,8 +535,24 @@ def _write_run_files(runs: Path, files: dict[str, bytes]) -> None:
             raise
 
 
-def _defense_label(defenses: list[dict[str, Any]]) -> str:
-    return "+".join(d["name"] for d in defenses) or NO_DEFENSE
+def _defense_label(defenses: list[dict[str, Any]], coords: dict[str, Any] | None = None) -> str:
+    """The defenses' names joined by ``+`` and, in brackets, the sweep grid's values of their parameters other than
+    the strength knob (e.g. ``vmask_alls [sigma=0.1]``): points that differ in them are different defenses, never
+    averaged together (the strength knob has its own column)."""
+    from vflbench.defenses import DEFENSES
+
+    label = "+".join(d["name"] for d in defenses) or NO_DEFENSE
+    extra = []
+    for key, value in (coords or {}).items():
+        parts = key.split(".")
+        if parts[0] != "defenses" or len(parts) < 3 or not parts[1].isdigit() or int(parts[1]) >= len(defenses):
+            continue
+        name = defenses[int(parts[1])]["name"]
+        knob = getattr(DEFENSES.get(name).factory, "strength_param", None) if name in DEFENSES else None
+        if parts[2] not in ("strength", knob):
+            extra.append(f"{'.'.join(parts[2:])}={json.dumps(value)}" if len(defenses) == 1
+                         else f"{name}.{'.'.join(parts[2:])}={json.dumps(value)}")
+    return label + (f" [{', '.join(extra)}]" if extra else "")
 
 
 def _strength(defenses: list[dict[str, Any]]) -> float | None:
@@ -600,7 +616,7 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
         result = json.loads(path.read_text())
         cfg = point.config
         base = {"dataset": cfg.data.name, "algorithm": cfg.train.algorithm, "setting": _setting(point),
-                "defense": _defense_label(result["defense"]),
+                "defense": _defense_label(result["defense"], point.coords),
                 "strength": _strength(result["defense"]), "seed": cfg.seed, "config_hash": point.hash,
                 "confidence": cfg.evaluation.confidence,
                 "utility_metric": result["utility"]["metric"], "utility": result["utility"]["value"],

@@ -52,6 +52,7 @@ from vflbench.attacks.base import (
     Scenario,
     Target,
     require,
+    require_training,
     victims_of,
 )
 from vflbench.data.base import PartySlice
@@ -378,8 +379,10 @@ class MaliciousActiveAttack(Attack):
     # -- threat model --------------------------------------------------------------------
 
     def check(self, scenario: Scenario) -> None:
-        """Remember the public scenario (bottom architecture, embedding width, classes)."""
+        """Remember the public scenario (bottom architecture, embedding width, classes); refuse a training too short
+        for the attack (:func:`~vflbench.attacks.base.require_training`)."""
         require(scenario.num_parties >= 2, self.name, "it needs at least one passive party")
+        require_training(self, scenario, before=self.honest_epochs)
         self.scenario_ = scenario
 
     def corrupt(self, party: Any, known: KnownLabels | None, aux: AuxData | None = None,

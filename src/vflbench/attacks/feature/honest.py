@@ -54,6 +54,7 @@ from vflbench.attacks.base import (
     Scenario,
     Target,
     require,
+    require_training,
 )
 from vflbench.attacks.feature.common import EVAL_CHUNK, class_indices, received_from
 from vflbench.data.base import PartySlice
@@ -306,8 +307,10 @@ class CuriousActiveAttack(Attack):
         return True
 
     def check(self, scenario: Scenario) -> None:
-        """Remember the public scenario; the top model can only be run with one passive party."""
+        """Remember the public scenario; the top model can only be run with one passive party; refuse a training too
+        short for the attack (:func:`~vflbench.attacks.base.require_training`)."""
         require(scenario.num_parties >= 2, self.name, "it needs a passive party to attack")
+        require_training(self, scenario)
         if self.uses_top():
             require(scenario.num_parties == 2, self.name,
                     f"it runs the active party's top model on a simulated embedding of the victim, which needs "

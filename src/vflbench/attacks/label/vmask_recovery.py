@@ -29,6 +29,10 @@ scratch (or local) prior is the same number.
 Reconstruction errors against the true effective weights are computed for reporting only, after
 the recovery, through :meth:`MaskableLayer.evaluation_only_effective_weight` (a simulation oracle
 that neither party has); nothing the attack infers depends on them.
+
+``vmask_own_record`` (:class:`VMaskOwnRecord`) is the same attacker without the solve: every masked
+layer gets ``W_known`` alone (P_k's weight before masking plus its own updates), which misses only
+the active party's ``N(0, sigma^2)`` noise; it reads no opening and no evaluation oracle.
 """
 
 from __future__ import annotations
@@ -84,7 +88,8 @@ class LayerRecorder:
 
     An observer of the layer's :class:`~vflbench.mpc.observation.ObservationPoint`: it keeps P_k's weight
     before masking and its share at masking, and folds every forward and backward opening (up to
-    ``max_openings`` each) into weighted normal equations. A new masking starts a new episode. The record and
+    ``max_openings`` each; ``0``: none, the record is then only what :meth:`known` needs) into weighted
+    normal equations. A new masking starts a new episode. The record and
     its solve are kept on the CPU in float64 whatever device the layer runs on (small dense linear algebra; the
     openings it folds are copied there, at most ``max_openings`` per stage and episode).
     """
@@ -271,8 +276,86 @@ def solve_conv(rec: LayerRecorder) -> tuple[Tensor, Tensor, dict[str, Any]]:
     return r_mat.reshape(c_out, c_in, kh, kw), r_b, info
 
 
+class RecordedVMaskAttack(ModelCompletion):
+    """Base of the attacks of a passive party P_k that keeps its own record of its VMask-masked layers.
+
+    Before training (:meth:`observe`, P_k's own code) it attaches a :class:`LayerRecorder` to every
+    maskable layer of P_k's VMask bottom model. After training, each layer masked at the end gets the
+    weights :meth:`fill` gives it in P_k's copy of its model (in place of the paper's re-initialisation),
+    and model completion runs on that model with model completion's recipe, known labels and random
+    stream (``shares_draws_with``). Without VMask (or with no layer masked at the end) it is model
+    completion on the trained model.
+    """
+
+    shares_draws_with = "model_completion"
+    attacker_view: ClassVar[str] = "recovered"
+    """What ``details.attacker_view`` says of the model the attack completes when some layer ends masked."""
+
+    def _openings(self) -> int | None:
+        """How many openings per stage and layer the recorders fold (``None``: all; ``0``: none)."""
+        return 0
+
+    def _check_every_epoch(self, every_epoch: bool) -> None:
+        if every_epoch:
+            raise ValueError("every_epoch is not supported: the masked weights are taken from the final masking "
+                             "episode, at the end of training")
+
+    def observe(self, party: Any) -> None:
+        """Attach a recorder to every maskable layer of P_k's VMask bottom model (P_k's own code)."""
+        self.recorders_: dict[str, tuple[MaskableLayer, LayerRecorder]] = {}
+        bottom = party.bottom
+        vmask = [m for m in bottom.modules() if isinstance(m, VMaskBottom)] if bottom is not None else []
+        for vb in vmask[:1]:
+            for name, layer in vb.named_layers():
+                rec = LayerRecorder(layer, max_openings=self._openings())
+                layer.observation.attach(rec)
+                self.recorders_[name] = (layer, rec)
+
+    def infer(self, view: PartyView) -> LabelInference:  # noqa: D102
+        bottom = view.bottom()
+        masked = bottom.masked if isinstance(bottom, AttackerBottom) else ()
+        reports = [self._install(bottom, name) for name in masked] if isinstance(bottom, AttackerBottom) else []
+        result = self.complete(view, bottom)
+        result.details.update(attacker_view=self.attacker_view if masked else "plain", layers=reports,
+                              unsolvable=[r["name"] for r in reports if not r.get("solvable", True)])
+        return result
+
+    @torch.no_grad()
+    def _install(self, bottom: AttackerBottom, name: str) -> dict[str, Any]:
+        """Put :meth:`fill`'s weights of masked layer ``name`` into P_k's copy ``bottom``; its report."""
+        layer, rec = self.recorders_[name]
+        if not rec.open:
+            raise RuntimeError(f"{self.name}: no record of the masking of {name!r}")
+        target = bottom.inner.get_submodule(name)
+        assert isinstance(target, (nn.Linear, nn.Conv2d))
+        w_hat, b_hat, report = self.fill(name, layer, rec)
+        target.weight.copy_(w_hat)
+        if b_hat is not None and target.bias is not None:
+            target.bias.copy_(b_hat)
+        self.evaluation_only(layer, rec, w_hat, b_hat, report)
+        return report
+
+    def evaluation_only(self, layer: MaskableLayer, rec: LayerRecorder, w_hat: Tensor, b_hat: Tensor | None,
+                        report: dict[str, Any]) -> None:
+        """EVALUATION ONLY, after the weights are in place: add to ``report`` what a simulation oracle says of
+        them (nothing by default; no inference may depend on it)."""
+
+    def fill(self, name: str, layer: MaskableLayer,
+             rec: LayerRecorder) -> tuple[Tensor, Tensor | None, dict[str, Any]]:
+        """The weight and bias P_k puts into masked layer ``name`` (``layer``, its record ``rec``), and a report."""
+        raise NotImplementedError
+
+    @staticmethod
+    def own_record(layer: MaskableLayer, rec: LayerRecorder) -> tuple[Tensor, Tensor | None]:
+        """``W_known`` of ``layer`` (float64, on the CPU): P_k's weight before masking plus its own updates,
+        from its record ``rec`` and its own current shares."""
+        shares = layer.own_shares()
+        frac = layer.shared.frac_bits if layer.shared is not None else 16
+        return rec.known(shares[0], shares[1], frac)
+
+
 @ATTACKS.register(summary="VMask's passive party solves its masked weights from the openings; model completion on them")
-class VMaskWeightRecovery(ModelCompletion):
+class VMaskWeightRecovery(RecordedVMaskAttack):
     """Model completion on the bottom model whose masked layers P_k recovered from what VMask's
     protocol reconstructs to it (module docstring). ``max_openings`` openings per stage and layer
     (``None``: all) of the final masking episode are used; ``fallback`` is what a layer gets in
@@ -283,7 +366,6 @@ class VMaskWeightRecovery(ModelCompletion):
 
     name = "vmask_weight_recovery"
     reads: ClassVar[tuple[str, ...]] = ("bottom_model", "masked_layer_openings")
-    shares_draws_with = "model_completion"
     paper = ("adaptive attack on Tan et al., VMask (NDSS 2025), Algorithm 5 / §IV-D; then Fu et al. model "
              "completion (USENIX Security 2022)")
     threat = ("honest-but-curious passive party P_k that keeps its weight before masking, its own updates and "
@@ -299,68 +381,87 @@ class VMaskWeightRecovery(ModelCompletion):
                          batch_size=batch_size, head_hidden=head_hidden, finetune_bottom=finetune_bottom,
                          select=select, val_per_class=val_per_class, prior=prior, every_epoch=every_epoch,
                          momentum=momentum, metric=metric)
-        if every_epoch:
-            raise ValueError("every_epoch is not supported: the weights are recovered from the final masking "
-                             "episode, at the end of training")
+        self._check_every_epoch(every_epoch)
         self.max_openings = max_openings
         self.fallback = fallback
         if max_openings is not None and max_openings < 1:
             raise ValueError(f"max_openings must be >= 1 or None, got {max_openings}")
         if fallback not in ("tracked", "share"):
             raise ValueError(f"fallback must be 'tracked' or 'share', got {fallback!r}")
-        self.recorders_: dict[str, tuple[MaskableLayer, LayerRecorder]] = {}
 
-    def observe(self, party: Any) -> None:
-        """Attach a recorder to every maskable layer of P_k's VMask bottom model (P_k's own code)."""
-        bottom = party.bottom
-        vmask = [m for m in bottom.modules() if isinstance(m, VMaskBottom)] if bottom is not None else []
-        for vb in vmask[:1]:
-            for name, layer in vb.named_layers():
-                rec = LayerRecorder(layer, max_openings=self.max_openings)
-                layer.observation.attach(rec)
-                self.recorders_[name] = (layer, rec)
+    def _openings(self) -> int | None:
+        return self.max_openings
 
-    def infer(self, view: PartyView) -> LabelInference:  # noqa: D102
-        bottom = view.bottom()
-        masked = bottom.masked if isinstance(bottom, AttackerBottom) else ()
-        reports = [self._recover(bottom, name) for name in masked] if isinstance(bottom, AttackerBottom) else []
-        result = self.complete(view, bottom)
-        result.details.update(attacker_view="recovered" if masked else "plain",
-                              layers=[asdict(r) for r in reports],
-                              unsolvable=[r.name for r in reports if not r.solvable])
-        return result
-
-    @torch.no_grad()
-    def _recover(self, bottom: AttackerBottom, name: str) -> LayerRecovery:
-        """Replace the stand-in of masked layer ``name`` by the recovered weights; report it."""
-        layer, rec = self.recorders_[name]
-        target = bottom.inner.get_submodule(name)
-        assert isinstance(target, (nn.Linear, nn.Conv2d))
-        shares = layer.own_shares()
-        frac = layer.shared.frac_bits if layer.shared is not None else 16
-        if not rec.open:
-            raise RuntimeError(f"vmask_weight_recovery: no record of the masking of {name!r}")
-        w_known, b_known = rec.known(shares[0], shares[1], frac)
+    def fill(self, name: str, layer: MaskableLayer,
+             rec: LayerRecorder) -> tuple[Tensor, Tensor | None, dict[str, Any]]:
+        """The recovered weights ``W_known + R`` of the masked layer, and its :class:`LayerRecovery` (as a dict)."""
+        w_known, b_known = self.own_record(layer, rec)
         r, r_b, info = (solve_conv if rec.conv else solve_linear)(rec)
         w_hat, b_hat = w_known + r, (None if b_known is None else b_known + r_b)
         used = info.pop("used")
         if not info["solvable"] and self.fallback == "share":
-            w_hat = shares[0].to(torch.float64) * 2.0**-frac
-            b_hat = None if shares[1] is None else shares[1].to(torch.float64) * 2.0**-frac
+            shares = layer.own_shares()
+            frac = layer.shared.frac_bits if layer.shared is not None else 16
+            w_hat = shares[0].to("cpu", torch.float64) * 2.0**-frac
+            b_hat = None if shares[1] is None else shares[1].to("cpu", torch.float64) * 2.0**-frac
             used = "P_k's decoded share (fallback: share; neither channel has full rank)"
         elif not info["solvable"]:
             used += "; directions neither channel sees keep W_known (fallback: tracked)"
-        target.weight.copy_(w_hat)
-        if b_hat is not None and target.bias is not None:
-            target.bias.copy_(b_hat)
         report = LayerRecovery(name=name, kind="conv" if rec.conv else "linear",
                                forward_openings=rec.counts["forward"], backward_openings=rec.counts["backward"],
                                used=used, **info)
-        report.evaluation_only = _evaluation_only_errors(layer, rec, w_hat, b_hat, w_known, b_known)
         if not report.solvable:
             log.info("vmask_weight_recovery: layer %s not solvable (forward rank %d/%d, backward rank %d/%d)", name,
                      report.forward_rank, report.forward_full_rank, report.backward_rank, report.backward_full_rank)
-        return report
+        return w_hat, b_hat, asdict(report)
+
+    def evaluation_only(self, layer: MaskableLayer, rec: LayerRecorder, w_hat: Tensor, b_hat: Tensor | None,
+                        report: dict[str, Any]) -> None:
+        """EVALUATION ONLY: the recovered layer's errors against the true effective weights
+        (:func:`_evaluation_only_errors`), in ``report["evaluation_only"]``."""
+        w_known, b_known = self.own_record(layer, rec)
+        report["evaluation_only"] = _evaluation_only_errors(layer, rec, w_hat, b_hat, w_known, b_known)
+
+
+@ATTACKS.register(summary="VMask's passive party runs model completion on its own record of its masked weights "
+                          "(no solve)")
+class VMaskOwnRecord(RecordedVMaskAttack):
+    """Model completion on the bottom model whose masked layers P_k fills with its own record:
+    ``W_known``, its weight before masking plus the updates it applied to its share since (it computes
+    them itself from its inputs and the reconstructed gradients). No opening is folded and nothing is
+    solved; the only thing missing from the effective weight is the active party's fixed
+    ``N(0, sigma^2)`` noise ``R`` (Algorithm 1), which VMask's §IV-D says keeps P_k from tracking its
+    weights. Reads no evaluation oracle. Same recipe, known labels and random stream as
+    ``model_completion`` (``shares_draws_with``), so its value compares directly with the paper's
+    attacker (``model_completion``) and with ``vmask_weight_recovery`` (the exact solve).
+    """
+
+    name = "vmask_own_record"
+    reads: ClassVar[tuple[str, ...]] = ("bottom_model", "own_masked_weights")
+    attacker_view: ClassVar[str] = "own_record"
+    paper = ("adaptive attack on Tan et al., VMask (NDSS 2025), Algorithm 1 / §IV-D (P_k's own record, no "
+             "solve); then Fu et al. model completion (USENIX Security 2022)")
+    threat = ("honest-but-curious passive party P_k that keeps its weight before masking and its own updates, and "
+              "holds a few labelled samples")
+
+    def __init__(self, *, party: str = "passive_1", known_per_class: int = 4, epochs: int = 50,
+                 optimizer: Literal["adam", "sgd"] = "adam", lr: float = 1e-3, batch_size: int | None = 16,
+                 head_hidden: int = 64, finetune_bottom: bool = True, select: Selection = "last",
+                 val_per_class: int = 1, prior: Prior = "local", every_epoch: bool = False, momentum: float = 0.9,
+                 metric: LabelMetric = "auto") -> None:
+        super().__init__(party=party, known_per_class=known_per_class, epochs=epochs, optimizer=optimizer, lr=lr,
+                         batch_size=batch_size, head_hidden=head_hidden, finetune_bottom=finetune_bottom,
+                         select=select, val_per_class=val_per_class, prior=prior, every_epoch=every_epoch,
+                         momentum=momentum, metric=metric)
+        self._check_every_epoch(every_epoch)
+
+    def fill(self, name: str, layer: MaskableLayer,
+             rec: LayerRecorder) -> tuple[Tensor, Tensor | None, dict[str, Any]]:
+        """``W_known`` of the masked layer (:meth:`RecordedVMaskAttack.own_record`) and what was used."""
+        w_known, b_known = self.own_record(layer, rec)
+        return w_known, b_known, {"name": name, "kind": "conv" if rec.conv else "linear",
+                                  "used": "P_k's own record: its weight before masking plus its own updates "
+                                          "(no solve)"}
 
 
 def _evaluation_only_errors(layer: MaskableLayer, rec: LayerRecorder, w_hat: Tensor, b_hat: Tensor | None,
