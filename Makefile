@@ -34,12 +34,17 @@ demo: $(STAMP)
 	@echo "==> training the demo: a 2-party VHNN on the embedded digits data, vs the active party alone"
 	$(BIN)/vflbench run configs/demo.yaml --out runs/demo
 
+# Tests run in parallel (pytest-xdist), one worker per core, a test file per worker at a time (so that a file's
+# shared trained fixtures are built once); PYTEST_WORKERS=0 runs them in this process.
+PYTEST_WORKERS ?= auto
+PYTEST_ARGS := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The core tests (everything not marked slow), for a developer's edit loop: under a minute.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
