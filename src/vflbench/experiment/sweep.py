@@ -1,5 +1,6 @@
-"""Sweeps: expand a grid of strengths, defenses and seeds; train each point once (cached by
-config hash, resumable); collect the tidy results table and the privacy-utility scores.
+"""Sweeps: expand a grid of strengths, defenses and seeds; train each point into ``runs/<config hash>/``
+(every point again, unless ``resume`` skips those whose ``result.json`` exists; the undefended run that
+defended points share is trained once); collect the tidy results table and the privacy-utility scores.
 """
 
 from __future__ import annotations
