@@ -216,7 +216,8 @@ class VMask(Defense):
     a run shortened to fewer VFL epochs give the shadow model the paper's number of steps.
     ``protocol``: how the masked layers' products are computed (:func:`~vflbench.mpc.parties.resolve_protocol`;
     ``None``: ``fixed_mask`` with ``truncation: reveal``, ``beaver`` with ``secureml``); ``fixed_mask`` and
-    ``beaver`` give the same numbers with ``reveal`` and differ only in their traffic (docs/decisions/vmask.md, issue 26).
+    ``beaver`` give the same numbers with ``reveal`` and differ only in their traffic (docs/decisions/vmask.md,
+    issue 26).
 
     One instance runs at every party (side ``both``) and the instances talk only through the
     channel. At P_k: :meth:`wrap_bottom` makes P_k's own bottom model maskable and sends its initial
