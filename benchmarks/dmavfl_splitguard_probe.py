@@ -9,7 +9,7 @@ decision, the score and its four components, plus the norm of every fake and reg
 to ``OUT/<run>.json``; it prints a summary: where the mean of the last 10 scores first falls below
 0.9 and which term made x small there.
 
-Run:  .venv/bin/python benchmarks/dmavfl_splitguard_probe.py --data-root /work/shared/datasets --out runs/sg_probe
+Run:  .venv/bin/python benchmarks/dmavfl_splitguard_probe.py --data-root ../shared/datasets --out runs/sg_probe
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 # Download, here, the wheels the lent GPU machine lacks into .whl/ (git-ignored), for benchmarks/gpu_check.py.
 #
 # The GPU machine (Python 3.12, torch 2.11+cu130, no network) has torch, numpy, scikit-learn, pandas, matplotlib,
-# PyYAML, typer, rich, msgpack, grpcio, hypothesis, pytest and pytest-xdist (/work/.library/device/KINDS.md), but
+# PyYAML, typer, rich, msgpack, grpcio, hypothesis, pytest and pytest-xdist (per the machine's own list of installed packages), but
 # not what vflbench imports beside them: pydantic (with pydantic-core, annotated-types, typing-inspection and a
 # typing-extensions new enough for them), cryptography (with cffi and pycparser: the net extra's mTLS), phe and
 # gmpy2 (the he extra). Pinned to the versions this project's venv runs; cp312 manylinux x86_64 wheels.

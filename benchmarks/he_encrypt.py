@@ -1,7 +1,7 @@
 """Encryption cost in ``vflbench.he``: phe's ``raw_encrypt`` against the raw-integer path, with and without CRT.
 
 Times ``rows`` fresh encryptions per method, ``rounds`` times interleaved, and prints milliseconds per value
-(median and min). docs/performance.md records a run.
+(median and min). docs/notes/performance_history.md records a run.
 
 Run: .venv/bin/python benchmarks/he_encrypt.py [--bits 1024 2048] [--rows 64] [--rounds 9]
 """

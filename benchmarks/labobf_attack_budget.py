@@ -4,7 +4,7 @@ The paper gives neither the MixMatch attack's budget (epochs, steps per epoch) n
 epochs it reports. This study trains the raw and the LabObf model of
 ``configs/repro/labobf_epsilon_scaled_{raw,labobf}.yaml`` once per seed, at the configs' epochs
 times ``--epoch-factor`` (10 by default: the setting where LabObf's model trains and costs the
-paper's accuracy, docs/reproduction_labobf.md), and runs Fu et al.'s MixMatch attack at several
+paper's accuracy, docs/notes/reproduction_labobf.md), and runs Fu et al.'s MixMatch attack at several
 budgets (``--budgets``: MixMatch epochs of 256 steps; 10 is the reproduction's) on both:
 
 * R_upper: the attack from the raw run's bottom model;

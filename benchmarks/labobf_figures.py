@@ -16,7 +16,7 @@ are compared with the trends it states. One record per dataset and seed, ``OUT/f
 written atomically; an interrupted study resumes.
 
 Run:  .venv/bin/python benchmarks/labobf_figures.py --out runs/labobf_figures --dataset credit \\
-          --data-root /work/shared/datasets
+          --data-root ../shared/datasets
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ the JSON). Key generation is timed separately.
 
 To add a method, append an entry to ``METHODS`` and pass ``--methods ... <key>``.
 
-Run: .venv/bin/python benchmarks/paillier_vs_vmask.py --data-root /work/shared/datasets \\
-         --steps 500 --slow-steps 5 --out /tmp/he/paillier_vs_vmask.json   (docs/performance_he.md)
+Run: .venv/bin/python benchmarks/paillier_vs_vmask.py --data-root ../shared/datasets \\
+         --steps 500 --slow-steps 5 --out /tmp/he/paillier_vs_vmask.json   (docs/notes/performance_he.md)
 """
 
 from __future__ import annotations

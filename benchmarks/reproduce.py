@@ -5,11 +5,11 @@ CLI does. A run whose ``result.json`` already exists in ``OUT`` is not run again
 interrupted reproduction resumes where it stopped. Prints (and with ``--table`` writes) a
 markdown table of our numbers against the paper's.
 
-Run:  .venv/bin/python benchmarks/reproduce.py --data-root /work/shared/datasets \\
+Run:  .venv/bin/python benchmarks/reproduce.py --data-root ../shared/datasets \\
           --out runs/repro --table runs/repro/table.md [--extra] [CONFIG ...]
 
 ``--extra`` also runs the documented alternative attack settings in ``EXTRA`` (see
-docs/reproduction.md); they are reported as extra rows, never in place of the main rows. An
+docs/notes/reproduction.md); they are reported as extra rows, never in place of the main rows. An
 extra setting that changes only post-training attacks (or only the seed, to repeat the attack
 with other known labels and head initialisation) is not trained again: the attacks run on
 the main run's saved final checkpoint (``OUT/<main hash>/checkpoints``), and the result is

@@ -8,7 +8,7 @@ swapped and defenses added. Experiments run one after another; each writes
 JSON exists is not run again, so an interrupted reproduction resumes. ``--report`` then writes
 the markdown table (``--table``) and the PNGs (``--img``) from what is in ``OUT``.
 
-Run:  .venv/bin/python benchmarks/reproduce_dmavfl.py --data-root /work/shared/datasets \\
+Run:  .venv/bin/python benchmarks/reproduce_dmavfl.py --data-root ../shared/datasets \\
           --out /tmp/dmavfl/runs [--only NAME ...] [--report --table T.md --img docs/img]
 
 ``--detector-rates`` instead runs the sweep ``configs/repro/dmavfl_digits_detectors.yaml`` (SplitGuard at the
@@ -141,7 +141,7 @@ def _targets(n: int) -> dict[str, Any]:
 
 
 # DMAVFL Table 6 (number of target clients; the paper's rows are on IOT, not available here, so
-# no paper value is attached to these Credit runs: docs/reproduction_dmavfl.md compares trends)
+# no paper value is attached to these Credit runs: docs/notes/reproduction_dmavfl.md compares trends)
 EXPERIMENTS.update({
     f"credit_{attack}_targets{n}": Experiment("dmavfl_credit", attack,
                                               attack_params={"victim": [f"passive_{i + 1}" for i in range(n)]},
@@ -661,7 +661,7 @@ def figure6_png(out: Path, path: Path, dataset: str) -> None:
     detector_scores(runs, panels, path, f"DMAVFL Figure 6 ({dataset}, paper configuration)")
 
 
-#: the rows of "Gradients Scrutinizer on DMAVFL: cause located?" (docs/reproduction_dmavfl.md)
+#: the rows of "Gradients Scrutinizer on DMAVFL: cause located?" (docs/notes/reproduction_dmavfl.md)
 GS_CAUSE_ROWS = ["cause_mnist_conv_map_gs_honest", "cause_mnist_conv_map_gs_dmavfl",
                  "cause_mnist_conv_map_gs_dmavfl_urvfl_update", "cause_mnist_conv_map_gs_dmavfl_cnn_bn_eq5",
                  "cause_mnist_conv_map_gs_dmavfl_cnn_bn", "cause_mnist_conv_map_gs_dmavfl_shadow_train",

@@ -12,7 +12,7 @@ interrupted reproduction resumes), and prints (with ``--table``, writes) two mar
   samples) and PRECODE in VHNN and VSNN: SSIM of the reconstruction (epsilon_p) and the drop of
   test accuracy against our unprotected run (epsilon_u, points).
 
-Run:  .venv/bin/python benchmarks/reproduce_feature_attacks.py --data-root /work/shared/datasets \\
+Run:  .venv/bin/python benchmarks/reproduce_feature_attacks.py --data-root ../shared/datasets \\
           --out runs/repro_feature --table runs/repro_feature/table.md [--only dmavfl|kang] [--extra] [--no-run]
 """
 

@@ -17,7 +17,7 @@ Results are cached per (config, seed) as ``OUT/<name>-s<seed>.json``: an interru
 resumes. Prints (and with ``--table`` writes) markdown tables, ours (mean +- std over seeds) vs
 the paper's.
 
-Run:  .venv/bin/python benchmarks/reproduce_labobf.py --data-root /work/shared/datasets \\
+Run:  .venv/bin/python benchmarks/reproduce_labobf.py --data-root ../shared/datasets \\
           --out runs/labobf --seeds 0 1 2 --table runs/labobf/table.md
 """
 

@@ -9,7 +9,7 @@ machine hit both sides alike. Reported: median milliseconds per step and the rat
 (and the median of per-block ratios). A second experiment interleaves the VFL loop with
 ``torch.set_num_threads(1)`` and ``(2)``.
 
-Run: .venv/bin/python benchmarks/vfl_vs_centralized.py --data-root /work/shared/datasets \\
+Run: .venv/bin/python benchmarks/vfl_vs_centralized.py --data-root ../shared/datasets \\
          --out /tmp/bench/vfl_vs_centralized.json
 """
 

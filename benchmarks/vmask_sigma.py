@@ -5,7 +5,7 @@ VMask-ALLS at every σ of the grid and the undefended run, seeds 0-2, each attac
 times on every trained model. Every point is cached in ``OUT/<pair>/runs/<config hash>/`` by ``vflbench sweep``, so
 a rerun (after an interruption, or with more σ values: ``--sigmas``) runs only the points it lacks. Then it writes,
 per pair, ``DATA/vmask_sigma_<pair>.csv`` (one row per σ and attack) and ``DATA/vmask_sigma.json`` (all pairs),
-and prints the tables of docs/reproduction.md:
+and prints the tables of docs/notes/reproduction.md:
 
 * main accuracy (%): mean and 95% interval over seeds; its loss against the undefended run of the same seed,
   paired by seed (``utility_loss``, points; positive = VMask costs accuracy);
@@ -17,7 +17,7 @@ A σ *protects* against an attack when the interval of ε_p − ε_p(undefended)
 under 2 points* when the upper end of the utility loss's interval is below 2 (and, as a point estimate, when its
 mean is).
 
-Run:  /work/bin/cpuslot .venv/bin/python benchmarks/vmask_sigma.py --out runs/vmask_sigma \\
+Run:  .venv/bin/python benchmarks/vmask_sigma.py --out runs/vmask_sigma \\
           --data-root ../shared/datasets [--pairs tabmnist_mlp3 mnist_lenet5] [--sigmas 0.01 0.1 1.0] \\
           [--set data.test_size=2000] [--summarise-only]
 
@@ -147,7 +147,7 @@ def _cell(entry: dict[str, float], sign: bool = False) -> str:
 
 
 def table(records: list[dict[str, Any]]) -> str:
-    """The markdown table of docs/reproduction.md for one pair."""
+    """The markdown table of docs/notes/reproduction.md for one pair."""
     head = ["σ", "main acc. (%)", "acc. loss (points)"] + [f"{SHORT[a]}: leakage" for a in ATTACKS] + [
         f"{SHORT[a]}: vs undefended" for a in ATTACKS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]

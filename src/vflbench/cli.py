@@ -305,7 +305,9 @@ def sweep(
                                                         "definition changed since it started")] = False,
     device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N (train.device)")] = None,
 ) -> None:
-    """Run every point of a sweep (cached by config hash) and write summary.csv and scores.csv."""
+    """Run every point of a sweep into OUT/runs/<config hash>/ and write summary.csv and scores.csv; every point is
+    trained again unless --resume skips those whose result.json exists (only for the sweep OUT/sweep.yaml records:
+    a changed definition is refused unless --force), and defended points share their undefended run."""
     from vflbench.experiment.config import check_components, read_config
     from vflbench.experiment.workers import start_sweep_workers
 

@@ -3,7 +3,7 @@
 ``train.device`` is ``auto``, ``cpu``, ``cuda`` or ``cuda:N``. ``auto`` is ``$VFLBENCH_DEVICE`` when that
 is set (one of the other choices), else ``cuda`` when ``torch.cuda.is_available()``, else ``cpu``.
 
-What runs where (docs/decisions.md, "Devices"): every model, activation, gradient, label and feature
+What runs where (docs/decisions/devices.md, "Devices"): every model, activation, gradient, label and feature
 tensor of a run, and VMask's ring arithmetic, live on the chosen device; row ids (batch orders, auxiliary
 sets) stay on the CPU, as does every ``torch.Generator``: random tensors are drawn on the CPU and then moved
 (``.to(x.device)``; :func:`vflbench.rng.fill_` for initialisers), so draws and initial weights are

@@ -8,7 +8,7 @@ attacks whose auxiliary set is disjoint from the training set take the pool of h
 size is the paper's setting, given in the data section: SDAR's original 1:1 (``aux_pool: 0.5``, 718
 and 228 rows), DMAVFL's 1:10 (``0.0909``), PCAT's 10%. Only the VFL epochs are set: 10 (the library's default) for the
 honest attacks, 25 (URVFL's) for DMAVFL, whose distribution transfer has not converged after 10
-epochs here (docs/decisions.md). The whole file takes about 30 s of CPU (55 s wall on a shared core).
+epochs here (docs/decisions/attacks.md). The whole file takes about 30 s of CPU (55 s wall on a shared core).
 
 PCAT is tested on ``breast_cancer`` only: on ``digits`` its pseudo-client is not the victim's
 bottom model and its decoder does worse than the mean guess on the victim's embeddings, as in

@@ -20,10 +20,10 @@ from vflbench.experiment.scenario import load_vertical_data
 from vflbench.experiment.scoring import OUT_OF_RANGE_FLAG, out_of_range_share, score_features
 
 #: Every feature attack at the library's default training (10 epochs) on digits and breast_cancer, with its
-#: defaults (measured, seeds 0 and 1; docs/decisions.md, issue 25): ``refuses`` (it declares the epochs its default
-#: recipe needs), ``beats`` (the mean guess on both), ``method`` (worse than the mean guess on digits by its method,
-#: as in DMAVFL Table 1, also after 25 epochs: reported with negative leakage), ``ties`` (within 3% of the mean
-#: guess: AGN's generator learns nothing in 10 epochs; after 25 it blows up on breast_cancer, which is flagged).
+#: defaults (measured, seeds 0 and 1; docs/decisions/attacks.md, issue 25): ``refuses`` (it declares the epochs its
+#: default recipe needs), ``beats`` (the mean guess on both), ``method`` (worse than the mean guess on digits by its
+#: method, as in DMAVFL Table 1, also after 25 epochs: reported with negative leakage), ``ties`` (within 3% of the
+#: mean guess: AGN's generator learns nothing in 10 epochs; after 25 it blows up on breast_cancer, which is flagged).
 AT_DEFAULT_EPOCHS = {"dmavfl": "refuses", "dmavfl_sync": "refuses", "fsha": "refuses", "sdar": "beats",
                      "model_inversion": "beats", "pcat": "method", "gia": "method", "grna": "method", "agn": "ties"}
 

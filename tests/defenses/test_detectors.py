@@ -7,7 +7,7 @@ attacks, same data, pool and seed). SplitGuard runs at the paper's settings (p_f
 (batch 32, 25 epochs, 300 held-out aux rows), under both conventions for DMAVFL's malicious party: it trains
 SplitGuard's fake batches on their randomised labels (``cooperative``, DMAVFL's evaluation) or it recognises them,
 owning the labels, and answers them honestly (``aware``). The rates over seeds are in
-docs/reproduction_dmavfl.md (benchmarks/reproduce_dmavfl.py, ``sg_digits_*``).
+docs/notes/reproduction_dmavfl.md (benchmarks/reproduce_dmavfl.py, ``sg_digits_*``).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def test_gradient_scrutinizer_flags_fsha_but_not_honest_training():
 @pytest.mark.slow
 def test_gradient_scrutinizer_flags_dmavfl_and_honest_training_alike_on_digits(tmp_path):
     """Both configurations of GS, watching only, seed 0: DMAVFL is flagged at most decisions (as at MNIST paper scale,
-    docs/reproduction_dmavfl.md), but honest training of the same scenario is flagged at most of them too, so GS
+    docs/notes/reproduction_dmavfl.md), but honest training of the same scenario is flagged at most of them too, so GS
     detects nothing here; the shape of the issue's measurement on a tabular dataset (honest training flagged at 228
     of 346 decisions, DMAVFL at 313 of 316)."""
     watch = [{**GS, "halt": False}, {"name": "gradient_scrutinizer_dmavfl", "halt": False}]

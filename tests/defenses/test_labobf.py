@@ -156,7 +156,7 @@ def test_normalise_false_appends_algorithm_2s_raw_integer_and_true_its_affine_im
     assert torch.equal(raw, raw.round())
     assert raw.min() >= 0 and raw.max() <= 200 and raw.max() > 190  # the whole range 0..200 is used
     assert torch.allclose(columns[True], 2 * raw / 200 - 1)
-    assert torch.equal(columns[None], columns[True])  # the library default rescales (docs/decisions.md)
+    assert torch.equal(columns[None], columns[True])  # the library default rescales (docs/decisions/reproductions.md)
 
 
 def test_image_slices_are_refused():

@@ -3,7 +3,7 @@
 The paper reports NS leakage ε_p = 46.9 points (AUC 0.969 against the random prior 0.5) on UCI credit
 default with the attacker holding the first 13 features. This runs the shipped reproduction config
 (``configs/kang/setting1_vlr_credit_ns_ds_dl.yaml``) without defenses, norm scoring only, on seed 0 and
-checks the cell within 2 points: the published tables (docs/reproduction.md) give 46.34 on seeds 0-1.
+checks the cell within 2 points: the published tables (docs/notes/reproduction.md) give 46.34 on seeds 0-1.
 A broken cut gradient, batch scoring or prior would move it by far more.
 """
 

@@ -101,7 +101,7 @@ def test_launched_vmask_with_its_dealer_process_equals_one_process(tmp_path):
 def test_launched_attacks_run_in_their_parties_processes_and_equal_one_process(tmp_path):
     # on the CPU: bit-for-bit equality needs deterministic kernels, and on an H100 two in-process runs of this config
     # already differ in the attacks' last bits (cuBLAS/cuDNN pick non-deterministic kernels unless
-    # torch.use_deterministic_algorithms is set; docs/decisions.md "Devices"); the tests above run on any device
+    # torch.use_deterministic_algorithms is set; docs/decisions/devices.md "Devices"); the tests above run on any device
     raw = {"data": {"name": "digits", "parties": 2, "train_size": 600, "test_size": 200, "aux_pool": 100},
            "model": {"bottom": "mlp2", "top": "mlp2"},
            "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1, "device": "cpu"},

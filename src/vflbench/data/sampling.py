@@ -2,7 +2,7 @@
 
 Both draw from the training rows and can exclude rows (e.g. the evaluated targets), so that
 what an attacker is given is disjoint from what it is scored on. Row ids are CPU tensors wherever
-the labels live (docs/decisions.md, "Devices"): indexing a device tensor with them is allowed.
+the labels live (docs/decisions/devices.md, "Devices"): indexing a device tensor with them is allowed.
 """
 
 from __future__ import annotations

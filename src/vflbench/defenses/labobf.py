@@ -32,7 +32,7 @@ Implementation notes (how the paper's steps map onto the hooks):
   it). The default departs from the paper's literal form on purpose: next to standardised
   features the raw column made training fail at lr 0.01 (50% on a small binary task that reaches
   82% with the rescaled column) and cost 8.6 points of main accuracy on the Epsilon stand-in,
-  without lowering the label attack (docs/reproduction_labobf.md, docs/decisions.md). Because the
+  without lowering the label attack (docs/notes/reproduction_labobf.md, docs/decisions/reproductions.md). Because the
   reproduction's configs and the library's default differ here, a run that leaves ``normalise``
   unset logs a warning saying so (set it either way to silence it).
 

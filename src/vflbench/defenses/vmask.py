@@ -14,7 +14,7 @@ to its share) and reconstructs deselected ones to P_k (after fresh noise from th
 Variants: ``vmask_as`` selects accumulatively (masked layers stay masked), ``vmask_rs`` masks as
 many layers as VMask would, chosen at random, ``vmask_alls`` masks every eligible layer throughout.
 
-Simulation notes (also in docs/decisions.md):
+Simulation notes (also in docs/decisions/vmask.md):
 
 * One instance per party (side ``both``), sharing no Python objects: P_k's half masks its own bottom
   model (:mod:`vflbench.mpc.masking`) and runs every protocol step as a ``vmask.<step>`` request to
@@ -36,7 +36,7 @@ Simulation notes (also in docs/decisions.md):
   Neither is what P_k can know: every masked layer has a declared observation point
   (:class:`~vflbench.mpc.observation.ObservationPoint`) through which P_k's own code sees its weight
   before masking and every value reconstructed to it, from which the attack ``vmask_weight_recovery``
-  solves for the effective weights (the ``recovered`` view; docs/decisions.md). Its own record alone (weight
+  solves for the effective weights (the ``recovered`` view; docs/decisions/vmask.md). Its own record alone (weight
   before masking plus its own updates, no solve) is the attack ``vmask_own_record``.
 * Before training, the paper's own preconditions (§IV-D: ``B < n_in`` for FC layers,
   ``n > (h+2p+s)/(s+1)`` for conv layers) are checked for every eligible layer; violations are
@@ -91,7 +91,7 @@ class LayerCondition:
     (``ceil((n_in+1)/B)`` for FC); ``backward_batches``: the same for the input-gradient openings
     (``ceil(n_out/B)`` for FC), ``None`` when P_k receives no input gradient (the layer's input is
     the data). Either channel solves the layer when its inputs are not degenerate, whatever the
-    paper's condition says (docs/decisions.md).
+    paper's condition says (docs/decisions/vmask.md).
     """
 
     layer: int
@@ -192,7 +192,7 @@ def start_dealer(link: Endpoint, active_generator: torch.Generator, *,
 
     Seeded as before the parties were split (from the first draw of the active VMask instance's
     generator ``active_generator``, a fresh generator on the same seed path), so that runs repeat
-    their earlier numbers; the dealer keeps no other tie to either party (docs/decisions.md). ``device``:
+    their earlier numbers; the dealer keeps no other tie to either party (docs/decisions/vmask.md). ``device``:
     where it computes and delivers its triples (drawn on the CPU: the same triples on every device).
     """
     seed = int(torch.randint(0, 2**62, (1,), generator=active_generator))
@@ -209,14 +209,15 @@ class VMask(Defense):
     Algorithm 3 names no optimiser or batching, and the estimate is only useful if it simulates
     the attack the defender fears, so each of these left ``None`` (the default) is taken from the
     configured ``model_completion`` attack, else from model completion's defaults (Adam lr 1e-3,
-    batch 16; docs/decisions.md). The auxiliary set is disjoint from the rows the federation trains on
+    batch 16; docs/decisions/vmask.md). The auxiliary set is disjoint from the rows the federation trains on
     (§IV-A): the pool of held-out rows (``data.aux_pool``, which every run of the config holds out, defended or
     not), all of it, or ``aux_size`` rows of it.
     ``shadow_epochs`` (default 1, as Algorithm 6) passes over the auxiliary set per VFL epoch let
     a run shortened to fewer VFL epochs give the shadow model the paper's number of steps.
     ``protocol``: how the masked layers' products are computed (:func:`~vflbench.mpc.parties.resolve_protocol`;
     ``None``: ``fixed_mask`` with ``truncation: reveal``, ``beaver`` with ``secureml``); ``fixed_mask`` and
-    ``beaver`` give the same numbers with ``reveal`` and differ only in their traffic (docs/decisions.md, issue 26).
+    ``beaver`` give the same numbers with ``reveal`` and differ only in their traffic (docs/decisions/vmask.md,
+    issue 26).
 
     One instance runs at every party (side ``both``) and the instances talk only through the
     channel. At P_k: :meth:`wrap_bottom` makes P_k's own bottom model maskable and sends its initial

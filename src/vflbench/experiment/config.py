@@ -177,7 +177,7 @@ class ExperimentConfig(_Strict):
 
     def hash(self) -> str:
         """A short stable hash of the resolved config and :data:`RESULTS_VERSION` (the run directory's name).
-        ``train.device`` is left out: it says where a run computes, not what it computes (docs/decisions.md,
+        ``train.device`` is left out: it says where a run computes, not what it computes (docs/decisions/devices.md,
         "Devices"); so are ``evaluation.attacker_search`` and ``search_budget`` while the search is off (a config
         without it keeps the hash it had before the search existed)."""
         payload = self.resolved().model_dump(mode="json", exclude={"sweep": True, "train": {"device"}})

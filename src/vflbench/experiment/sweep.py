@@ -1,5 +1,6 @@
-"""Sweeps: expand a grid of strengths, defenses and seeds; train each point once (cached by
-config hash, resumable); collect the tidy results table and the privacy-utility scores.
+"""Sweeps: expand a grid of strengths, defenses and seeds; train each point into ``runs/<config hash>/``
+(every point again, unless ``resume`` skips those whose ``result.json`` exists; the undefended run that
+defended points share is trained once); collect the tidy results table and the privacy-utility scores.
 """
 
 from __future__ import annotations
@@ -441,7 +442,7 @@ def _run_ray(points: Sequence[SweepPoint], runs_dir: str, data_root: str | None,
     ``runs_dir`` atomically, ``result.json`` last. A defended point with attacks reports its attacks' leakage
     without the defenses, so its undefended reference runs first (a task of its own when it is not a point of the
     sweep) and its ``result.json`` travels with the point. What a worker node needs: the same vflbench and the
-    datasets under ``data_root`` (or its own ``VFLBENCH_DATA``); see docs/deployment.md."""
+    datasets under ``data_root`` (or its own ``VFLBENCH_DATA``); see docs/deployment-cluster.md."""
     try:
         import ray
     except ImportError:

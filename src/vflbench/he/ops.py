@@ -6,7 +6,7 @@ time; a layer needs whole tensors of ciphertexts (a batch times a weight matrix)
 sums, re-randomisations and the wire format are here, on raw integers (gmpy2 ``mpz`` when
 installed), optionally spread over worker processes. The key holder, which knows the factors,
 encrypts by CRT modulo ``p^2`` and ``q^2`` (faster than phe's encryption; see
-``docs/performance.md``); a party with the public key only uses phe's ``raw_encrypt``.
+``docs/notes/performance_history.md``); a party with the public key only uses phe's ``raw_encrypt``.
 """
 
 from __future__ import annotations

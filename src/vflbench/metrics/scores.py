@@ -124,7 +124,7 @@ class OptimalPU:
 #: S*_PU of the run without protection. Kang et al. report 0 for every "No Protect" row of Tables
 #: 10-14, also where eq. 21 gives more (Table 11 Credit: max ε_p 18.1 -> 2; Table 12 Credit: 21.8 -> 1):
 #: a model without protection earns no protection score. (Table 15 applies eq. 21 to its "No Protect"
-#: rows instead; we follow the convention of the five other tables, see docs/decisions.md.)
+#: rows instead; we follow the convention of the five other tables, see docs/decisions/evaluation.md.)
 NO_PROTECTION_SCORE = 0
 
 

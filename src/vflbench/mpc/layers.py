@@ -75,7 +75,7 @@ solved by stacking ``ceil((n_in + 1) / B)`` batches, even with ``B < n_in``) and
 G R`` (backward, one batch when the output width is at most ``B``). VMask's §IV-D argument (``B < n_in``
 per batch) does not hold against an honest-but-curious P_k that uses its own updates: the attack
 ``vmask_weight_recovery`` recovers the masked layers of the Table II TabMNIST runs to a relative error
-of ~1e-5 and regains the vanilla leakage (docs/reproduction.md, VMask).
+of ~1e-5 and regains the vanilla leakage (docs/notes/reproduction.md, VMask).
 Each masked layer declares the observation point it does this through,
 :class:`~vflbench.mpc.observation.ObservationPoint`:
 P_k's own code can attach observers that see the plaintext weight when it is masked and every

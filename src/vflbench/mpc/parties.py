@@ -27,7 +27,7 @@ is reconstructed to P_k in both, and with ``truncation: reveal`` both give the s
   (:mod:`vflbench.mpc.dealer`), sends ``E = x - A_t``, and P_K answers
   ``z1 = op(E, w1) + C1_t`` (+ its bias share); P_k adds ``op(x, w0) + op(A_t, D) + C0_t`` (+ its bias
   share): ``op(x, w0) + op(A_t, w1 - B) + op(A_t, B) + op(x - A_t, w1) = op(x, W)``. What each party sees
-  is argued in docs/decisions.md (issue 26): P_K sees the same kind of opening of P_k's operand as before
+  is argued in docs/decisions/vmask.md (issue 26): P_K sees the same kind of opening of P_k's operand as before
   and nothing of P_k's share; P_k sees one uniformly masked ``w1 - B`` per masking where ``beaver`` showed it
   ``W - b`` per product, and P_K's output share, which it can compute from the output it receives anyway.
 

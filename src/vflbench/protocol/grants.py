@@ -1,4 +1,4 @@
-"""Evaluation-only access to a party's model that a run's plan grants (see docs/deployment.md, "Grants").
+"""Evaluation-only access to a party's model that a run's plan grants (see docs/deployment-security.md, "Grants").
 
 Scoring an attack sometimes needs ground truth that no party of the protocol has: a feature attack's
 diagnostics compare the attacker's shadow model with the victim's real bottom model

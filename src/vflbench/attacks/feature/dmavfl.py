@@ -52,7 +52,7 @@ Defaults follow URVFL's ``config_cifar.json`` (Adam 1e-4 for every model, pretra
 epochs = 720 steps, batch 128) and DMAVFL §6.1 and Table 10 (aux : train = 1 : 10); the VFL
 epochs, batch size and the victim's optimizer are the config's ``train`` section (URVFL trains 25
 epochs; on the embedded datasets DMAVFL beats the aux-mean guess after 25 epochs but not yet after
-10, see docs/decisions.md).
+10, see docs/decisions/attacks.md).
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class DMAVFL(MaliciousActiveAttack):
     min_epochs_reason = ("With its default settings its DAC (Adam 1e-4, one step per batch) pulls the victim's "
                          "embeddings into its shadow's distribution only over URVFL's 25 VFL epochs: after the "
                          "library's 10 it reconstructed worse than guessing the mean (breast_cancer MSE 49 and 56 "
-                         "against 0.85, digits 0.077 against 0.068; docs/decisions.md, issue 25).")
+                         "against 0.85, digits 0.077 against 0.068; docs/decisions/attacks.md, issue 25).")
 
     def __init__(self, *, victim: str | Sequence[str] = "passive_1", aux_size: int | None = None,
                  aux_fraction: float | None = None, aux_classes: Sequence[int] | None = None,
@@ -359,7 +359,7 @@ class DMAVFLSync(DMAVFL):
     min_epochs_reason = ("With its default settings, after the library's 10 epochs it reconstructed worse than "
                          "guessing the mean (digits MSE 0.076 and 0.099 against 0.068, breast_cancer 2.95 and 2.79 "
                          "against 0.85); after 25, digits 0.055 and 0.057, breast_cancer 1.31 and 0.45 "
-                         "(docs/decisions.md, issue 25).")
+                         "(docs/decisions/attacks.md, issue 25).")
     sync = True
 
     def __init__(self, *, victim: str | Sequence[str] = "passive_1", aux_size: int | None = None,

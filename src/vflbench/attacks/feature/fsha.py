@@ -71,7 +71,7 @@ class FSHA(MaliciousActiveAttack):
     min_epochs_reason = ("With its default settings its decoder diverged after the library's 10 epochs (breast_cancer "
                          "MSE 5.6e11 and 2.0e10 against 0.85, every value outside the data's range; digits 0.62 "
                          "against 0.068) and did not after 25 (breast_cancer 0.85 and 0.84, digits 0.48 and 0.13); it "
-                         "still did not beat the mean guess on digits (docs/decisions.md, issue 25).")
+                         "still did not beat the mean guess on digits (docs/decisions/attacks.md, issue 25).")
 
     def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = None,
                  aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",

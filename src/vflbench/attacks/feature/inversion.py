@@ -36,9 +36,9 @@ model, which pins it down only as far as the top model's decisions do, so it is 
 bottom model (embedding cosine distance 0.47 on digits, 0.75 on breast_cancer), and inverting it
 lands further from the truth than the aux-mean guess: MSE 0.127 vs 0.068 (SSIM 0.25 vs the mean
 image's 0.51) on digits, 4.89 vs 0.87 on breast_cancer (seed 0, VHNN, 10 epochs; also worse than
-the mean guess in our Kang Table 16 run on MNIST, docs/reproduction_feature.md). The inverse
+the mean guess in our Kang Table 16 run on MNIST, docs/notes/reproduction_feature.md). The inverse
 network learns the victim's own embedding-to-feature map from the aux pairs and beats the
-aux-mean guess on both (docs/decisions.md). Set ``mode: query_free`` for Kang et al.'s attack.
+aux-mean guess on both (docs/decisions/attacks.md). Set ``mode: query_free`` for Kang et al.'s attack.
 """
 
 from __future__ import annotations

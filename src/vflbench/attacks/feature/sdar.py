@@ -35,7 +35,7 @@ experiments split the data in half between the client and the server's auxiliary
 (``run_sdar.py``, ``aux_data_frac`` 1.0: ``data.aux_pool: 0.5``); smaller sets, down to 5% of the
 client's, are its robustness study, and DMAVFL's comparison gives every baseline 1:10
 (``data.aux_pool: 0.0909``); with the 46 rows that leaves on ``breast_cancer`` SDAR does not beat
-the mean guess (docs/decisions.md).
+the mean guess (docs/decisions/attacks.md).
 """
 
 from __future__ import annotations

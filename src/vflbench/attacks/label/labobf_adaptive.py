@@ -13,7 +13,7 @@ mean over the training rows) in every row it fine-tunes on and predicts, and oth
 Nothing here reaches beyond the attacker's threat model: the column and its position are the
 attacker's own data (``PartySlice.meta``, set by the defense on the attacker's side). Without
 LabObf (no attribute column in the attacker's slice) the attack is ``model_completion_mixmatch``.
-Measured on the Epsilon-scale stand-in (docs/reproduction_labobf.md, "The attacker's budget and an
+Measured on the Epsilon-scale stand-in (docs/notes/reproduction_labobf.md, "The attacker's budget and an
 adaptive attacker"): at 30 MixMatch epochs it recovers 5.2 of the 6.4 points of top-1 accuracy
 LabObf takes from the attack.
 """
