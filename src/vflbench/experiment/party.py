@@ -54,10 +54,20 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vflbench.defenses import DEFENSES, create_defense
 from vflbench.devices import resolve_device
 from vflbench.errors import ConfigError
-from vflbench.experiment.config import ExperimentConfig
-from vflbench.experiment.plan import AttackPlan
+from vflbench.experiment.assemble import assemble_result, baselines_of, defense_entries, mark_undefended, utility_of
+from vflbench.experiment.config import ExperimentConfig, check_components
+from vflbench.experiment.plan import AttackPlan, validate_attacks
+from vflbench.experiment.results import (
+    AttackResult,
+    TrainedRun,
+    UtilityResult,
+    save_torch_atomic,
+    write_atomic,
+    write_json,
+)
 from vflbench.experiment.resume import (
     check_resumable,
     committed_epoch,
@@ -68,15 +78,33 @@ from vflbench.experiment.resume import (
     save_checkpoint,
     write_manifest,
 )
+from vflbench.experiment.run import check_before_training, cpu_state_dict, environment, train_run, undefended_result
+from vflbench.experiment.scenario import (
+    DefensePlan,
+    PassiveData,
+    active_data,
+    build_federation,
+    build_passive,
+    defense_aux_rows,
+    embed_dim_of,
+    load_vertical_data,
+    passive_data,
+    plan_defenses,
+)
+from vflbench.experiment.scoring import run_attacks
+from vflbench.experiment.search import search_attacks
 from vflbench.models.finetune import EVAL_BATCH
 from vflbench.net.errors import ProtocolError
 from vflbench.net.frames import MAX_JSON_BYTES, json_from_tensor, json_tensor
-from vflbench.net.policy import SURFACE, Policy
+from vflbench.net.linkmodel import LINK_PROFILES, project
+from vflbench.net.policy import SURFACE, Policy, role_of
 from vflbench.net.transport import NetChannel
+from vflbench.protocol import History
 from vflbench.protocol.channel import CommStats, Endpoint, KindStats, Transcript
 from vflbench.protocol.grants import Grant
 from vflbench.protocol.messages import ACTIVE, DEALER, Message, passive_name
 from vflbench.protocol.party import PassiveParty
+from vflbench.rng import generator
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +201,6 @@ def _stats(value: Any, sender: str) -> dict[str, Any]:
 def _attack_results(value: Any, positions: list[int], sender: str) -> dict[str, Any]:
     """A passive party's attack results, checked: exactly its own attacks' positions, each a result the active party
     can read."""
-    from vflbench.experiment.results import AttackResult
-
     if not isinstance(value, dict) or sorted(value) != sorted(str(i) for i in positions):
         raise ProtocolError(f"{sender}'s report must carry the results of its attacks at positions {positions} of the "
                             f"config, got {sorted(value) if isinstance(value, dict) else type(value).__name__}")
@@ -417,17 +443,6 @@ def local_state(cfg: ExperimentConfig, party: str, data_root: str | Path | None 
     """Load ``cfg``'s dataset, keep ``party``'s part of it (see :class:`LocalState`) and drop the rest: a dataset
     file holds every party's columns, so the process reads it once and slices it at once. Checks the config's
     attacks against the data first, as ``vflbench run`` does (the active party checks what needs the labels)."""
-    from vflbench.experiment.plan import validate_attacks
-    from vflbench.experiment.run import check_before_training
-    from vflbench.experiment.scenario import (
-        DefensePlan,
-        active_data,
-        defense_aux_rows,
-        load_vertical_data,
-        passive_data,
-        plan_defenses,
-    )
-
     cfg = cfg.resolved()
     if party not in party_names(cfg) or party == DEALER:
         raise ConfigError(f"party {party!r} holds no data in this config's run ({', '.join(party_names(cfg))})")
@@ -475,8 +490,6 @@ def check_party_config(cfg: ExperimentConfig) -> None:
 
 def needs_dealer(cfg: ExperimentConfig) -> str | None:
     """The name of the configured defense that needs the dealer as an extra party (VMask and its variants), if any."""
-    from vflbench.defenses import DEFENSES
-
     return next((s.name for s in cfg.defenses if DEALER in getattr(DEFENSES.get(s.name).factory, "extra_parties", ())),
                 None)
 
@@ -522,9 +535,6 @@ def comm_from_dict(raw: Mapping[str, Any]) -> CommStats:
 
 
 def _save_models(models: Mapping[str, nn.Module], party: str, out_dir: Path) -> None:
-    from vflbench.experiment.results import save_torch_atomic
-    from vflbench.experiment.run import cpu_state_dict
-
     for role, model in models.items():
         save_torch_atomic(out_dir / "checkpoints" / f"{party}.{role}.final.pt", cpu_state_dict(model))
 
@@ -549,9 +559,6 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
     party's own choice): refuse those that query this party's model; the active party learns it from
     ``passive.ready`` and its scorer reports the scores it could not compute. Both parties record the grants and
     what became of them (``grants`` in ``result.json`` and in ``<party>.json``, with the queries served)."""
-    from vflbench.experiment.results import write_json
-    from vflbench.net.policy import role_of
-
     cfg = cfg.resolved()
     check_party_config(cfg)
     if party not in party_names(cfg):
@@ -609,9 +616,6 @@ def _serve_dealer(cfg: ExperimentConfig, channel: NetChannel, *, out_dir: Path |
     With ``out_dir`` (and a resumable config) it writes its own checkpoint when the active party asks at an epoch
     boundary (``dealer.checkpoint``); with ``resume`` it continues from the one the active party names
     (``dealer.resume``). Returns its counters: the next triple's id, and where a resumed dealer started."""
-    from vflbench.defenses import create_defense
-    from vflbench.rng import generator
-
     name = needs_dealer(cfg)
     assert name is not None
     spec = next(s for s in cfg.defenses if s.name == name)
@@ -634,12 +638,6 @@ def _run_passive(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, 
     it says ``passive.done`` (the evaluation-only query of its bottom model only as granted and not ``refused``,
     which ``passive.ready`` tells the active party), then report this process's counters and its attacks'
     results. ``summary["grants"]``: the grants that involve this party, what became of them, the queries served."""
-    from vflbench.experiment.run import TrainedRun
-    from vflbench.experiment.scenario import PassiveData, build_passive
-    from vflbench.experiment.scoring import run_attacks
-    from vflbench.experiment.search import search_attacks
-    from vflbench.protocol import History
-
     assert isinstance(local.data, PassiveData)
     endpoint = channel.endpoint(party)
     setup = endpoint.take("passive.setup", ACTIVE)
@@ -698,15 +696,6 @@ def _run_active(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, s
     """The active party's process: build its side, wait for every passive party, train (checkpointing each epoch
     with every party, or continuing from the last committed one), collect the passive parties' reports and write
     the run directory."""
-    from vflbench.experiment.config import check_components
-    from vflbench.experiment.results import AttackResult, write_atomic, write_json
-    from vflbench.experiment.run import TrainedRun, _undefended_result, environment, mark_undefended, utility_of
-    from vflbench.experiment.scenario import DefensePlan, build_federation, embed_dim_of
-    from vflbench.experiment.scoring import run_attacks
-    from vflbench.experiment.search import search_attacks
-    from vflbench.protocol import History
-    from vflbench.rng import generator
-
     check_components(cfg)
     vd, attack_plan, plan = local.data, local.attacks, local.defenses
     names = party_names(cfg)[1:cfg.data.parties]
@@ -801,7 +790,7 @@ def _run_active(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, s
         results.update({int(i): AttackResult(**r) for i, r in report["attacks"].items()})
         attack_seconds.update(report["attack_seconds"])
     attack_results = [results[i] for i in range(len(attack_plan.attacks))]
-    undefended = (_undefended_result(cfg, out_dir=out_dir.parent if out_dir else None,
+    undefended = (undefended_result(cfg, out_dir=out_dir.parent if out_dir else None,
                                       data_root=data_root)
                   if cfg.defenses and cfg.attacks else None)
     mark_undefended(attack_results, None if undefended is None else undefended["attacks"], seed=cfg.seed,
@@ -929,39 +918,25 @@ def _comm_restored(raw: Mapping[str, Any]) -> CommStats:
     return stats
 
 
-def active_result(run: Any, *, utility: Any, comm: dict[str, Any], held_out: Tensor | None, attacks: list[Any],
-                  attack_seconds: dict[str, float], undefended: Mapping[str, Any] | None = None,
+def active_result(run: TrainedRun, *, utility: UtilityResult, comm: dict[str, Any], held_out: Tensor | None,
+                  attacks: list[AttackResult], attack_seconds: dict[str, float],
+                  undefended: Mapping[str, Any] | None = None,
                   grants: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """``result.json`` of a run whose parties ran in separate processes, as
-    :func:`~vflbench.experiment.run.run_experiment` writes it. Baselines: ``alone`` is trained in the active
-    party's process (its own data only); ``vanilla`` is this run's utility when the run has no defenses, the
-    undefended run's (``undefended``, launched before) when the attackers only observe, and is skipped otherwise
-    (it would need a second federation)."""
-    from vflbench.experiment.results import RunResult, Timing
-    from vflbench.experiment.run import defense_details, train_run, utility_of
-
+    :func:`~vflbench.experiment.run.run_experiment` writes it (:func:`~vflbench.experiment.assemble.assemble_result`).
+    Baselines: ``alone`` is trained in the active party's process (its own data only); ``vanilla`` is this run's
+    utility when the run has no defenses, the undefended run's (``undefended``, launched before) when the attackers
+    only observe, and is skipped otherwise (it would need a second federation)."""
     cfg, vd = run.config, run.data
-    baselines: dict[str, Any] = {}
-    for name in cfg.baselines:
-        if name == "vanilla" and not cfg.defenses:
-            baselines["vanilla"] = utility.__dict__
-        elif name == "vanilla" and undefended is not None:
-            baselines["vanilla"] = dict(undefended["utility"])  # honest attackers: it trained exactly vanilla
-        elif name == "vanilla":
-            baselines["vanilla"] = {"skipped": "a run with defenses across processes trains no second, undefended "
-                                               "federation; run the config without defenses, or use `vflbench run`"}
-        else:
-            baselines["alone"] = utility_of(cfg, train_run(cfg, vd, with_defenses=False, alone=True,
-                                                           held_out=held_out).history).__dict__
-    result = RunResult(
-        config_hash=cfg.hash(), seed=cfg.seed,
-        data={**vd.info, "n_train": len(vd.y_train), "n_test": len(vd.y_test),
-              "n_held_out": 0 if held_out is None else len(held_out)},
-        utility=utility,
-        defense=[{"name": s.name, "params": s.params(), **defense_details(run, s.name)} for s in cfg.defenses],
-        attacks=attacks, timing=Timing(run.train_seconds, run.history.epoch_seconds, attack_seconds), comm=comm,
-        baselines=baselines, grants=list(grants or []), device=str(vd.device))
-    return result.to_dict()
+
+    def baseline(alone: bool) -> UtilityResult:
+        return utility_of(cfg, train_run(cfg, vd, with_defenses=False, alone=alone, held_out=held_out).history)
+
+    baselines = baselines_of(cfg, utility, undefended=undefended, malicious=False, train=baseline,
+                             second_federation=False)
+    return assemble_result(run, utility=utility, defense=defense_entries(run), attacks=attacks,
+                           attack_seconds=attack_seconds, comm=comm, baselines=baselines, grants=list(grants or []),
+                           held_out=held_out).to_dict()
 
 
 def net_report(epoch_seconds: list[float], comm: dict[str, Any], active_wire: list[dict[str, Any]],
@@ -972,8 +947,6 @@ def net_report(epoch_seconds: list[float], comm: dict[str, Any], active_wire: li
     the active party's links at the active party, a passive party's link to the dealer at that party), with the
     time projected on each :data:`~vflbench.net.linkmodel.LINK_PROFILES` network; ``shaped``: the link the
     transport's shaper enforced (``None``: none, loopback speed)."""
-    from vflbench.net.linkmodel import LINK_PROFILES, project
-
     def links(active: Mapping[str, Any], passives: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, int]]:
         out = {f"active-{peer}": {"frames": w["frames_sent"] + w["frames_received"],
                                   "bytes": w["bytes_sent"] + w["bytes_received"]} for peer, w in active.items()}

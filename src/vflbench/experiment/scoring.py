@@ -52,7 +52,7 @@ from vflbench.protocol import PassiveParty
 from vflbench.protocol.messages import passive_index
 
 if TYPE_CHECKING:
-    from vflbench.experiment.run import TrainedRun
+    from vflbench.experiment.results import TrainedRun
 
 
 log = logging.getLogger(__name__)

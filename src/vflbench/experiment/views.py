@@ -25,7 +25,7 @@ from vflbench.protocol import ACTIVE, Federation, Message
 from vflbench.rng import generator
 
 if TYPE_CHECKING:
-    from vflbench.experiment.run import TrainedRun
+    from vflbench.experiment.results import TrainedRun
 
 
 log = logging.getLogger(__name__)
