@@ -1,8 +1,9 @@
 """One party of an experiment in its own process (see docs/deployment.md).
 
-The active party's process runs the usual training loop (:class:`~vflbench.protocol.Federation`),
-in which each passive party is a :class:`RemotePassive`: its ``forward``, ``backward`` and
-``end_epoch`` are requests over the transport, answered by the passive party's process. The dealer
+The active party's process runs the usual training loop (:class:`~vflbench.protocol.Federation`) over the gRPC
+transport: the loop talks to every passive party through the same messages as in one process
+(:mod:`vflbench.protocol.service`), through a :class:`RemotePassive` handle that checks what the party answers, and
+the passive party's process answers them with its registered handlers (:class:`_Served`). The dealer
 of VMask's Beaver triples, when the config needs one, is a process of its own that answers
 ``dealer.*`` requests. Each process binds only its own party's defense halves to its
 :class:`~vflbench.net.NetChannel` endpoint, so what crosses the wire between the halves is exactly
@@ -16,11 +17,10 @@ trains, posts ``passive.done``, takes each passive party's ``passive.report`` (i
 the run directory (``result.json`` atomically) and says goodbye; the dealer answers until every peer
 has said goodbye.
 
-The loop's embeddings and cut gradients are counted by the active process's in-process channel, as in
-one process. ``result.json``'s ``comm`` adds the defense halves' messages as the network channels
-counted them (the active party's, and each passive party's ``dealer.*`` traffic from its report),
-leaving out the ``passive.*`` requests that drive the remote party. ``net.json`` records what
-crossed each link (frames and bytes) per epoch and the measured epoch times.
+One counter: ``result.json``'s ``comm`` is what the active party's transport counted (the loop's embeddings and cut
+gradients and the defense halves' messages it sent or received), plus each passive party's ``dealer.*`` traffic
+from its report, leaving out the ``passive.*`` requests that drive a passive party, as in one process.
+``net.json`` records what crossed each link (frames and bytes) per epoch and the measured epoch times.
 
 Each process keeps only its own part of the dataset (:func:`local_state`: a passive party its own slice, the active
 party its slice, the labels and the passive parties' layouts) and builds only its own models; the bottom models'
@@ -83,10 +83,10 @@ from vflbench.experiment.scenario import (
     DefensePlan,
     PassiveData,
     active_data,
-    build_federation,
+    active_side,
     build_passive,
+    connect,
     defense_aux_rows,
-    embed_dim_of,
     load_vertical_data,
     passive_data,
     plan_defenses,
@@ -100,10 +100,11 @@ from vflbench.net.linkmodel import LINK_PROFILES, project
 from vflbench.net.policy import SURFACE, Policy, role_of
 from vflbench.net.transport import NetChannel
 from vflbench.protocol import History
-from vflbench.protocol.channel import CommStats, Endpoint, KindStats, Transcript
+from vflbench.protocol.channel import CommStats, Endpoint, KindStats
 from vflbench.protocol.grants import Grant
 from vflbench.protocol.messages import ACTIVE, DEALER, Message, passive_name
 from vflbench.protocol.party import PassiveParty
+from vflbench.protocol.service import PassivePeer, PassiveService, protocol_kind
 from vflbench.rng import generator
 
 log = logging.getLogger(__name__)
@@ -235,43 +236,34 @@ class OracleBottom(nn.Module):
                                 shape=(len(x), self.width), dtypes=(torch.get_default_dtype(),))
 
 
-class RemotePassive:
-    """The active process's stand-in for passive party ``name``: what the training loop calls on a passive party,
-    done by requests to that party's process through ``endpoint``. Everything the party answers is checked against
-    what the protocol expects (``width``: its embeddings' width; ``granted``: whether the scorer may query its
-    bottom model, :class:`OracleBottom`)."""
+class RemotePassive(PassivePeer):
+    """The active process's handle on passive party ``name`` in its own process: the loop's messages
+    (:class:`~vflbench.protocol.service.PassivePeer`), with everything the party answers checked against what the
+    protocol expects (``width``: its embeddings' width; ``granted``: whether the scorer may query its bottom model,
+    :class:`OracleBottom`). :attr:`wire`: the party's link counters at each epoch's end, from its reports."""
 
-    def __init__(self, name: str, *, endpoint: Endpoint, channel: NetChannel, transcript: Transcript, width: int,
+    def __init__(self, name: str, *, endpoint: Endpoint, channel: NetChannel, width: int,
                  granted: bool = False) -> None:
-        self.name = name
-        self.endpoint = endpoint
+        super().__init__(name, endpoint)
         self.channel = channel
-        self.transcript = transcript
-        self.data = None
         self.width = width
         self.bottom = OracleBottom(name, endpoint, channel=channel, width=width) if granted else None
-        self.defenses: list[Any] = []
         self.wire: list[dict[str, Any]] = []
-        self._position = (-1, -1)
 
-    def models(self) -> dict[str, nn.Module]:
-        """None here: the passive party's models stay in its process (:attr:`bottom` is only the scorer's
-        :class:`OracleBottom`)."""
-        return {}
-
-    def forward(self, ids: Tensor, *, epoch: int, step: int, split: str = "train", train: bool = True) -> Tensor:
-        """The remote party's embedding of rows ``ids``."""
-        self._position = (epoch, step)
-        reply = self.endpoint.call("passive.forward", self.name, ids=ids, epoch=epoch, step=step,
-                                   phase="train" if train else "eval", meta={"split": split, "train": train})
+    def embedding(self, reply: Message, message: Message, ids: Tensor) -> Tensor:
+        """The embedding the party posted, checked: an empty reply, the request's position and rows, the width."""
         with refusing(self.channel, self.name):
-            return check_tensor(reply.payload, sender=self.name, what=f"an embedding of {len(ids)} rows",
+            _nothing_else(reply, "its passive.forward reply")
+            if (message.epoch, message.step, message.phase) != (reply.epoch, reply.step, reply.phase) \
+                    or not torch.equal(message.ids.cpu(), ids.cpu()):
+                raise ProtocolError(f"{self.name} sent an embedding for {message.phase} epoch {message.epoch} step "
+                                    f"{message.step} ({len(message.ids)} rows) when {reply.phase} epoch {reply.epoch} "
+                                    f"step {reply.step} ({len(ids)} rows) was asked for")
+            return check_tensor(message.payload, sender=self.name, what=f"an embedding of {len(ids)} rows",
                                 shape=(len(ids), self.width), dtypes=(torch.get_default_dtype(),))
 
-    def backward(self, gradient: Tensor) -> bool:
-        """Send the cut gradient of the last forward; ``False`` if the remote party's defenses refused it."""
-        epoch, step = self._position
-        reply = self.endpoint.call("passive.backward", self.name, gradient, epoch=epoch, step=step)
+    def applied(self, reply: Message) -> bool:
+        """Whether the party applied the update: a bool ``applied`` and no tensors, or a protocol error."""
         applied = reply.meta.get("applied")
         with refusing(self.channel, self.name):
             if not isinstance(applied, bool) or reply.payload.numel() or reply.extra:
@@ -279,9 +271,8 @@ class RemotePassive:
                                     f"'applied' and no tensors, got {applied!r}")
         return applied
 
-    def end_epoch(self, epoch: int) -> dict[str, object]:
-        """The remote party's end-of-epoch report (its link counters at that point are kept in :attr:`wire`)."""
-        payload = self.endpoint.call("passive.end_epoch", self.name, epoch=epoch).payload
+    def report(self, payload: Tensor, epoch: int) -> dict[str, object]:
+        """The party's end-of-epoch report, bounded and checked (its link counters are kept in :attr:`wire`)."""
         with refusing(self.channel, self.name):
             reply = from_bytes_tensor(payload, sender=self.name, what=f"end-of-epoch report of epoch {epoch}")
             if not isinstance(reply, dict) or set(reply) != {"report", "wire"} or not isinstance(reply["report"], dict):
@@ -291,92 +282,115 @@ class RemotePassive:
         return dict(reply["report"])
 
 
-@dataclass
-class _Served:
-    party: PassiveParty
-    channel: NetChannel
-    on_epoch_end: Callable[[], None]
-    out_dir: Path | None = None
-    resume: bool = False
-    pending: tuple[int, ...] | None = None
-    pending_ids: Tensor | None = None
-    pending_at: tuple[int, int] = (-1, -1)
-    rows: Mapping[str, int] = field(default_factory=dict)
-    epochs: int = 0
-    oracle: Grant | None = None
-    served: int = 0
+class _Served(PassiveService):
+    """A passive party's handlers in its own process: the loop's (:class:`~vflbench.protocol.service.PassiveService`)
+    with every request checked against what the protocol expects at that point, plus ``passive.checkpoint``,
+    ``passive.resume`` and, when granted, ``passive.oracle_bottom``."""
 
-    def __call__(self, request: Message) -> Message:
+    def __init__(self, party: PassiveParty, channel: NetChannel, on_epoch_end: Callable[[], None], *,
+                 rows: Mapping[str, int], epochs: int, out_dir: Path | None = None, resume: bool = False,
+                 oracle: Grant | None = None) -> None:
+        super().__init__(party, channel.endpoint(party.name))
+        self.channel = channel
+        self.on_epoch_end = on_epoch_end
+        self.rows = rows
+        self.epochs = epochs
+        self.out_dir = out_dir
+        self.resume = resume
+        self.oracle = oracle
+        self.served = 0
+        self.pending: tuple[int, ...] | None = None
+        self.pending_ids: Tensor | None = None
+        self.pending_at = (-1, -1)
+
+    def handlers(self) -> Mapping[str, Callable[[Message], Message]]:
+        return {**super().handlers(), "passive.checkpoint": self.checkpoint, "passive.resume": self.restore,
+                "passive.oracle_bottom": self._oracle}
+
+    def unserved(self, request: Message) -> Exception:
+        return ProtocolError(f"{self.party.name} serves passive.forward, passive.backward, passive.end_epoch, "
+                             f"passive.checkpoint, passive.resume and (when granted) passive.oracle_bottom, not "
+                             f"{request.kind!r}")
+
+    def _epoch_request(self, request: Message) -> None:
+        _nothing_else(request, request.kind)
+        if not 0 <= request.epoch < self.epochs:
+            raise ProtocolError(f"{request.sender} sent {request.kind} for epoch {request.epoch}; this run trains "
+                                f"epochs 0..{self.epochs - 1}")
+
+    def embed(self, request: Message) -> Tensor:
+        """The embedding of the requested rows, once the request is checked (its split, rows and epoch)."""
+        split, train = request.meta.get("split"), request.meta.get("train")
+        if not isinstance(split, str) or split not in self.rows or not isinstance(train, bool):
+            raise ProtocolError(f"passive.forward needs meta split in {sorted(self.rows)} and a bool train, got "
+                                f"{request.meta}")
+        _nothing_else(request, "passive.forward (row ids only)")
+        ids = request.ids
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.rows[split]):
+            raise ProtocolError(f"passive.forward asks for rows outside 0..{self.rows[split] - 1} of {split}")
+        if train and not (0 <= request.epoch < self.epochs and request.step >= 0):
+            raise ProtocolError(f"{request.sender} asked for a training embedding at epoch {request.epoch} step "
+                                f"{request.step}; this run trains epochs 0..{self.epochs - 1}")
+        out = super().embed(request)
+        if train:
+            self.pending, self.pending_ids, self.pending_at = tuple(out.shape), ids, (request.epoch, request.step)
+        return out
+
+    def backward(self, request: Message) -> Message:
+        """Apply the posted cut gradient once it is checked against the pending embedding and its step."""
         sender = request.sender
-        if request.kind == "passive.forward":
-            split, train = request.meta.get("split"), request.meta.get("train")
-            if not isinstance(split, str) or split not in self.rows or not isinstance(train, bool):
-                raise ProtocolError(f"passive.forward needs meta split in {sorted(self.rows)} and a bool train, got "
-                                    f"{request.meta}")
-            _nothing_else(request, "passive.forward (row ids only)")
-            ids = request.ids
-            if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.rows[split]):
-                raise ProtocolError(f"passive.forward asks for rows outside 0..{self.rows[split] - 1} of {split}")
-            if train and not (0 <= request.epoch < self.epochs and request.step >= 0):
-                raise ProtocolError(f"{sender} asked for a training embedding at epoch {request.epoch} step "
-                                    f"{request.step}; this run trains epochs 0..{self.epochs - 1}")
-            out = self.party.forward(ids, epoch=request.epoch, step=request.step,
-                                     split="train" if split == "train" else "test", train=train)
-            if train:
-                self.pending, self.pending_ids = tuple(out.shape), ids
-                self.pending_at = (request.epoch, request.step)
-            # the party's own record of what it sent, as the in-process channel keeps it
-            self.party.transcript.record(Message("embedding", self.party.name, ACTIVE, out, ids, request.epoch,
-                                                 request.step, request.phase))
-            return request.reply(out)
-        if request.kind == "passive.backward":
-            g = request.payload
-            # a plaintext cut gradient has the embedding's shape; an encrypted one (paillier_he) is its ciphertexts'
-            # bytes, which the party's defense checks
-            plain = g.dtype.is_floating_point and tuple(g.shape) == self.pending
-            if self.pending is None or not (plain or g.dtype == torch.uint8) or request.extra:
-                raise ProtocolError(f"passive.backward: a cut gradient of shape {tuple(g.shape)} ({g.dtype}) does "
-                                    f"not fit the pending embedding ({self.pending})")
-            if (request.epoch, request.step) != self.pending_at:
-                raise ProtocolError(f"{sender} sent the cut gradient of epoch {request.epoch} step {request.step}, "
-                                    f"but the pending embedding is of epoch {self.pending_at[0]} step "
-                                    f"{self.pending_at[1]}")
-            check_tensor(g, sender=sender, what="a cut gradient")
-            assert self.pending_ids is not None
-            self.party.transcript.record(Message("cut_gradient", ACTIVE, self.party.name, g, self.pending_ids,
-                                                 request.epoch, request.step))
-            self.pending = self.pending_ids = None
-            return request.reply(meta={"applied": self.party.backward(g)})
-        if request.kind in ("passive.end_epoch", "passive.checkpoint", "passive.resume"):
-            _nothing_else(request, request.kind)
-            if not 0 <= request.epoch < self.epochs:
-                raise ProtocolError(f"{sender} sent {request.kind} for epoch {request.epoch}; this run trains epochs "
-                                    f"0..{self.epochs - 1}")
-        if request.kind == "passive.end_epoch":
-            report = self.party.end_epoch(request.epoch)
-            self.on_epoch_end()
-            return request.reply(to_bytes_tensor({"report": report, "wire": wire_of(self.channel)}))
-        if request.kind == "passive.checkpoint":
-            # this party's own state after the epoch, written by this process; -1: it keeps no checkpoints (no --out)
-            if self.out_dir is None:
-                return request.reply(meta={"committed": -1})
-            save_checkpoint(self.out_dir, self.party.name, request.epoch,
-                            {**party_state(self.party), "net_stats": _stats_json(self.channel)})
-            return request.reply(meta={"committed": request.epoch})
-        if request.kind == "passive.resume":
-            if not self.resume or self.out_dir is None:
-                raise ProtocolError(f"{self.party.name} was asked to resume from epoch {request.epoch} but was "
-                                    "started without --resume and --out")
-            state = load_checkpoint(self.out_dir, self.party.name, request.epoch)
-            load_party_state(self.party, state)
-            _restore_stats(self.channel, state["net_stats"])  # its counts (dealer.* go into comm) continue
-            log.info("%s: resumed from its checkpoint of epoch %d", self.party.name, request.epoch)
-            return request.reply(meta={"resumed": request.epoch})
-        if request.kind == "passive.oracle_bottom":
-            return self._oracle(request)
-        raise ProtocolError(f"{self.party.name} serves passive.forward, passive.backward, passive.end_epoch, "
-                            f"passive.checkpoint, passive.resume and (when granted) passive.oracle_bottom, not "
-                            f"{request.kind!r}")
+        _nothing_else(request, "passive.backward (the cut gradient comes as its own message)")
+        if (request.epoch, request.step) != self.pending_at or self.pending is None:
+            raise ProtocolError(f"{sender} sent the cut gradient of epoch {request.epoch} step {request.step}, "
+                                f"but the pending embedding is of epoch {self.pending_at[0]} step {self.pending_at[1]}")
+        message = self.gradient(request)
+        g = message.payload
+        # a plaintext cut gradient has the embedding's shape; an encrypted one (paillier_he) is its ciphertexts'
+        # bytes, which the party's defense checks
+        plain = g.dtype.is_floating_point and tuple(g.shape) == self.pending
+        if not (plain or g.dtype == torch.uint8) or message.extra:
+            raise ProtocolError(f"passive.backward: a cut gradient of shape {tuple(g.shape)} ({g.dtype}) does "
+                                f"not fit the pending embedding ({self.pending})")
+        assert self.pending_ids is not None
+        if (message.epoch, message.step) != self.pending_at or not torch.equal(message.ids.cpu(),
+                                                                               self.pending_ids.cpu()):
+            raise ProtocolError(f"{sender} sent a cut gradient for epoch {message.epoch} step {message.step} "
+                                f"({len(message.ids)} rows) when the pending embedding is of epoch "
+                                f"{self.pending_at[0]} step {self.pending_at[1]} ({len(self.pending_ids)} rows)")
+        check_tensor(g, sender=sender, what="a cut gradient")
+        self.pending = self.pending_ids = None
+        return request.reply(meta={"applied": self.party.backward(g)})
+
+    def end_epoch(self, request: Message) -> Message:
+        self._epoch_request(request)
+        return super().end_epoch(request)
+
+    def report(self, epoch: int) -> dict[str, Any]:
+        """The party's end-of-epoch report, its attacks' snapshots taken, with its link counters."""
+        report = super().report(epoch)
+        self.on_epoch_end()
+        return {**report, "wire": wire_of(self.channel)}
+
+    def checkpoint(self, request: Message) -> Message:
+        """Write this party's own state after the epoch (-1: it keeps no checkpoints, no ``--out``)."""
+        self._epoch_request(request)
+        if self.out_dir is None:
+            return request.reply(meta={"committed": -1})
+        save_checkpoint(self.out_dir, self.party.name, request.epoch,
+                        {**party_state(self.party), "net_stats": _stats_json(self.channel)})
+        return request.reply(meta={"committed": request.epoch})
+
+    def restore(self, request: Message) -> Message:
+        """Load this party's checkpoint of the epoch the active party names (``--resume`` only)."""
+        self._epoch_request(request)
+        if not self.resume or self.out_dir is None:
+            raise ProtocolError(f"{self.party.name} was asked to resume from epoch {request.epoch} but was "
+                                "started without --resume and --out")
+        state = load_checkpoint(self.out_dir, self.party.name, request.epoch)
+        load_party_state(self.party, state)
+        _restore_stats(self.channel, state["net_stats"])  # its counts (dealer.* go into comm) continue
+        log.info("%s: resumed from its checkpoint of epoch %d", self.party.name, request.epoch)
+        return request.reply(meta={"resumed": request.epoch})
 
     def _oracle(self, request: Message) -> Message:
         """Answer an evaluation-only query of the bottom model, if the run granted it to its sender (the transport's
@@ -505,23 +519,7 @@ def merged_comm(parts: list[tuple[CommStats, Callable[[str], bool]]]) -> dict[st
     counted twice); the totals are the sums over the kinds, as :class:`CommStats` counts them."""
     merged = CommStats()
     for stats, keep in parts:
-        for kind, directions in stats.by_kind.items():
-            if not keep(kind):
-                continue
-            for direction, s in directions.items():
-                into = merged.by_kind[kind].setdefault(direction, KindStats())
-                into.messages += s.messages
-                into.bytes += s.bytes
-                into.rounds += s.rounds
-                merged.messages += s.messages
-                if direction == "up":
-                    merged.messages_up += s.messages
-                    merged.bytes_up += s.bytes
-                    merged.rounds_up += s.rounds
-                else:
-                    merged.messages_down += s.messages
-                    merged.bytes_down += s.bytes
-                    merged.rounds_down += s.rounds
+        merged.add(stats, keep)
     return merged.as_dict()
 
 
@@ -655,11 +653,12 @@ def _run_passive(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, 
     assert passive.data is not None
     oracle = next((g for g in local.grants if g.kind == "passive.oracle_bottom" and g.server == party
                    and g not in refused), None)
+    channel.register(passive.transcript)  # the party records what it sends and receives, as in one process
     served = _Served(passive, channel, lambda: attacks.on_epoch_end(side),  # type: ignore[arg-type]
                      out_dir=out_dir if resumable(cfg) else None, resume=resume,
                      rows={"train": len(passive.data.x_train), "test": len(passive.data.x_test)},
                      epochs=cfg.train.epochs, oracle=oracle)
-    endpoint.serve("passive", served)
+    served.serve()
     endpoint.post("passive.ready", ACTIVE, meta={"refuses": ",".join(sorted({g.kind for g in refused}))})
 
     def record_grants() -> None:
@@ -701,28 +700,26 @@ def _run_active(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, s
     names = party_names(cfg)[1:cfg.data.parties]
     held_out = attack_plan.held_out()
     attacks = own_attacks(attack_plan, ACTIVE)
-    fed = build_federation(cfg, vd, defenses=DefensePlan(plan.active, {n: [] for n in names}), held_out=held_out,
-                           keep=attack_plan.keep, extra_dims=attack_plan.extra_dims(), links=channel.endpoint,
-                           remote_passives=True)
+    built = active_side(cfg, vd, defenses=plan.active, link=channel.endpoint, keep=attack_plan.keep.get(ACTIVE, ()),
+                        extra_dims=attack_plan.extra_dims(), held_out=held_out)
     endpoint = channel.endpoint(ACTIVE)
-    embed_dim = embed_dim_of(cfg, fed.active.objective.out_dim)
-    for p in fed.passives:  # the bottom models' width, which the active party's label transforms may set (VLR)
-        endpoint.post("passive.setup", p.name, meta={"embed_dim": embed_dim})
+    embed_dim = built.embed_dim
+    for name in names:  # the bottom models' width, which the active party's label transforms may set (VLR)
+        endpoint.post("passive.setup", name, meta={"embed_dim": embed_dim})
     refused: dict[Grant, str] = {}
-    for p in fed.passives:  # while waiting, the active party answers the passive halves' set-up requests
-        ready = endpoint.take("passive.ready", p.name)
-        with refusing(channel, p.name):
+    for name in names:  # while waiting, the active party answers the passive halves' set-up requests
+        ready = endpoint.take("passive.ready", name)
+        with refusing(channel, name):
             refused.update(_refusals(ready, local.grants))
     if refused:  # not asked for at all: the scorer reports what it could not compute
         channel.grant([g for g in local.grants if g not in refused])
-    log.info("active: %s ready; training", ", ".join(p.name for p in fed.passives))
+    log.info("active: %s ready; training", ", ".join(names))
     extra = attack_plan.extra_dims()
-    remotes = [RemotePassive(p.name, endpoint=endpoint, channel=channel, transcript=p.transcript,
-                             width=embed_dim + extra.get(p.name, 0),
-                             granted=any(g.kind == "passive.oracle_bottom" and g.server == p.name and g not in refused
+    remotes = [RemotePassive(name, endpoint=endpoint, channel=channel, width=embed_dim + extra.get(name, 0),
+                             granted=any(g.kind == "passive.oracle_bottom" and g.server == name and g not in refused
                                          for g in local.grants))
-               for p in fed.passives]
-    fed.passives = remotes  # type: ignore[assignment]
+               for name in names]
+    fed = connect(built.party, [], channel, train_rows=built.train_rows, remote=remotes)
     attacks.prepare(fed)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -795,8 +792,7 @@ def _run_active(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, s
                   if cfg.defenses and cfg.attacks else None)
     mark_undefended(attack_results, None if undefended is None else undefended["attacks"], seed=cfg.seed,
                     confidence=cfg.evaluation.confidence)
-    comm = merged_comm([(fed.channel.train, lambda kind: True),
-                        (channel.train, lambda kind: not kind.startswith("passive.")),
+    comm = merged_comm([(channel.train, protocol_kind),
                         *((comm_from_dict(r["stats"]["train"]), lambda kind: kind.startswith("dealer."))
                           for r in reports.values())])
     honest = not any(p.attack.phase == "malicious" for p in attack_plan.attacks)
@@ -881,7 +877,7 @@ def _commit_epoch(out_dir: Path, epoch: int, fed: Any, channel: NetChannel, batc
         committed[DEALER] = answer
     extra = {"batches": batches.get_state(), "metrics": list(metrics_lines), "walls": list(epoch_walls),
              "active_wire": json.dumps(active_wire), "passive_wire": json.dumps({r.name: r.wire for r in remotes}),
-             "comm": json.dumps({"loop": fed.channel.train.as_dict()}), "net_stats": _stats_json(channel)}
+             "net_stats": _stats_json(channel)}
     save_checkpoint(out_dir, ACTIVE, epoch, {**party_state(fed.active), **extra})
     committed[ACTIVE] = epoch
     if all(e == epoch for e in committed.values()):
@@ -902,7 +898,6 @@ def _resume_active(out_dir: Path, epoch: int, fed: Any, channel: NetChannel, bat
         remote.endpoint.call("passive.resume", remote.name, epoch=epoch)
     load_party_state(fed.active, state)
     batches.set_state(state["batches"])
-    fed.channel.stats["train"] = _comm_restored(json.loads(state["comm"])["loop"])
     _restore_stats(channel, state["net_stats"])
     for remote in remotes:
         remote.wire = list(json.loads(state["passive_wire"]).get(remote.name, []))

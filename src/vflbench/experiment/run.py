@@ -371,7 +371,7 @@ def _train_and_record(cfg: ExperimentConfig, vd: VerticalData, attack_plan: Atta
     defense = defense_entries(run)
     mark_honest_reference(defense, honest, config_hash=cfg.hash(), malicious=malicious)
     result = assemble_result(run, utility=utility, defense=defense, attacks=attack_results,
-                             attack_seconds=attack_seconds, comm=run.federation.channel.train.as_dict(),
+                             attack_seconds=attack_seconds, comm=run.federation.traffic().as_dict(),
                              baselines=baselines, grants=[g.as_dict() for g in attack_plan.grants()],
                              held_out=held_out)
     if run_dir is not None:

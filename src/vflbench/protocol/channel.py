@@ -105,6 +105,32 @@ class CommStats:
         stats.bytes += message.nbytes
         stats.rounds += rounds
 
+    def only(self, keep: Callable[[str], bool]) -> CommStats:
+        """The traffic of the kinds ``keep`` accepts, totals summed over them."""
+        out = CommStats()
+        out.add(self, keep)
+        return out
+
+    def add(self, other: CommStats, keep: Callable[[str], bool] = lambda kind: True) -> None:
+        """Add ``other``'s traffic of the kinds ``keep`` accepts to this counter."""
+        for kind, directions in other.by_kind.items():
+            if not keep(kind):
+                continue
+            for direction, s in directions.items():
+                into = self.by_kind[kind].setdefault(direction, KindStats())
+                into.messages += s.messages
+                into.bytes += s.bytes
+                into.rounds += s.rounds
+                self.messages += s.messages
+                if direction == "up":
+                    self.messages_up += s.messages
+                    self.bytes_up += s.bytes
+                    self.rounds_up += s.rounds
+                else:
+                    self.messages_down += s.messages
+                    self.bytes_down += s.bytes
+                    self.rounds_down += s.rounds
+
     @property
     def rounds(self) -> int:
         """Round trips in both directions."""
