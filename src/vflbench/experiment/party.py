@@ -57,15 +57,15 @@ from torch import Tensor, nn
 from vflbench.defenses import DEFENSES, create_defense
 from vflbench.devices import resolve_device
 from vflbench.errors import ConfigError
-from vflbench.experiment.assemble import assemble_result, baselines_of, defense_entries, mark_undefended, utility_of
+from vflbench.experiment.assemble import utility_of
 from vflbench.experiment.config import ExperimentConfig, check_components
+from vflbench.experiment.pipeline import Pipeline, RunDirectory
 from vflbench.experiment.plan import AttackPlan, validate_attacks
 from vflbench.experiment.results import (
     AttackResult,
     TrainedRun,
     UtilityResult,
     save_torch_atomic,
-    write_atomic,
     write_json,
 )
 from vflbench.experiment.resume import (
@@ -99,7 +99,7 @@ from vflbench.net.frames import MAX_JSON_BYTES, json_from_tensor, json_tensor
 from vflbench.net.linkmodel import LINK_PROFILES, project
 from vflbench.net.policy import SURFACE, Policy, role_of
 from vflbench.net.transport import NetChannel
-from vflbench.protocol import History
+from vflbench.protocol import Federation, History
 from vflbench.protocol.channel import CommStats, Endpoint, KindStats
 from vflbench.protocol.grants import Grant
 from vflbench.protocol.messages import ACTIVE, DEALER, Message, passive_name
@@ -694,120 +694,148 @@ def _run_active(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, s
                 stop_after: int | None = None) -> dict[str, nn.Module]:
     """The active party's process: build its side, wait for every passive party, train (checkpointing each epoch
     with every party, or continuing from the last committed one), collect the passive parties' reports and write
-    the run directory."""
-    check_components(cfg)
-    vd, attack_plan, plan = local.data, local.attacks, local.defenses
-    names = party_names(cfg)[1:cfg.data.parties]
-    held_out = attack_plan.held_out()
-    attacks = own_attacks(attack_plan, ACTIVE)
-    built = active_side(cfg, vd, defenses=plan.active, link=channel.endpoint, keep=attack_plan.keep.get(ACTIVE, ()),
-                        extra_dims=attack_plan.extra_dims(), held_out=held_out)
-    endpoint = channel.endpoint(ACTIVE)
-    embed_dim = built.embed_dim
-    for name in names:  # the bottom models' width, which the active party's label transforms may set (VLR)
-        endpoint.post("passive.setup", name, meta={"embed_dim": embed_dim})
-    refused: dict[Grant, str] = {}
-    for name in names:  # while waiting, the active party answers the passive halves' set-up requests
-        ready = endpoint.take("passive.ready", name)
-        with refusing(channel, name):
-            refused.update(_refusals(ready, local.grants))
-    if refused:  # not asked for at all: the scorer reports what it could not compute
-        channel.grant([g for g in local.grants if g not in refused])
-    log.info("active: %s ready; training", ", ".join(names))
-    extra = attack_plan.extra_dims()
-    remotes = [RemotePassive(name, endpoint=endpoint, channel=channel, width=embed_dim + extra.get(name, 0),
-                             granted=any(g.kind == "passive.oracle_bottom" and g.server == name and g not in refused
-                                         for g in local.grants))
-               for name in names]
-    fed = connect(built.party, [], channel, train_rows=built.train_rows, remote=remotes)
-    attacks.prepare(fed)
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(out_dir / "config.yaml", cfg.to_yaml())
-        write_json(out_dir / "env.json", environment(cfg.train.threads, vd.device))
-    metrics_lines: list[str] = []
-    active_wire: list[dict[str, Any]] = []
-    epoch_walls: list[float] = []
-    batches = generator(cfg.seed, "active", "batches")
-    checkpoints = out_dir is not None and resumable(cfg)
-    start, history = 0, History()
-    if resume:
-        assert out_dir is not None
-        start = committed_epoch(out_dir) + 1
-        restored = _resume_active(out_dir, start - 1, fed, channel, batches, remotes)
-        metrics_lines, epoch_walls, active_wire = restored["metrics"], restored["walls"], restored["active_wire"]
-        history = History(epochs=[json.loads(line) for line in metrics_lines],
-                          epoch_seconds=[json.loads(line)["seconds"] for line in metrics_lines],
-                          refused_updates=sum(json.loads(line).get("refused_updates", 0) for line in metrics_lines))
-        log.info("active: resuming after epoch %d, which every party committed", start - 1)
-    # a resumed process's link counters start at zero: what crossed before adds the last snapshot's counts
-    wire_base = active_wire[-1] if active_wire else {}
-    last = [time.perf_counter()]
+    the run directory (:class:`_ActiveRun`)."""
+    return _ActiveRun(cfg, local, channel, summary, out_dir, data_root, resume=resume, stop_after=stop_after)()
 
-    def on_epoch_end(epoch: int, record: dict[str, Any]) -> None:
-        now = time.perf_counter()
-        epoch_walls.append(now - last[0])
-        last[0] = now
-        active_wire.append(_plus(wire_base, wire_of(channel)))
-        attacks.on_epoch_end(fed)
-        if out_dir is not None:
-            metrics_lines.append(json.dumps(record))
-            write_atomic(out_dir / "metrics.jsonl", "\n".join(metrics_lines) + "\n")
-        if checkpoints:
-            assert out_dir is not None
-            _commit_epoch(out_dir, epoch, fed, channel, batches, remotes, metrics_lines, epoch_walls, active_wire)
-        if stop_after is not None and epoch + 1 == stop_after and epoch + 1 < cfg.train.epochs:
-            raise _Stopped(epoch + 1)
 
-    tic = time.perf_counter()
-    try:
-        history = fed.fit(epochs=cfg.train.epochs, batch_size=cfg.train.batch_size, generator=batches,
-                          y_test=vd.y_test, eval_every=cfg.train.eval_every, on_epoch_end=on_epoch_end,
-                          start_epoch=start, history=history)
-    except _Stopped as stopped:
-        for remote in remotes:
-            endpoint.post("passive.done", remote.name, meta={"stopped": True})
-        summary["stopped_after"] = stopped.epochs
-        log.info("active: stopped after epoch %d as asked; continue with --resume", stopped.epochs - 1)
+class _ActiveRun:
+    """The active party's process, step by step: :meth:`connect` (its side, the passive parties' ``passive.setup``
+    and ``passive.ready``), :meth:`train` (the :class:`~vflbench.experiment.pipeline.Pipeline`'s loop with the
+    epoch commits, or its continuation), :meth:`collect` (its attacks, the passive parties' reports) and
+    :meth:`finish` (``result.json`` and ``net.json``)."""
+
+    def __init__(self, cfg: ExperimentConfig, local: LocalState, channel: NetChannel, summary: dict[str, Any],
+                 out_dir: Path | None, data_root: str | Path | None, *, resume: bool, stop_after: int | None) -> None:
+        check_components(cfg)
+        self.cfg, self.local, self.channel, self.summary = cfg, local, channel, summary
+        self.out_dir, self.data_root, self.resume, self.stop_after = out_dir, data_root, resume, stop_after
+        self.names = party_names(cfg)[1:cfg.data.parties]
+        self.endpoint = channel.endpoint(ACTIVE)
+        vd = local.data
+        directory = RunDirectory(out_dir, cfg, lambda: environment(cfg.train.threads, vd.device))
+        # the experimenter's ground truth scores this party's attacks; the party's own objects hold only its part
+        self.pipeline = Pipeline(cfg, local.ground_truth if local.ground_truth is not None else vd, local.attacks,
+                                 directory, attacks=own_attacks(local.attacks, ACTIVE))
+        self.refused: dict[Grant, str] = {}
+        self.walls: list[float] = []
+        self.wire: list[dict[str, Any]] = []
+        self.batches = generator(cfg.seed, "active", "batches")
+
+    def __call__(self) -> dict[str, nn.Module]:
+        """Run the active party's side; its models."""
+        fed, remotes = self.connect()
+        run = self.train(fed, remotes)
+        if run is not None:
+            self.finish(run, remotes, *self.collect(run, remotes))
         return fed.active.models()
-    # the experimenter's ground truth scores this party's attacks; the party's own objects hold only its part
-    run = TrainedRun(cfg, local.ground_truth if local.ground_truth is not None else vd, fed, history,
-                     time.perf_counter() - tic, held_out)
-    found, attack_seconds = run_attacks(attacks, run)  # before passive.done: it may query the passive parties
-    attack_seconds.update(search_attacks(attacks, run, found))  # so may the search of a feature attack
-    reports = {}
-    for remote in remotes:
-        endpoint.post("passive.done", remote.name)
-        payload = endpoint.take("passive.report", remote.name).payload
-        with refusing(channel, remote.name):
-            reports[remote.name] = _final_report(payload, remote.name, _positions(attack_plan, remote.name))
-    utility = utility_of(cfg, history)
-    results: dict[int, AttackResult] = dict(zip(local.positions, found, strict=True))
-    for report in reports.values():
-        results.update({int(i): AttackResult(**r) for i, r in report["attacks"].items()})
-        attack_seconds.update(report["attack_seconds"])
-    attack_results = [results[i] for i in range(len(attack_plan.attacks))]
-    undefended = (undefended_result(cfg, out_dir=out_dir.parent if out_dir else None,
-                                      data_root=data_root)
-                  if cfg.defenses and cfg.attacks else None)
-    mark_undefended(attack_results, None if undefended is None else undefended["attacks"], seed=cfg.seed,
-                    confidence=cfg.evaluation.confidence)
-    comm = merged_comm([(channel.train, protocol_kind),
-                        *((comm_from_dict(r["stats"]["train"]), lambda kind: kind.startswith("dealer."))
-                          for r in reports.values())])
-    honest = not any(p.attack.phase == "malicious" for p in attack_plan.attacks)
-    grants = [g.as_dict(refused.get(g, "granted")) for g in local.grants]
-    result = active_result(run, utility=utility, comm=comm, held_out=held_out, attacks=attack_results,
-                           attack_seconds=attack_seconds, undefended=undefended if honest else None, grants=grants)
-    summary.update(utility=utility.__dict__, epochs=history.epochs, comm=comm, grants=grants)
-    if out_dir is not None:
-        write_json(out_dir / "net.json", net_report(epoch_walls, comm, active_wire,
-                                                    {n: p.wire for n, p in zip(names, remotes, strict=True)},
-                                                    {ACTIVE: wire_of(channel), **{n: r["wire"] for n, r in
-                                                                                  reports.items()}},
-                                                    shaped=channel.options.shape))
-        write_json(out_dir / "result.json", result)
-    return fed.active.models()
+
+    def connect(self) -> tuple[Federation, list[RemotePassive]]:
+        """Build the active party's side, send every passive party the bottoms' width, wait for each to be ready
+        (answering its defense halves' set-up requests meanwhile) and connect the loop to them."""
+        plan, local, channel = self.local.attacks, self.local, self.channel
+        built = active_side(self.cfg, local.data, defenses=local.defenses.active, link=channel.endpoint,
+                            keep=plan.keep.get(ACTIVE, ()), extra_dims=plan.extra_dims(), held_out=plan.held_out())
+        for name in self.names:  # the bottom models' width, which the active party's label transforms may set (VLR)
+            self.endpoint.post("passive.setup", name, meta={"embed_dim": built.embed_dim})
+        for name in self.names:
+            ready = self.endpoint.take("passive.ready", name)
+            with refusing(channel, name):
+                self.refused.update(_refusals(ready, local.grants))
+        if self.refused:  # not asked for at all: the scorer reports what it could not compute
+            channel.grant([g for g in local.grants if g not in self.refused])
+        log.info("active: %s ready; training", ", ".join(self.names))
+        extra = plan.extra_dims()
+        granted = {g.server for g in local.grants if g.kind == "passive.oracle_bottom" and g not in self.refused}
+        remotes = [RemotePassive(name, endpoint=self.endpoint, channel=channel,
+                                 width=built.embed_dim + extra.get(name, 0), granted=name in granted)
+                   for name in self.names]
+        fed = connect(built.party, [], channel, train_rows=built.train_rows, remote=remotes)
+        assert self.pipeline.attacks is not None
+        self.pipeline.attacks.prepare(fed)
+        self.pipeline.directory.open()
+        return fed, remotes
+
+    def train(self, fed: Federation, remotes: list[RemotePassive]) -> TrainedRun | None:
+        """The loop, each epoch committed with every party (resumable configs with ``--out``), continuing from the
+        last committed epoch with ``resume``; ``None`` when it stopped after ``stop_after`` epochs."""
+        cfg, out_dir, channel, directory = self.cfg, self.out_dir, self.channel, self.pipeline.directory
+        start, history = 0, History()
+        if self.resume:
+            assert out_dir is not None
+            start = committed_epoch(out_dir) + 1
+            restored = _resume_active(out_dir, start - 1, fed, channel, self.batches, remotes)
+            directory.lines, self.walls, self.wire = restored["metrics"], restored["walls"], restored["active_wire"]
+            records = [json.loads(line) for line in directory.lines]
+            history = History(epochs=records, epoch_seconds=[r["seconds"] for r in records],
+                              refused_updates=sum(r.get("refused_updates", 0) for r in records))
+            log.info("active: resuming after epoch %d, which every party committed", start - 1)
+        # a resumed process's link counters start at zero: what crossed before adds the last snapshot's counts
+        wire_base = self.wire[-1] if self.wire else {}
+        last = [time.perf_counter()]
+
+        def on_epoch_end(epoch: int, record: dict[str, Any]) -> None:
+            now = time.perf_counter()
+            self.walls.append(now - last[0])
+            last[0] = now
+            self.wire.append(_plus(wire_base, wire_of(channel)))
+            if out_dir is not None and resumable(cfg):
+                _commit_epoch(out_dir, epoch, fed, channel, self.batches, remotes, directory.lines, self.walls,
+                              self.wire)
+            if self.stop_after is not None and epoch + 1 == self.stop_after and epoch + 1 < cfg.train.epochs:
+                raise _Stopped(epoch + 1)
+
+        try:
+            return self.pipeline.train(fed, on_epoch_end=on_epoch_end, start_epoch=start, history=history,
+                                       batches=self.batches)
+        except _Stopped as stopped:
+            for remote in remotes:
+                self.endpoint.post("passive.done", remote.name, meta={"stopped": True})
+            self.summary["stopped_after"] = stopped.epochs
+            log.info("active: stopped after epoch %d as asked; continue with --resume", stopped.epochs - 1)
+            return None
+
+    def collect(self, run: TrainedRun,
+                remotes: list[RemotePassive]) -> tuple[list[AttackResult], dict[str, float], dict[str, Any]]:
+        """Every attack's result in the config's order: this party's (scored before ``passive.done``: they may query
+        the passive parties), then each passive party's from its final report (also returned, by party)."""
+        found, seconds = self.pipeline.score(run)
+        plan, reports = self.local.attacks, {}
+        for remote in remotes:
+            self.endpoint.post("passive.done", remote.name)
+            payload = self.endpoint.take("passive.report", remote.name).payload
+            with refusing(self.channel, remote.name):
+                reports[remote.name] = _final_report(payload, remote.name, _positions(plan, remote.name))
+        results: dict[int, AttackResult] = dict(zip(self.local.positions, found, strict=True))
+        for report in reports.values():
+            results.update({int(i): AttackResult(**r) for i, r in report["attacks"].items()})
+            seconds.update(report["attack_seconds"])
+        return [results[i] for i in range(len(plan.attacks))], seconds, reports
+
+    def finish(self, run: TrainedRun, remotes: list[RemotePassive], attacks: list[AttackResult],
+               seconds: dict[str, float], reports: dict[str, Any]) -> None:
+        """``result.json`` (the traffic counted here and each passive party's ``dealer.*`` from its report) and
+        ``net.json``; the summary's utility, epochs, traffic and grants."""
+        cfg, out_dir, channel = self.cfg, self.out_dir, self.channel
+        undefended = (undefended_result(cfg, out_dir=out_dir.parent if out_dir else None, data_root=self.data_root)
+                      if cfg.defenses and cfg.attacks else None)
+        comm = merged_comm([(channel.train, protocol_kind),
+                            *((comm_from_dict(r["stats"]["train"]), lambda kind: kind.startswith("dealer."))
+                              for r in reports.values())])
+        grants = [g.as_dict(self.refused.get(g, "granted")) for g in self.local.grants]
+        held_out = self.local.attacks.held_out()
+
+        def baseline(alone: bool) -> UtilityResult:  # the active party alone, on its own data
+            return utility_of(cfg, train_run(cfg, run.data, with_defenses=False, alone=alone,
+                                             held_out=held_out).history)
+
+        baselines = self.pipeline.baselines(run, undefended=undefended, train=baseline, second_federation=False)
+        result = self.pipeline.result(run, attacks=attacks, attack_seconds=seconds, comm=comm, baselines=baselines,
+                                      undefended=undefended, grants=grants, honest_reference=False)
+        self.summary.update(utility=result.utility.__dict__, epochs=run.history.epochs, comm=comm, grants=grants)
+        self.pipeline.directory.write("net.json", net_report(
+            self.walls, comm, self.wire, {r.name: r.wire for r in remotes},
+            {ACTIVE: wire_of(channel), **{n: r["wire"] for n, r in reports.items()}}, shaped=channel.options.shape))
+        self.pipeline.directory.write("result.json", result.to_dict())
 
 
 def _refusals(ready: Message, grants: list[Grant]) -> dict[Grant, str]:
@@ -911,27 +939,6 @@ def _comm_restored(raw: Mapping[str, Any]) -> CommStats:
     for key in ("messages", "bytes_up", "bytes_down", "messages_up", "messages_down", "rounds_up", "rounds_down"):
         setattr(stats, key, int(raw[key]))
     return stats
-
-
-def active_result(run: TrainedRun, *, utility: UtilityResult, comm: dict[str, Any], held_out: Tensor | None,
-                  attacks: list[AttackResult], attack_seconds: dict[str, float],
-                  undefended: Mapping[str, Any] | None = None,
-                  grants: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """``result.json`` of a run whose parties ran in separate processes, as
-    :func:`~vflbench.experiment.run.run_experiment` writes it (:func:`~vflbench.experiment.assemble.assemble_result`).
-    Baselines: ``alone`` is trained in the active party's process (its own data only); ``vanilla`` is this run's
-    utility when the run has no defenses, the undefended run's (``undefended``, launched before) when the attackers
-    only observe, and is skipped otherwise (it would need a second federation)."""
-    cfg, vd = run.config, run.data
-
-    def baseline(alone: bool) -> UtilityResult:
-        return utility_of(cfg, train_run(cfg, vd, with_defenses=False, alone=alone, held_out=held_out).history)
-
-    baselines = baselines_of(cfg, utility, undefended=undefended, malicious=False, train=baseline,
-                             second_federation=False)
-    return assemble_result(run, utility=utility, defense=defense_entries(run), attacks=attacks,
-                           attack_seconds=attack_seconds, comm=comm, baselines=baselines, grants=list(grants or []),
-                           held_out=held_out).to_dict()
 
 
 def net_report(epoch_seconds: list[float], comm: dict[str, Any], active_wire: list[dict[str, Any]],

@@ -24,29 +24,19 @@ from vflbench._version import __version__
 from vflbench.data import VerticalData
 from vflbench.devices import device_name, resolve_device
 from vflbench.errors import ConfigError, DataError
-from vflbench.experiment.assemble import (
-    assemble_result,
-    baselines_of,
-    defense_entries,
-    is_detector,
-    mark_honest_reference,
-    mark_undefended,
-    utility_of,
-)
+from vflbench.experiment.assemble import is_detector, utility_of
 from vflbench.experiment.config import ExperimentConfig, build_config, check_components
+from vflbench.experiment.pipeline import Pipeline, RunDirectory
 from vflbench.experiment.plan import AttackPlan, aux_ids, validate_attacks, wants_aux
 from vflbench.experiment.results import (
     RunResult,
     TrainedRun,
     UtilityResult,
     save_torch_atomic,
-    write_atomic,
     write_bytes_atomic,
-    write_json,
 )
 from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
-from vflbench.experiment.scoring import run_attacks
-from vflbench.experiment.search import check_search, search_attacks
+from vflbench.experiment.search import check_search
 from vflbench.protocol import Progress
 from vflbench.protocol.messages import passive_names
 from vflbench.rng import generator
@@ -332,48 +322,24 @@ def _train_and_record(cfg: ExperimentConfig, vd: VerticalData, attack_plan: Atta
     ``undefended_result()`` gives the undefended run's result (``None`` without defenses or attacks), asked for
     once the training is done; ``honest``: the result of its detectors' honest reference run
     (:func:`honest_config`), ``None`` when the run is one."""
-    metrics_lines: list[str] = []
-
-    def open_run_dir() -> None:
-        """Make the run directory once the federation is built (its errors leave nothing behind)."""
-        if run_dir is not None and not (run_dir / "config.yaml").is_file():
-            run_dir.mkdir(parents=True, exist_ok=True)
-            write_atomic(run_dir / "config.yaml", cfg.to_yaml())
-            write_json(run_dir / "env.json", environment(cfg.train.threads, vd.device))
-
-    def on_epoch_end(epoch: int, record: dict[str, Any]) -> None:
-        if run_dir is None:
-            return
-        open_run_dir()
-        metrics_lines.append(json.dumps(record))
-        write_atomic(run_dir / "metrics.jsonl", "\n".join(metrics_lines) + "\n")
-
-    run = train_run(cfg, vd, progress=progress, attacks=attack_plan, on_epoch_end=on_epoch_end)
-    open_run_dir()
-    utility = utility_of(cfg, run.history)
+    directory = RunDirectory(run_dir, cfg, lambda: environment(cfg.train.threads, vd.device))
+    pipeline = Pipeline(cfg, vd, attack_plan, directory)
+    run = train_run(cfg, vd, progress=progress, attacks=attack_plan, on_epoch_end=lambda _, r: directory.record(r))
+    directory.open()
     if run_dir is not None and cfg.train.checkpoint != "none":
         save_checkpoints(run, run_dir)
     if run_dir is not None and cfg.train.save_embeddings:
         save_embeddings(run, run_dir, cfg.train.save_embeddings)
     undefended = undefended_result()
     held_out = attack_plan.held_out()  # the baselines train on the same rows as the run
-    malicious = [p.attack.name for p in attack_plan.attacks if p.attack.phase == "malicious"]
 
     def baseline(alone: bool) -> UtilityResult:
         return utility_of(cfg, train_run(cfg, vd, with_defenses=False, alone=alone, held_out=held_out).history)
 
-    baselines = baselines_of(cfg, utility, undefended=undefended, malicious=bool(malicious), train=baseline,
-                             active_has_features=vd.active is not None)
-    attack_results, attack_seconds = run_attacks(attack_plan, run)
-    attack_seconds.update(search_attacks(attack_plan, run, attack_results))
-    mark_undefended(attack_results, None if undefended is None else undefended["attacks"], seed=cfg.seed,
-                    confidence=cfg.evaluation.confidence)
-    defense = defense_entries(run)
-    mark_honest_reference(defense, honest, config_hash=cfg.hash(), malicious=malicious)
-    result = assemble_result(run, utility=utility, defense=defense, attacks=attack_results,
-                             attack_seconds=attack_seconds, comm=run.federation.traffic().as_dict(),
-                             baselines=baselines, grants=[g.as_dict() for g in attack_plan.grants()],
-                             held_out=held_out)
-    if run_dir is not None:
-        write_json(run_dir / "result.json", result.to_dict())
+    baselines = pipeline.baselines(run, undefended=undefended, train=baseline)
+    attack_results, attack_seconds = pipeline.score(run)
+    result = pipeline.result(run, attacks=attack_results, attack_seconds=attack_seconds,
+                             comm=run.federation.traffic().as_dict(), baselines=baselines, undefended=undefended,
+                             honest=honest)
+    directory.write("result.json", result.to_dict())
     return result
