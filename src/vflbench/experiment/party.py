@@ -558,21 +558,7 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
     ``passive.ready`` and its scorer reports the scores it could not compute. Both parties record the grants and
     what became of them (``grants`` in ``result.json`` and in ``<party>.json``, with the queries served)."""
     cfg = cfg.resolved()
-    check_party_config(cfg)
-    if party not in party_names(cfg):
-        raise ConfigError(f"party {party!r} is not in this config's run ({', '.join(party_names(cfg))})")
-    if refuse_grants and role_of(party) != "passive":
-        raise ConfigError("--refuse-grants is a passive party's choice (it refuses evaluation-only queries of its "
-                          "own bottom model); the active party's VMask shares for vmask_weight_recovery's "
-                          "evaluation-only errors cannot be refused yet: leave that attack out of the config instead")
-    if resume:
-        check_resumable(cfg)
-        if out_dir is None:
-            raise ConfigError("--resume needs --out: the directory that holds this party's checkpoints")
-        if party == ACTIVE:
-            committed_epoch(out_dir)  # before anything starts: nothing to resume is an error of its own
-    if stop_after is not None and stop_after < 1:
-        raise ConfigError(f"--stop-after takes a number of epochs of at least 1, got {stop_after}")
+    check_party_run(cfg, party, out_dir=out_dir, resume=resume, stop_after=stop_after, refuse_grants=refuse_grants)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.train.threads)
     device = resolve_device(cfg.train.device)
@@ -606,6 +592,26 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
         return summary
     finally:
         torch.set_num_threads(previous_threads)
+
+
+def check_party_run(cfg: ExperimentConfig, party: str, *, out_dir: Path | None, resume: bool,
+                    stop_after: int | None, refuse_grants: bool) -> None:
+    """Refuse, before anything starts, what :func:`run_party` cannot do with these options (one-line errors)."""
+    check_party_config(cfg)
+    if party not in party_names(cfg):
+        raise ConfigError(f"party {party!r} is not in this config's run ({', '.join(party_names(cfg))})")
+    if refuse_grants and role_of(party) != "passive":
+        raise ConfigError("--refuse-grants is a passive party's choice (it refuses evaluation-only queries of its "
+                          "own bottom model); the active party's VMask shares for vmask_weight_recovery's "
+                          "evaluation-only errors cannot be refused yet: leave that attack out of the config instead")
+    if resume:
+        check_resumable(cfg)
+        if out_dir is None:
+            raise ConfigError("--resume needs --out: the directory that holds this party's checkpoints")
+        if party == ACTIVE:
+            committed_epoch(out_dir)  # before anything starts: nothing to resume is an error of its own
+    if stop_after is not None and stop_after < 1:
+        raise ConfigError(f"--stop-after takes a number of epochs of at least 1, got {stop_after}")
 
 
 def _serve_dealer(cfg: ExperimentConfig, channel: NetChannel, *, out_dir: Path | None = None,
