@@ -256,8 +256,9 @@ def _binder(cfg: ExperimentConfig, *, num_classes: int, num_parties: int, active
 def passive_party(cfg: ExperimentConfig, name: str, part: PartySlice, *, defenses: Sequence[Defense],
                    active_defenses: Sequence[Defense], embed_dim: int, bind: Callable[[Defense, str], None],
                    transcript: Transcript) -> PassiveParty:
-    """Passive party ``name`` on its slice ``part``: its defenses bound, its bottom model (wrapped by the active
-    party's defenses, which only look at it, then by its own), optimizer and schedule."""
+    """Passive party ``name`` on its slice ``part``: its defenses bound, its bottom model (wrapped by its own
+    defenses), optimizer and schedule. The active party's defenses never receive this party's model: they look at
+    an architecture built from the slice's layout (:func:`show_layout`), as in the active party's own process."""
     m, seed = cfg.model, cfg.seed
     assert m.bottom is not None
     device = part.x_train.device
@@ -266,7 +267,8 @@ def passive_party(cfg: ExperimentConfig, name: str, part: PartySlice, *, defense
     for d in defenses:
         part = d.augment_features(part).to(device)
     bottom = build_bottom(m.bottom, part, embed_dim, generator(seed, name, "init"), device=device, **m.bottom_options)
-    for d in (*active_defenses, *defenses):
+    show_layout(cfg, name, shape_only(part), active_defenses, embed_dim=embed_dim, device=device)
+    for d in defenses:
         bottom = d.wrap_bottom(bottom, name).to(device)  # a wrapper's own layers are built (and seeded) on the CPU
     opt = make_optimizer(cfg, list(bottom.parameters()))
     for d in defenses:
@@ -304,18 +306,26 @@ def bind_active(cfg: ExperimentConfig, vd: VerticalData, defenses: Sequence[Defe
     return objective, embed_dim_of(cfg, objective.out_dim)
 
 
+def show_layout(cfg: ExperimentConfig, name: str, layout: PartySlice, defenses: Sequence[Defense], *,
+                embed_dim: int, device: torch.device) -> None:
+    """Let the active party's ``defenses`` look at passive party ``name``'s bottom architecture, built from its
+    slice's ``layout`` only (VMask's shadow architecture, an information bottleneck's widths), never at the
+    party's own model; the architecture is then dropped."""
+    if not defenses:
+        return
+    assert cfg.model.bottom is not None
+    architecture = build_bottom(cfg.model.bottom, layout, embed_dim, generator(cfg.seed, name, "architecture"),
+                                device=device, **cfg.model.bottom_options)
+    for d in defenses:
+        architecture = d.wrap_bottom(architecture, name).to(device)
+
+
 def show_layouts(cfg: ExperimentConfig, vd: VerticalData, defenses: Sequence[Defense], *, names: Sequence[str],
                  embed_dim: int, device: torch.device) -> None:
-    """Let the active party's ``defenses`` look at each passive party's bottom architecture, built from its slice's
-    layout only (VMask's shadow architecture, an information bottleneck's widths), in the active party's own
-    process, where no passive party's model exists; the architectures are then dropped."""
-    m = cfg.model
-    assert m.bottom is not None
+    """:func:`show_layout` for every passive party of ``vd`` (in the active party's own process, where no passive
+    party's model exists)."""
     for name, part in zip(names, vd.passive, strict=True):
-        architecture = build_bottom(m.bottom, part, embed_dim, generator(cfg.seed, name, "architecture"),
-                                    device=device, **m.bottom_options)
-        for d in defenses:
-            architecture = d.wrap_bottom(architecture, name).to(device)
+        show_layout(cfg, name, part, defenses, embed_dim=embed_dim, device=device)
 
 
 def build_active(cfg: ExperimentConfig, vd: VerticalData, *, objective: Objective, embed_dim: int,
