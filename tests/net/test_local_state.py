@@ -155,6 +155,16 @@ def test_with_vmask_the_active_party_holds_the_passive_columns_of_its_auxiliary_
                                              .index_put_((granted.rows,), torch.tensor(False)).nonzero()[0])]))
 
 
+def test_each_process_builds_its_own_defense_instances_only():
+    raw = {**RAW, "data": {**RAW["data"], "parties": 3, "aux_pool": 40},
+           "defenses": [{"name": "vmask", "mc_epochs": 1}, {"name": "dp_laplace"}]}
+    cfg = build_config(raw).resolved()
+    active, passive = local_state(cfg, "active").defenses, local_state(cfg, "passive_2").defenses
+    assert [d.name for d in active.active] == ["vmask", "dp_laplace"] and active.passive == {}
+    assert passive.active == [] and list(passive.passive) == ["passive_2"]
+    assert [d.name for d in passive.passive["passive_2"]] == ["vmask"]  # dp_laplace acts at the active party only
+
+
 def test_a_passive_attackers_ground_truth_stays_with_the_scorer_not_its_party():
     raw = {**RAW, "attacks": [{"name": "model_completion", "party": "passive_1", "known_per_class": 2,
                                "epochs": 1}]}

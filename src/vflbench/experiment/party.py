@@ -92,7 +92,6 @@ from vflbench.experiment.resume import (
 )
 from vflbench.experiment.run import check_before_training, cpu_state_dict, environment, train_run, undefended_result
 from vflbench.experiment.scenario import (
-    DefensePlan,
     PassiveData,
     active_data,
     active_side,
@@ -137,13 +136,13 @@ class LocalState:
 
     ``data``: a passive party's :class:`~vflbench.experiment.scenario.PassiveData` (its own slice only), or the
     active party's :func:`~vflbench.experiment.scenario.active_data` (its slice, the labels, each passive party's
-    layout and the auxiliary rows its defenses' threat model grants). ``defenses``: the config's defense
-    instances. ``attacks``: the attacks that run at this party (the active party's plan also lists the others',
-    whose extra embedding widths size its top model). ``ground_truth``: the whole dataset, kept only when this
-    party runs attacks: the experimenter's truth to score them (and the labels or auxiliary rows their threat
-    models grant), never given to the party's own objects. ``positions``: where this party's attacks stand in the
-    config's list. ``grants``: the evaluation-only queries the run's plan grants between any two parties (the same
-    list in every process: :meth:`~vflbench.experiment.plan.AttackPlan.grants`).
+    layout and the auxiliary rows its defenses' threat model grants). ``defenses``: this party's own defense
+    instances (no other party's are built here). ``attacks``: the attacks that run at this party (the active party's
+    plan also lists the others', whose extra embedding widths size its top model). ``ground_truth``: the whole
+    dataset, kept only when this party runs attacks: the experimenter's truth to score them (and the labels or
+    auxiliary rows their threat models grant), never given to the party's own objects. ``positions``: where this
+    party's attacks stand in the config's list. ``grants``: the evaluation-only queries the run's plan grants
+    between any two parties (the same list in every process: :meth:`~vflbench.experiment.plan.AttackPlan.grants`).
     """
 
     data: Any
@@ -173,7 +172,7 @@ def local_state(cfg: ExperimentConfig, party: str, data_root: str | Path | None 
     if party not in party_names(cfg) or party == DEALER:
         raise ConfigError(f"party {party!r} holds no data in this config's run ({', '.join(party_names(cfg))})")
     vd = load_vertical_data(cfg, data_root)
-    plan = plan_defenses(cfg, party_names(cfg)[1:cfg.data.parties])
+    plan = plan_defenses(cfg, [] if party == ACTIVE else [party], active=party == ACTIVE)  # its own instances only
     attack_plan = validate_attacks(cfg, vd)
     positions = _positions(attack_plan, party)
     if party == ACTIVE:
@@ -182,8 +181,7 @@ def local_state(cfg: ExperimentConfig, party: str, data_root: str | Path | None 
         return LocalState(active_data(vd, granted=defense_aux_rows(cfg, plan, vd.y_train)), plan, attacks, positions,
                           vd if positions else None, attack_plan.grants())
     attacks = own_attacks(attack_plan, party) if positions else AttackPlan(seed=cfg.seed)
-    mine = DefensePlan([], {party: plan.passive[party]})  # its own halves only
-    return LocalState(passive_data(vd, party), mine, attacks, positions, vd if positions else None,
+    return LocalState(passive_data(vd, party), plan, attacks, positions, vd if positions else None,
                       attack_plan.grants())
 
 

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from vflbench.data import PartySlice, VerticalData, aux_indices, load_dataset, partition, subsample
-from vflbench.defenses import create_defense
+from vflbench.defenses import DEFENSES, check_defense, create_defense
 from vflbench.devices import resolve_device
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import ExperimentConfig
@@ -88,14 +88,17 @@ class DefensePlan:
         return self.active + [d for ds in self.passive.values() for d in ds]
 
 
-def plan_defenses(cfg: ExperimentConfig, passive_names: Sequence[str]) -> DefensePlan:
-    """Instantiate the configured defenses for the parties whose side they act on."""
+def plan_defenses(cfg: ExperimentConfig, passive_names: Sequence[str], *, active: bool = True) -> DefensePlan:
+    """Instantiate the configured defenses for the parties built here, on the side each acts on: the active party's
+    instances (``active``) and each of ``passive_names``'. A party's own process builds its own instances only
+    (another party's are never built there); every defense's parameters are checked either way."""
     plan = DefensePlan([], {n: [] for n in passive_names})
     for spec in cfg.defenses:
-        probe = create_defense(spec.name, **spec.params())
-        if probe.side in ("active", "both"):
-            plan.active.append(probe)
-        if probe.side in ("passive", "both"):
+        check_defense(spec.name, spec.params())
+        side = DEFENSES.get(spec.name).factory.side  # type: ignore[attr-defined]
+        if active and side in ("active", "both"):
+            plan.active.append(create_defense(spec.name, **spec.params()))
+        if side in ("passive", "both"):
             for name in passive_names:
                 plan.passive[name].append(create_defense(spec.name, **spec.params()))
     return plan
