@@ -95,7 +95,9 @@ def plan_defenses(cfg: ExperimentConfig, passive_names: Sequence[str], *, active
     plan = DefensePlan([], {n: [] for n in passive_names})
     for spec in cfg.defenses:
         check_defense(spec.name, spec.params())
-        side = DEFENSES.get(spec.name).factory.side  # type: ignore[attr-defined]
+        cls = DEFENSES.get(spec.name).factory
+        assert isinstance(cls, type) and issubclass(cls, Defense)
+        side = cls.side
         if active and side in ("active", "both"):
             plan.active.append(create_defense(spec.name, **spec.params()))
         if side in ("passive", "both"):
