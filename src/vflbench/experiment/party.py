@@ -163,6 +163,11 @@ class OwnSide:
         """The process's own party."""
         return list(self.passives)
 
+    def bottom_of(self, name: str) -> nn.Module | None:
+        """The bottom model of ``name`` as the scorer may query it: the process's own party's; no other's is here."""
+        own = self.passives[0]
+        return own.bottom if name == own.name else None
+
 
 def local_state(cfg: ExperimentConfig, party: str, data_root: str | Path | None = None) -> LocalState:
     """Load ``cfg``'s dataset, keep ``party``'s part of it (see :class:`LocalState`) and drop the rest: a dataset
