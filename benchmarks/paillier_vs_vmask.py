@@ -113,7 +113,7 @@ def loop_bytes(fed: Federation) -> int:
     """Bytes of the loop's own messages (embeddings and cut gradients) in training; protocol messages that
     the channel also counts (``paillier.*``) are in :func:`side_bytes`."""
     return sum(s.bytes for kind in ("embedding", "cut_gradient")
-               for s in fed.channel.train.by_kind.get(kind, {}).values())
+               for s in fed.traffic().by_kind.get(kind, {}).values())
 
 
 def dealer_bytes(fed: Federation) -> int:

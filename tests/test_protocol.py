@@ -127,7 +127,7 @@ def test_channel_counts_messages_and_bytes_and_transcript_keeps_what_is_asked():
     fed = build_federation(cfg, vd, keep={"passive_1": {"cut_gradient"}})
     fed.fit(epochs=1, batch_size=64, generator=torch.Generator().manual_seed(0), y_test=vd.y_test)
     steps = (len(vd.y_train) + 63) // 64
-    stats = fed.channel.train
+    stats = fed.traffic()
     assert stats.messages == 2 * steps
     assert stats.bytes_up == stats.bytes_down == len(vd.y_train) * 16 * 4
     kept = fed.passives[0].transcript.of_kind("cut_gradient")

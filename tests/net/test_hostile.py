@@ -32,6 +32,7 @@ from vflbench.experiment.party import local_state, party_policy, run_party, to_b
 from vflbench.net import Credentials, NetChannel, NetError, NetOptions, PeerFailed, ProtocolError, provision
 from vflbench.net.frames import MAX_JSON_BYTES
 from vflbench.net.policy import SURFACE, Policy, requests
+from vflbench.protocol.channel import Endpoint
 from vflbench.protocol.grants import Grant
 from vflbench.protocol.messages import Message
 
@@ -256,38 +257,49 @@ def test_a_real_party_run_process_refuses_the_probe_with_exit_3_and_one_line_no_
 # ------------------------------------------------------------------ a hostile passive party
 
 
-def honest(request: Message) -> Message:
+def honest(request: Message, e: Endpoint) -> Message:
     """What an honest passive party answers, as far as the active party can tell (zeros)."""
     if request.kind == "passive.forward":
-        return request.reply(torch.zeros(len(request.ids), 16))
+        return embedding(request, e, torch.zeros(len(request.ids), 16))
     if request.kind == "passive.backward":
+        e.take("cut_gradient", "active")
         return request.reply(meta={"applied": True})
     if request.kind == "passive.end_epoch":
         return request.reply(to_bytes_tensor({"report": {}, "wire": {}}))
     return request.reply(meta={"committed": -1})
 
 
-def fake_passive(ch: NetChannel, answer: Callable[[Message], Message]) -> Callable[[], None]:
+def embedding(request: Message, e: Endpoint, payload: torch.Tensor) -> Message:
+    """Post ``payload`` as the embedding the ``passive.forward`` request asked for; the empty reply."""
+    e.post("embedding", "active", payload, ids=request.ids, epoch=request.epoch, step=request.step,
+           phase=request.phase)
+    return request.reply()
+
+
+Answer = Callable[[Message, Endpoint], Message]
+
+
+def fake_passive(ch: NetChannel, answer: Answer) -> Callable[[], None]:
     def run() -> None:
         with ch as c:
             e = c.endpoint("passive_1")
             e.take("passive.setup", "active")
-            e.serve("passive", answer)
+            e.serve("passive", lambda request: answer(request, e))
             e.post("passive.ready", "active")
             e.take("passive.done", "active")
     return run
 
 
-def on(kind: str, bad: Callable[[Message], Message]) -> Callable[[Message], Message]:
-    return lambda request: bad(request) if request.kind == kind else honest(request)
+def on(kind: str, bad: Answer) -> Answer:
+    return lambda request, e: bad(request, e) if request.kind == kind else honest(request, e)
 
 
-def forward_reply(payload: Callable[[int], torch.Tensor]) -> Callable[[Message], Message]:
-    return on("passive.forward", lambda r: r.reply(payload(len(r.ids))))
+def forward_reply(payload: Callable[[int], torch.Tensor]) -> Answer:
+    return on("passive.forward", lambda r, e: embedding(r, e, payload(len(r.ids))))
 
 
-def end_epoch_reply(raw: bytes) -> Callable[[Message], Message]:
-    return on("passive.end_epoch", lambda r: r.reply(torch.frombuffer(bytearray(raw), dtype=torch.uint8)))
+def end_epoch_reply(raw: bytes) -> Answer:
+    return on("passive.end_epoch", lambda r, e: r.reply(torch.frombuffer(bytearray(raw), dtype=torch.uint8)))
 
 
 HOSTILE_PASSIVE = {
@@ -297,6 +309,10 @@ HOSTILE_PASSIVE = {
                           "passive_1 sent an embedding of 64 rows of dtype torch.int64; expected torch.float32"),
     "non-finite embedding": (forward_reply(lambda n: torch.full((n, 16), float("nan"))),
                              "passive_1 sent an embedding of 64 rows with 1024 non-finite values"),
+    "embedding for another step": (on("passive.forward", lambda r, e: embedding(
+        dataclasses.replace(r, step=r.step + 1), e, torch.zeros(len(r.ids), 16)) and r.reply()),
+        "passive_1 sent an embedding for train epoch 0 step 1 (64 rows) when train epoch 0 step 0 (64 rows) was "
+        "asked for"),
     "oversized report": (end_epoch_reply(b'"' + b"a" * MAX_JSON_BYTES + b'"'),
                          f"passive_1's end-of-epoch report of epoch 0: a report of {MAX_JSON_BYTES + 2} bytes "
                          f"exceeds the limit of {MAX_JSON_BYTES} bytes"),
@@ -304,8 +320,8 @@ HOSTILE_PASSIVE = {
                              "a report nested 200000 levels deep exceeds the limit of 32 levels"),
     "report of the wrong form": (end_epoch_reply(b'{"report": [], "wire": 5}'),
                                  "passive_1's end-of-epoch report must be an object with a 'report' object"),
-    "reply for the wrong step": (on("passive.forward", lambda r: dataclasses.replace(
-        r.reply(torch.zeros(len(r.ids), 16)), epoch=99, step=99)),
+    "reply for the wrong step": (on("passive.forward", lambda r, e: dataclasses.replace(
+        embedding(r, e, torch.zeros(len(r.ids), 16)), epoch=99, step=99)),
         "passive_1 answered call 1 ('passive.forward', train epoch 0 step 0) with a 'passive.forward' reply for "
         "train epoch 99 step 99"),
 }
@@ -336,11 +352,11 @@ def test_a_forged_abort_origin_is_charged_to_the_authenticated_peer(certs, caplo
     ch = channels(certs, cfg, policies={})
     from vflbench.net.frames import Frame
 
-    def forge(request: Message) -> Message:
+    def forge(request: Message, e: Endpoint) -> Message:
         link = ch["passive_1"]._links["active"]  # a raw abort frame that blames another party
         ch["passive_1"]._put(link, Frame("abort", receiver="active", run=cfg.hash(), meta={
             "origin": "dealer", "epoch": 3, "step": 4, "reason": "the dealer crashed, honestly"}))
-        return honest(request)
+        return honest(request, e)
 
     with caplog.at_level(logging.ERROR, logger="vflbench"):
         r = run_both({"active": lambda: run_party(cfg, party="active", channel=ch["active"]),

@@ -17,9 +17,10 @@ from torch import Tensor, nn
 from vflbench.experiment.config import build_config
 from vflbench.experiment.party import local_state
 from vflbench.experiment.scenario import (
-    DefensePlan,
+    active_side,
     build_federation,
     build_passive,
+    connect,
     embed_dim_of,
     load_vertical_data,
 )
@@ -125,16 +126,16 @@ def test_the_active_partys_process_holds_its_columns_and_labels_and_no_passive_c
     local = local_state(cfg, "active")
     assert local.ground_truth is None and local.attacks.data is None
     assert [len(p.x_train) + len(p.x_test) for p in local.data.passive] == [0, 0]
-    fed = build_federation(cfg, local.data, defenses=DefensePlan([], {"passive_1": [], "passive_2": []}),
-                           remote_passives=True)
-    assert all(p.bottom is None and p.data is None and p.optimizer is None for p in fed.passives)
+    side = active_side(cfg, local.data, defenses=[], link=Channel().endpoint)
+    fed = connect(side.party, [], Channel(), train_rows=side.train_rows)
+    assert fed.passives == [] and fed.parties() == [fed.active]  # no passive party's model exists in this process
     tensors = list(reachable_tensors(local, fed))
     assert holds(tensors, vd.y_train) and holds(tensors, vd.active.x_train)
     for p in vd.passive:
         assert not holds(tensors, p.x_train) and not holds(tensors, p.x_test)
     # the same active party, bit for bit, as in one process
     reference = build_federation(cfg, vd)
-    assert embed_dim_of(cfg, fed.active.objective.out_dim) == 16
+    assert side.embed_dim == embed_dim_of(cfg, fed.active.objective.out_dim) == 16
     for role, model in reference.active.models().items():
         for key, value in model.state_dict().items():
             assert torch.equal(fed.active.models()[role].state_dict()[key], value)
@@ -152,6 +153,16 @@ def test_with_vmask_the_active_party_holds_the_passive_columns_of_its_auxiliary_
     with pytest.raises(ValueError, match="holds training rows"):
         granted.train_rows(torch.tensor([int(torch.ones(len(vd.y_train), dtype=torch.bool)
                                              .index_put_((granted.rows,), torch.tensor(False)).nonzero()[0])]))
+
+
+def test_each_process_builds_its_own_defense_instances_only():
+    raw = {**RAW, "data": {**RAW["data"], "parties": 3, "aux_pool": 40},
+           "defenses": [{"name": "vmask", "mc_epochs": 1}, {"name": "dp_laplace"}]}
+    cfg = build_config(raw).resolved()
+    active, passive = local_state(cfg, "active").defenses, local_state(cfg, "passive_2").defenses
+    assert [d.name for d in active.active] == ["vmask", "dp_laplace"] and active.passive == {}
+    assert passive.active == [] and list(passive.passive) == ["passive_2"]
+    assert [d.name for d in passive.passive["passive_2"]] == ["vmask"]  # dp_laplace acts at the active party only
 
 
 def test_a_passive_attackers_ground_truth_stays_with_the_scorer_not_its_party():
@@ -296,8 +307,8 @@ def test_a_live_passive_process_receives_only_its_surface_and_holds_no_labels_or
     assert {f["kind"] for f in received} <= allowed_in
     assert {f["kind"] for f in frames if f["dir"] == "sent" and f["type"] == "message"} <= allowed_out
     assert {f["peer"] for f in received} == {"active"}  # nothing from passive_2: passive parties have no link
-    assert {"passive.setup", "passive.forward", "passive.backward", "passive.end_epoch", "passive.done"} \
-        <= {f["kind"] for f in received}
+    assert {"passive.setup", "passive.forward", "cut_gradient", "passive.backward", "passive.end_epoch",
+            "passive.done"} <= {f["kind"] for f in received}
     vd = load_vertical_data(cfg).to("cpu")  # the ground truth beside the values the frames recorded (CPU tensors)
     y = vd.y_train
     onehot = torch.nn.functional.one_hot(y, vd.num_classes).float()
@@ -306,7 +317,7 @@ def test_a_live_passive_process_receives_only_its_surface_and_holds_no_labels_or
         # a backward request is for the rows of the forward before it (it carries no ids of its own)
         ids = torch.tensor(f["ids"], dtype=torch.long) if f["ids"] else ids
         for dtype, shape, values in f["tensors"]:
-            if f["kind"] == "passive.backward":  # the cut gradient of the batch: float32, the embedding's shape
+            if f["kind"] == "cut_gradient":  # the cut gradient of the batch: float32, the embedding's shape
                 assert (dtype, shape) == ("torch.float32", [len(ids), 16])
             else:  # everything else carries its content in the header (and row ids): an empty payload
                 assert shape == [0], (f["kind"], shape)

@@ -66,7 +66,7 @@ def test_two_party_processes_over_mtls_train_exactly_the_in_process_model(tmp_pa
         return {k: v for k, v in record.items() if k != "seconds"}
 
     assert [same(r) for r in active["epochs"]] == [same(r) for r in reference.history.epochs]
-    assert active["comm"] == reference.federation.channel.train.as_dict()
+    assert active["comm"] == reference.federation.traffic().as_dict()
     models = {"active.top": reference.federation.active.top, "active.bottom": reference.federation.active.bottom,
               "passive_1.bottom": reference.federation.passives[0].bottom}
     for name, model in models.items():

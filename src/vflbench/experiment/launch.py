@@ -87,59 +87,29 @@ def launch(cfg: ExperimentConfig, *, out_dir: Path, certs: Path | None = None, i
     when it scores its attacks (the launcher holds the run's claim meanwhile,
     :func:`~vflbench.experiment.run.claim_undefended`).
     """
-    # imported here, not with this module: the command line starts the fork server (party_context) first
-    from vflbench.experiment.party import check_party_config, party_names
-    from vflbench.experiment.resume import check_resumable, committed_epoch
     from vflbench.experiment.run import undefended_config
-    from vflbench.protocol.messages import ACTIVE, DEALER
 
     cfg = cfg.resolved()
-    check_party_config(cfg)
-    if resume:
-        check_resumable(cfg)
-        committed_epoch(out_dir / cfg.hash())  # refuse before any process starts
-    if stop_after is not None and stop_after < 1:
-        raise ConfigError(f"stop_after takes a number of epochs of at least 1, got {stop_after}")
+    _check_launch(cfg, out_dir, resume=resume, stop_after=stop_after)
     context = party_context()  # the fork server imports while the certificates are made
     reference = undefended_config(cfg) if cfg.defenses and cfg.attacks else None
     runs = [_Run(cfg, "", resume, stop_after)]
+    options = _Options(out_dir=out_dir, insecure=insecure, data_root=data_root, start_timeout=start_timeout,
+                       receive_timeout=receive_timeout, shape=shape)
     with tempfile.TemporaryDirectory(prefix="vflbench-launch-") as tmp, \
             _claimed(reference, out_dir) as launch_reference:
         if launch_reference:
             assert reference is not None
             runs.append(_Run(reference, f" of the undefended reference run {reference.hash()}", False, None))
-        if certs is None and not insecure:
-            from vflbench.net.provision import provision
-
-            certs = Path(tmp) / "certs"
-            provision(certs, party_names(cfg), project=f"launch-{cfg.hash()}", days=2)
+        certs = _certificates(certs, insecure, cfg, Path(tmp))
         procs: dict[str, _PartyProcess] = {}
         logs: dict[str, Path] = {}
         tic = time.monotonic()
         try:
             for run in runs:
-                config_path = Path(tmp) / f"{run.cfg.hash()}.yaml"
-                config_path.write_text(run.cfg.to_yaml())
-                run_logs = out_dir / run.cfg.hash() / "logs"
-                run_logs.mkdir(parents=True, exist_ok=True)
-                names = party_names(run.cfg)
-                addresses = {ACTIVE: f"127.0.0.1:{free_port()}"}
-                if DEALER in names:
-                    addresses[DEALER] = f"127.0.0.1:{free_port()}"
-                for name in names:
-                    argv = ["party", "run", str(config_path), "--party", name, "--out", str(out_dir / run.cfg.hash()),
-                            "--start-timeout", str(start_timeout), "--receive-timeout", str(receive_timeout),
-                            *(a for k, v in addresses.items() for a in ("--address", f"{k}={v}"))]
-                    argv += ["--insecure"] if insecure else ["--certs", str(Path(certs or "") / name)]
-                    if data_root is not None:
-                        argv += ["--data-root", str(data_root)]
-                    argv += ["--resume"] * run.resume
-                    argv += ["--stop-after", str(run.stop_after)] if run.stop_after else []
-                    if shape is not None:
-                        argv += _shape_options(shape)
-                    key = name + run.label
-                    logs[key] = run_logs / f"{name}.log"
-                    procs[key] = _PartyProcess(context, argv, logs[key])
+                for key, (argv, log) in _party_commands(run, options, certs, Path(tmp)).items():
+                    logs[key] = log
+                    procs[key] = _PartyProcess(context, argv, log)
             failed = _wait(procs, timeout=timeout, grace=grace, started=tic)
         finally:
             for proc in procs.values():
@@ -149,18 +119,89 @@ def launch(cfg: ExperimentConfig, *, out_dir: Path, certs: Path | None = None, i
     seconds = time.monotonic() - tic
     run_dir = out_dir / cfg.hash()
     if failed:
-        text = {n: logs[n].read_text(errors="replace") for n in failed}
-        # the party whose own error it is, not one that noticed another's failure
-        failed.sort(key=lambda n: "(noticed by" in _error_line(text[n]))
-        first, *others = failed
-        detail = "; ".join(f"{n} (exit {procs[n].returncode}): {_error_line(text[n]).rstrip('.')}" for n in others)
-        raise LaunchError(f"party {first} failed first (exit {procs[first].returncode}): "
-                          f"{_error_line(text[first]).rstrip('.')}"
-                          + (f"; then {detail}" if detail else "") + f". Logs: {logs[first].parent}")
+        raise _failure(failed, procs, logs)
     if stop_after is not None and stop_after < cfg.train.epochs:
         return Launched(run_dir, {}, {}, seconds, stopped_after=stop_after)
     return Launched(run_dir, json.loads((run_dir / "result.json").read_text()),
                     json.loads((run_dir / "net.json").read_text()), seconds)
+
+
+def _check_launch(cfg: ExperimentConfig, out_dir: Path, *, resume: bool, stop_after: int | None) -> None:
+    """Refuse what :func:`launch` cannot run, before any process starts."""
+    # imported here, not with this module: the command line starts the fork server (party_context) first
+    from vflbench.experiment.party import check_party_config
+    from vflbench.experiment.resume import check_resumable, committed_epoch
+
+    check_party_config(cfg)
+    if resume:
+        check_resumable(cfg)
+        committed_epoch(out_dir / cfg.hash())
+    if stop_after is not None and stop_after < 1:
+        raise ConfigError(f"stop_after takes a number of epochs of at least 1, got {stop_after}")
+
+
+@dataclass(frozen=True)
+class _Options:
+    """What every party process of a launch is started with (see :func:`launch`)."""
+
+    out_dir: Path
+    insecure: bool
+    data_root: Path | None
+    start_timeout: float
+    receive_timeout: float
+    shape: LinkProfile | None
+
+
+def _certificates(certs: Path | None, insecure: bool, cfg: ExperimentConfig, tmp: Path) -> Path | None:
+    """The parties' certificates: ``certs``, or a temporary CA's provisioned in ``tmp`` (none when ``insecure``)."""
+    if certs is not None or insecure:
+        return certs
+    from vflbench.experiment.party import party_names
+    from vflbench.net.provision import provision
+
+    provision(tmp / "certs", party_names(cfg), project=f"launch-{cfg.hash()}", days=2)
+    return tmp / "certs"
+
+
+def _party_commands(run: _Run, options: _Options, certs: Path | None, tmp: Path) -> dict[str, tuple[list[str], Path]]:
+    """Each party process of ``run``: its ``vflbench party run`` arguments and its log file, by party (and run)."""
+    from vflbench.experiment.party import party_names
+    from vflbench.protocol.messages import ACTIVE, DEALER
+
+    config_path = tmp / f"{run.cfg.hash()}.yaml"
+    config_path.write_text(run.cfg.to_yaml())
+    run_logs = options.out_dir / run.cfg.hash() / "logs"
+    run_logs.mkdir(parents=True, exist_ok=True)
+    names = party_names(run.cfg)
+    addresses = {ACTIVE: f"127.0.0.1:{free_port()}"}
+    if DEALER in names:
+        addresses[DEALER] = f"127.0.0.1:{free_port()}"
+    commands = {}
+    for name in names:
+        argv = ["party", "run", str(config_path), "--party", name, "--out", str(options.out_dir / run.cfg.hash()),
+                "--start-timeout", str(options.start_timeout), "--receive-timeout", str(options.receive_timeout),
+                *(a for k, v in addresses.items() for a in ("--address", f"{k}={v}"))]
+        argv += ["--insecure"] if options.insecure else ["--certs", str(Path(certs or "") / name)]
+        if options.data_root is not None:
+            argv += ["--data-root", str(options.data_root)]
+        argv += ["--resume"] * run.resume
+        argv += ["--stop-after", str(run.stop_after)] if run.stop_after else []
+        if options.shape is not None:
+            argv += _shape_options(options.shape)
+        commands[name + run.label] = (argv, run_logs / f"{name}.log")
+    return commands
+
+
+def _failure(failed: list[str], procs: Mapping[str, _PartyProcess], logs: Mapping[str, Path]) -> LaunchError:
+    """The error naming the party that failed first (the one whose own error it is, not one that noticed another's
+    failure), then the others, with where their logs are."""
+    text = {n: logs[n].read_text(errors="replace") for n in failed}
+    failed = sorted(failed, key=lambda n: "(noticed by" in _error_line(text[n]))
+    first, *others = failed
+    detail = "; ".join(f"{n} (exit {procs[n].returncode}): {_error_line(text[n]).rstrip('.')}" for n in others)
+    return LaunchError(f"party {first} failed first (exit {procs[first].returncode}): "
+                       f"{_error_line(text[first]).rstrip('.')}" + (f"; then {detail}" if detail else "")
+                       + f". Logs: {logs[first].parent}")
 
 
 @dataclass(frozen=True)

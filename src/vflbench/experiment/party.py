@@ -1,8 +1,9 @@
 """One party of an experiment in its own process (see docs/deployment.md).
 
-The active party's process runs the usual training loop (:class:`~vflbench.protocol.Federation`),
-in which each passive party is a :class:`RemotePassive`: its ``forward``, ``backward`` and
-``end_epoch`` are requests over the transport, answered by the passive party's process. The dealer
+The active party's process runs the usual training loop (:class:`~vflbench.protocol.Federation`) over the gRPC
+transport: the loop talks to every passive party through the same messages as in one process
+(:mod:`vflbench.protocol.service`), through a :class:`RemotePassive` handle that checks what the party answers, and
+the passive party's process answers them with its registered handlers (:class:`ServedPassive`). The dealer
 of VMask's Beaver triples, when the config needs one, is a process of its own that answers
 ``dealer.*`` requests. Each process binds only its own party's defense halves to its
 :class:`~vflbench.net.NetChannel` endpoint, so what crosses the wire between the halves is exactly
@@ -16,11 +17,10 @@ trains, posts ``passive.done``, takes each passive party's ``passive.report`` (i
 the run directory (``result.json`` atomically) and says goodbye; the dealer answers until every peer
 has said goodbye.
 
-The loop's embeddings and cut gradients are counted by the active process's in-process channel, as in
-one process. ``result.json``'s ``comm`` adds the defense halves' messages as the network channels
-counted them (the active party's, and each passive party's ``dealer.*`` traffic from its report),
-leaving out the ``passive.*`` requests that drive the remote party. ``net.json`` records what
-crossed each link (frames and bytes) per epoch and the measured epoch times.
+One counter: ``result.json``'s ``comm`` is what the active party's transport counted (the loop's embeddings and cut
+gradients and the defense halves' messages it sent or received), plus each passive party's ``dealer.*`` traffic
+from its report, leaving out the ``passive.*`` requests that drive a passive party, as in one process.
+``net.json`` records what crossed each link (frames and bytes) per epoch and the measured epoch times.
 
 Each process keeps only its own part of the dataset (:func:`local_state`: a passive party its own slice, the active
 party its slice, the labels and the passive parties' layouts) and builds only its own models; the bottom models'
@@ -41,23 +41,45 @@ violation ends the run with a :class:`~vflbench.net.errors.ProtocolError` naming
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
+from vflbench.defenses import DEFENSES, create_defense
 from vflbench.devices import resolve_device
 from vflbench.errors import ConfigError
-from vflbench.experiment.config import ExperimentConfig
-from vflbench.experiment.plan import AttackPlan
+from vflbench.experiment.assemble import utility_of
+from vflbench.experiment.config import ExperimentConfig, check_components
+from vflbench.experiment.pipeline import Pipeline, RunDirectory
+from vflbench.experiment.plan import AttackPlan, validate_attacks
+from vflbench.experiment.remote import (
+    RemotePassive,
+    ServedPassive,
+    comm_from_dict,
+    final_report,
+    nothing_else,
+    refusals,
+    refusing,
+    restore_stats,
+    stats_json,
+    to_bytes_tensor,
+    wire_of,
+)
+from vflbench.experiment.results import (
+    AttackResult,
+    TrainedRun,
+    UtilityResult,
+    save_torch_atomic,
+    write_json,
+)
 from vflbench.experiment.resume import (
     check_resumable,
     committed_epoch,
@@ -68,15 +90,31 @@ from vflbench.experiment.resume import (
     save_checkpoint,
     write_manifest,
 )
-from vflbench.models.finetune import EVAL_BATCH
+from vflbench.experiment.run import check_before_training, cpu_state_dict, environment, train_run, undefended_result
+from vflbench.experiment.scenario import (
+    PassiveData,
+    active_data,
+    active_side,
+    build_passive,
+    connect,
+    defense_aux_rows,
+    load_vertical_data,
+    passive_data,
+    plan_defenses,
+)
+from vflbench.experiment.scoring import run_attacks
+from vflbench.experiment.search import search_attacks
 from vflbench.net.errors import ProtocolError
-from vflbench.net.frames import MAX_JSON_BYTES, json_from_tensor, json_tensor
-from vflbench.net.policy import SURFACE, Policy
+from vflbench.net.linkmodel import LINK_PROFILES, project
+from vflbench.net.policy import SURFACE, Policy, role_of
 from vflbench.net.transport import NetChannel
-from vflbench.protocol.channel import CommStats, Endpoint, KindStats, Transcript
+from vflbench.protocol import Federation, History
+from vflbench.protocol.channel import CommStats
 from vflbench.protocol.grants import Grant
-from vflbench.protocol.messages import ACTIVE, DEALER, Message, passive_name
+from vflbench.protocol.messages import ACTIVE, DEALER, passive_name
 from vflbench.protocol.party import PassiveParty
+from vflbench.protocol.service import protocol_kind
+from vflbench.rng import generator
 
 log = logging.getLogger(__name__)
 
@@ -92,306 +130,19 @@ def party_policy(grants: Iterable[Grant] = ()) -> Policy:
     return Policy(SURFACE, grants)
 
 
-def to_bytes_tensor(value: Any) -> Tensor:
-    """``value`` as JSON in a uint8 tensor (a report of any size; a frame's ``meta`` strings are capped)."""
-    return json_tensor(value)
-
-
-def from_bytes_tensor(tensor: Tensor, *, sender: str = "the peer", what: str = "report") -> Any:
-    """The JSON value :func:`to_bytes_tensor` wrote, bounded in size and nesting before it is parsed
-    (:func:`~vflbench.net.frames.json_from_tensor`); a :class:`ProtocolError` naming ``sender`` and ``what``
-    otherwise. Parsed as JSON: nothing received is unpickled."""
-    try:
-        return json_from_tensor(tensor, max_bytes=MAX_JSON_BYTES)
-    except ProtocolError as exc:
-        raise ProtocolError(f"{sender}'s {what}: {exc}") from None
-
-
-def check_tensor(t: Tensor, *, sender: str, what: str, shape: tuple[int, ...] | None = None,
-                 dtypes: Iterable[torch.dtype] = (), finite: bool = True) -> Tensor:
-    """``t`` if it has the ``shape`` (``None``: any) and one of the ``dtypes`` (none given: any) the protocol expects
-    of ``what`` from ``sender`` at this point, and only finite values (``finite``, floating dtypes); otherwise a
-    :class:`ProtocolError` naming the sender, what it sent and what was expected."""
-    dtypes = tuple(dtypes)
-    if shape is not None and tuple(t.shape) != tuple(shape):
-        raise ProtocolError(f"{sender} sent {what} of shape {tuple(t.shape)}; expected {tuple(shape)}")
-    if dtypes and t.dtype not in dtypes:
-        raise ProtocolError(f"{sender} sent {what} of dtype {t.dtype}; expected {' or '.join(map(str, dtypes))}")
-    if finite and t.dtype.is_floating_point and t.numel() and not bool(torch.isfinite(t).all()):
-        bad = int((~torch.isfinite(t)).sum())
-        raise ProtocolError(f"{sender} sent {what} with {bad} non-finite values (NaN or infinity) of {t.numel()}: "
-                            "its model diverged there, or it is not following the protocol")
-    return t
-
-
-@contextlib.contextmanager
-def refusing(channel: NetChannel, sender: str) -> Iterator[None]:
-    """Checks of what ``sender`` sent: a :class:`ProtocolError` they raise is logged as this party's refusal and
-    re-raised naming both parties (:meth:`~vflbench.net.transport.NetChannel.refuse`)."""
-    try:
-        yield
-    except ProtocolError as exc:
-        raise channel.refuse(sender, str(exc)) from None
-
-
-def _nothing_else(message: Message, what: str) -> None:
-    """Refuse tensors a message of this kind does not carry (a request whose content is all in its header)."""
-    if message.payload.numel() or message.extra:
-        raise ProtocolError(f"{message.sender} sent {what} carrying tensors {[tuple(t.shape) for t in message.tensors]}"
-                            "; it carries none")
-
-
-def _counts(value: Any, what: str, sender: str) -> dict[str, dict[str, int]]:
-    """Per-peer link counters (:func:`wire_of`) as a report carries them, checked."""
-    keys = {"frames_sent", "bytes_sent", "frames_received", "bytes_received"}
-    ok = isinstance(value, dict) and all(
-        isinstance(peer, str) and isinstance(c, dict) and set(c) == keys
-        and all(type(v) is int and v >= 0 for v in c.values()) for peer, c in value.items())
-    if not ok:
-        raise ProtocolError(f"{sender}'s {what} must map each peer to its counters {sorted(keys)} (non-negative "
-                            f"integers), got {str(value)[:200]}")
-    return value
-
-
-def _stats(value: Any, sender: str) -> dict[str, Any]:
-    """A report's channel counters per phase (:meth:`CommStats.as_dict`), checked as far as the active party reads
-    them (the kinds, directions, messages, bytes and rounds)."""
-    if not isinstance(value, dict) or not isinstance(value.get("train"), dict):
-        raise ProtocolError(f"{sender}'s report must carry its channel counters per phase, 'train' included")
-    by_kind = value["train"].get("by_kind")
-    ok = isinstance(by_kind, dict) and all(
-        isinstance(kind, str) and isinstance(d, dict) and set(d) <= {"up", "down"}
-        and all(isinstance(c, dict) and set(c) == {"messages", "bytes", "rounds"}
-                and all(type(v) is int and v >= 0 for v in c.values()) for c in d.values())
-        for kind, d in by_kind.items())
-    if not ok:
-        raise ProtocolError(f"{sender}'s report: its 'train' counters must map each kind to up/down counts of "
-                            "messages, bytes and rounds (non-negative integers)")
-    return value
-
-
-def _attack_results(value: Any, positions: list[int], sender: str) -> dict[str, Any]:
-    """A passive party's attack results, checked: exactly its own attacks' positions, each a result the active party
-    can read."""
-    from vflbench.experiment.results import AttackResult
-
-    if not isinstance(value, dict) or sorted(value) != sorted(str(i) for i in positions):
-        raise ProtocolError(f"{sender}'s report must carry the results of its attacks at positions {positions} of the "
-                            f"config, got {sorted(value) if isinstance(value, dict) else type(value).__name__}")
-    fields = {f.name for f in dataclasses.fields(AttackResult)}
-    for key, r in value.items():
-        if not isinstance(r, dict) or not set(r) <= fields or not {"name", "target", "metric", "value"} <= set(r):
-            raise ProtocolError(f"{sender}'s result of attack {key} is not an attack result (fields: "
-                                f"{', '.join(sorted(fields))})")
-        if not all(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)
-                   for k in ("value", "prior", "leakage")):
-            raise ProtocolError(f"{sender}'s result of attack {key} needs numbers for value, prior and leakage")
-    return value
-
-
-class OracleBottom(nn.Module):
-    """The scorer's access to a remote passive party's real bottom model (``passive.oracle_bottom``): a feature
-    attack's diagnostics compare the attacker's shadow with the victim's model on the true features. This is the
-    experimenter's ground truth, not a protocol step: it exists only when the run's plan grants it (and the passive
-    party did not refuse), and the passive party logs every query it answers."""
-
-    def __init__(self, name: str, endpoint: Endpoint, *, channel: NetChannel, width: int) -> None:
-        super().__init__()
-        self.name = name
-        self.endpoint = endpoint
-        self.channel = channel
-        self.width = width
-
-    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
-        out = self.endpoint.call("passive.oracle_bottom", self.name, x, phase="eval").payload
-        with refusing(self.channel, self.name):
-            return check_tensor(out, sender=self.name, what="its bottom model's outputs (passive.oracle_bottom)",
-                                shape=(len(x), self.width), dtypes=(torch.get_default_dtype(),))
-
-
-class RemotePassive:
-    """The active process's stand-in for passive party ``name``: what the training loop calls on a passive party,
-    done by requests to that party's process through ``endpoint``. Everything the party answers is checked against
-    what the protocol expects (``width``: its embeddings' width; ``granted``: whether the scorer may query its
-    bottom model, :class:`OracleBottom`)."""
-
-    def __init__(self, name: str, *, endpoint: Endpoint, channel: NetChannel, transcript: Transcript, width: int,
-                 granted: bool = False) -> None:
-        self.name = name
-        self.endpoint = endpoint
-        self.channel = channel
-        self.transcript = transcript
-        self.data = None
-        self.width = width
-        self.bottom = OracleBottom(name, endpoint, channel=channel, width=width) if granted else None
-        self.defenses: list[Any] = []
-        self.wire: list[dict[str, Any]] = []
-        self._position = (-1, -1)
-
-    def models(self) -> dict[str, nn.Module]:
-        """None here: the passive party's models stay in its process (:attr:`bottom` is only the scorer's
-        :class:`OracleBottom`)."""
-        return {}
-
-    def forward(self, ids: Tensor, *, epoch: int, step: int, split: str = "train", train: bool = True) -> Tensor:
-        """The remote party's embedding of rows ``ids``."""
-        self._position = (epoch, step)
-        reply = self.endpoint.call("passive.forward", self.name, ids=ids, epoch=epoch, step=step,
-                                   phase="train" if train else "eval", meta={"split": split, "train": train})
-        with refusing(self.channel, self.name):
-            return check_tensor(reply.payload, sender=self.name, what=f"an embedding of {len(ids)} rows",
-                                shape=(len(ids), self.width), dtypes=(torch.get_default_dtype(),))
-
-    def backward(self, gradient: Tensor) -> bool:
-        """Send the cut gradient of the last forward; ``False`` if the remote party's defenses refused it."""
-        epoch, step = self._position
-        reply = self.endpoint.call("passive.backward", self.name, gradient, epoch=epoch, step=step)
-        applied = reply.meta.get("applied")
-        with refusing(self.channel, self.name):
-            if not isinstance(applied, bool) or reply.payload.numel() or reply.extra:
-                raise ProtocolError(f"{self.name} answered passive.backward with something else than a bool "
-                                    f"'applied' and no tensors, got {applied!r}")
-        return applied
-
-    def end_epoch(self, epoch: int) -> dict[str, object]:
-        """The remote party's end-of-epoch report (its link counters at that point are kept in :attr:`wire`)."""
-        payload = self.endpoint.call("passive.end_epoch", self.name, epoch=epoch).payload
-        with refusing(self.channel, self.name):
-            reply = from_bytes_tensor(payload, sender=self.name, what=f"end-of-epoch report of epoch {epoch}")
-            if not isinstance(reply, dict) or set(reply) != {"report", "wire"} or not isinstance(reply["report"], dict):
-                raise ProtocolError(f"{self.name}'s end-of-epoch report must be an object with a 'report' object and "
-                                    f"its 'wire' counters, got {str(reply)[:200]}")
-            self.wire.append(_counts(reply["wire"], "end-of-epoch link counters", self.name))
-        return dict(reply["report"])
-
-
-@dataclass
-class _Served:
-    party: PassiveParty
-    channel: NetChannel
-    on_epoch_end: Callable[[], None]
-    out_dir: Path | None = None
-    resume: bool = False
-    pending: tuple[int, ...] | None = None
-    pending_ids: Tensor | None = None
-    pending_at: tuple[int, int] = (-1, -1)
-    rows: Mapping[str, int] = field(default_factory=dict)
-    epochs: int = 0
-    oracle: Grant | None = None
-    served: int = 0
-
-    def __call__(self, request: Message) -> Message:
-        sender = request.sender
-        if request.kind == "passive.forward":
-            split, train = request.meta.get("split"), request.meta.get("train")
-            if not isinstance(split, str) or split not in self.rows or not isinstance(train, bool):
-                raise ProtocolError(f"passive.forward needs meta split in {sorted(self.rows)} and a bool train, got "
-                                    f"{request.meta}")
-            _nothing_else(request, "passive.forward (row ids only)")
-            ids = request.ids
-            if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.rows[split]):
-                raise ProtocolError(f"passive.forward asks for rows outside 0..{self.rows[split] - 1} of {split}")
-            if train and not (0 <= request.epoch < self.epochs and request.step >= 0):
-                raise ProtocolError(f"{sender} asked for a training embedding at epoch {request.epoch} step "
-                                    f"{request.step}; this run trains epochs 0..{self.epochs - 1}")
-            out = self.party.forward(ids, epoch=request.epoch, step=request.step,
-                                     split="train" if split == "train" else "test", train=train)
-            if train:
-                self.pending, self.pending_ids = tuple(out.shape), ids
-                self.pending_at = (request.epoch, request.step)
-            # the party's own record of what it sent, as the in-process channel keeps it
-            self.party.transcript.record(Message("embedding", self.party.name, ACTIVE, out, ids, request.epoch,
-                                                 request.step, request.phase))
-            return request.reply(out)
-        if request.kind == "passive.backward":
-            g = request.payload
-            # a plaintext cut gradient has the embedding's shape; an encrypted one (paillier_he) is its ciphertexts'
-            # bytes, which the party's defense checks
-            plain = g.dtype.is_floating_point and tuple(g.shape) == self.pending
-            if self.pending is None or not (plain or g.dtype == torch.uint8) or request.extra:
-                raise ProtocolError(f"passive.backward: a cut gradient of shape {tuple(g.shape)} ({g.dtype}) does "
-                                    f"not fit the pending embedding ({self.pending})")
-            if (request.epoch, request.step) != self.pending_at:
-                raise ProtocolError(f"{sender} sent the cut gradient of epoch {request.epoch} step {request.step}, "
-                                    f"but the pending embedding is of epoch {self.pending_at[0]} step "
-                                    f"{self.pending_at[1]}")
-            check_tensor(g, sender=sender, what="a cut gradient")
-            assert self.pending_ids is not None
-            self.party.transcript.record(Message("cut_gradient", ACTIVE, self.party.name, g, self.pending_ids,
-                                                 request.epoch, request.step))
-            self.pending = self.pending_ids = None
-            return request.reply(meta={"applied": self.party.backward(g)})
-        if request.kind in ("passive.end_epoch", "passive.checkpoint", "passive.resume"):
-            _nothing_else(request, request.kind)
-            if not 0 <= request.epoch < self.epochs:
-                raise ProtocolError(f"{sender} sent {request.kind} for epoch {request.epoch}; this run trains epochs "
-                                    f"0..{self.epochs - 1}")
-        if request.kind == "passive.end_epoch":
-            report = self.party.end_epoch(request.epoch)
-            self.on_epoch_end()
-            return request.reply(to_bytes_tensor({"report": report, "wire": wire_of(self.channel)}))
-        if request.kind == "passive.checkpoint":
-            # this party's own state after the epoch, written by this process; -1: it keeps no checkpoints (no --out)
-            if self.out_dir is None:
-                return request.reply(meta={"committed": -1})
-            save_checkpoint(self.out_dir, self.party.name, request.epoch,
-                            {**party_state(self.party), "net_stats": _stats_json(self.channel)})
-            return request.reply(meta={"committed": request.epoch})
-        if request.kind == "passive.resume":
-            if not self.resume or self.out_dir is None:
-                raise ProtocolError(f"{self.party.name} was asked to resume from epoch {request.epoch} but was "
-                                    "started without --resume and --out")
-            state = load_checkpoint(self.out_dir, self.party.name, request.epoch)
-            load_party_state(self.party, state)
-            _restore_stats(self.channel, state["net_stats"])  # its counts (dealer.* go into comm) continue
-            log.info("%s: resumed from its checkpoint of epoch %d", self.party.name, request.epoch)
-            return request.reply(meta={"resumed": request.epoch})
-        if request.kind == "passive.oracle_bottom":
-            return self._oracle(request)
-        raise ProtocolError(f"{self.party.name} serves passive.forward, passive.backward, passive.end_epoch, "
-                            f"passive.checkpoint, passive.resume and (when granted) passive.oracle_bottom, not "
-                            f"{request.kind!r}")
-
-    def _oracle(self, request: Message) -> Message:
-        """Answer an evaluation-only query of the bottom model, if the run granted it to its sender (the transport's
-        policy refuses it otherwise; this is the second lock), checked and logged."""
-        grant, sender = self.oracle, request.sender
-        if grant is None or grant.client != sender:
-            raise ProtocolError(f"{self.party.name} does not answer passive.oracle_bottom for {sender}: the run's "
-                                "plan does not grant it, or this party refused it")
-        assert self.party.data is not None and self.party.bottom is not None
-        own = self.party.data.x_train
-        x = request.payload
-        if not 1 <= len(x) <= EVAL_BATCH or request.extra:
-            raise ProtocolError(f"{sender} sent passive.oracle_bottom with {len(x)} rows; the scorer asks for 1 to "
-                                f"{EVAL_BATCH} at a time")
-        check_tensor(x, sender=sender, what="passive.oracle_bottom inputs", shape=(len(x), *own.shape[1:]),
-                     dtypes=dict.fromkeys((own.dtype, torch.float32)))
-        bottom = self.party.bottom
-        was = bottom.training
-        bottom.eval()
-        with torch.no_grad():
-            out = bottom(x)
-        bottom.train(was)
-        self.served += 1
-        log.warning("%s: served an evaluation-only query of its bottom model to %s (%d rows; query %d; granted for "
-                    "%s)", self.party.name, sender, len(x), self.served, ", ".join(grant.purpose) or "scoring")
-        return request.reply(out)
-
-
 @dataclass
 class LocalState:
     """What one party's process keeps after loading the dataset (:func:`local_state`).
 
     ``data``: a passive party's :class:`~vflbench.experiment.scenario.PassiveData` (its own slice only), or the
     active party's :func:`~vflbench.experiment.scenario.active_data` (its slice, the labels, each passive party's
-    layout and the auxiliary rows its defenses' threat model grants). ``defenses``: the config's defense
-    instances. ``attacks``: the attacks that run at this party (the active party's plan also lists the others',
-    whose extra embedding widths size its top model). ``ground_truth``: the whole dataset, kept only when this
-    party runs attacks: the experimenter's truth to score them (and the labels or auxiliary rows their threat
-    models grant), never given to the party's own objects. ``positions``: where this party's attacks stand in the
-    config's list. ``grants``: the evaluation-only queries the run's plan grants between any two parties (the same
-    list in every process: :meth:`~vflbench.experiment.plan.AttackPlan.grants`).
+    layout and the auxiliary rows its defenses' threat model grants). ``defenses``: this party's own defense
+    instances (no other party's are built here). ``attacks``: the attacks that run at this party (the active party's
+    plan also lists the others', whose extra embedding widths size its top model). ``ground_truth``: the whole
+    dataset, kept only when this party runs attacks: the experimenter's truth to score them (and the labels or
+    auxiliary rows their threat models grant), never given to the party's own objects. ``positions``: where this
+    party's attacks stand in the config's list. ``grants``: the evaluation-only queries the run's plan grants
+    between any two parties (the same list in every process: :meth:`~vflbench.experiment.plan.AttackPlan.grants`).
     """
 
     data: Any
@@ -412,27 +163,21 @@ class OwnSide:
         """The process's own party."""
         return list(self.passives)
 
+    def bottom_of(self, name: str) -> nn.Module | None:
+        """The bottom model of ``name`` as the scorer may query it: the process's own party's; no other's is here."""
+        own = self.passives[0]
+        return own.bottom if name == own.name else None
+
 
 def local_state(cfg: ExperimentConfig, party: str, data_root: str | Path | None = None) -> LocalState:
     """Load ``cfg``'s dataset, keep ``party``'s part of it (see :class:`LocalState`) and drop the rest: a dataset
     file holds every party's columns, so the process reads it once and slices it at once. Checks the config's
     attacks against the data first, as ``vflbench run`` does (the active party checks what needs the labels)."""
-    from vflbench.experiment.plan import validate_attacks
-    from vflbench.experiment.run import check_before_training
-    from vflbench.experiment.scenario import (
-        DefensePlan,
-        active_data,
-        defense_aux_rows,
-        load_vertical_data,
-        passive_data,
-        plan_defenses,
-    )
-
     cfg = cfg.resolved()
     if party not in party_names(cfg) or party == DEALER:
         raise ConfigError(f"party {party!r} holds no data in this config's run ({', '.join(party_names(cfg))})")
     vd = load_vertical_data(cfg, data_root)
-    plan = plan_defenses(cfg, party_names(cfg)[1:cfg.data.parties])
+    plan = plan_defenses(cfg, [] if party == ACTIVE else [party], active=party == ACTIVE)  # its own instances only
     attack_plan = validate_attacks(cfg, vd)
     positions = _positions(attack_plan, party)
     if party == ACTIVE:
@@ -441,26 +186,8 @@ def local_state(cfg: ExperimentConfig, party: str, data_root: str | Path | None 
         return LocalState(active_data(vd, granted=defense_aux_rows(cfg, plan, vd.y_train)), plan, attacks, positions,
                           vd if positions else None, attack_plan.grants())
     attacks = own_attacks(attack_plan, party) if positions else AttackPlan(seed=cfg.seed)
-    mine = DefensePlan([], {party: plan.passive[party]})  # its own halves only
-    return LocalState(passive_data(vd, party), mine, attacks, positions, vd if positions else None,
+    return LocalState(passive_data(vd, party), plan, attacks, positions, vd if positions else None,
                       attack_plan.grants())
-
-
-def _stats_json(channel: NetChannel) -> str:
-    """The channel's message counters, every phase, as JSON (for a checkpoint)."""
-    return json.dumps({phase: stats.as_dict() for phase, stats in channel.stats.items()})
-
-
-def _restore_stats(channel: NetChannel, saved: str) -> None:
-    """Put :func:`_stats_json`'s counters back: what a resumed process counts continues the run's counts (the
-    resume's own set-up messages are left out, as the uninterrupted run had them once)."""
-    for phase, raw in json.loads(saved).items():
-        channel.stats[phase] = _comm_restored(raw)
-
-
-def wire_of(channel: NetChannel) -> dict[str, dict[str, int]]:
-    """The channel's frame counters per peer."""
-    return {k: v.as_dict() for k, v in channel.wire.items()}
 
 
 def check_party_config(cfg: ExperimentConfig) -> None:
@@ -475,8 +202,6 @@ def check_party_config(cfg: ExperimentConfig) -> None:
 
 def needs_dealer(cfg: ExperimentConfig) -> str | None:
     """The name of the configured defense that needs the dealer as an extra party (VMask and its variants), if any."""
-    from vflbench.defenses import DEFENSES
-
     return next((s.name for s in cfg.defenses if DEALER in getattr(DEFENSES.get(s.name).factory, "extra_parties", ())),
                 None)
 
@@ -492,39 +217,11 @@ def merged_comm(parts: list[tuple[CommStats, Callable[[str], bool]]]) -> dict[st
     counted twice); the totals are the sums over the kinds, as :class:`CommStats` counts them."""
     merged = CommStats()
     for stats, keep in parts:
-        for kind, directions in stats.by_kind.items():
-            if not keep(kind):
-                continue
-            for direction, s in directions.items():
-                into = merged.by_kind[kind].setdefault(direction, KindStats())
-                into.messages += s.messages
-                into.bytes += s.bytes
-                into.rounds += s.rounds
-                merged.messages += s.messages
-                if direction == "up":
-                    merged.messages_up += s.messages
-                    merged.bytes_up += s.bytes
-                    merged.rounds_up += s.rounds
-                else:
-                    merged.messages_down += s.messages
-                    merged.bytes_down += s.bytes
-                    merged.rounds_down += s.rounds
+        merged.add(stats, keep)
     return merged.as_dict()
 
 
-def comm_from_dict(raw: Mapping[str, Any]) -> CommStats:
-    """A :class:`CommStats` from its :meth:`~CommStats.as_dict` (a passive party's report)."""
-    stats = CommStats()
-    for kind, directions in raw["by_kind"].items():
-        for direction, s in directions.items():
-            stats.by_kind[kind][direction] = KindStats(int(s["messages"]), int(s["bytes"]), int(s["rounds"]))
-    return stats
-
-
 def _save_models(models: Mapping[str, nn.Module], party: str, out_dir: Path) -> None:
-    from vflbench.experiment.results import save_torch_atomic
-    from vflbench.experiment.run import cpu_state_dict
-
     for role, model in models.items():
         save_torch_atomic(out_dir / "checkpoints" / f"{party}.{role}.final.pt", cpu_state_dict(model))
 
@@ -549,25 +246,8 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
     party's own choice): refuse those that query this party's model; the active party learns it from
     ``passive.ready`` and its scorer reports the scores it could not compute. Both parties record the grants and
     what became of them (``grants`` in ``result.json`` and in ``<party>.json``, with the queries served)."""
-    from vflbench.experiment.results import write_json
-    from vflbench.net.policy import role_of
-
     cfg = cfg.resolved()
-    check_party_config(cfg)
-    if party not in party_names(cfg):
-        raise ConfigError(f"party {party!r} is not in this config's run ({', '.join(party_names(cfg))})")
-    if refuse_grants and role_of(party) != "passive":
-        raise ConfigError("--refuse-grants is a passive party's choice (it refuses evaluation-only queries of its "
-                          "own bottom model); the active party's VMask shares for vmask_weight_recovery's "
-                          "evaluation-only errors cannot be refused yet: leave that attack out of the config instead")
-    if resume:
-        check_resumable(cfg)
-        if out_dir is None:
-            raise ConfigError("--resume needs --out: the directory that holds this party's checkpoints")
-        if party == ACTIVE:
-            committed_epoch(out_dir)  # before anything starts: nothing to resume is an error of its own
-    if stop_after is not None and stop_after < 1:
-        raise ConfigError(f"--stop-after takes a number of epochs of at least 1, got {stop_after}")
+    check_party_run(cfg, party, out_dir=out_dir, resume=resume, stop_after=stop_after, refuse_grants=refuse_grants)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.train.threads)
     device = resolve_device(cfg.train.device)
@@ -603,15 +283,32 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
         torch.set_num_threads(previous_threads)
 
 
+def check_party_run(cfg: ExperimentConfig, party: str, *, out_dir: Path | None, resume: bool,
+                    stop_after: int | None, refuse_grants: bool) -> None:
+    """Refuse, before anything starts, what :func:`run_party` cannot do with these options (one-line errors)."""
+    check_party_config(cfg)
+    if party not in party_names(cfg):
+        raise ConfigError(f"party {party!r} is not in this config's run ({', '.join(party_names(cfg))})")
+    if refuse_grants and role_of(party) != "passive":
+        raise ConfigError("--refuse-grants is a passive party's choice (it refuses evaluation-only queries of its "
+                          "own bottom model); the active party's VMask shares for vmask_weight_recovery's "
+                          "evaluation-only errors cannot be refused yet: leave that attack out of the config instead")
+    if resume:
+        check_resumable(cfg)
+        if out_dir is None:
+            raise ConfigError("--resume needs --out: the directory that holds this party's checkpoints")
+        if party == ACTIVE:
+            committed_epoch(out_dir)  # before anything starts: nothing to resume is an error of its own
+    if stop_after is not None and stop_after < 1:
+        raise ConfigError(f"--stop-after takes a number of epochs of at least 1, got {stop_after}")
+
+
 def _serve_dealer(cfg: ExperimentConfig, channel: NetChannel, *, out_dir: Path | None = None,
                   resume: bool = False) -> dict[str, int]:
     """The dealer's process: VMask's dealer, seeded as in one process, answering until every peer said goodbye.
     With ``out_dir`` (and a resumable config) it writes its own checkpoint when the active party asks at an epoch
     boundary (``dealer.checkpoint``); with ``resume`` it continues from the one the active party names
     (``dealer.resume``). Returns its counters: the next triple's id, and where a resumed dealer started."""
-    from vflbench.defenses import create_defense
-    from vflbench.rng import generator
-
     name = needs_dealer(cfg)
     assert name is not None
     spec = next(s for s in cfg.defenses if s.name == name)
@@ -634,18 +331,12 @@ def _run_passive(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, 
     it says ``passive.done`` (the evaluation-only query of its bottom model only as granted and not ``refused``,
     which ``passive.ready`` tells the active party), then report this process's counters and its attacks'
     results. ``summary["grants"]``: the grants that involve this party, what became of them, the queries served."""
-    from vflbench.experiment.run import TrainedRun
-    from vflbench.experiment.scenario import PassiveData, build_passive
-    from vflbench.experiment.scoring import run_attacks
-    from vflbench.experiment.search import search_attacks
-    from vflbench.protocol import History
-
     assert isinstance(local.data, PassiveData)
     endpoint = channel.endpoint(party)
     setup = endpoint.take("passive.setup", ACTIVE)
     embed_dim = setup.meta.get("embed_dim")
     with refusing(channel, ACTIVE):
-        _nothing_else(setup, "passive.setup")
+        nothing_else(setup, "passive.setup")
         if not isinstance(embed_dim, int) or isinstance(embed_dim, bool) or not 1 <= embed_dim <= 1 << 20:
             raise ProtocolError(f"passive.setup must carry the bottom model's width as an int embed_dim, got "
                                 f"{embed_dim!r}")
@@ -657,11 +348,12 @@ def _run_passive(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, 
     assert passive.data is not None
     oracle = next((g for g in local.grants if g.kind == "passive.oracle_bottom" and g.server == party
                    and g not in refused), None)
-    served = _Served(passive, channel, lambda: attacks.on_epoch_end(side),  # type: ignore[arg-type]
+    channel.register(passive.transcript)  # the party records what it sends and receives, as in one process
+    served = ServedPassive(passive, channel, lambda: attacks.on_epoch_end(side),  # type: ignore[arg-type]
                      out_dir=out_dir if resumable(cfg) else None, resume=resume,
                      rows={"train": len(passive.data.x_train), "test": len(passive.data.x_test)},
                      epochs=cfg.train.epochs, oracle=oracle)
-    endpoint.serve("passive", served)
+    served.serve()
     endpoint.post("passive.ready", ACTIVE, meta={"refuses": ",".join(sorted({g.kind for g in refused}))})
 
     def record_grants() -> None:
@@ -697,164 +389,148 @@ def _run_active(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, s
                 stop_after: int | None = None) -> dict[str, nn.Module]:
     """The active party's process: build its side, wait for every passive party, train (checkpointing each epoch
     with every party, or continuing from the last committed one), collect the passive parties' reports and write
-    the run directory."""
-    from vflbench.experiment.config import check_components
-    from vflbench.experiment.results import AttackResult, write_atomic, write_json
-    from vflbench.experiment.run import TrainedRun, _undefended_result, environment, mark_undefended, utility_of
-    from vflbench.experiment.scenario import DefensePlan, build_federation, embed_dim_of
-    from vflbench.experiment.scoring import run_attacks
-    from vflbench.experiment.search import search_attacks
-    from vflbench.protocol import History
-    from vflbench.rng import generator
+    the run directory (:class:`_ActiveRun`)."""
+    return _ActiveRun(cfg, local, channel, summary, out_dir, data_root, resume=resume, stop_after=stop_after)()
 
-    check_components(cfg)
-    vd, attack_plan, plan = local.data, local.attacks, local.defenses
-    names = party_names(cfg)[1:cfg.data.parties]
-    held_out = attack_plan.held_out()
-    attacks = own_attacks(attack_plan, ACTIVE)
-    fed = build_federation(cfg, vd, defenses=DefensePlan(plan.active, {n: [] for n in names}), held_out=held_out,
-                           keep=attack_plan.keep, extra_dims=attack_plan.extra_dims(), links=channel.endpoint,
-                           remote_passives=True)
-    endpoint = channel.endpoint(ACTIVE)
-    embed_dim = embed_dim_of(cfg, fed.active.objective.out_dim)
-    for p in fed.passives:  # the bottom models' width, which the active party's label transforms may set (VLR)
-        endpoint.post("passive.setup", p.name, meta={"embed_dim": embed_dim})
-    refused: dict[Grant, str] = {}
-    for p in fed.passives:  # while waiting, the active party answers the passive halves' set-up requests
-        ready = endpoint.take("passive.ready", p.name)
-        with refusing(channel, p.name):
-            refused.update(_refusals(ready, local.grants))
-    if refused:  # not asked for at all: the scorer reports what it could not compute
-        channel.grant([g for g in local.grants if g not in refused])
-    log.info("active: %s ready; training", ", ".join(p.name for p in fed.passives))
-    extra = attack_plan.extra_dims()
-    remotes = [RemotePassive(p.name, endpoint=endpoint, channel=channel, transcript=p.transcript,
-                             width=embed_dim + extra.get(p.name, 0),
-                             granted=any(g.kind == "passive.oracle_bottom" and g.server == p.name and g not in refused
-                                         for g in local.grants))
-               for p in fed.passives]
-    fed.passives = remotes  # type: ignore[assignment]
-    attacks.prepare(fed)
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(out_dir / "config.yaml", cfg.to_yaml())
-        write_json(out_dir / "env.json", environment(cfg.train.threads, vd.device))
-    metrics_lines: list[str] = []
-    active_wire: list[dict[str, Any]] = []
-    epoch_walls: list[float] = []
-    batches = generator(cfg.seed, "active", "batches")
-    checkpoints = out_dir is not None and resumable(cfg)
-    start, history = 0, History()
-    if resume:
-        assert out_dir is not None
-        start = committed_epoch(out_dir) + 1
-        restored = _resume_active(out_dir, start - 1, fed, channel, batches, remotes)
-        metrics_lines, epoch_walls, active_wire = restored["metrics"], restored["walls"], restored["active_wire"]
-        history = History(epochs=[json.loads(line) for line in metrics_lines],
-                          epoch_seconds=[json.loads(line)["seconds"] for line in metrics_lines],
-                          refused_updates=sum(json.loads(line).get("refused_updates", 0) for line in metrics_lines))
-        log.info("active: resuming after epoch %d, which every party committed", start - 1)
-    # a resumed process's link counters start at zero: what crossed before adds the last snapshot's counts
-    wire_base = active_wire[-1] if active_wire else {}
-    last = [time.perf_counter()]
 
-    def on_epoch_end(epoch: int, record: dict[str, Any]) -> None:
-        now = time.perf_counter()
-        epoch_walls.append(now - last[0])
-        last[0] = now
-        active_wire.append(_plus(wire_base, wire_of(channel)))
-        attacks.on_epoch_end(fed)
-        if out_dir is not None:
-            metrics_lines.append(json.dumps(record))
-            write_atomic(out_dir / "metrics.jsonl", "\n".join(metrics_lines) + "\n")
-        if checkpoints:
-            assert out_dir is not None
-            _commit_epoch(out_dir, epoch, fed, channel, batches, remotes, metrics_lines, epoch_walls, active_wire)
-        if stop_after is not None and epoch + 1 == stop_after and epoch + 1 < cfg.train.epochs:
-            raise _Stopped(epoch + 1)
+class _ActiveRun:
+    """The active party's process, step by step: :meth:`connect` (its side, the passive parties' ``passive.setup``
+    and ``passive.ready``), :meth:`train` (the :class:`~vflbench.experiment.pipeline.Pipeline`'s loop with the
+    epoch commits, or its continuation), :meth:`collect` (its attacks, the passive parties' reports) and
+    :meth:`finish` (``result.json`` and ``net.json``)."""
 
-    tic = time.perf_counter()
-    try:
-        history = fed.fit(epochs=cfg.train.epochs, batch_size=cfg.train.batch_size, generator=batches,
-                          y_test=vd.y_test, eval_every=cfg.train.eval_every, on_epoch_end=on_epoch_end,
-                          start_epoch=start, history=history)
-    except _Stopped as stopped:
-        for remote in remotes:
-            endpoint.post("passive.done", remote.name, meta={"stopped": True})
-        summary["stopped_after"] = stopped.epochs
-        log.info("active: stopped after epoch %d as asked; continue with --resume", stopped.epochs - 1)
+    def __init__(self, cfg: ExperimentConfig, local: LocalState, channel: NetChannel, summary: dict[str, Any],
+                 out_dir: Path | None, data_root: str | Path | None, *, resume: bool, stop_after: int | None) -> None:
+        check_components(cfg)
+        self.cfg, self.local, self.channel, self.summary = cfg, local, channel, summary
+        self.out_dir, self.data_root, self.resume, self.stop_after = out_dir, data_root, resume, stop_after
+        self.names = party_names(cfg)[1:cfg.data.parties]
+        self.endpoint = channel.endpoint(ACTIVE)
+        vd = local.data
+        directory = RunDirectory(out_dir, cfg, lambda: environment(cfg.train.threads, vd.device))
+        # the experimenter's ground truth scores this party's attacks; the party's own objects hold only its part
+        self.pipeline = Pipeline(cfg, local.ground_truth if local.ground_truth is not None else vd, local.attacks,
+                                 directory, attacks=own_attacks(local.attacks, ACTIVE))
+        self.refused: dict[Grant, str] = {}
+        self.walls: list[float] = []
+        self.wire: list[dict[str, Any]] = []
+        self.batches = generator(cfg.seed, "active", "batches")
+
+    def __call__(self) -> dict[str, nn.Module]:
+        """Run the active party's side; its models."""
+        fed, remotes = self.connect()
+        run = self.train(fed, remotes)
+        if run is not None:
+            self.finish(run, remotes, *self.collect(run, remotes))
         return fed.active.models()
-    # the experimenter's ground truth scores this party's attacks; the party's own objects hold only its part
-    run = TrainedRun(cfg, local.ground_truth if local.ground_truth is not None else vd, fed, history,
-                     time.perf_counter() - tic, held_out)
-    found, attack_seconds = run_attacks(attacks, run)  # before passive.done: it may query the passive parties
-    attack_seconds.update(search_attacks(attacks, run, found))  # so may the search of a feature attack
-    reports = {}
-    for remote in remotes:
-        endpoint.post("passive.done", remote.name)
-        payload = endpoint.take("passive.report", remote.name).payload
-        with refusing(channel, remote.name):
-            reports[remote.name] = _final_report(payload, remote.name, _positions(attack_plan, remote.name))
-    utility = utility_of(cfg, history)
-    results: dict[int, AttackResult] = dict(zip(local.positions, found, strict=True))
-    for report in reports.values():
-        results.update({int(i): AttackResult(**r) for i, r in report["attacks"].items()})
-        attack_seconds.update(report["attack_seconds"])
-    attack_results = [results[i] for i in range(len(attack_plan.attacks))]
-    undefended = (_undefended_result(cfg, out_dir=out_dir.parent if out_dir else None,
-                                      data_root=data_root)
-                  if cfg.defenses and cfg.attacks else None)
-    mark_undefended(attack_results, None if undefended is None else undefended["attacks"], seed=cfg.seed,
-                    confidence=cfg.evaluation.confidence)
-    comm = merged_comm([(fed.channel.train, lambda kind: True),
-                        (channel.train, lambda kind: not kind.startswith("passive.")),
-                        *((comm_from_dict(r["stats"]["train"]), lambda kind: kind.startswith("dealer."))
-                          for r in reports.values())])
-    honest = not any(p.attack.phase == "malicious" for p in attack_plan.attacks)
-    grants = [g.as_dict(refused.get(g, "granted")) for g in local.grants]
-    result = active_result(run, utility=utility, comm=comm, held_out=held_out, attacks=attack_results,
-                           attack_seconds=attack_seconds, undefended=undefended if honest else None, grants=grants)
-    summary.update(utility=utility.__dict__, epochs=history.epochs, comm=comm, grants=grants)
-    if out_dir is not None:
-        write_json(out_dir / "net.json", net_report(epoch_walls, comm, active_wire,
-                                                    {n: p.wire for n, p in zip(names, remotes, strict=True)},
-                                                    {ACTIVE: wire_of(channel), **{n: r["wire"] for n, r in
-                                                                                  reports.items()}},
-                                                    shaped=channel.options.shape))
-        write_json(out_dir / "result.json", result)
-    return fed.active.models()
 
+    def connect(self) -> tuple[Federation, list[RemotePassive]]:
+        """Build the active party's side, send every passive party the bottoms' width, wait for each to be ready
+        (answering its defense halves' set-up requests meanwhile) and connect the loop to them."""
+        plan, local, channel = self.local.attacks, self.local, self.channel
+        built = active_side(self.cfg, local.data, defenses=local.defenses.active, link=channel.endpoint,
+                            keep=plan.keep.get(ACTIVE, ()), extra_dims=plan.extra_dims(), held_out=plan.held_out())
+        for name in self.names:  # the bottom models' width, which the active party's label transforms may set (VLR)
+            self.endpoint.post("passive.setup", name, meta={"embed_dim": built.embed_dim})
+        for name in self.names:
+            ready = self.endpoint.take("passive.ready", name)
+            with refusing(channel, name):
+                self.refused.update(refusals(ready, local.grants))
+        if self.refused:  # not asked for at all: the scorer reports what it could not compute
+            channel.grant([g for g in local.grants if g not in self.refused])
+        log.info("active: %s ready; training", ", ".join(self.names))
+        extra = plan.extra_dims()
+        granted = {g.server for g in local.grants if g.kind == "passive.oracle_bottom" and g not in self.refused}
+        remotes = [RemotePassive(name, endpoint=self.endpoint, channel=channel,
+                                 width=built.embed_dim + extra.get(name, 0), granted=name in granted)
+                   for name in self.names]
+        fed = connect(built.party, [], channel, train_rows=built.train_rows, remote=remotes)
+        assert self.pipeline.attacks is not None
+        self.pipeline.attacks.prepare(fed)
+        self.pipeline.directory.open()
+        return fed, remotes
 
-def _refusals(ready: Message, grants: list[Grant]) -> dict[Grant, str]:
-    """The grants a passive party refuses, as its ``passive.ready`` says (``refuses``: comma-separated kinds of the
-    evaluation-only queries of its own model that it will not answer), each with its status for ``result.json``."""
-    said = ready.meta.get("refuses", "")
-    kinds = {k for k in said.split(",") if k} if isinstance(said, str) else None
-    its = {g.kind: g for g in grants if g.server == ready.sender}
-    if kinds is None or not kinds <= its.keys():
-        raise ProtocolError(f"{ready.sender}'s passive.ready may refuse only grants of this run that query its own "
-                            f"model ({', '.join(its) or 'none'}), as comma-separated kinds; got {said!r}")
-    for kind in sorted(kinds):
-        log.warning("active: %s refuses %s (its own configuration): the scores that need it are not computed",
-                    ready.sender, its[kind].describe())
-    return {its[k]: f"refused by {ready.sender}" for k in kinds}
+    def train(self, fed: Federation, remotes: list[RemotePassive]) -> TrainedRun | None:
+        """The loop, each epoch committed with every party (resumable configs with ``--out``), continuing from the
+        last committed epoch with ``resume``; ``None`` when it stopped after ``stop_after`` epochs."""
+        cfg, out_dir, channel, directory = self.cfg, self.out_dir, self.channel, self.pipeline.directory
+        start, history = 0, History()
+        if self.resume:
+            assert out_dir is not None
+            start = committed_epoch(out_dir) + 1
+            restored = _resume_active(out_dir, start - 1, fed, channel, self.batches, remotes)
+            directory.lines, self.walls, self.wire = restored["metrics"], restored["walls"], restored["active_wire"]
+            records = [json.loads(line) for line in directory.lines]
+            history = History(epochs=records, epoch_seconds=[r["seconds"] for r in records],
+                              refused_updates=sum(r.get("refused_updates", 0) for r in records))
+            log.info("active: resuming after epoch %d, which every party committed", start - 1)
+        # a resumed process's link counters start at zero: what crossed before adds the last snapshot's counts
+        wire_base = self.wire[-1] if self.wire else {}
+        last = [time.perf_counter()]
 
+        def on_epoch_end(epoch: int, record: dict[str, Any]) -> None:
+            now = time.perf_counter()
+            self.walls.append(now - last[0])
+            last[0] = now
+            self.wire.append(_plus(wire_base, wire_of(channel)))
+            if out_dir is not None and resumable(cfg):
+                _commit_epoch(out_dir, epoch, fed, channel, self.batches, remotes, directory.lines, self.walls,
+                              self.wire)
+            if self.stop_after is not None and epoch + 1 == self.stop_after and epoch + 1 < cfg.train.epochs:
+                raise _Stopped(epoch + 1)
 
-def _final_report(payload: Tensor, sender: str, positions: list[int]) -> dict[str, Any]:
-    """A passive party's ``passive.report``, bounded and checked before the active party reads it."""
-    report = from_bytes_tensor(payload, sender=sender, what="final report")
-    keys = {"stats", "wire", "attacks", "attack_seconds"}
-    if not isinstance(report, dict) or set(report) != keys:
-        raise ProtocolError(f"{sender}'s final report must be an object with exactly {', '.join(sorted(keys))}, "
-                            f"got {sorted(report) if isinstance(report, dict) else type(report).__name__}")
-    _stats(report["stats"], sender)
-    _counts(report["wire"], "final link counters", sender)
-    _attack_results(report["attacks"], positions, sender)
-    seconds = report["attack_seconds"]
-    if not isinstance(seconds, dict) or not all(isinstance(k, str) and isinstance(v, (int, float))
-                                                and not isinstance(v, bool) for k, v in seconds.items()):
-        raise ProtocolError(f"{sender}'s final report: attack_seconds must map attack names to seconds")
-    return report
+        try:
+            return self.pipeline.train(fed, on_epoch_end=on_epoch_end, start_epoch=start, history=history,
+                                       batches=self.batches)
+        except _Stopped as stopped:
+            for remote in remotes:
+                self.endpoint.post("passive.done", remote.name, meta={"stopped": True})
+            self.summary["stopped_after"] = stopped.epochs
+            log.info("active: stopped after epoch %d as asked; continue with --resume", stopped.epochs - 1)
+            return None
+
+    def collect(self, run: TrainedRun,
+                remotes: list[RemotePassive]) -> tuple[list[AttackResult], dict[str, float], dict[str, Any]]:
+        """Every attack's result in the config's order: this party's (scored before ``passive.done``: they may query
+        the passive parties), then each passive party's from its final report (also returned, by party)."""
+        found, seconds = self.pipeline.score(run)
+        plan, reports = self.local.attacks, {}
+        for remote in remotes:
+            self.endpoint.post("passive.done", remote.name)
+            payload = self.endpoint.take("passive.report", remote.name).payload
+            with refusing(self.channel, remote.name):
+                reports[remote.name] = final_report(payload, remote.name, _positions(plan, remote.name))
+        results: dict[int, AttackResult] = dict(zip(self.local.positions, found, strict=True))
+        for report in reports.values():
+            results.update({int(i): AttackResult(**r) for i, r in report["attacks"].items()})
+            seconds.update(report["attack_seconds"])
+        return [results[i] for i in range(len(plan.attacks))], seconds, reports
+
+    def finish(self, run: TrainedRun, remotes: list[RemotePassive], attacks: list[AttackResult],
+               seconds: dict[str, float], reports: dict[str, Any]) -> None:
+        """``result.json`` (the traffic counted here and each passive party's ``dealer.*`` from its report) and
+        ``net.json``; the summary's utility, epochs, traffic and grants."""
+        cfg, out_dir, channel = self.cfg, self.out_dir, self.channel
+        undefended = (undefended_result(cfg, out_dir=out_dir.parent if out_dir else None, data_root=self.data_root)
+                      if cfg.defenses and cfg.attacks else None)
+        comm = merged_comm([(channel.train, protocol_kind),
+                            *((comm_from_dict(r["stats"]["train"]), lambda kind: kind.startswith("dealer."))
+                              for r in reports.values())])
+        grants = [g.as_dict(self.refused.get(g, "granted")) for g in self.local.grants]
+        held_out = self.local.attacks.held_out()
+
+        def baseline(alone: bool) -> UtilityResult:  # the active party alone, on its own data
+            return utility_of(cfg, train_run(cfg, run.data, with_defenses=False, alone=alone,
+                                             held_out=held_out).history)
+
+        baselines = self.pipeline.baselines(run, undefended=undefended, train=baseline, second_federation=False)
+        result = self.pipeline.result(run, attacks=attacks, attack_seconds=seconds, comm=comm, baselines=baselines,
+                                      undefended=undefended, grants=grants, honest_reference=False)
+        self.summary.update(utility=result.utility.__dict__, epochs=run.history.epochs, comm=comm, grants=grants)
+        self.pipeline.directory.write("net.json", net_report(
+            self.walls, comm, self.wire, {r.name: r.wire for r in remotes},
+            {ACTIVE: wire_of(channel), **{n: r["wire"] for n, r in reports.items()}}, shaped=channel.options.shape))
+        self.pipeline.directory.write("result.json", result.to_dict())
 
 
 class _Stopped(Exception):
@@ -892,7 +568,7 @@ def _commit_epoch(out_dir: Path, epoch: int, fed: Any, channel: NetChannel, batc
         committed[DEALER] = answer
     extra = {"batches": batches.get_state(), "metrics": list(metrics_lines), "walls": list(epoch_walls),
              "active_wire": json.dumps(active_wire), "passive_wire": json.dumps({r.name: r.wire for r in remotes}),
-             "comm": json.dumps({"loop": fed.channel.train.as_dict()}), "net_stats": _stats_json(channel)}
+             "net_stats": stats_json(channel)}
     save_checkpoint(out_dir, ACTIVE, epoch, {**party_state(fed.active), **extra})
     committed[ACTIVE] = epoch
     if all(e == epoch for e in committed.values()):
@@ -913,55 +589,11 @@ def _resume_active(out_dir: Path, epoch: int, fed: Any, channel: NetChannel, bat
         remote.endpoint.call("passive.resume", remote.name, epoch=epoch)
     load_party_state(fed.active, state)
     batches.set_state(state["batches"])
-    fed.channel.stats["train"] = _comm_restored(json.loads(state["comm"])["loop"])
-    _restore_stats(channel, state["net_stats"])
+    restore_stats(channel, state["net_stats"])
     for remote in remotes:
         remote.wire = list(json.loads(state["passive_wire"]).get(remote.name, []))
     return {"metrics": list(state["metrics"]), "walls": [float(w) for w in state["walls"]],
             "active_wire": json.loads(state["active_wire"])}
-
-
-def _comm_restored(raw: Mapping[str, Any]) -> CommStats:
-    """:func:`comm_from_dict` with the totals too."""
-    stats = comm_from_dict(raw)
-    for key in ("messages", "bytes_up", "bytes_down", "messages_up", "messages_down", "rounds_up", "rounds_down"):
-        setattr(stats, key, int(raw[key]))
-    return stats
-
-
-def active_result(run: Any, *, utility: Any, comm: dict[str, Any], held_out: Tensor | None, attacks: list[Any],
-                  attack_seconds: dict[str, float], undefended: Mapping[str, Any] | None = None,
-                  grants: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """``result.json`` of a run whose parties ran in separate processes, as
-    :func:`~vflbench.experiment.run.run_experiment` writes it. Baselines: ``alone`` is trained in the active
-    party's process (its own data only); ``vanilla`` is this run's utility when the run has no defenses, the
-    undefended run's (``undefended``, launched before) when the attackers only observe, and is skipped otherwise
-    (it would need a second federation)."""
-    from vflbench.experiment.results import RunResult, Timing
-    from vflbench.experiment.run import defense_details, train_run, utility_of
-
-    cfg, vd = run.config, run.data
-    baselines: dict[str, Any] = {}
-    for name in cfg.baselines:
-        if name == "vanilla" and not cfg.defenses:
-            baselines["vanilla"] = utility.__dict__
-        elif name == "vanilla" and undefended is not None:
-            baselines["vanilla"] = dict(undefended["utility"])  # honest attackers: it trained exactly vanilla
-        elif name == "vanilla":
-            baselines["vanilla"] = {"skipped": "a run with defenses across processes trains no second, undefended "
-                                               "federation; run the config without defenses, or use `vflbench run`"}
-        else:
-            baselines["alone"] = utility_of(cfg, train_run(cfg, vd, with_defenses=False, alone=True,
-                                                           held_out=held_out).history).__dict__
-    result = RunResult(
-        config_hash=cfg.hash(), seed=cfg.seed,
-        data={**vd.info, "n_train": len(vd.y_train), "n_test": len(vd.y_test),
-              "n_held_out": 0 if held_out is None else len(held_out)},
-        utility=utility,
-        defense=[{"name": s.name, "params": s.params(), **defense_details(run, s.name)} for s in cfg.defenses],
-        attacks=attacks, timing=Timing(run.train_seconds, run.history.epoch_seconds, attack_seconds), comm=comm,
-        baselines=baselines, grants=list(grants or []), device=str(vd.device))
-    return result.to_dict()
 
 
 def net_report(epoch_seconds: list[float], comm: dict[str, Any], active_wire: list[dict[str, Any]],
@@ -972,8 +604,6 @@ def net_report(epoch_seconds: list[float], comm: dict[str, Any], active_wire: li
     the active party's links at the active party, a passive party's link to the dealer at that party), with the
     time projected on each :data:`~vflbench.net.linkmodel.LINK_PROFILES` network; ``shaped``: the link the
     transport's shaper enforced (``None``: none, loopback speed)."""
-    from vflbench.net.linkmodel import LINK_PROFILES, project
-
     def links(active: Mapping[str, Any], passives: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, int]]:
         out = {f"active-{peer}": {"frames": w["frames_sent"] + w["frames_received"],
                                   "bytes": w["bytes_sent"] + w["bytes_received"]} for peer, w in active.items()}

@@ -8,9 +8,31 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vflbench.experiment.config import RESULTS_VERSION
+
+if TYPE_CHECKING:  # types only: `vflbench init` imports this module, which must not import torch
+    from torch import Tensor
+
+    from vflbench.data import VerticalData
+    from vflbench.experiment.config import ExperimentConfig
+    from vflbench.protocol import Federation, History
+
+
+@dataclass
+class TrainedRun:
+    """A trained federation with its data and history (what attacks run on).
+
+    ``data``: the experimenter's ground truth the scorer reads (in a party's own process, the whole dataset kept
+    apart from the party's objects); ``federation``: the parties this process holds."""
+
+    config: ExperimentConfig
+    data: VerticalData
+    federation: Federation
+    history: History
+    train_seconds: float
+    held_out: Tensor | None = None  #: training rows no party trained on (the auxiliary pool)
 
 
 @dataclass

@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,57 +22,27 @@ import torch
 
 from vflbench._version import __version__
 from vflbench.data import VerticalData
-from vflbench.defenses import DEFENSES
-from vflbench.defenses.detectors import Detector
 from vflbench.devices import device_name, resolve_device
 from vflbench.errors import ConfigError, DataError
+from vflbench.experiment.assemble import is_detector, utility_of
 from vflbench.experiment.config import ExperimentConfig, build_config, check_components
+from vflbench.experiment.pipeline import Pipeline, RunDirectory
 from vflbench.experiment.plan import AttackPlan, aux_ids, validate_attacks, wants_aux
 from vflbench.experiment.results import (
-    AttackResult,
     RunResult,
-    Timing,
+    TrainedRun,
     UtilityResult,
     save_torch_atomic,
-    write_atomic,
     write_bytes_atomic,
-    write_json,
 )
 from vflbench.experiment.scenario import build_federation, load_vertical_data, plan_defenses
-from vflbench.experiment.scoring import run_attacks
-from vflbench.experiment.search import check_search, search_attacks
-from vflbench.metrics.scores import attack_leakage, leaks
-from vflbench.metrics.stats import mean_interval
-from vflbench.protocol import Federation, History, Progress
+from vflbench.experiment.search import check_search
+from vflbench.protocol import Progress
 from vflbench.protocol.messages import passive_names
 from vflbench.rng import generator
 
 log = logging.getLogger(__name__)
 CLAIM_POLL_SECONDS = 0.2  #: how often a worker waiting for another worker's undefended run looks again
-
-
-@dataclass
-class TrainedRun:
-    """A trained federation with its data and history (what attacks run on)."""
-
-    config: ExperimentConfig
-    data: VerticalData
-    federation: Federation
-    history: History
-    train_seconds: float
-    held_out: torch.Tensor | None = None  #: training rows no party trained on (the auxiliary pool)
-
-
-def utility_of(cfg: ExperimentConfig, history: History) -> UtilityResult:
-    """The configured utility metric: final test value and its per-epoch curve."""
-    key = f"test_{cfg.train.metric}"
-    per_epoch = [r[key] for r in history.epochs if key in r]
-    if not per_epoch:
-        raise ConfigError(f"train.metric {cfg.train.metric!r} is not available for this task "
-                          f"(AUC needs a binary task); use accuracy")
-    final = {k.removeprefix("test_"): v for k, v in history.epochs[-1].items() if k.startswith("test_")}
-    diverged = any(r.get("diverged") for r in history.epochs)
-    return UtilityResult(cfg.train.metric, per_epoch[-1], per_epoch, final, diverged=diverged)
 
 
 def check_before_training(cfg: ExperimentConfig, vd: VerticalData, plan: AttackPlan) -> None:
@@ -178,38 +147,6 @@ def save_embeddings(run: TrainedRun, directory: Path, n: int) -> None:
     write_bytes_atomic(directory / "embeddings.npz", buffer.getvalue())
 
 
-def defense_details(run: TrainedRun, name: str) -> dict[str, Any]:
-    """``{"details": ...}`` of the first instance of defense ``name`` that reports any (else nothing); a detector's
-    are the decisions of all its instances together (:func:`detector_details`)."""
-    instances = [d for party in run.federation.parties() for d in party.defenses if d.name == name]
-    if instances and isinstance(instances[0], Detector):
-        found = [details for d in instances if (details := d.details())]
-        return {"details": detector_details(found)} if found else {}
-    for d in instances:
-        if details := d.details():
-            return {"details": details}
-    return {}
-
-
-def detector_details(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """A detector's decisions over the passive parties it watches at (each instance's
-    :meth:`~vflbench.defenses.detectors.Detector.details`): ``decisions`` and ``flagged`` summed, ``rate`` their
-    share (``None`` without a decision), ``detected`` whether any instance flagged, and each party's own under
-    ``parties``."""
-    decisions = sum(int(p["decisions"]) for p in parts)
-    flagged = sum(int(p["flagged"]) for p in parts)
-    return {"decisions": decisions, "flagged": flagged, "rate": flagged / decisions if decisions else None,
-            "detected": any(p["first_flag_step"] is not None for p in parts),
-            "parties": {p["party"]: {k: v for k, v in p.items() if k != "party"} for p in parts}}
-
-
-def is_detector(name: str) -> bool:
-    """Whether defense ``name`` is a detector (it decides whether the training is hijacked, and reports how often
-    it flags: :class:`~vflbench.defenses.detectors.Detector`)."""
-    factory = DEFENSES.get(name).factory
-    return isinstance(factory, type) and issubclass(factory, Detector)
-
-
 def run_experiment(cfg: ExperimentConfig, *, out_dir: str | Path | None = None,
                    data_root: str | Path | None = None, progress: Progress | None = None) -> RunResult:
     """Run ``cfg`` end to end on ``train.device``; if ``out_dir`` is given write ``out_dir/<hash>/``.
@@ -231,8 +168,8 @@ def undefended_config(cfg: ExperimentConfig) -> ExperimentConfig:
     return build_config({**cfg.model_dump(mode="json", exclude={"sweep"}), "defenses": []}).resolved()
 
 
-def _undefended_result(cfg: ExperimentConfig, *, out_dir: Path | None,
-                       data_root: str | Path | None) -> dict[str, Any]:
+def undefended_result(cfg: ExperimentConfig, *, out_dir: Path | None,
+                      data_root: str | Path | None) -> dict[str, Any]:
     """The result of ``cfg`` run without defenses (a run of its own, read from ``out_dir/<hash>/result.json``
     when that exists, so that a sweep's points and tune's trials share one undefended run per config)."""
     plain = undefended_config(cfg)
@@ -276,22 +213,6 @@ def _honest_result(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: st
         log.info("detectors' honest reference: running %s without its attacks (run %s) to measure the detectors' "
                  "false alarms on honest training", cfg.hash(), honest.hash())
         return _run(honest, out_dir=out_dir, data_root=data_root, progress=None).to_dict()
-
-
-def mark_honest_reference(defense: list[dict[str, Any]], honest: dict[str, Any] | None, *, config_hash: str,
-                          malicious: list[str]) -> None:
-    """Give each detector entry of ``defense`` (a run's ``result.json`` entries) its ``honest_reference``: the same
-    detector's decisions on honest training of the same scenario (``honest``: that run's result; ``None``: the run
-    has no malicious attack, so it is its own reference) and the malicious attacks left out for it (``without``).
-    Entries match by position (same defense list)."""
-    for i, entry in enumerate(defense):
-        if not is_detector(entry["name"]):
-            continue
-        source = entry if honest is None else honest["defense"][i]
-        numbers = source.get("details", {})
-        entry["honest_reference"] = {"config_hash": config_hash if honest is None else honest["config_hash"],
-                                     "same_run": honest is None, "without": list(malicious),
-                                     **{k: numbers.get(k) for k in ("decisions", "flagged", "rate")}}
 
 
 def claim_reference(cfg: ExperimentConfig, out_dir: Path) -> contextlib.AbstractContextManager[bool]:
@@ -353,33 +274,6 @@ def _holder_alive(lock: Path) -> bool:
     return True
 
 
-def mark_undefended(attacks: list[AttackResult], undefended: list[dict[str, Any]] | None, *, seed: int,
-                    confidence: float) -> None:
-    """Set each attack's undefended leakage (mean and per repeat), its interval and ``leaks_without_defense``
-    (attacks match by position: the undefended run has the same attack list and repeats), and the searched
-    attacker's undefended leakage where both runs searched; ``undefended=None``: the run itself has no defenses,
-    so its own leakage is the undefended one."""
-    for i, attack in enumerate(attacks):
-        if undefended is None:
-            base = list(attack.leakages) or [attack.leakage]
-        else:
-            base = [float(v) for v in undefended[i].get("leakages") or [attack_leakage(undefended[i])]]
-        interval = mean_interval({seed: base}, confidence)
-        worst = (attack.leakages_worst if undefended is None
-                 else [float(v) for v in undefended[i].get("leakages_worst") or []] or None)
-        if worst:
-            attack.undefended_leakage_worst = sum(worst) / len(worst)
-            attack.undefended_leakages_worst = list(worst)
-        attack.undefended_leakage = sum(base) / len(base)
-        attack.undefended_leakages = base
-        attack.undefended_ci = [interval.low, interval.high] if interval.defined else None
-        attack.leaks_without_defense = leaks(interval)
-        if attack.leaks_without_defense is False:
-            log.warning("attack %s does not leak measurably without a defense (leakage %.2f points, %d%% interval "
-                        "[%.2f, %.2f] does not lie above 0): no defense can be credited for stopping it", attack.name,
-                        attack.undefended_leakage, round(100 * confidence), interval.low, interval.high)
-
-
 def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path | None,
          progress: Progress | None) -> RunResult:
     check_components(cfg)
@@ -392,7 +286,7 @@ def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path |
     def undefended() -> dict[str, Any] | None:
         """The undefended run's result, asked for once this run has trained: a sweep's defended point trains while
         another worker trains its reference, instead of waiting for it first."""
-        return _undefended_result(cfg, out_dir=out_dir, data_root=data_root) if cfg.defenses and cfg.attacks else None
+        return undefended_result(cfg, out_dir=out_dir, data_root=data_root) if cfg.defenses and cfg.attacks else None
 
     run_dir = out_dir / cfg.hash() if out_dir else None
     fresh = run_dir is not None and not run_dir.exists()
@@ -428,68 +322,24 @@ def _train_and_record(cfg: ExperimentConfig, vd: VerticalData, attack_plan: Atta
     ``undefended_result()`` gives the undefended run's result (``None`` without defenses or attacks), asked for
     once the training is done; ``honest``: the result of its detectors' honest reference run
     (:func:`honest_config`), ``None`` when the run is one."""
-    metrics_lines: list[str] = []
-
-    def open_run_dir() -> None:
-        """Make the run directory once the federation is built (its errors leave nothing behind)."""
-        if run_dir is not None and not (run_dir / "config.yaml").is_file():
-            run_dir.mkdir(parents=True, exist_ok=True)
-            write_atomic(run_dir / "config.yaml", cfg.to_yaml())
-            write_json(run_dir / "env.json", environment(cfg.train.threads, vd.device))
-
-    def on_epoch_end(epoch: int, record: dict[str, Any]) -> None:
-        if run_dir is None:
-            return
-        open_run_dir()
-        metrics_lines.append(json.dumps(record))
-        write_atomic(run_dir / "metrics.jsonl", "\n".join(metrics_lines) + "\n")
-
-    run = train_run(cfg, vd, progress=progress, attacks=attack_plan, on_epoch_end=on_epoch_end)
-    open_run_dir()
-    utility = utility_of(cfg, run.history)
+    directory = RunDirectory(run_dir, cfg, lambda: environment(cfg.train.threads, vd.device))
+    pipeline = Pipeline(cfg, vd, attack_plan, directory)
+    run = train_run(cfg, vd, progress=progress, attacks=attack_plan, on_epoch_end=lambda _, r: directory.record(r))
+    directory.open()
     if run_dir is not None and cfg.train.checkpoint != "none":
         save_checkpoints(run, run_dir)
     if run_dir is not None and cfg.train.save_embeddings:
         save_embeddings(run, run_dir, cfg.train.save_embeddings)
     undefended = undefended_result()
-    baselines: dict[str, Any] = {}
     held_out = attack_plan.held_out()  # the baselines train on the same rows as the run
-    for name in cfg.baselines:
-        if name == "vanilla" and not cfg.defenses:
-            baselines["vanilla"] = utility.__dict__
-        elif name == "vanilla" and undefended is not None and not any(
-                p.attack.phase == "malicious" for p in attack_plan.attacks):
-            # honest attackers only observe: the undefended run trained exactly the vanilla baseline
-            baselines["vanilla"] = dict(undefended["utility"])
-        elif name == "vanilla":
-            baselines["vanilla"] = utility_of(cfg, train_run(cfg, vd, with_defenses=False,
-                                                             held_out=held_out).history).__dict__
-        elif vd.active is None:
-            baselines["alone"] = {"skipped": "in VSNN the active party holds no features, so it cannot train alone"}
-        else:
-            baselines["alone"] = utility_of(cfg, train_run(cfg, vd, with_defenses=False, alone=True,
-                                                           held_out=held_out).history).__dict__
-    attack_results, attack_seconds = run_attacks(attack_plan, run)
-    attack_seconds.update(search_attacks(attack_plan, run, attack_results))
-    mark_undefended(attack_results, None if undefended is None else undefended["attacks"], seed=cfg.seed,
-                    confidence=cfg.evaluation.confidence)
-    comm = run.federation.channel.train
-    defense = [{"name": s.name, "params": s.params(), **defense_details(run, s.name)} for s in cfg.defenses]
-    mark_honest_reference(defense, honest, config_hash=cfg.hash(),
-                          malicious=[p.attack.name for p in attack_plan.attacks if p.attack.phase == "malicious"])
-    result = RunResult(
-        config_hash=cfg.hash(), seed=cfg.seed,
-        data={**vd.info, "n_train": len(vd.y_train), "n_test": len(vd.y_test),
-              "n_held_out": 0 if held_out is None else len(held_out)},
-        utility=utility,
-        defense=defense,
-        attacks=attack_results,
-        timing=Timing(run.train_seconds, run.history.epoch_seconds, attack_seconds),
-        comm=comm.as_dict(),
-        baselines=baselines,
-        grants=[g.as_dict() for g in attack_plan.grants()],
-        device=str(vd.device),
-    )
-    if run_dir is not None:
-        write_json(run_dir / "result.json", result.to_dict())
+
+    def baseline(alone: bool) -> UtilityResult:
+        return utility_of(cfg, train_run(cfg, vd, with_defenses=False, alone=alone, held_out=held_out).history)
+
+    baselines = pipeline.baselines(run, undefended=undefended, train=baseline)
+    attack_results, attack_seconds = pipeline.score(run)
+    result = pipeline.result(run, attacks=attack_results, attack_seconds=attack_seconds,
+                             comm=run.federation.traffic().as_dict(), baselines=baselines, undefended=undefended,
+                             honest=honest)
+    directory.write("result.json", result.to_dict())
     return result

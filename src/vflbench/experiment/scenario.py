@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from vflbench.data import PartySlice, VerticalData, aux_indices, load_dataset, partition, subsample
-from vflbench.defenses import create_defense
+from vflbench.defenses import DEFENSES, check_defense, create_defense
 from vflbench.devices import resolve_device
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import ExperimentConfig
@@ -20,18 +20,20 @@ from vflbench.protocol import (
     ACTIVE,
     ActiveParty,
     BindContext,
-    Channel,
     Defense,
     DefenseAux,
     Endpoint,
     Federation,
+    InMemoryTransport,
     PassiveParty,
     TrainSettings,
     Transcript,
+    Transport,
     default_objective,
-    passive_name,
 )
-from vflbench.protocol.messages import passive_index
+from vflbench.protocol.messages import passive_index, passive_names
+from vflbench.protocol.objective import Objective
+from vflbench.protocol.service import PassivePeer
 from vflbench.rng import generator
 
 DEFAULT_EMBED_DIM = 16
@@ -86,14 +88,19 @@ class DefensePlan:
         return self.active + [d for ds in self.passive.values() for d in ds]
 
 
-def plan_defenses(cfg: ExperimentConfig, passive_names: Sequence[str]) -> DefensePlan:
-    """Instantiate the configured defenses for the parties whose side they act on."""
+def plan_defenses(cfg: ExperimentConfig, passive_names: Sequence[str], *, active: bool = True) -> DefensePlan:
+    """Instantiate the configured defenses for the parties built here, on the side each acts on: the active party's
+    instances (``active``) and each of ``passive_names``'. A party's own process builds its own instances only
+    (another party's are never built there); every defense's parameters are checked either way."""
     plan = DefensePlan([], {n: [] for n in passive_names})
     for spec in cfg.defenses:
-        probe = create_defense(spec.name, **spec.params())
-        if probe.side in ("active", "both"):
-            plan.active.append(probe)
-        if probe.side in ("passive", "both"):
+        check_defense(spec.name, spec.params())
+        cls = DEFENSES.get(spec.name).factory
+        assert isinstance(cls, type) and issubclass(cls, Defense)
+        side = cls.side
+        if active and side in ("active", "both"):
+            plan.active.append(create_defense(spec.name, **spec.params()))
+        if side in ("passive", "both"):
             for name in passive_names:
                 plan.passive[name].append(create_defense(spec.name, **spec.params()))
     return plan
@@ -197,11 +204,27 @@ def defense_aux_ids(d: Defense, y_train: Tensor, seed: int, pool: Tensor | None)
                        exclude=torch.nonzero(trained).flatten())
 
 
+def aux_grants(cfg: ExperimentConfig, defenses: Sequence[Defense], y_train: Tensor,
+               pool: Tensor | None) -> list[Tensor | None]:
+    """The auxiliary labelled rows each of the active party's ``defenses`` is granted (:func:`defense_aux_ids`, in
+    order; ``None``: it takes none), drawn once from the pool ``pool`` (:func:`pool_rows`)."""
+    return [defense_aux_ids(d, y_train, cfg.seed, pool) for d in defenses]
+
+
 def defense_aux_rows(cfg: ExperimentConfig, plan: DefensePlan, y_train: Tensor) -> Tensor | None:
     """Every training row the active party's defenses in ``plan`` take as their auxiliary set (sorted)."""
-    pool = pool_rows(cfg, y_train)
-    drawn = [ids for d in plan.active if (ids := defense_aux_ids(d, y_train, cfg.seed, pool)) is not None]
+    drawn = [ids for ids in aux_grants(cfg, plan.active, y_train, pool_rows(cfg, y_train)) if ids is not None]
     return torch.cat(drawn).unique() if drawn else None
+
+
+def train_rows_of(n: int, excluded: Sequence[Tensor | None]) -> Tensor | None:
+    """The training rows the loop trains on: all ``n`` but the ``excluded`` ones (``None``: all of them)."""
+    left_out = [rows for rows in excluded if rows is not None and len(rows)]
+    if not left_out:
+        return None
+    keep_rows = torch.ones(n, dtype=torch.bool)
+    keep_rows[torch.cat(left_out)] = False
+    return torch.nonzero(keep_rows).flatten()
 
 
 def embed_dim_of(cfg: ExperimentConfig, out_dim: int) -> int:
@@ -235,11 +258,12 @@ def _binder(cfg: ExperimentConfig, *, num_classes: int, num_parties: int, active
     return bind
 
 
-def _passive_party(cfg: ExperimentConfig, name: str, part: PartySlice, *, defenses: Sequence[Defense],
+def passive_party(cfg: ExperimentConfig, name: str, part: PartySlice, *, defenses: Sequence[Defense],
                    active_defenses: Sequence[Defense], embed_dim: int, bind: Callable[[Defense, str], None],
                    transcript: Transcript) -> PassiveParty:
-    """Passive party ``name`` on its slice ``part``: its defenses bound, its bottom model (wrapped by the active
-    party's defenses, which only look at it, then by its own), optimizer and schedule."""
+    """Passive party ``name`` on its slice ``part``: its defenses bound, its bottom model (wrapped by its own
+    defenses), optimizer and schedule. The active party's defenses never receive this party's model: they look at
+    an architecture built from the slice's layout (:func:`show_layout`), as in the active party's own process."""
     m, seed = cfg.model, cfg.seed
     assert m.bottom is not None
     device = part.x_train.device
@@ -248,7 +272,8 @@ def _passive_party(cfg: ExperimentConfig, name: str, part: PartySlice, *, defens
     for d in defenses:
         part = d.augment_features(part).to(device)
     bottom = build_bottom(m.bottom, part, embed_dim, generator(seed, name, "init"), device=device, **m.bottom_options)
-    for d in (*active_defenses, *defenses):
+    show_layout(cfg, name, shape_only(part), active_defenses, embed_dim=embed_dim, device=device)
+    for d in defenses:
         bottom = d.wrap_bottom(bottom, name).to(device)  # a wrapper's own layers are built (and seeded) on the CPU
     opt = make_optimizer(cfg, list(bottom.parameters()))
     for d in defenses:
@@ -269,116 +294,181 @@ def build_passive(cfg: ExperimentConfig, data: PassiveData, *, defenses: Sequenc
         raise ConfigError("a passive party's own process is not built for VSNN (the active party holds no features)")
     bind = _binder(cfg, num_classes=data.num_classes, num_parties=data.holders, active_has_features=True,
                    link=link, aux=lambda d, party: None, device=data.part.x_train.device)
-    return _passive_party(cfg, data.name, data.part, defenses=defenses, active_defenses=(), embed_dim=embed_dim,
+    return passive_party(cfg, data.name, data.part, defenses=defenses, active_defenses=(), embed_dim=embed_dim,
                           bind=bind, transcript=Transcript(data.name, keep or ()))
+
+
+def bind_active(cfg: ExperimentConfig, vd: VerticalData, defenses: Sequence[Defense], *,
+                bind: Callable[[Defense, str], None]) -> tuple[Objective, int]:
+    """Bind the active party's ``defenses`` and let them transform its labels: the objective it trains on, and the
+    bottom models' width that follows from it (:func:`embed_dim_of`). First of the active party's steps: the
+    passive parties' bottoms are sized by it."""
+    single_logit = cfg.train.algorithm == "vlr" and vd.num_classes == 2
+    objective = default_objective(vd.y_train, vd.num_classes, single_logit=single_logit)
+    for d in defenses:
+        bind(d, ACTIVE)
+        objective = d.transform_labels(objective)
+    return objective, embed_dim_of(cfg, objective.out_dim)
+
+
+def show_layout(cfg: ExperimentConfig, name: str, layout: PartySlice, defenses: Sequence[Defense], *,
+                embed_dim: int, device: torch.device) -> None:
+    """Let the active party's ``defenses`` look at passive party ``name``'s bottom architecture, built from its
+    slice's ``layout`` only (VMask's shadow architecture, an information bottleneck's widths), never at the
+    party's own model; the architecture is then dropped."""
+    if not defenses:
+        return
+    assert cfg.model.bottom is not None
+    architecture = build_bottom(cfg.model.bottom, layout, embed_dim, generator(cfg.seed, name, "architecture"),
+                                device=device, **cfg.model.bottom_options)
+    for d in defenses:
+        architecture = d.wrap_bottom(architecture, name).to(device)
+
+
+def show_layouts(cfg: ExperimentConfig, vd: VerticalData, defenses: Sequence[Defense], *, names: Sequence[str],
+                 embed_dim: int, device: torch.device) -> None:
+    """:func:`show_layout` for every passive party of ``vd`` (in the active party's own process, where no passive
+    party's model exists)."""
+    for name, part in zip(names, vd.passive, strict=True):
+        show_layout(cfg, name, part, defenses, embed_dim=embed_dim, device=device)
+
+
+def build_active(cfg: ExperimentConfig, vd: VerticalData, *, objective: Objective, embed_dim: int,
+                 defenses: Sequence[Defense], widths: Sequence[int], transcript: Transcript,
+                 device: torch.device) -> ActiveParty:
+    """The active party: its slice (augmented by its defenses), bottom model (none in VSNN), the top model sized by
+    what it receives (``widths``: each passive party's embedding width; its own bottom's added), the optimizer over
+    both, all wrapped by its ``defenses`` (bound already, :func:`bind_active`)."""
+    m, t, seed = cfg.model, cfg.train, cfg.seed
+    assert m.bottom and m.top and t.aggregation
+    active_slice = vd.active
+    for d in defenses if active_slice is not None else ():
+        active_slice = d.augment_features(active_slice).to(device)  # type: ignore[arg-type]
+    bottom = None
+    if active_slice is not None:
+        bottom = build_bottom(m.bottom, active_slice, embed_dim, generator(seed, ACTIVE, "init"), device=device,
+                              **m.bottom_options)
+        for d in defenses:
+            bottom = d.wrap_bottom(bottom, ACTIVE).to(device)
+    if not widths and active_slice is None:
+        raise ConfigError("the active party holds no features in VSNN, so it cannot train alone")
+    received = [*widths, *[embed_dim] * (active_slice is not None)]
+    top = build_top(m.top, sum(received) if t.aggregation == "concat" else embed_dim, objective.out_dim,
+                    generator(seed, ACTIVE, "top"), device=device, **m.top_options)
+    if m.top == "identity" and embed_dim != objective.out_dim:
+        raise ConfigError("an identity top model needs bottoms that output the logits")
+    for d in defenses:
+        top = d.wrap_top(top).to(device)
+    opt = make_optimizer(cfg, list(top.parameters()) + (list(bottom.parameters()) if bottom is not None else []))
+    for d in defenses:
+        d.attach_optimizer(opt, ACTIVE)
+    return ActiveParty(ACTIVE, data=active_slice, bottom=bottom, top=top, objective=objective,
+                       aggregation=t.aggregation, labels=vd.y_train, optimizer=opt, scheduler=make_scheduler(cfg, opt),
+                       generator=generator(seed, ACTIVE, "party"), defenses=list(defenses), transcript=transcript)
+
+
+def connect(active: ActiveParty, passives: Sequence[PassiveParty], transport: Transport, *,
+            train_rows: Tensor | None = None, remote: Sequence[PassivePeer] = ()) -> Federation:
+    """The federation of ``active`` and the passive parties over ``transport``: ``passives`` held in this process
+    (each serving its handlers), ``remote`` handles on those in other processes."""
+    return Federation(active, passives, channel=transport, train_rows=train_rows, remote=remote)
 
 
 def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: DefensePlan | None = None,
                      alone: bool = False, keep: dict[str, set[str]] | None = None,
                      extra_dims: dict[str, int] | None = None, held_out: Tensor | None = None,
-                     links: Callable[[str], Endpoint] | None = None, remote_passives: bool = False,
                      device: torch.device | None = None) -> Federation:
-    """Build the parties of ``cfg`` over ``vd`` (``alone``: the active party by itself).
+    """Build the parties of ``cfg`` over ``vd`` in one process, joined by an in-memory transport (``alone``: the
+    active party by itself): :func:`bind_active`, each passive party (:func:`passive_party`), :func:`build_active`,
+    :func:`connect`. A party in its own process builds its side alone (:mod:`vflbench.experiment.party`).
 
     ``extra_dims`` widens a party's uploaded embedding (a malicious passive party appending
     dimensions); the top model is sized by what it receives, as in a deployment. No party trains on
     the auxiliary pool (:func:`pool_rows`, a function of the data section and the seed) nor on
     ``held_out``, further training rows to leave out. Every defense instance is bound
-    with its party's endpoint of the federation's channel (its only way to reach other parties), or
-    with ``links(party)`` when given: a party's endpoint of a network channel, in a process that runs
-    one party (:mod:`vflbench.experiment.party`); VMask's dealer is then a process of its own, not
-    started here.
-
-    ``remote_passives``: the active party's own process (``vd`` from :func:`active_data`): each passive party is
-    a placeholder holding no data, model or optimizer (the process puts its stand-in there), and its bottom model
-    is built only as an architecture from its slice's layout, for the active party's defenses to look at
-    (VMask's shadow architecture, an information bottleneck's widths), then dropped.
+    with its party's endpoint of the federation's transport (its only way to reach other parties).
 
     Everything is built on ``device`` (default: ``train.device``): the data is moved there (a no-op when it is there
     already), every model is seeded on the CPU and moved there, and each defense is told it in its bind context.
     """
     cfg = cfg.resolved()
-    m, t, seed = cfg.model, cfg.train, cfg.seed
-    assert m.bottom and m.top and t.aggregation
-    device = resolve_device(t.device) if device is None else device
+    device = resolve_device(cfg.train.device) if device is None else device
     vd = vd.to(device)  # a no-op when the run moved it already (once, after loading)
     keep = keep or {}
     passive_slices = () if alone else vd.passive
-    names = [passive_name(i + 1) for i in range(len(passive_slices))]
+    names = passive_names(len(passive_slices))
     plan = defenses or DefensePlan([], {n: [] for n in names})
-    single_logit = t.algorithm == "vlr" and vd.num_classes == 2
-    objective = default_objective(vd.y_train, vd.num_classes, single_logit=single_logit)
-    holders = len(passive_slices) + (vd.active is not None)
-    channel = Channel()
+    channel = InMemoryTransport()
     transcripts = {n: Transcript(n, keep.get(n, ())) for n in (*names, ACTIVE)}
     for transcript in transcripts.values():
         channel.register(transcript)
-    for d in plan.active if links is None else ():  # e.g. VMask's dealer, a party that is neither of the others
+    for d in plan.active:  # e.g. VMask's dealer, a party that is neither of the others
         for extra in d.extra_parties:
-            d.start_party(extra, channel.endpoint(extra), generator(seed, "defense", d.name, ACTIVE), device=device)
+            d.start_party(extra, channel.endpoint(extra), generator(cfg.seed, "defense", d.name, ACTIVE),
+                          device=device)
     pool = pool_rows(cfg, vd.y_train)  # held out of training whatever the attacks and defenses
-    defense_held_out: list[Tensor] = []
+    grants = aux_grants(cfg, plan.active, vd.y_train, pool)
+    bind = _binder(cfg, num_classes=vd.num_classes, num_parties=len(passive_slices) + 1, active_has_features=vd.active
+                   is not None, link=channel.endpoint, aux=granted_aux(plan.active, grants, vd.y_train,
+                                                                      dict(zip(names, passive_slices, strict=True))),
+                   device=device)
+    objective, embed_dim = bind_active(cfg, vd, plan.active, bind=bind)
+    passives = [passive_party(cfg, name, part, defenses=plan.passive[name], active_defenses=plan.active,
+                              embed_dim=embed_dim, bind=bind, transcript=transcripts[name])
+                for name, part in zip(names, passive_slices, strict=True)]
+    active = build_active(cfg, vd, objective=objective, embed_dim=embed_dim, defenses=plan.active,
+                          widths=[embed_dim + (extra_dims or {}).get(n, 0) for n in names],
+                          transcript=transcripts[ACTIVE], device=device)
+    return connect(active, passives, channel, train_rows=train_rows_of(len(vd.y_train), [pool, held_out, *grants]))
 
-    def defense_aux(d: Defense, party: str) -> DefenseAux | None:
-        """The auxiliary labelled set a defense's threat model grants the active party (``aux_size``)."""
-        ids = defense_aux_ids(d, vd.y_train, seed, pool) if party == ACTIVE else None
+
+@dataclass
+class ActiveSide:
+    """The active party built in its own process (:func:`active_side`): the party, the bottom models' width its
+    labels set (sent to every passive party) and the rows the loop trains on."""
+
+    party: ActiveParty
+    embed_dim: int
+    train_rows: Tensor | None
+
+
+def active_side(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Sequence[Defense],
+                link: Callable[[str], Endpoint], keep: Collection[str] = (),
+                extra_dims: Mapping[str, int] | None = None, held_out: Tensor | None = None,
+                device: torch.device | None = None) -> ActiveSide:
+    """The active party of ``cfg`` in its own process (``vd`` from :func:`active_data`): its defense halves bound to
+    ``link(active)``, the passive parties' bottoms shown to them as architectures only (:func:`show_layouts`),
+    then :func:`build_active`; the same party, bit for bit, as :func:`build_federation` builds in one process.
+    VMask's dealer is a process of its own, not started here."""
+    cfg = cfg.resolved()
+    device = resolve_device(cfg.train.device) if device is None else device
+    vd = vd.to(device)
+    names = passive_names(len(vd.passive))
+    pool = pool_rows(cfg, vd.y_train)
+    grants = aux_grants(cfg, defenses, vd.y_train, pool)
+    bind = _binder(cfg, num_classes=vd.num_classes, num_parties=len(names) + 1,
+                   active_has_features=vd.active is not None, link=link,
+                   aux=granted_aux(defenses, grants, vd.y_train, dict(zip(names, vd.passive, strict=True))),
+                   device=device)
+    objective, embed_dim = bind_active(cfg, vd, defenses, bind=bind)
+    show_layouts(cfg, vd, defenses, names=names, embed_dim=embed_dim, device=device)
+    active = build_active(cfg, vd, objective=objective, embed_dim=embed_dim, defenses=defenses,
+                          widths=[embed_dim + (extra_dims or {}).get(n, 0) for n in names],
+                          transcript=Transcript(ACTIVE, keep), device=device)
+    return ActiveSide(active, embed_dim, train_rows_of(len(vd.y_train), [pool, held_out, *grants]))
+
+
+def granted_aux(defenses: Sequence[Defense], grants: Sequence[Tensor | None], y_train: Tensor,
+                slices: Mapping[str, PartySlice]) -> Callable[[Defense, str], DefenseAux | None]:
+    """The auxiliary set each of the active party's ``defenses`` is granted (``grants``, :func:`aux_grants`): its
+    rows, their labels and each passive party's columns of them (``slices``: in the active party's own process,
+    the layouts holding only the granted rows, :func:`active_data`)."""
+    by_instance = {id(d): ids for d, ids in zip(defenses, grants, strict=True)}
+
+    def aux(d: Defense, party: str) -> DefenseAux | None:
+        ids = by_instance.get(id(d)) if party == ACTIVE else None
         if ids is None:
             return None
-        defense_held_out.append(ids)  # the auxiliary rows do not overlap the rows the parties train on (VMask §IV-A)
-        return DefenseAux(ids=ids, y=vd.y_train[ids],
-                          x={n: part.train_rows(ids) for n, part in zip(names, passive_slices, strict=True)})
+        return DefenseAux(ids=ids, y=y_train[ids], x={n: part.train_rows(ids) for n, part in slices.items()})
 
-    bind = _binder(cfg, num_classes=vd.num_classes, num_parties=holders + (vd.active is None),
-                   active_has_features=vd.active is not None, link=links or channel.endpoint, aux=defense_aux,
-                   device=device)
-    for d in plan.active:
-        bind(d, ACTIVE)
-        objective = d.transform_labels(objective)
-    embed_dim = embed_dim_of(cfg, objective.out_dim)
-
-    passives = []
-    for name, part in zip(names, passive_slices, strict=True):
-        if remote_passives:
-            architecture = build_bottom(m.bottom, part, embed_dim, generator(seed, name, "architecture"),
-                                        device=device, **m.bottom_options)
-            for d in plan.active:
-                architecture = d.wrap_bottom(architecture, name).to(device)
-            passives.append(PassiveParty(name, data=None, bottom=None, optimizer=None,
-                                         generator=generator(seed, name, "party"), transcript=transcripts[name]))
-            continue
-        passives.append(_passive_party(cfg, name, part, defenses=plan.passive[name], active_defenses=plan.active,
-                                       embed_dim=embed_dim, bind=bind, transcript=transcripts[name]))
-    active_slice = vd.active
-    for d in plan.active if active_slice is not None else ():
-        active_slice = d.augment_features(active_slice).to(device)  # type: ignore[arg-type]
-    active_bottom = None
-    if active_slice is not None:
-        active_bottom = build_bottom(m.bottom, active_slice, embed_dim, generator(seed, ACTIVE, "init"),
-                                     device=device, **m.bottom_options)
-        for d in plan.active:
-            active_bottom = d.wrap_bottom(active_bottom, ACTIVE).to(device)
-    if holders == 0:
-        raise ConfigError("the active party holds no features in VSNN, so it cannot train alone")
-    widths = [embed_dim + (extra_dims or {}).get(n, 0) for n in names] + [embed_dim] * (active_slice is not None)
-    in_dim = sum(widths) if t.aggregation == "concat" else embed_dim
-    top = build_top(m.top, in_dim, objective.out_dim, generator(seed, ACTIVE, "top"), device=device,
-                    **m.top_options)
-    if m.top == "identity" and embed_dim != objective.out_dim:
-        raise ConfigError("an identity top model needs bottoms that output the logits")
-    for d in plan.active:
-        top = d.wrap_top(top).to(device)
-    params = list(top.parameters()) + (list(active_bottom.parameters()) if active_bottom is not None else [])
-    opt = make_optimizer(cfg, params)
-    for d in plan.active:
-        d.attach_optimizer(opt, ACTIVE)
-    active = ActiveParty(ACTIVE, data=active_slice, bottom=active_bottom, top=top, objective=objective,
-                         aggregation=t.aggregation, labels=vd.y_train, optimizer=opt,
-                         scheduler=make_scheduler(cfg, opt), generator=generator(seed, ACTIVE, "party"),
-                         defenses=plan.active, transcript=transcripts[ACTIVE])
-    train_rows = None
-    excluded = [rows for rows in (pool, held_out, *defense_held_out) if rows is not None and len(rows)]
-    if excluded:
-        keep_rows = torch.ones(len(vd.y_train), dtype=torch.bool)
-        keep_rows[torch.cat(excluded)] = False
-        train_rows = torch.nonzero(keep_rows).flatten()
-    return Federation(active, passives, channel=channel, train_rows=train_rows)
+    return aux

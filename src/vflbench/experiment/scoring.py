@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from vflbench.attacks.base import (
     AuxData,
@@ -48,11 +48,10 @@ from vflbench.metrics.auc import batched_binary_auc
 from vflbench.metrics.scores import direction_of, leakage_points
 from vflbench.metrics.stats import mean_interval
 from vflbench.models.finetune import EVAL_BATCH
-from vflbench.protocol import PassiveParty
 from vflbench.protocol.messages import passive_index
 
 if TYPE_CHECKING:
-    from vflbench.experiment.run import TrainedRun
+    from vflbench.experiment.results import TrainedRun
 
 
 log = logging.getLogger(__name__)
@@ -265,28 +264,28 @@ def score_features(inf: FeatureInference, run: TrainedRun, victims: Sequence[str
         details["ssim"] = float(ssim(recon, truth, data_range=1.0).mean())
         guess = reference.float().mean(0, keepdim=True).expand_as(truth).contiguous()
         details["prior_ssim"] = float(ssim(guess, truth, data_range=1.0).mean())
-    parties = {p.name: p for p in run.federation.passives}
-    withheld = [v for v in victims if inf.shadow is not None and parties[v].bottom is None]
+    bottoms = {v: run.federation.bottom_of(v) for v in victims}
+    withheld = [v for v in victims if inf.shadow is not None and bottoms[v] is None]
     if withheld:  # a victim in its own process refused the evaluation-only query of its bottom model
         why = f"{', '.join(withheld)} refused evaluation-only queries of its bottom model (passive.oracle_bottom)"
         details["not_computed"] = {"emb_mse": why, "emb_cos": why}
         log.warning("feature attack scores emb_mse and emb_cos not computed: %s", why)
     elif inf.shadow is not None:
         inf.shadow.eval()
-        real = torch.cat([_embed(parties[v], x) for v, x in zip(victims, truth.split(widths, -1), strict=True)], 1)
+        real = torch.cat([_embed(bottoms[v], x) for v, x in zip(victims, truth.split(widths, -1), strict=True)], 1)
         est = torch.cat([inf.shadow(truth[i : i + EVAL_BATCH]) for i in range(0, len(truth), EVAL_BATCH)])
         details["emb_mse"] = float(((est - real) ** 2).mean())
         details["emb_cos"] = float(cosine_distance(est, real).mean())
     return value, prior, details
 
 
-def _embed(party: PassiveParty, x: Tensor) -> Tensor:
-    """``party``'s real bottom model on ``x`` in eval mode (its training mode restored)."""
-    assert party.bottom is not None
-    was = party.bottom.training
-    party.bottom.eval()
-    out = torch.cat([party.bottom(x[i : i + EVAL_BATCH]) for i in range(0, len(x), EVAL_BATCH)])
-    party.bottom.train(was)
+def _embed(bottom: nn.Module | None, x: Tensor) -> Tensor:
+    """A victim's real bottom model on ``x`` in eval mode (its training mode restored)."""
+    assert bottom is not None
+    was = bottom.training
+    bottom.eval()
+    out = torch.cat([bottom(x[i : i + EVAL_BATCH]) for i in range(0, len(x), EVAL_BATCH)])
+    bottom.train(was)
     return out
 
 

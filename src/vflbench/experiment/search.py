@@ -63,7 +63,7 @@ from vflbench.metrics.stats import mean_interval
 from vflbench.rng import generator
 
 if TYPE_CHECKING:
-    from vflbench.experiment.run import TrainedRun
+    from vflbench.experiment.results import TrainedRun
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ from vflbench.data import VerticalData
 from vflbench.experiment.plan import PlannedAttack, attacker_copy, aux_data, known_labels, scenario_of, wants_aux
 from vflbench.models import build_bottom
 from vflbench.models.finetune import EVAL_BATCH
-from vflbench.protocol import ACTIVE, Federation, Message
+from vflbench.protocol import ACTIVE, Federation
 from vflbench.rng import generator
 
 if TYPE_CHECKING:
-    from vflbench.experiment.run import TrainedRun
+    from vflbench.experiment.results import TrainedRun
 
 
 log = logging.getLogger(__name__)
@@ -78,15 +78,14 @@ def feature_targets(attack: Attack, vd: VerticalData, aux: AuxData | None, seed:
 def query_embeddings(fed: Federation, sender: str, ids: Tensor, split: str) -> ReceivedEmbeddings:
     """The embeddings ``sender`` sends the active party for rows ``ids`` at inference time.
 
-    The same messages as :meth:`Federation.outputs` (through the channel, phase ``"eval"``,
+    The same messages as :meth:`Federation.outputs` (through the transport, phase ``"eval"``,
     after the sender's own defenses), for the rows the active party asks about.
     """
-    party = {p.name: p for p in fed.passives}[sender]
+    peer = fed.peer(sender)
     chunks = []
     for start in range(0, len(ids), EVAL_BATCH):
         batch = ids[start : start + EVAL_BATCH]
-        h = party.forward(batch, epoch=-1, step=-1, split=split, train=False)  # type: ignore[arg-type]
-        chunks.append(fed.channel.send(Message("embedding", sender, ACTIVE, h, batch, -1, -1, "eval")).payload)
+        chunks.append(peer.forward(batch, epoch=-1, step=-1, split=split, train=False))  # type: ignore[arg-type]
     embeddings = torch.cat(chunks) if chunks else torch.empty(0)
     return ReceivedEmbeddings(sender, split, ids, embeddings)  # type: ignore[arg-type]
 

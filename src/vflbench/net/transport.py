@@ -1,10 +1,9 @@
 """The gRPC transport: one party's channel to its peers in other processes or on other machines.
 
-:class:`NetChannel` offers what the in-process :class:`~vflbench.protocol.channel.Channel` offers
-a party -- :meth:`NetChannel.endpoint` returns the same :class:`~vflbench.protocol.channel.Endpoint`
-(``call``/``serve``/``post``/``take``), and :meth:`NetChannel.send` takes the loop's one-way
-messages -- plus :meth:`NetChannel.receive`, the receiving half of a one-way message that the
-in-process channel hands over directly.
+:class:`NetChannel` implements the declared :class:`~vflbench.protocol.channel.Transport` for one party, as the
+in-process :class:`~vflbench.protocol.channel.InMemoryTransport` does for all of them: :meth:`NetChannel.endpoint`
+returns the same :class:`~vflbench.protocol.channel.Endpoint` (``call``/``serve``/``post``/``take``) -- plus
+:meth:`NetChannel.receive`, a one-way message matched by its position in training.
 
 Links. One long-lived bidirectional gRPC stream per pair of parties that the protocol lets talk
 (:meth:`~vflbench.net.policy.Policy.peers`). The dealer and the active party listen; a party dials
@@ -47,7 +46,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import grpc
 import torch
@@ -59,7 +58,7 @@ from vflbench.net.frames import DEFAULT_MAX_FRAME_BYTES, VERSION, Frame, decode,
 from vflbench.net.linkmodel import LinkProfile
 from vflbench.net.policy import Policy, role_of
 from vflbench.net.provision import Credentials
-from vflbench.protocol.channel import Channel, CommStats, Endpoint, Handler, Transcript
+from vflbench.protocol.channel import CommStats, Endpoint, Handler, Transcript
 from vflbench.protocol.grants import Grant
 from vflbench.protocol.messages import Message
 
@@ -706,7 +705,7 @@ class NetChannel:
         """This party's connection: the in-process :class:`Endpoint`, talking through this channel."""
         if owner != self.name:
             raise ValueError(f"the channel of party {self.name!r} has no endpoint for {owner!r}")
-        return Endpoint(cast(Channel, self), owner)
+        return Endpoint(self, owner)
 
     def send(self, message: Message) -> Message:
         """Send a one-way message (the loop's embeddings and cut gradients); returns it, as the in-process channel
@@ -726,7 +725,8 @@ class NetChannel:
         box = self._mailbox.get((sender, kind))
         return box.popleft() if box else None
 
-    def _call(self, request: Message) -> Message:
+    def call(self, request: Message) -> Message:
+        """Send ``request`` and wait for its reply, answering peers' requests meanwhile (requests nest)."""
         call = next(self._calls)
         key = (request.receiver, call)
         with self._cond:
@@ -736,17 +736,20 @@ class NetChannel:
                            peer=request.receiver)
         return self._consume(reply)
 
-    def _serve(self, owner: str, namespace: str, handler: Handler) -> None:
+    def serve(self, owner: str, namespace: str, handler: Handler) -> None:
+        """Answer requests of kinds ``<namespace>.*`` that peers send this party with ``handler``."""
         if owner != self.name:
             raise ValueError(f"the channel of party {self.name!r} cannot serve for {owner!r}")
         if namespace in self._handlers:
             raise ValueError(f"party {owner!r} already serves {namespace!r} requests")
         self._handlers[namespace] = handler
 
-    def _post(self, message: Message) -> None:
+    def post(self, message: Message) -> None:
+        """Send a one-way message into the receiver's mailbox (it picks it up with :meth:`take`)."""
         self._transmit(message)
 
-    def _take(self, owner: str, sender: str, kind: str) -> Message:
+    def take(self, owner: str, sender: str, kind: str) -> Message:
+        """The oldest ``kind`` message from ``sender`` (waiting for it, answering requests meanwhile)."""
         if owner != self.name:
             raise ValueError(f"the channel of party {self.name!r} holds no mailbox of {owner!r}")
         return self._consume(self._wait(lambda: self._pop(sender, kind), what=f"{kind!r} from {sender}",

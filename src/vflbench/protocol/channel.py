@@ -1,17 +1,22 @@
-"""The in-memory channel: delivers messages, keeps each party's transcript, counts traffic.
+"""The declared transport and its in-memory implementation: deliver messages, keep each party's transcript, count
+traffic.
+
+:class:`Transport` is what every party's code talks through (Flower's ``Grid``, CrypTen's communicator): the
+in-process :class:`InMemoryTransport` (synchronous dispatch: a request runs its handler at once) and the gRPC
+transport (:class:`~vflbench.net.transport.NetChannel`, parties in other processes or machines) implement it, and
+the same party code runs on both with the same numbers.
 
 Three ways to talk, each a message exchange that a network transport carries unchanged:
 
-* :meth:`Channel.send` -- a one-way message handed straight to the receiving code (the training
-  loop's embeddings and cut gradients, which the loop itself passes on);
+* :meth:`Transport.send` -- a one-way message, counted and recorded (the receiving code picks it up);
 * :meth:`Endpoint.post` / :meth:`Endpoint.take` -- a one-way message left in the receiver's
   mailbox until its code takes it (e.g. what parties agree on before training);
 * :meth:`Endpoint.call` / :meth:`Endpoint.serve` -- a request answered by a handler the receiving
   party registered for the kind's namespace (the halves of a two-party protocol such as VMask's
   secret-shared layers or the Paillier key holder).
 
-Every message goes through :meth:`Channel.send`, so one counter sees all traffic: per phase, per
-direction (``up`` = towards the active party) and per kind. A party's code holds only its own
+Every message goes through the transport's one counter (:class:`CommStats`): messages, bytes and rounds per
+phase, per direction (``up`` = towards the active party) and per kind. A party's code holds only its own
 :class:`Endpoint`; it never holds another party's objects.
 """
 
@@ -20,7 +25,7 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -100,6 +105,32 @@ class CommStats:
         stats.bytes += message.nbytes
         stats.rounds += rounds
 
+    def only(self, keep: Callable[[str], bool]) -> CommStats:
+        """The traffic of the kinds ``keep`` accepts, totals summed over them."""
+        out = CommStats()
+        out.add(self, keep)
+        return out
+
+    def add(self, other: CommStats, keep: Callable[[str], bool] = lambda kind: True) -> None:
+        """Add ``other``'s traffic of the kinds ``keep`` accepts to this counter."""
+        for kind, directions in other.by_kind.items():
+            if not keep(kind):
+                continue
+            for direction, s in directions.items():
+                into = self.by_kind[kind].setdefault(direction, KindStats())
+                into.messages += s.messages
+                into.bytes += s.bytes
+                into.rounds += s.rounds
+                self.messages += s.messages
+                if direction == "up":
+                    self.messages_up += s.messages
+                    self.bytes_up += s.bytes
+                    self.rounds_up += s.rounds
+                else:
+                    self.messages_down += s.messages
+                    self.bytes_down += s.bytes
+                    self.rounds_down += s.rounds
+
     @property
     def rounds(self) -> int:
         """Round trips in both directions."""
@@ -115,11 +146,44 @@ class CommStats:
                             for k, v in sorted(self.by_kind.items())}}
 
 
-class Channel:
-    """Delivers messages between registered parties (in one process); ``parties`` are registered with
-    transcripts that keep nothing.
+class Transport(Protocol):
+    """What a party's code talks through: one counter of every message it carries (:attr:`stats`), each party's
+    transcript, and four ways to talk (:class:`Endpoint` wraps them for one party). Implemented by
+    :class:`InMemoryTransport` (every party in one process) and by the gRPC transport
+    (:class:`~vflbench.net.transport.NetChannel`: one party, its peers in other processes)."""
 
-    The same party code runs over a network transport; only this class changes.
+    stats: dict[str, CommStats]
+
+    def register(self, transcript: Transcript) -> None:
+        """Attach a party's transcript under its owner's name."""
+
+    def transcript(self, owner: str) -> Transcript:
+        """The transcript of party ``owner``."""
+
+    def endpoint(self, owner: str) -> Endpoint:
+        """The connection of party ``owner``."""
+
+    def send(self, message: Message) -> Message:
+        """Deliver a one-way message (counted and recorded); returns it."""
+
+    def call(self, request: Message) -> Message:
+        """Deliver a request to the handler its receiver serves for the kind's namespace; returns the reply."""
+
+    def serve(self, owner: str, namespace: str, handler: Handler) -> None:
+        """Answer requests of kinds ``<namespace>.*`` sent to party ``owner`` with ``handler``."""
+
+    def post(self, message: Message) -> None:
+        """Leave a one-way message in its receiver's mailbox."""
+
+    def take(self, owner: str, sender: str, kind: str) -> Message:
+        """The oldest message of ``kind`` from ``sender`` in party ``owner``'s mailbox."""
+
+
+class InMemoryTransport:
+    """Delivers messages between registered parties in one process, synchronously (a request's handler runs inside
+    :meth:`call`); ``parties`` are registered with transcripts that keep nothing.
+
+    The same party code runs over the gRPC transport; only the transport changes.
     """
 
     def __init__(self, parties: Collection[str] = ()) -> None:
@@ -172,13 +236,16 @@ class Channel:
                 raise ValueError(f"{message.kind!r} message between unregistered party {name!r}; "
                                  f"registered: {', '.join(sorted(self._transcripts))}")
 
-    def _serve(self, owner: str, namespace: str, handler: Handler) -> None:
+    def serve(self, owner: str, namespace: str, handler: Handler) -> None:
+        """Answer requests of kinds ``<namespace>.*`` sent to ``owner`` with ``handler`` (one handler per namespace)."""
         key = (owner, namespace)
         if key in self._handlers:
             raise ValueError(f"party {owner!r} already serves {namespace!r} requests")
         self._handlers[key] = handler
 
-    def _call(self, request: Message) -> Message:
+    def call(self, request: Message) -> Message:
+        """Run the handler ``request``'s receiver serves for its namespace; the request and the reply are counted and
+        recorded."""
         self._check_parties(request)
         namespace = request.kind.split(".", 1)[0]
         handler = self._handlers.get((request.receiver, namespace))
@@ -190,21 +257,28 @@ class Channel:
             raise RuntimeError(f"the {request.kind!r} handler of {request.receiver!r} did not answer its request")
         return self.send(reply)
 
-    def _post(self, message: Message) -> None:
+    def post(self, message: Message) -> None:
+        """Deliver ``message`` (:meth:`send`) into its receiver's mailbox."""
         self._mailboxes[(message.receiver, message.sender, message.kind)].append(self.send(message))
 
-    def _take(self, owner: str, sender: str, kind: str) -> Message:
+    def take(self, owner: str, sender: str, kind: str) -> Message:
+        """The oldest ``kind`` message from ``sender`` in ``owner``'s mailbox (an error if there is none)."""
         box = self._mailboxes.get((owner, sender, kind))
         if not box:
             raise RuntimeError(f"party {owner!r} expected a {kind!r} message from {sender!r}, but none was sent")
         return box.popleft()
 
 
-class Endpoint:
-    """One party's connection: what its code (and its defenses' halves) send, receive and serve."""
+#: The in-memory transport's former name (kept for existing code).
+Channel = InMemoryTransport
 
-    def __init__(self, channel: Channel, owner: str) -> None:
-        self._channel = channel
+
+class Endpoint:
+    """One party's connection to a :class:`Transport`: what its code (and its defenses' halves) send, receive and
+    serve, always as this party."""
+
+    def __init__(self, transport: Transport, owner: str) -> None:
+        self._transport = transport
         self.owner = owner
 
     def _message(self, kind: str, receiver: str, tensors: tuple[Tensor, ...], *, meta: Mapping[str, Scalar] | None,
@@ -216,24 +290,24 @@ class Endpoint:
     @property
     def stats(self) -> Mapping[str, CommStats]:
         """The traffic counted so far, per phase (read only; e.g. a defense reporting its own kinds)."""
-        return self._channel.stats
+        return self._transport.stats
 
     def call(self, kind: str, receiver: str, *tensors: Tensor, meta: Mapping[str, Scalar] | None = None,
              ids: Tensor | None = None, epoch: int = -1, step: int = -1, phase: Phase = "train") -> Message:
         """Send a request to ``receiver`` and return its reply (its handler for ``kind``'s namespace answers)."""
-        return self._channel._call(self._message(kind, receiver, tensors, meta=meta, ids=ids, epoch=epoch,
+        return self._transport.call(self._message(kind, receiver, tensors, meta=meta, ids=ids, epoch=epoch,
                                                  step=step, phase=phase, role="request"))
 
     def serve(self, namespace: str, handler: Handler) -> None:
         """Answer requests of kinds ``<namespace>.*`` sent to this party with ``handler(request) -> reply``."""
-        self._channel._serve(self.owner, namespace, handler)
+        self._transport.serve(self.owner, namespace, handler)
 
     def post(self, kind: str, receiver: str, *tensors: Tensor, meta: Mapping[str, Scalar] | None = None,
              ids: Tensor | None = None, epoch: int = -1, step: int = -1, phase: Phase = "setup") -> None:
         """Leave a one-way message in ``receiver``'s mailbox."""
-        self._channel._post(self._message(kind, receiver, tensors, meta=meta, ids=ids, epoch=epoch, step=step,
+        self._transport.post(self._message(kind, receiver, tensors, meta=meta, ids=ids, epoch=epoch, step=step,
                                           phase=phase, role="send"))
 
     def take(self, kind: str, sender: str) -> Message:
         """The oldest message of ``kind`` from ``sender`` in this party's mailbox (an error if there is none)."""
-        return self._channel._take(self.owner, sender, kind)
+        return self._transport.take(self.owner, sender, kind)

@@ -11,12 +11,13 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 from sklearn.metrics import roc_auc_score
-from torch import Tensor
+from torch import Tensor, nn
 
 from vflbench.models.finetune import EVAL_BATCH
-from vflbench.protocol.channel import Channel
-from vflbench.protocol.messages import ACTIVE, Message
+from vflbench.protocol.channel import CommStats, InMemoryTransport, Transport
+from vflbench.protocol.messages import ACTIVE
 from vflbench.protocol.party import ActiveParty, PassiveParty, Split
+from vflbench.protocol.service import PassivePeer, PassiveService, protocol_kind
 
 log = logging.getLogger(__name__)
 
@@ -60,41 +61,61 @@ def classification_metrics(scores: Tensor, predicted: Tensor, y: Tensor) -> dict
 
 
 class Federation:
-    """An active party and K-1 passive parties joined by a channel.
+    """An active party and K-1 passive parties joined by a :class:`~vflbench.protocol.channel.Transport`.
+
+    The loop talks to every passive party only through messages (:mod:`vflbench.protocol.service`): ``passives``
+    are the passive parties held in this process, each serving its handlers on its own endpoint; ``remote`` are
+    handles on passive parties in other processes (the active party's process of a launched run), reached through
+    the same messages over the network transport ``channel``. :attr:`peers` holds one handle per passive party,
+    in order.
 
     ``train_rows``: the rows of the training split that :meth:`fit` draws its batches from (all
     when ``None``); rows left out (e.g. an attacker's auxiliary set that is disjoint from the
     training set) are never trained on by any party. Row ids keep their meaning either way.
     """
 
-    def __init__(self, active: ActiveParty, passives: Sequence[PassiveParty],
-                 channel: Channel | None = None, train_rows: Tensor | None = None) -> None:
+    def __init__(self, active: ActiveParty, passives: Sequence[PassiveParty] = (),
+                 channel: Transport | None = None, train_rows: Tensor | None = None,
+                 remote: Sequence[PassivePeer] = ()) -> None:
         self.active = active
         self.passives = list(passives)
-        self.channel = channel or Channel()
+        self.channel: Transport = channel if channel is not None else InMemoryTransport()
         #: The aligned training rows the loop trains on (``None``: all); rows a defense holds out
         #: (an attacker's or VMask's auxiliary set) are left out.
         self.train_rows = train_rows
         for party in (active, *self.passives):
             self.channel.register(party.transcript)
+        for party in self.passives:
+            PassiveService(party, self.channel.endpoint(party.name)).serve()
+        endpoint = self.channel.endpoint(ACTIVE)
+        self.peers: list[PassivePeer] = [*(PassivePeer(p.name, endpoint) for p in self.passives), *remote]
 
     def parties(self) -> list[Any]:
-        """Every party, passive parties first."""
+        """Every party held in this process, passive parties first."""
         return [*self.passives, self.active]
+
+    def peer(self, name: str) -> PassivePeer:
+        """The handle on passive party ``name``."""
+        return {p.name: p for p in self.peers}[name]
+
+    def bottom_of(self, name: str) -> nn.Module | None:
+        """Passive party ``name``'s bottom model as the experimenter's scorer may query it: the party's own when it is
+        held in this process, else the evaluation-only access the run granted (``None``: none)."""
+        local = {p.name: p for p in self.passives}
+        return local[name].bottom if name in local else self.peer(name).bottom
+
+    def traffic(self, phase: str = "train") -> CommStats:
+        """The protocol's traffic of ``phase`` that the transport counted (the requests that drive a passive party
+        left out: :func:`~vflbench.protocol.service.protocol_kind`)."""
+        return self.channel.stats[phase].only(protocol_kind)
 
     def train_step(self, ids: Tensor, *, epoch: int, step: int) -> int:
         """One batch of the protocol; returns the number of refused updates."""
-        send = self.channel.send
-        received = [
-            send(Message("embedding", p.name, ACTIVE, p.forward(ids, epoch=epoch, step=step), ids, epoch, step)).payload
-            for p in self.passives
-        ]
-        gradients = self.active.step(ids, received, epoch=epoch, step=step,
-                                     senders=[p.name for p in self.passives])
+        received = [p.forward(ids, epoch=epoch, step=step) for p in self.peers]
+        gradients = self.active.step(ids, received, epoch=epoch, step=step, senders=[p.name for p in self.peers])
         refused = 0
-        for p, g in zip(self.passives, gradients, strict=True):
-            delivered = send(Message("cut_gradient", ACTIVE, p.name, g, ids, epoch, step)).payload
-            refused += not p.backward(delivered)
+        for p, g in zip(self.peers, gradients, strict=True):
+            refused += not p.backward(g, ids=ids, epoch=epoch, step=step)
         return refused
 
     def outputs(self, split: Split, ids: Tensor | None = None) -> Tensor:
@@ -104,12 +125,7 @@ class Federation:
         chunks = []
         for start in range(0, len(rows), EVAL_BATCH):
             batch = rows[start : start + EVAL_BATCH]
-            received = [
-                self.channel.send(Message("embedding", p.name, ACTIVE,
-                                          p.forward(batch, epoch=-1, step=-1, split=split, train=False),
-                                          batch, -1, -1, "eval")).payload
-                for p in self.passives
-            ]
+            received = [p.forward(batch, epoch=-1, step=-1, split=split, train=False) for p in self.peers]
             chunks.append(self.active.predict(batch, received, split))
         return torch.cat(chunks)
 
@@ -153,8 +169,9 @@ class Federation:
             history.refused_updates += refused
             record: dict[str, Any] = {"epoch": epoch, "loss": self.active.last_loss,
                                       "seconds": history.epoch_seconds[-1]}
-            for party in self.parties():
-                record.update(party.end_epoch(epoch))
+            for peer in self.peers:
+                record.update(peer.end_epoch(epoch))
+            record.update(self.active.end_epoch(epoch))
             if refused:
                 record["refused_updates"] = refused
             if (epoch + 1) % eval_every == 0 or epoch == epochs - 1:
