@@ -341,15 +341,8 @@ def split_validation(known: KnownLabels, select: str, val_per_class: int,
 
 
 def check_selection(attack: str, select: str, val_per_class: int, known_per_class: int) -> None:
-    """Raise a :class:`ConfigError` unless ``select`` is a :data:`Selection` rule and, for ``"validation"``,
-    ``val_per_class`` leaves at least one known label per class to fine-tune on."""
-    if select not in ("last", "validation", "test_oracle"):
-        raise ConfigError(f"attack {attack!r}: select must be one of last, validation, test_oracle, got {select!r}"
-                          + ("; 'best' picked the epoch with the best test score, an oracle no attacker has: "
-                             "use 'test_oracle' to reproduce it (it is flagged in reports)"
-                             if select == "best" else ""))
-    if val_per_class < 1:
-        raise ConfigError(f"attack {attack!r}: val_per_class must be at least 1, got {val_per_class}")
+    """Raise a :class:`ConfigError` unless, for ``select: validation``, ``val_per_class`` leaves at least one
+    known label per class to fine-tune on (each parameter alone is checked by its constraints)."""
     if select == "validation" and val_per_class >= known_per_class:
         raise ConfigError(f"attack {attack!r}: select: validation holds out val_per_class ({val_per_class}) of the "
                           f"known_per_class ({known_per_class}) labels of every class, which leaves none to fine-tune "
@@ -399,15 +392,12 @@ def require(condition: bool, attack: str, message: str) -> None:
         raise CompatibilityError(f"attack {attack!r} cannot run here: {message}")
 
 
-def check_metric(attack: str, metric: str, scenario: Scenario | None = None) -> None:
-    """Raise a :class:`ConfigError` unless ``metric`` is a label metric (:data:`LABEL_METRICS`), and,
-    given the ``scenario``, a :class:`CompatibilityError` for AUC on a task with more than two classes."""
-    if metric not in LABEL_METRICS:
-        raise ConfigError(f"attack {attack!r}: metric must be one of {', '.join(LABEL_METRICS)}, got {metric!r}")
-    if scenario is not None:
-        require(metric != "auc" or scenario.num_classes == 2, attack,
-                f"metric 'auc' needs binary labels, but the task has {scenario.num_classes} classes; "
-                "use metric: accuracy or auto")
+def check_metric(attack: str, metric: str, scenario: Scenario) -> None:
+    """Raise a :class:`CompatibilityError` for AUC on a task with more than two classes (the annotation
+    :data:`LabelMetric` lists the metrics)."""
+    require(metric != "auc" or scenario.num_classes == 2, attack,
+            f"metric 'auc' needs binary labels, but the task has {scenario.num_classes} classes; "
+            "use metric: accuracy or auto")
 
 
 def binary_only(attack: str, scenario: Scenario) -> None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
@@ -60,6 +60,7 @@ from vflbench.errors import ConfigError
 from vflbench.models import build_bottom, init_parameters
 from vflbench.protocol import ActiveParty
 from vflbench.protocol.hooks import PartyHook, PredictFn, StepFn
+from vflbench.registry import BATCH, LEARNING_RATE, MAX_WIDTH, WIDTH, Param
 
 THREAT = "malicious active party with auxiliary labelled samples of the victim's feature space"
 DMAVFL_PAPER = ("Yao et al., Leveraging Label Information for Stealthy Data Stealing in Vertical Federated Learning "
@@ -332,6 +333,22 @@ class Adversary:
     optimizers: dict[str, torch.optim.Optimizer]
 
 
+
+#: The parameters every feature attack takes: its auxiliary set and its targets.
+AUX_CONSTRAINTS: Mapping[str, Param] = {
+    "victim": Param("the passive party whose features are reconstructed"),
+    "aux_size": Param("auxiliary rows, a count (takes precedence over aux_fraction)", ge=1),
+    "aux_fraction": Param("auxiliary rows, a share of the training split", gt=0),
+    "aux_classes": Param("the classes the auxiliary rows are drawn from (null: all)"),
+    "target_split": Param("the split whose rows are reconstructed"),
+    "n_targets": Param("rows of target_split reconstructed and scored (null: all)", ge=1),
+    "shadow_model": Param("the attacker's model of the victim's bottom model (null: the victim's architecture)"),
+    "shadow_options": Param("options of shadow_model")}
+#: The decoder's sizes, where an attack trains one.
+DECODER_CONSTRAINTS: Mapping[str, Param] = {
+    "hidden": WIDTH, "decoder_width": Param("channels of the image decoder (units of a tabular one)", ge=4,
+                                            le=MAX_WIDTH)}
+
 class MaliciousActiveAttack(Attack):
     """Base of the malicious active-party feature attacks (target ``features``, phase ``malicious``).
 
@@ -350,6 +367,9 @@ class MaliciousActiveAttack(Attack):
     threat = THREAT
     party = "active"
     has_shadow: ClassVar[bool] = True
+    constraints: ClassVar[Mapping[str, Param]] = {
+        **AUX_CONSTRAINTS, "aux_batch_size": BATCH, "lr": LEARNING_RATE, "disc_lr": Param("the discriminator's (or "
+        "DAC's) learning rate", gt=0), **DECODER_CONSTRAINTS}
     #: epochs of honest training (the protocol's step) before the attack takes over; a subclass may take it as
     #: a parameter
     honest_epochs: int = 0
@@ -359,10 +379,6 @@ class MaliciousActiveAttack(Attack):
                  target_split: Literal["train", "test"] = "test", n_targets: int | None = None,
                  aux_batch_size: int = 128, lr: float = 1e-4, shadow_model: str | None = None,
                  shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64) -> None:
-        if target_split not in ("train", "test"):
-            raise ValueError(f"target_split must be 'train' or 'test', got {target_split!r}")
-        if aux_batch_size < 1 or hidden < 1 or decoder_width < 4 or lr <= 0:
-            raise ValueError("aux_batch_size and hidden must be >= 1, decoder_width >= 4 and lr > 0")
         self.victim = victim
         self.aux_size = aux_size
         self.aux_fraction = aux_fraction

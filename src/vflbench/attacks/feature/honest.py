@@ -36,7 +36,7 @@ auxiliary rows are unknown. Victim features must be real-valued (not token ids o
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, Literal
 
@@ -56,13 +56,14 @@ from vflbench.attacks.base import (
     require,
     require_training,
 )
-from vflbench.attacks.feature.common import EVAL_CHUNK, class_indices, received_from
+from vflbench.attacks.feature.common import AUX_CONSTRAINTS, EVAL_CHUNK, class_indices, received_from
 from vflbench.data.base import PartySlice
 from vflbench.errors import CompatibilityError
 from vflbench.models import build_bottom
 from vflbench.protocol import ActiveParty
 from vflbench.protocol.hooks import PartyHook, StepFn
 from vflbench.protocol.party import aggregate
+from vflbench.registry import Param
 
 THREAT = ("honest-but-curious active party with auxiliary labelled samples of the victim's feature space; "
           "it follows the protocol and only computes on what it holds and receives")
@@ -276,6 +277,7 @@ class CuriousActiveAttack(Attack):
     party = "active"
     observes_steps: ClassVar[bool] = False
     victim: str
+    constraints: ClassVar[Mapping[str, Param]] = AUX_CONSTRAINTS
 
     def __init__(self, *, victim: str, aux_size: int | None, aux_fraction: float | None,
                  aux_classes: Sequence[int] | None, target_split: Literal["train", "test"],
@@ -283,10 +285,6 @@ class CuriousActiveAttack(Attack):
         if aux_size is None and aux_fraction is None and not self.aux_disjoint:
             raise ValueError("a feature attack whose auxiliary rows are trained on needs an auxiliary set: give "
                              "aux_size or aux_fraction")
-        if target_split not in ("train", "test"):
-            raise ValueError(f"target_split must be 'train' or 'test', got {target_split!r}")
-        if n_targets is not None and n_targets < 1:
-            raise ValueError(f"n_targets must be >= 1, got {n_targets}")
         self.victim = victim
         self.aux_size = aux_size
         self.aux_fraction = aux_fraction

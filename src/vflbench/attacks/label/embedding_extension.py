@@ -29,8 +29,8 @@ initialised from the attacker's own party generator (its own randomness).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +55,7 @@ from vflbench.metrics.correlation import distance_correlation
 from vflbench.models import init_parameters
 from vflbench.protocol import PassiveParty
 from vflbench.protocol.hooks import PartyHook
+from vflbench.registry import Param
 
 
 class ExtendedBottom(nn.Module):
@@ -96,18 +97,20 @@ class EmbeddingExtension(Attack):
     threat = ("malicious passive party holding labelled auxiliary rows, which controls the width and content "
               "of its uploaded embedding (defeats dCor-style defenses)")
 
+    constraints: ClassVar[Mapping[str, Param]] = {
+        **{k: v for k, v in ModelCompletion.constraints.items() if k != "momentum"},  # it takes no momentum
+        "known_per_class": Param("labelled auxiliary rows per class", ge=0),
+        "epochs": Param("fine-tuning passes", ge=0),
+        "perturb_dims": Param("width of the appended (perturbed) embedding", ge=1),
+        "inner_steps": Param("generator steps per batch", ge=0),
+        "generator_lr": Param("the generator's learning rate", gt=0)}
+
     def __init__(self, *, party: str = "passive_1", known_per_class: int = 100, perturb_dims: int = 4,
                  inner_steps: int = 50, generator_lr: float = 5e-2, epochs: int = 50,
                  optimizer: Literal["adam", "sgd"] = "adam", lr: float = 1e-3, batch_size: int | None = 16,
                  head_hidden: int = 64, finetune_bottom: bool = True, select: Selection = "last",
                  val_per_class: int = 1, prior: Prior = "local", every_epoch: bool = False,
                  metric: LabelMetric = "auto") -> None:
-        if perturb_dims < 1:
-            raise ValueError(f"perturb_dims must be at least 1, got {perturb_dims}")
-        if inner_steps < 0:
-            raise ValueError(f"inner_steps must be >= 0, got {inner_steps}")
-        if generator_lr <= 0:
-            raise ValueError(f"generator_lr must be > 0, got {generator_lr}")
         self.party = party
         self.known_per_class = known_per_class
         self.perturb_dims = perturb_dims

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Literal
 
@@ -51,6 +52,7 @@ from vflbench.attacks.label.model_completion import ModelCompletion
 from vflbench.attacks.registry import ATTACKS
 from vflbench.mpc.masking import AttackerBottom, MaskableLayer, VMaskBottom
 from vflbench.mpc.observation import Opening
+from vflbench.registry import Param
 
 log = logging.getLogger(__name__)
 
@@ -371,6 +373,10 @@ class VMaskWeightRecovery(RecordedVMaskAttack):
     threat = ("honest-but-curious passive party P_k that keeps its weight before masking, its own updates and "
               "what the secure layers reconstruct to it, and holds a few labelled samples")
 
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "max_openings": Param("openings of the secure layers recorded per layer (null: all)", ge=1),
+        "fallback": Param("directions no channel determines: keep W_known (tracked) or take the decoded share")}
+
     def __init__(self, *, party: str = "passive_1", known_per_class: int = 4, epochs: int = 50,
                  optimizer: Literal["adam", "sgd"] = "adam", lr: float = 1e-3, batch_size: int | None = 16,
                  head_hidden: int = 64, finetune_bottom: bool = True, select: Selection = "last",
@@ -384,10 +390,6 @@ class VMaskWeightRecovery(RecordedVMaskAttack):
         self._check_every_epoch(every_epoch)
         self.max_openings = max_openings
         self.fallback = fallback
-        if max_openings is not None and max_openings < 1:
-            raise ValueError(f"max_openings must be >= 1 or None, got {max_openings}")
-        if fallback not in ("tracked", "share"):
-            raise ValueError(f"fallback must be 'tracked' or 'share', got {fallback!r}")
 
     def _openings(self) -> int | None:
         return self.max_openings
