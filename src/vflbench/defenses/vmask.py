@@ -237,6 +237,7 @@ class VMask(Defense):
     extra_parties = (DEALER,)
     selection: ClassVar[str] = "greedy"
     uses_aux: ClassVar[bool] = True  # its shadow models train on rows of the held-out pool (data.aux_pool)
+    summary_metrics = ("mask_ratio",)  # the share of masked layers over the whole training (its Fig. 8)
     constraints: ClassVar[Mapping[str, Param]] = {
         "budget": Param("the privacy budget: the largest model completion accuracy gain allowed over the prior"),
         "sigma": Param("standard deviation of the noise the active party adds to a masked layer", ge=0),
