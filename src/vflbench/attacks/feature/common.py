@@ -1,9 +1,9 @@
 """Shared machinery of the malicious active-party feature attacks (DMAVFL, AGN, FSHA).
 
-A malicious active party (DMAVFL §3.2) replaces the honest training task: :meth:`corrupt`
-swaps the party's ``step`` (and, where the attack has a classifier, ``predict``) for the
-attack's own, by setting instance attributes on the party, so the training loop itself is
-unchanged and the victim applies whatever cut gradient the attack sends. The attack's models
+A malicious active party (DMAVFL §3.2) replaces the honest training task: :meth:`install`
+returns a :class:`Takeover` hook that replaces the party's ``step`` (and, where the attack has a
+classifier, ``predict``) by the attack's own, so the training loop itself is unchanged and the
+victim applies whatever cut gradient the attack sends. The attack's models
 (shadow model, decoder, discriminator) are added to what the party's ``models()`` returns, so
 that they are checkpointed and reach the attacker's :class:`PartyView` (deep copies) after
 training. The adversary's own bottom model f_a is the active party's bottom model.
@@ -25,7 +25,7 @@ Models (DMAVFL Appendix B, Table 10, adapted to our flat embeddings):
   LeakyReLU(0.2) (URVFL's CNN discriminators act on spatial feature maps, which our bottoms do
   not output); DMAVFL's DAC can be a CNN on the embedding viewed as a map (:class:`ConvDAC`).
 
-All attack models are initialised from the generator the runner passes to ``corrupt`` (the
+All attack models are initialised from the generator the runner grants to ``install`` (the
 attack's own stream); auxiliary batches are drawn from the same generator.
 """
 
@@ -45,12 +45,12 @@ from vflbench.attacks.base import (
     Attack,
     AuxData,
     FeatureInference,
-    KnownLabels,
     PartyView,
     Phase,
     ReceivedEmbeddings,
     Scenario,
     Target,
+    ThreatGrant,
     require,
     require_training,
     victims_of,
@@ -60,6 +60,7 @@ from vflbench.errors import ConfigError
 from vflbench.models import build_bottom, init_parameters
 from vflbench.protocol import ActiveParty
 from vflbench.protocol.hooks import PartyHook, PredictFn, StepFn
+from vflbench.protocol.party import Party
 from vflbench.registry import BATCH, LEARNING_RATE, MAX_WIDTH, WIDTH, Param
 
 THREAT = "malicious active party with auxiliary labelled samples of the victim's feature space"
@@ -401,12 +402,13 @@ class MaliciousActiveAttack(Attack):
         require_training(self, scenario, before=self.honest_epochs)
         self.scenario_ = scenario
 
-    def corrupt(self, party: Any, known: KnownLabels | None, aux: AuxData | None = None,
-                generator: torch.Generator | None = None) -> None:
-        """Build the adversary's models on ``aux``, run its pretraining, and take over ``step``."""
+    def install(self, party: Party, grant: ThreatGrant) -> Sequence[PartyHook]:
+        """Build the adversary's models on the granted auxiliary set, run its pretraining; the hook takes over the
+        party's ``step``."""
         require(isinstance(party, ActiveParty), self.name, "the attacker must be the active party")
+        aux, generator = grant.aux, grant.generator
         require(aux is not None and generator is not None, self.name, "it needs its auxiliary set (data.aux_pool)")
-        assert aux is not None and generator is not None
+        assert isinstance(party, ActiveParty) and aux is not None and generator is not None
         require(len(aux.ids) >= 2, self.name, "its auxiliary set needs at least 2 rows")
         require(takeover_by(party) is None, self.name,
                 f"the active party is already run by malicious attack {takeover_by(party)!r}; "
@@ -417,8 +419,8 @@ class MaliciousActiveAttack(Attack):
         models: dict[str, nn.Module] = {"decoder": s.decoder, "discriminator": s.discriminator}
         if s.shadow is not None:
             models["shadow"] = s.shadow
-        party.attach(Takeover(self.name, step=self._step, predict=self.predictor(s), models=models,
-                              honest_epochs=self.honest_epochs))
+        return (Takeover(self.name, step=self._step, predict=self.predictor(s), models=models,
+                         honest_epochs=self.honest_epochs),)
 
     # -- building blocks ----------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 The malicious active party steals the victim's features with a discriminator with auxiliary
 classifier (DAC) over 2C classes:
 
-1. **Pretraining** (Algorithm 1, in :meth:`corrupt`, ``pretrain_epochs`` passes over the aux
+1. **Pretraining** (Algorithm 1, in :meth:`install`, ``pretrain_epochs`` passes over the aux
    set, Adam ``lr``): the adversary's bottom f_a (its own slice), the encoder/shadow f_e (the
    victim's slice) and the decoder f_d minimise Eq. (1), ``MSE(f_d(f_a(x_a) || f_e(x_p)), x_p)``.
    f_a, f_e and f_d are then frozen. By default (``pretrain_epochs: null``) the pretraining takes
@@ -65,7 +65,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vflbench.attacks.base import AuxData, FeatureInference, KnownLabels, PartyView, Scenario, require, victims_of
+from vflbench.attacks.base import AuxData, FeatureInference, PartyView, Scenario, ThreatGrant, require, victims_of
 from vflbench.attacks.feature.common import (
     DMAVFL_PAPER,
     Adversary,
@@ -81,7 +81,9 @@ from vflbench.attacks.feature.common import (
 from vflbench.attacks.registry import ATTACKS
 from vflbench.errors import ConfigError
 from vflbench.protocol import ActiveParty
+from vflbench.protocol.hooks import PartyHook
 from vflbench.protocol.messages import passive_names
+from vflbench.protocol.party import Party
 from vflbench.registry import EPOCHS, Param
 
 #: URVFL's pretraining (config_cifar.json): 20 epochs of 4,545 aux rows in batches of 128 (36 per epoch).
@@ -259,13 +261,12 @@ class DMAVFL(MaliciousActiveAttack):
         batches = math.ceil(n_aux / self.aux_batch_size)
         return max(URVFL_PRETRAIN_EPOCHS, math.ceil(URVFL_PRETRAIN_STEPS / batches))
 
-    def corrupt(self, party: Any, known: KnownLabels | None, aux: AuxData | None = None,
-                generator: torch.Generator | None = None) -> None:
-        """Build, pretrain and take over the step (:meth:`MaliciousActiveAttack.corrupt`); count the batches
+    def install(self, party: Party, grant: ThreatGrant) -> Sequence[PartyHook]:
+        """Build, pretrain and take over the step (:meth:`MaliciousActiveAttack.install`); count the batches
         answered honestly (``honest_batches_``, ``splitguard: aware``)."""
         self.honest_batches_ = 0
         self.malicious_batches_ = 0
-        super().corrupt(party, known, aux, generator)
+        return super().install(party, grant)
 
     def relabelled(self, party: ActiveParty, ids: Tensor) -> bool:
         """Whether the labels the party is given for batch ``ids`` differ from the ones it stores (SplitGuard's fake

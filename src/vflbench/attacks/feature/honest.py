@@ -47,12 +47,12 @@ from torch import Tensor, nn
 from vflbench.attacks.base import (
     Attack,
     AuxData,
-    KnownLabels,
     PartyView,
     Phase,
     ReceivedEmbeddings,
     Scenario,
     Target,
+    ThreatGrant,
     require,
     require_training,
 )
@@ -62,7 +62,7 @@ from vflbench.errors import CompatibilityError
 from vflbench.models import build_bottom
 from vflbench.protocol import ActiveParty
 from vflbench.protocol.hooks import PartyHook, StepFn
-from vflbench.protocol.party import aggregate
+from vflbench.protocol.party import Party, aggregate
 from vflbench.registry import Param
 
 THREAT = ("honest-but-curious active party with auxiliary labelled samples of the victim's feature space; "
@@ -263,7 +263,7 @@ def expose_models(party: ActiveParty, prefix: str, models: dict[str, nn.Module])
 class CuriousActiveAttack(Attack):
     """Base of the honest-but-curious active-party feature attacks.
 
-    Subclasses build their training-time state in :meth:`setup` (called from :meth:`corrupt`),
+    Subclasses build their training-time state in :meth:`setup` (called from :meth:`install`),
     do their per-step side computation in :meth:`on_step` (when ``observes_steps``), and
     reconstruct in :meth:`infer`. ``records_aux()`` says whether the observer keeps the victim
     embeddings of the aux rows; ``uses_top()`` whether the attack runs the top model (which needs
@@ -316,13 +316,14 @@ class CuriousActiveAttack(Attack):
                     f"but the scenario has {scenario.num_parties - 1}")
         self.scenario_ = scenario
 
-    def corrupt(self, party: Any, known: KnownLabels | None, aux: AuxData | None = None,
-                generator: torch.Generator | None = None) -> None:
-        """Install the attacker's honest side computation on its own party (nothing it sends changes)."""
+    def install(self, party: Party, grant: ThreatGrant) -> Sequence[PartyHook]:
+        """Install the attacker's honest side computation on its own party (nothing it sends changes): its
+        training-time state, and an observer of the steps when it needs one."""
         require(isinstance(party, ActiveParty), self.name, "the attacker must be the active party")
+        aux, generator = grant.aux, grant.generator
         require(aux is not None and generator is not None, self.name,
                 "it needs its auxiliary set (aux_size or aux_fraction)")
-        assert aux is not None and generator is not None
+        assert isinstance(party, ActiveParty) and aux is not None and generator is not None
         require(len(aux.ids) >= 2, self.name, "its auxiliary set needs at least 2 rows")
         require(torch.is_floating_point(aux.victim), self.name,
                 "the victim's features are integer codes (tokens or categories), which it cannot reconstruct")
@@ -331,7 +332,8 @@ class CuriousActiveAttack(Attack):
         self.aux_seen_ = torch.zeros(len(aux.ids), dtype=torch.bool)
         self.setup(party, aux, generator)
         if self.observes_steps or self.records_aux():
-            party.attach(StepObserver(self.name, party, victim=self.victim, callback=self._observe(aux)))
+            return (StepObserver(self.name, party, victim=self.victim, callback=self._observe(aux)),)
+        return ()
 
     def setup(self, party: ActiveParty, aux: AuxData, generator: torch.Generator) -> None:
         """Build the training-time state (nothing by default)."""

@@ -13,7 +13,7 @@ Following Algorithm 1:
 * Each outer epoch the client first runs ``inner_steps`` (EPOCH_NUM_2) steps of the inner loop
   on ``X_aux``: ``V_c = f(X_aux)`` (the bottom model is not changed by this loop), ``l = Corr(concat(
   V_c, g(V_c)), Y_aux)``, ``theta_g -= eta_1 * grad_g l`` (Adam here, ``generator_lr``). It is run
-  once in :meth:`corrupt` (before training) and after every epoch (a :class:`PartyHook` of its party).
+  once in :meth:`install` (before training) and after every epoch (a :class:`PartyHook` of its party).
 * ``g`` is updated ONLY by this inner loop: Algorithm 1's VFL update touches ``theta_t``,
   ``theta_bc`` and ``theta_bh``, never ``theta_g``. The host's cut gradient does flow THROUGH ``g``
   into the bottom model (``V_c`` feeds both halves of the upload), as the chain rule gives.
@@ -29,8 +29,8 @@ initialised from the attacker's own party generator (its own randomness).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -38,14 +38,13 @@ from torch import Tensor, nn
 
 from vflbench.attacks.base import (
     Attack,
-    AuxData,
-    KnownLabels,
     LabelInference,
     LabelMetric,
     PartyView,
     Prior,
     Scenario,
     Selection,
+    ThreatGrant,
     check_metric,
     require,
 )
@@ -55,6 +54,7 @@ from vflbench.metrics.correlation import distance_correlation
 from vflbench.models import init_parameters
 from vflbench.protocol import PassiveParty
 from vflbench.protocol.hooks import PartyHook
+from vflbench.protocol.party import Party
 from vflbench.registry import Param
 
 
@@ -145,11 +145,13 @@ class EmbeddingExtension(Attack):
 
     # ------------------------------------------------------------------------------- corruption
 
-    def corrupt(self, party: Any, known: KnownLabels | None, aux: AuxData | None = None,
-                generator: torch.Generator | None = None) -> None:
-        """Wrap the party's bottom model as ``concat(f, g(f))`` and train ``g`` once (Algorithm 1)."""
+    def install(self, party: Party, grant: ThreatGrant) -> Sequence[PartyHook]:
+        """Wrap the party's bottom model as ``concat(f, g(f))`` and train ``g`` once (Algorithm 1); the hook trains
+        it again after every epoch."""
         require(isinstance(party, PassiveParty) and party.bottom is not None and party.data is not None, self.name,
                 "it corrupts a passive party's own bottom model")
+        assert isinstance(party, PassiveParty) and party.bottom is not None and party.data is not None
+        known = grant.known
         require(known is not None and len(known.ids) > 1, self.name, "it needs labelled auxiliary rows "
                 "(known_per_class >= 1)")
         assert known is not None
@@ -185,7 +187,7 @@ class EmbeddingExtension(Attack):
             return {f"{self.name}.{k}": val for k, val in record.items()}
 
         inner_loop(-1)
-        party.attach(_EveryEpoch(self.name, inner_loop))
+        return (_EveryEpoch(self.name, inner_loop),)
 
     # -------------------------------------------------------------------------------- inference
 
