@@ -624,7 +624,7 @@ def test_weight_recovery_does_at_least_as_well_as_model_completion_under_vmask()
     the same attack (same values), so none of the recovery's gain comes from a better attacker: it takes back what
     VMask took (measured: model completion 0.3700 undefended, 0.2617 under VMask; recovery 0.3567 under VMask, all
     of its 0.0950 gain below the undefended attack)."""
-    defended = [_completion_values([{"name": "vmask_alls", "aux_size": 300}], seed) for seed in (0, 1, 2)]
+    defended = [_completion_values([{"name": "vmask_alls"}], seed) for seed in (0, 1, 2)]
     undefended = [_completion_values([], seed) for seed in (0, 1, 2)]
     assert all(plain == recovery for plain, recovery in undefended)  # without VMask: the same attack
     plain, recovery = (sum(values) / 3 for values in zip(*defended, strict=True))
