@@ -65,7 +65,7 @@ CONFIG_CASES = {
                            "parameter 'lr' = .inf is not valid; expected a finite number."),
     "negative lr": ({"attacks": [{**MC, "lr": -0.1}]}, [], "parameter 'lr' = -0.1 is not valid; it must be > 0."),
     "negative epochs": ({"attacks": [{**MC, "epochs": -2}]}, [],
-                        "parameter 'epochs' = -2 is not valid; it must be >= 0."),
+                        "parameter 'epochs' = -2 is not valid; it must be >= 1."),
     # train.lr: .inf trained on NaN
     "infinite train lr": ({}, ["train.lr=.inf"], "train.lr: Input should be a finite number"),
     # strength: true ran as 1.0

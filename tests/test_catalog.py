@@ -33,7 +33,10 @@ def test_the_catalog_holds_every_component_with_its_parameters_and_threat_model(
         assert [e["name"] for e in catalog.entries(kind)] == registry.names()
     [vmask] = [e for e in catalog.entries("defenses") if e["name"] == "vmask"]
     budget = next(p for p in vmask["parameters"] if p["name"] == "budget")
-    assert budget == {"name": "budget", "default": "0.25", "annotation": "float"}
+    assert budget == {"name": "budget", "default": "0.25", "annotation": "float", "allowed": "a finite number",
+                      "meaning": DEFENSES.get("vmask").constraints["budget"].meaning}
+    sigma = next(p for p in vmask["parameters"] if p["name"] == "sigma")
+    assert sigma["allowed"] == "a finite number >= 0" and sigma["meaning"].startswith("standard deviation")
     assert vmask["attributes"]["paper"] == DEFENSES.get("vmask").factory.paper
     assert vmask["attributes"]["threat"].startswith("honest-but-curious")
     [mnist] = [e for e in catalog.entries("datasets") if e["name"] == "mnist"]

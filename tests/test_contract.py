@@ -13,6 +13,7 @@ from vflbench.data import DATASETS
 from vflbench.defenses import DEFENSES, create_defense
 from vflbench.models import MODELS, TOP_MODELS
 from vflbench.protocol import Defense
+from vflbench.registry import annotations_of, conforms
 
 
 def _keyword_only(cls) -> None:
@@ -71,3 +72,39 @@ def test_every_attack_and_defense_has_a_line_in_the_methods_doc():
     documented = set(re.findall(r"^\| `([a-z0-9_]+)` \|", doc, re.MULTILINE))
     missing = [n for n in [*ATTACKS.names(), *DEFENSES.names()] if n not in documented]
     assert not missing, f"docs/methods.md has no line for {missing}"
+
+
+def _outside(constraint) -> float | None:
+    """A number just outside ``constraint``'s bounds (None when it has none)."""
+    for bound, step in ((constraint.ge, -1), (constraint.gt, 0), (constraint.le, 1), (constraint.lt, 0)):
+        if bound is not None:
+            return bound + step
+    return None
+
+
+@pytest.mark.parametrize("registry", [DATASETS, MODELS, TOP_MODELS, ATTACKS, DEFENSES],
+                         ids=["datasets", "models", "top", "attacks", "defenses"])
+def test_parameter_constraints_hold_for_defaults_and_refuse_values_outside(registry):
+    """scikit-learn's check_param_validation: every default passes the one check (types from the annotation,
+    bounds from the declared constraints), and a number outside a declared bound is refused with a one-line
+    error naming the parameter, the value and the bound."""
+    checked = 0
+    for entry in registry:
+        defaults = {p.name: p.default for p in inspect.signature(entry.factory).parameters.values()
+                    if p.default is not inspect.Parameter.empty and p.name != "root"}
+        registry.check(entry.name, defaults)
+        for name, constraint in entry.constraints.items():
+            assert name in inspect.signature(entry.factory).parameters
+            value = _outside(constraint)
+            if value is None:
+                continue
+            annotation = annotations_of(entry.factory)[name]
+            # the number as the annotation takes it: an integer for an integer knob, in a list for a list
+            value = next(v for v in (int(value), value, [int(value)], [value])
+                         if conforms(v, annotation))
+            with pytest.raises(Exception) as info:  # ConfigError, DataError for datasets
+                registry.check(entry.name, {name: value})
+            message = str(info.value)
+            assert "\n" not in message and f"{name!r} = {value}" in message and constraint.bounds() in message, message
+            checked += 1
+    assert checked > 0

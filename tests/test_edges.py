@@ -42,7 +42,8 @@ def _one_line_error(proc: subprocess.CompletedProcess, expected: str) -> str:
     # the allocator's traceback (100 TB asked for)
     ("model.embed_dim=100000000000", "model.embed_dim = 100000000000 is out of range; valid values are 1 to 1048576"),
     ("model.embed_dim=0", "model.embed_dim = 0 is out of range"),
-    ("model.bottom_options.hidden=100000000000", "option 'hidden' = 100000000000 is not valid; it must be <= 1048576"),
+    ("model.bottom_options.hidden=100000000000",
+     "option 'hidden' = 100000000000 is not valid; it must be >= 1 and <= 1048576."),
     ("model.top_options.hidden=[100000000000]", "option 'hidden' = [100000000000] is not valid"),
 ])
 def test_out_of_range_sizes_and_seeds_are_one_line(tmp_path, cli, override, expected):

@@ -29,7 +29,7 @@ import pandas as pd
 
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import ExperimentConfig, build_config, load_config
-from vflbench.experiment.results import RunResult
+from vflbench.experiment.results import RunResult, read_result
 from vflbench.experiment.run import run_experiment
 from vflbench.experiment.sweep import run_sweep
 
@@ -77,7 +77,7 @@ def load_result(path: str | Path) -> RunResult:
     if not file.is_file():
         raise ConfigError(f"{file} does not exist; give a run directory (out/<hash>) or its result.json")
     try:
-        return RunResult.from_dict(json.loads(file.read_text()))
+        return read_result(file)
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ConfigError(f"{file} is not a vflbench result.json ({exc})") from None
 

@@ -1,8 +1,8 @@
 """The catalog: every registered component's metadata, readable without importing torch.
 
 ``vflbench list``, ``describe`` and ``datasets verify`` need only what the registries know about each
-component (name, summary, paper, threat model, what it reads, parameters with defaults and
-annotations, a dataset's files and checksums), not the components themselves. Importing the
+component (name, summary, paper, threat model, what it reads, parameters with defaults,
+annotations, meanings and allowed values, a dataset's files and checksums), not the components themselves. Importing the
 registries imports torch and every model, attack and defense (about 2 s of CPU), so that metadata is
 kept in a generated, checked-in table, ``catalog.json`` beside this module, which :func:`load` reads
 with the standard library alone.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
@@ -28,7 +28,7 @@ KINDS = ("datasets", "models", "top models", "attacks", "defenses")
 ATTRIBUTES = ("paper", "threat", "target", "reads", "phase", "requirements", "side", "strength_param",
               "strength_direction", "protects", "adaptive_attacks", "adaptive_settings", "search_space")
 FILE = "catalog.json"
-FORMAT = 1
+FORMAT = 2
 
 
 def _jsonable(value: Any) -> Any:
@@ -36,18 +36,24 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-def _parameters(factory: Callable[..., Any]) -> list[dict[str, Any]]:
-    """The factory's named parameters: name, default (its ``repr``; ``None`` when required) and annotation
-    (as written in the source; ``None`` when there is none)."""
+def _parameters(entry: Any) -> list[dict[str, Any]]:
+    """The named parameters of a registry entry's factory: name, default (its ``repr``; ``None`` when
+    required), annotation (as written in the source; ``None`` when there is none), and, from the
+    entry's constraints (:class:`~vflbench.registry.Param`), what it means and the values it takes."""
+    from vflbench.registry import Param, allowed, annotations_of
+
+    hints = annotations_of(entry.factory)
     params = []
-    for p in inspect.signature(factory).parameters.values():
+    for p in inspect.signature(entry.factory).parameters.values():
         if p.name == "self" or p.kind in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL):
             continue
         annotation = p.annotation
+        constraint = entry.constraints.get(p.name, Param())
         params.append({"name": p.name,
                        "default": None if p.default is inspect.Parameter.empty else repr(p.default),
                        "annotation": None if annotation is inspect.Parameter.empty
-                       else annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)})
+                       else annotation if isinstance(annotation, str) else inspect.formatannotation(annotation),
+                       "allowed": allowed(hints.get(p.name, Any), constraint), "meaning": constraint.meaning})
     return params
 
 
@@ -60,7 +66,7 @@ def describe_entries(entries: Iterable[Any]) -> list[dict[str, Any]]:
             attributes["search_space"] = {k: [f"{v:g}" if isinstance(v, float) else str(v) for v in values]
                                           for k, values in attributes["search_space"].items()}
         rows.append({"name": entry.name, "summary": entry.summary, "info": _jsonable(entry.info),
-                     "attributes": _jsonable(attributes), "parameters": _parameters(entry.factory)})
+                     "attributes": _jsonable(attributes), "parameters": _parameters(entry)})
     return rows
 
 

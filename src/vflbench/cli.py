@@ -442,7 +442,8 @@ def _describe_attacks_against(defense: dict[str, Any]) -> None:
 
 @app.command()
 def describe(name: Annotated[str, typer.Argument(help="a dataset, model, attack or defense name")]) -> None:
-    """Show what a component is: paper, threat model, what it reads, parameters and defaults."""
+    """Show what a component is: paper, threat model, what it reads, parameters with their defaults, allowed
+    values and meanings."""
     found = False
     for kind in catalog.KINDS:
         for entry in catalog.entries(kind):
@@ -469,9 +470,10 @@ def describe(name: Annotated[str, typer.Argument(help="a dataset, model, attack 
                 _describe_attacks_against(attributes)
             params = [p for p in entry["parameters"] if p["name"] not in SUPPLIED]
             if params:
-                table = Table("parameter", "default", title="parameters")
+                table = Table("parameter", "default", "allowed values", "meaning", title="parameters")
                 for p in params:
-                    table.add_row(p["name"], "required" if p["default"] is None else p["default"])
+                    table.add_row(p["name"], "required" if p["default"] is None else p["default"], p["allowed"],
+                                  p["meaning"])
                 out.print(table)
     if not found:
         raise VFLBenchError(f"unknown component {name!r}; valid names are: {', '.join(catalog.names())}.")

@@ -5,21 +5,27 @@ Registration is explicit (a decorator next to the class), duplicates are rejecte
 unknown name raises an error listing every valid name (and the closest one).
 
 :func:`check_params` is the one check of a component's keyword parameters (attacks, defenses,
-models, datasets): unknown names, types from the factory's annotations, ``Literal`` choices,
-finite numbers and the ranges of :data:`RANGES` and :data:`MAXIMA`.
+models, datasets): unknown names, types from the factory's annotations (pydantic's ``TypeAdapter``),
+``Literal`` choices, finite numbers and the bounds each component declares per parameter
+(:class:`Param`, in its ``constraints``), which ``vflbench describe`` shows too.
 """
 
 from __future__ import annotations
 
 import collections.abc
 import difflib
+import functools
 import inspect
+import json
 import math
 import types
 import typing
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic.errors import PydanticSchemaGenerationError
 
 from vflbench.errors import ConfigError, VFLBenchError, unknown_name
 
@@ -34,11 +40,16 @@ class Entry(Generic[T]):
     factory: Callable[..., T]
     summary: str
     info: dict[str, Any] = field(default_factory=dict)
+    constraints: dict[str, Param] = field(default_factory=dict)
 
 
 class Params:
     """Components whose keyword-only constructor parameters are stored unmodified as attributes (scikit-learn
-    style); attributes ending or starting with ``_`` are state, not parameters."""
+    style); attributes ending or starting with ``_`` are state, not parameters. ``constraints`` declares what
+    each parameter means and its bounds (:class:`Param`); :func:`check_params` enforces them before the
+    constructor runs, so constructors check only what relates several parameters."""
+
+    constraints: ClassVar[Mapping[str, Param]] = {}
 
     def get_params(self) -> dict[str, Any]:
         """The constructor parameters, as given (for results and hashing)."""
@@ -53,26 +64,35 @@ class Registry(Generic[T]):
         self._entries: dict[str, Entry[T]] = {}
 
     def register(
-        self, name: str | None = None, *, summary: str = "", **info: Any
+        self, name: str | None = None, *, summary: str = "", constraints: Mapping[str, Param] | None = None,
+        **info: Any
     ) -> Callable[[Callable[..., T]], Callable[..., T]]:
         """Register ``factory`` under ``name`` (default: the class attribute ``name`` of a class, so that
-        an attack or defense states its name once); the decorator returns it unchanged."""
+        an attack or defense states its name once); the decorator returns it unchanged. ``constraints``
+        declares a function's parameters (a class declares them in its ``constraints`` attribute)."""
 
         def decorator(factory: Callable[..., T]) -> Callable[..., T]:
             key = name if name is not None else getattr(factory, "name", None)
             if not isinstance(key, str) or not key:
                 raise VFLBenchError(f"a {self.kind} registered without a name needs a non-empty class attribute "
                                     f"'name' ({factory!r})")
-            self._register(key, factory, summary, info)
+            own = {**vars(factory).get("constraints", {}), **(constraints or {})} if isinstance(factory, type) \
+                else dict(constraints or {})
+            unknown = set(own) - set(inspect.signature(factory).parameters)
+            if unknown:
+                raise VFLBenchError(f"{self.kind} {key!r} declares constraints on {', '.join(sorted(unknown))}, "
+                                    "which it does not take")
+            self._register(key, factory, summary, info, {**constraints_of(factory), **(constraints or {})})
             return factory
 
         return decorator
 
-    def _register(self, name: str, factory: Callable[..., T], summary: str, info: dict[str, Any]) -> None:
+    def _register(self, name: str, factory: Callable[..., T], summary: str, info: dict[str, Any],
+                  constraints: dict[str, Param]) -> None:
         if name in self._entries:
             raise VFLBenchError(f"{self.kind} {name!r} is already registered")
         doc = (factory.__doc__ or "").strip().splitlines()
-        self._entries[name] = Entry(name, factory, summary or (doc[0] if doc else ""), info)
+        self._entries[name] = Entry(name, factory, summary or (doc[0] if doc else ""), info, constraints)
 
     def get(self, name: str) -> Entry[T]:
         """Return the entry for ``name`` or raise an error listing the valid names."""
@@ -86,7 +106,9 @@ class Registry(Generic[T]):
     def check(self, name: str, params: Mapping[str, Any], *, reserved: Collection[str] = (),
               noun: str = "parameter", error: type[VFLBenchError] = ConfigError) -> None:
         """Check ``params`` of the component ``name`` (see :func:`check_params`)."""
-        check_params(self.kind, name, self.get(name).factory, params, reserved=reserved, noun=noun, error=error)
+        entry = self.get(name)
+        check_params(self.kind, name, entry.factory, params, constraints=entry.constraints, reserved=reserved,
+                     noun=noun, error=error)
 
     def create(self, name: str, /, **kwargs: Any) -> T:
         """Build the component registered as ``name`` with keyword arguments."""
@@ -103,25 +125,66 @@ class Registry(Generic[T]):
         return iter(self._entries.values())
 
 
-# Parameters whose name fixes a sensible range, whatever component takes them: (lower bound, whether the
-# bound itself is allowed). Each number (and each number in a list) given for them must lie in it.
-RANGES: dict[str, tuple[float, bool]] = {
-    **dict.fromkeys(("lr", "mc_lr", "d_lr", "e_lr", "disc_lr", "decoder_lr", "generator_lr", "inverse_lr", "opt_lr",
-                     "shadow_lr", "teacher_lr", "d_dis_lr", "e_dis_lr"), (0.0, False)),
-    **dict.fromkeys(("epochs", "mc_epochs", "shadow_epochs", "decoder_epochs", "pretrain_epochs", "teacher_epochs",
-                     "inverse_epochs", "momentum", "mc_momentum", "sigma", "weight", "known_per_class"), (0.0, True)),
-    **dict.fromkeys(("batch_size", "aux_batch_size", "mc_batch_size", "shadow_batch_size", "teacher_batch_size",
-                     "aux_size", "n_targets", "hidden", "head_hidden", "decoder_width", "iterations", "steps"),
-                    (1.0, True)),
-    **dict.fromkeys(("aux_fraction", "test_fraction"), (0.0, False)),
-}
 # Layer widths: at most this many units (a typo such as 100000000000 fails here with a message, not in the
 # memory allocator); the same bound as ``model.embed_dim``.
 MAX_WIDTH = 1 << 20
-MAXIMA: dict[str, float] = dict.fromkeys(("hidden", "head_hidden", "decoder_width", "embedding_dim", "channels",
-                                          "n_filters"), MAX_WIDTH)
-# Parameters for which +inf is a meaningful value (a privacy budget of infinity: no protection).
-UNBOUNDED = frozenset({"epsilon"})
+
+
+@dataclass(frozen=True)
+class Param:
+    """What one parameter means and which values it takes beyond its annotation (scikit-learn's
+    ``_parameter_constraints``): bounds on every number it holds (a list's numbers too), a step
+    (``multiple_of``), and whether +inf is a meaningful value (``inf``: a privacy budget of infinity).
+
+    A component declares them per class in ``constraints`` (inherited and extended by subclasses), or,
+    for a function, in :meth:`Registry.register`; :func:`check_params` and ``vflbench describe`` read them.
+    """
+
+    meaning: str = ""
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    multiple_of: int | None = None
+    inf: bool = False
+
+    def bounds(self) -> str:
+        """The bounds in words (``"> 0"``, ``">= 1 and <= 1048576"``; ``""`` when there are none)."""
+        parts = [f"{op} {_number(x)}" for op, x in ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt))
+                 if x is not None]
+        if self.multiple_of is not None:
+            parts.insert(0, f"a multiple of {self.multiple_of}")
+        return " and ".join(parts)
+
+    def admits(self, value: Any) -> bool:
+        """Whether every number in ``value`` lies within the bounds (NaN and -inf never do)."""
+        for x in _numbers(value):
+            outside = (self.ge is not None and x < self.ge) or (self.gt is not None and x <= self.gt) \
+                or (self.le is not None and x > self.le) or (self.lt is not None and x >= self.lt)
+            if math.isnan(x) or x == -math.inf or outside or (self.multiple_of is not None and x % self.multiple_of):
+                return False
+        return True
+
+
+#: Common parameters, declared alike wherever a component takes them (each component still lists its own).
+LEARNING_RATE = Param("learning rate", gt=0)
+EPOCHS = Param("passes over the data", ge=0)
+BATCH = Param("rows per batch", ge=1)
+COUNT = Param(ge=1)
+NON_NEGATIVE = Param(ge=0)
+POSITIVE = Param(gt=0)
+PROBABILITY = Param(ge=0, le=1)
+WIDTH = Param("units per layer", ge=1, le=MAX_WIDTH)
+
+
+def constraints_of(factory: Callable[..., Any]) -> dict[str, Param]:
+    """The constraints a class declares in ``constraints``, merged along its bases (a subclass's win), on the
+    parameters it takes (a base may declare parameters that a subclass drops)."""
+    merged: dict[str, Param] = {}
+    for klass in reversed(getattr(factory, "__mro__", ())):
+        merged.update(vars(klass).get("constraints", {}))
+    taken = inspect.signature(factory).parameters
+    return {k: v for k, v in merged.items() if k in taken}
 
 
 def closest_name(name: str, valid: Collection[Any]) -> str | None:
@@ -148,19 +211,22 @@ def show(value: Any) -> str:
 
 
 def check_params(kind: str, name: str, factory: Callable[..., Any], params: Mapping[str, Any], *,
-                 reserved: Collection[str] = (), noun: str = "parameter",
-                 aliases: Mapping[str, str] | None = None, error: type[VFLBenchError] = ConfigError) -> None:
-    """Check keyword ``params`` against ``factory``'s signature before anything is built.
+                 constraints: Mapping[str, Param] | None = None, reserved: Collection[str] = (),
+                 noun: str = "parameter", aliases: Mapping[str, str] | None = None,
+                 error: type[VFLBenchError] = ConfigError) -> None:
+    """Check keyword ``params`` against ``factory``'s signature and ``constraints`` before anything is built.
 
     Raises ``error`` (:class:`~vflbench.errors.ConfigError` unless told), naming the parameter, the
     value and what is valid, for: a name the factory does not take (with the closest valid one); a
-    value that does not match the parameter's annotation (``Literal`` choices, ``int``, ``float``,
-    ``bool``, ``str``, lists, optional values; ``true`` is not a number, ``.nan`` and ``.inf`` are
-    not valid floats except +inf for :data:`UNBOUNDED` names); a number outside the range that
-    :data:`RANGES` (or :data:`MAXIMA`) gives its name. ``reserved`` parameters are supplied by the framework;
+    value that does not match the parameter's annotation (checked by pydantic in strict mode:
+    ``Literal`` choices, ``int``, ``float``, ``bool``, ``str``, lists, optional values; ``true`` is not
+    a number, ``.nan`` and ``.inf`` are not valid floats unless the parameter's :class:`Param` allows
+    +inf); a number outside the parameter's bounds. ``constraints`` default to what the factory's class
+    declares (:func:`constraints_of`). ``reserved`` parameters are supplied by the framework;
     ``aliases`` maps extra accepted names to the parameter they stand for (a defense's ``strength``).
     """
     aliases = dict(aliases or {})
+    declared = constraints_of(factory) if constraints is None else constraints
     signature = inspect.signature(factory)
     accepted = {p.name: p for p in signature.parameters.values()
                 if p.name not in reserved and p.name != "self"
@@ -171,28 +237,44 @@ def check_params(kind: str, name: str, factory: Callable[..., Any], params: Mapp
         if key not in valid and not open_ended:
             raise error(f"{kind} {name!r} has no {noun} {key!r}; valid {noun}s are: "
                               f"{', '.join(valid) or '(none)'}.{closest(key, valid)}")
-    hints = _annotations(factory)
+    hints = annotations_of(factory)
     for key, value in params.items():
         target = aliases.get(key, key)
         if target not in accepted:
             continue
         annotation = hints.get(target, Any)
+        constraint = declared.get(target, Param())
         # a strength grid or the tuner may give a whole number as a float for an integer knob
         checked = int(value) if key in aliases and isinstance(value, float) and value.is_integer() else value
-        if not _conforms(checked, annotation, allow_inf=target in UNBOUNDED):
+        if not conforms(checked, annotation, allow_inf=constraint.inf):
             hint = closest(value, typing.get_args(annotation)) if isinstance(value, str) else ""
             raise error(f"{kind} {name!r}: {noun} {key!r} = {show(value)} is not valid; expected "
-                              f"{_describe(annotation)}.{hint}")
-        bound = RANGES.get(target)
-        numbers = _numbers(value)
-        if bound is not None and any(x < bound[0] or (x == bound[0] and not bound[1]) for x in numbers):
-            relation = ">=" if bound[1] else ">"
+                        f"{_describe(annotation)}.{hint}")
+        if not constraint.admits(value):
             raise error(f"{kind} {name!r}: {noun} {key!r} = {show(value)} is not valid; it must be "
-                              f"{relation} {bound[0]:g}.")
-        most = MAXIMA.get(target)
-        if most is not None and any(x > most for x in numbers):
-            raise error(f"{kind} {name!r}: {noun} {key!r} = {show(value)} is not valid; it must be "
-                        f"<= {int(most)} (a layer width).")
+                        f"{constraint.bounds() or 'a number other than .nan and -.inf'}.")
+
+
+def allowed(annotation: Any, constraint: Param) -> str:
+    """The values a parameter takes, in words, from its annotation and its bounds (for ``vflbench describe``):
+    ``"an integer >= 1, or null"``, ``"a list of integers, each >= 1"``."""
+    if annotation is Any or annotation is inspect.Parameter.empty:
+        return "any value"
+    args = typing.get_args(annotation)
+    nullable = typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args
+    kinds = [_describe(a) for a in args if a is not type(None)] if nullable else [_describe(annotation)]
+    text = " or ".join(kinds)
+    if constraint.inf:
+        text = text.replace("a finite number", "a number (.inf allowed)")
+    bounds = constraint.bounds()
+    if bounds:
+        text = f"{text}, each {bounds}" if text.startswith("a list") else (
+            f"{text}; numbers {bounds}" if len(kinds) > 1 else f"{text} {bounds}")
+    return f"{text}, or null" if nullable else text
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 def _numbers(value: Any) -> list[float]:
@@ -203,7 +285,7 @@ def _numbers(value: Any) -> list[float]:
     return []
 
 
-def _annotations(factory: Callable[..., Any]) -> dict[str, Any]:
+def annotations_of(factory: Callable[..., Any]) -> dict[str, Any]:
     """The resolved annotations of ``factory``'s parameters (none when they cannot be resolved: then
     only the names are checked)."""
     try:
@@ -215,43 +297,37 @@ def _annotations(factory: Callable[..., Any]) -> dict[str, Any]:
 _SEQUENCES = (list, tuple, collections.abc.Sequence, collections.abc.Collection, collections.abc.Iterable)
 
 
-def _conforms(value: Any, annotation: Any, *, allow_inf: bool = False) -> bool:
-    """Whether a YAML value fits ``annotation`` (unknown annotations accept anything); a float must be
-    finite (``allow_inf``: or +inf)."""
+@functools.cache
+def _adapter(annotation: Any, allow_inf: bool) -> TypeAdapter[Any] | None:
+    """pydantic's validator of ``annotation`` (``None`` for an annotation pydantic cannot validate: a module,
+    a callable; such values are left to the constructor)."""
+    try:
+        return TypeAdapter(annotation, config=ConfigDict(allow_inf_nan=allow_inf, arbitrary_types_allowed=True))
+    except (PydanticSchemaGenerationError, TypeError):
+        return None
 
-    def fits(v: Any, a: Any) -> bool:
-        return _conforms(v, a, allow_inf=allow_inf)
 
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+def conforms(value: Any, annotation: Any, *, allow_inf: bool = False) -> bool:
+    """Whether a YAML value fits ``annotation``, by pydantic in strict mode on the value as JSON (so a list
+    fills a tuple, but ``true`` is no number and ``"1"`` no integer); a float must be finite (``allow_inf``:
+    or +inf; NaN and -inf are refused by :meth:`Param.admits`). Values JSON cannot hold are validated as
+    Python objects."""
     if annotation is Any or annotation is inspect.Parameter.empty:
         return True
-    if annotation is None or annotation is type(None):
-        return value is None
-    if origin is Literal:
-        return any(value == a and type(value) is type(a) for a in args)
-    if origin in (typing.Union, types.UnionType):
-        return any(fits(value, a) for a in args)
-    if origin is typing.Annotated:
-        return fits(value, args[0])
-    if annotation is bool:
-        return isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if annotation is float:
-        return (isinstance(value, (int, float)) and not isinstance(value, bool)
-                and (math.isfinite(value) or (allow_inf and value == math.inf)))
-    if annotation is str:
-        return isinstance(value, str)
-    if origin in (dict, collections.abc.Mapping) or annotation is dict:
-        return isinstance(value, dict) and (len(args) < 2 or all(fits(v, args[1]) for v in value.values()))
-    if origin in _SEQUENCES or annotation in (list, tuple):
-        if isinstance(value, str) or not isinstance(value, (list, tuple)):
-            return False
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            return len(value) == len(args) and all(fits(v, a) for v, a in zip(value, args, strict=True))
-        return not args or all(fits(v, args[0]) for v in value)
-    if isinstance(annotation, type):
-        return isinstance(value, annotation)
+    adapter = _adapter(annotation, allow_inf)
+    if adapter is None:
+        return True
+    try:
+        text = json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError):
+        text = None
+    try:
+        if text is None:
+            adapter.validate_python(value, strict=True)
+        else:
+            adapter.validate_json(text, strict=True)
+    except ValidationError:
+        return False
     return True
 
 

@@ -7,7 +7,7 @@ import torch
 from conftest import minimal
 from torch import nn
 
-from vflbench.attacks import ATTACKS
+from vflbench.attacks import ATTACKS, create_attack
 from vflbench.errors import CompatibilityError, ConfigError
 from vflbench.experiment.config import build_config
 from vflbench.experiment.plan import validate_attacks
@@ -172,8 +172,9 @@ def test_metric_auc_can_be_asked_for_explicitly_and_equals_auto_on_a_binary_task
 
 @pytest.mark.parametrize("name", ["model_completion", "model_completion_mixmatch", "embedding_extension"])
 def test_metric_is_validated(name):
-    with pytest.raises(ConfigError, match="metric must be one of auto, accuracy, balanced_accuracy, auc"):
-        ATTACKS.create(name, metric="top1")
+    with pytest.raises(ConfigError, match="parameter 'metric' = 'top1' is not valid; expected one of 'auto', "
+                                          "'accuracy', 'balanced_accuracy', 'auc'"):
+        create_attack(name, metric="top1")
     cfg = build_config(minimal(attacks=[{"name": name, "metric": "auc", "batch_size": 4}]))  # digits: 10 classes
     with pytest.raises(CompatibilityError, match="metric 'auc' needs binary labels"):
         validate_attacks(cfg, load_vertical_data(cfg))

@@ -368,5 +368,5 @@ def test_received_gradient_dp_noise_has_the_laplace_scale_and_clipping_bounds_ro
 
 
 def test_received_gradient_dp_rejects_bad_parameters():
-    with pytest.raises(ConfigError, match="epsilon and clip must be > 0"):
+    with pytest.raises(ConfigError, match="'epsilon' = 0.0 is not valid; it must be > 0"):
         create_defense("received_gradient_dp", epsilon=0.0)

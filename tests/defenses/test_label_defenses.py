@@ -47,7 +47,7 @@ def test_label_defenses_are_registered_with_their_threat_model():
     assert create_defense("label_dp", strength=0.5).epsilon == 0.5
     assert create_defense("mixup", strength=3).n_mix == 3
     assert DEFENSES.get("label_dp").factory.strength_direction == "smaller is stronger"
-    with pytest.raises(ConfigError, match="epsilon must be >= 0"):
+    with pytest.raises(ConfigError, match="'epsilon' = -1 is not valid; it must be >= 0"):
         create_defense("label_dp", epsilon=-1)
     mixed = _bind(create_defense("mixup"), 10).transform_labels(default_objective(torch.arange(10), 10,
                                                                                   single_logit=False))

@@ -237,6 +237,8 @@ def test_generator_is_trained_only_by_the_attackers_inner_loop(inner_steps, one_
     g0 = torch.Generator().manual_seed(0)
     before = [p.clone() for p in bottom.parameters()]
     plan.prepare(fed)
+    # install changed the attacker's own bottom model and returned one hook, which the runner attached there
+    assert [tag for tag, _ in fed.passives[0].hooks] == ["embedding_extension"] and not fed.active.hooks
     bottom = fed.passives[0].bottom
     assert isinstance(bottom, ExtendedBottom) and bottom.perturb.out_features == 4
     assert fed.active.top[0].in_features == 10 + 4 + 10  # the host sizes its top by what it receives

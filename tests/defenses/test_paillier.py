@@ -88,7 +88,7 @@ def test_registered_with_parameters_and_validation():
     assert cls is PaillierHE and cls.side == "both" and cls.strength_param is None
     d = create_defense("paillier_he")
     assert d.get_params() == {"key_bits": 1024, "precision": 32, "pool": 0}
-    with pytest.raises(ConfigError, match="key_bits must be"):
+    with pytest.raises(ConfigError, match="'key_bits' = 100 is not valid; it must be a multiple of 8 and >= 512"):
         create_defense("paillier_he", key_bits=100)
     with pytest.raises(ConfigError, match="precision"):
         create_defense("paillier_he", precision=3)

@@ -55,10 +55,10 @@ def test_a_run_without_an_attack_gives_only_the_false_alarm_rate():
     interval = Interval(0.25, 0.1, 0.4, "seeds", 3, 1)
     nan = Interval(math.nan, math.nan, math.nan, "none", 0, 0)
     assert detection.verdict("dmavfl", nan, interval, None).startswith("flags honest training at 25.0% [10.0, 40.0]")
-    columns = detection.run_columns({"defense": [
+    columns = detection.run_columns([
         {"name": "splitguard", "details": {"decisions": 10, "flagged": 2},
          "honest_reference": {"same_run": True, "decisions": 10, "flagged": 2, "without": []}},
-        {"name": "embedding_noise", "params": {}}]})
+        {"name": "embedding_noise", "params": {}}])
     assert math.isnan(columns["detection_rate.splitguard"]) and columns["false_alarm_rate.splitguard"] == 0.2
     assert not any("embedding_noise" in key for key in columns)
 

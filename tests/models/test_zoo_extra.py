@@ -193,7 +193,7 @@ def test_conv2_rejects_too_narrow_strip() -> None:
 
 
 def test_width_multiplier_must_be_positive() -> None:
-    with pytest.raises(ConfigError, match="width_multiplier must be positive"):
+    with pytest.raises(ConfigError, match="'width_multiplier' = 0 is not valid; it must be > 0"):
         build_bottom("vgg13", image_part(), OUT_DIM, gen(), width_multiplier=0)
 
 

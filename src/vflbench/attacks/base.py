@@ -23,6 +23,8 @@ from torch import Tensor, nn
 from vflbench.data.base import PartySlice
 from vflbench.errors import CompatibilityError, ConfigError
 from vflbench.protocol.channel import Transcript
+from vflbench.protocol.hooks import PartyHook
+from vflbench.protocol.party import Party
 from vflbench.registry import Params
 
 Target = Literal["labels", "features"]
@@ -105,6 +107,18 @@ class AuxData:
     victim_party: str
     classes: tuple[int, ...] | None = None
     victim_widths: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ThreatGrant:
+    """What the threat model grants an attack before training, handed to :meth:`Attack.install`: the labels it
+    knows (``known``, the same rows its view will hold), and, for attacks granted an auxiliary set, those rows
+    (``aux``, the same as ``view.aux``) and ``generator``, its own random stream for everything it does during
+    training (``None`` for the others)."""
+
+    known: KnownLabels | None
+    aux: AuxData | None = None
+    generator: torch.Generator | None = None
 
 
 @dataclass(frozen=True)
@@ -214,7 +228,7 @@ class Attack(Params, ABC):
     Parameters are keyword-only constructor arguments stored unmodified. Class attributes
     declare the target, what the attack reads, its phase, its requirements, its paper and the
     prior its leakage is measured against; :meth:`check` enforces requirements before any
-    training; malicious attacks also override :meth:`corrupt`.
+    training; attacks that act during training override :meth:`install`.
 
     Feature attacks (``target = "features"``) name their ``victim`` passive party (a list of
     parties where ``multi_victim`` is set: DMAVFL's several target clients), may ask for an
@@ -284,20 +298,15 @@ class Attack(Params, ABC):
         """Dimensions a malicious passive attacker appends to its uploaded embedding (0: none)."""
         return 0
 
-    def observe(self, party: Any) -> None:
-        """Attach the attacker's own recorders to its party before training (honest-but-curious
-        attacks that keep more of what their party sees than the runner records, e.g. the values
-        VMask's masked layers reconstruct to it). The party's behaviour does not change."""
+    def install(self, party: Party, grant: ThreatGrant) -> Sequence[PartyHook]:
+        """Install the attack on its own ``party`` before training, with what the threat model grants it; return
+        the hooks (:class:`~vflbench.protocol.hooks.PartyHook`) the runner attaches to that party, in order.
 
-    def corrupt(self, party: Any, known: KnownLabels | None, aux: AuxData | None = None,
-                generator: torch.Generator | None = None) -> None:
-        """Change the attacker's own party before training (malicious attacks only).
-
-        ``known`` are the labels the threat model grants (the same rows the view will hold).
-        Attacks granted an auxiliary set also get ``aux`` (the same rows as ``view.aux``) and
-        ``generator``, their own random stream for everything they do during training; the
-        runner passes both only to such attacks, so ``corrupt(party, known)`` still works.
-        """
+        The one way an attack acts during training. Honest-but-curious attacks return observers (their party's
+        behaviour does not change) or attach recorders to their own party's layers (VMask's masked layers);
+        malicious attacks may also change their own party (its optimizer, its bottom model) or return a hook
+        that replaces its step. Attacks that act only after training return nothing (the default)."""
+        return ()
 
     @abstractmethod
     def infer(self, view: PartyView) -> LabelInference | FeatureInference:
@@ -341,15 +350,8 @@ def split_validation(known: KnownLabels, select: str, val_per_class: int,
 
 
 def check_selection(attack: str, select: str, val_per_class: int, known_per_class: int) -> None:
-    """Raise a :class:`ConfigError` unless ``select`` is a :data:`Selection` rule and, for ``"validation"``,
-    ``val_per_class`` leaves at least one known label per class to fine-tune on."""
-    if select not in ("last", "validation", "test_oracle"):
-        raise ConfigError(f"attack {attack!r}: select must be one of last, validation, test_oracle, got {select!r}"
-                          + ("; 'best' picked the epoch with the best test score, an oracle no attacker has: "
-                             "use 'test_oracle' to reproduce it (it is flagged in reports)"
-                             if select == "best" else ""))
-    if val_per_class < 1:
-        raise ConfigError(f"attack {attack!r}: val_per_class must be at least 1, got {val_per_class}")
+    """Raise a :class:`ConfigError` unless, for ``select: validation``, ``val_per_class`` leaves at least one
+    known label per class to fine-tune on (each parameter alone is checked by its constraints)."""
     if select == "validation" and val_per_class >= known_per_class:
         raise ConfigError(f"attack {attack!r}: select: validation holds out val_per_class ({val_per_class}) of the "
                           f"known_per_class ({known_per_class}) labels of every class, which leaves none to fine-tune "
@@ -399,15 +401,12 @@ def require(condition: bool, attack: str, message: str) -> None:
         raise CompatibilityError(f"attack {attack!r} cannot run here: {message}")
 
 
-def check_metric(attack: str, metric: str, scenario: Scenario | None = None) -> None:
-    """Raise a :class:`ConfigError` unless ``metric`` is a label metric (:data:`LABEL_METRICS`), and,
-    given the ``scenario``, a :class:`CompatibilityError` for AUC on a task with more than two classes."""
-    if metric not in LABEL_METRICS:
-        raise ConfigError(f"attack {attack!r}: metric must be one of {', '.join(LABEL_METRICS)}, got {metric!r}")
-    if scenario is not None:
-        require(metric != "auc" or scenario.num_classes == 2, attack,
-                f"metric 'auc' needs binary labels, but the task has {scenario.num_classes} classes; "
-                "use metric: accuracy or auto")
+def check_metric(attack: str, metric: str, scenario: Scenario) -> None:
+    """Raise a :class:`CompatibilityError` for AUC on a task with more than two classes (the annotation
+    :data:`LabelMetric` lists the metrics)."""
+    require(metric != "auc" or scenario.num_classes == 2, attack,
+            f"metric 'auc' needs binary labels, but the task has {scenario.num_classes} classes; "
+            "use metric: accuracy or auto")
 
 
 def binary_only(attack: str, scenario: Scenario) -> None:

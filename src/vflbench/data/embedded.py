@@ -12,7 +12,7 @@ from sklearn import datasets as skd
 from sklearn.model_selection import train_test_split
 
 from vflbench.data.base import Dataset, Kind
-from vflbench.data.registry import DATASETS
+from vflbench.data.registry import DATASETS, SPLIT
 from vflbench.errors import DataError
 
 #: Fixed seed of the train/test split of embedded datasets, so that every run and every
@@ -46,7 +46,7 @@ def _split(
     )
 
 
-@DATASETS.register("digits", summary="scikit-learn 8x8 handwritten digits, 1,797 images, 10 classes",
+@DATASETS.register("digits", constraints=SPLIT, summary="scikit-learn 8x8 handwritten digits, 1,797 images, 10 classes",
                    kind="image", files=())
 def load_digits(*, root: Path | None = None, test_fraction: float = 0.2) -> Dataset:
     """scikit-learn's 8x8 digits as 1x8x8 images scaled to [0, 1]."""
@@ -55,7 +55,8 @@ def load_digits(*, root: Path | None = None, test_fraction: float = 0.2) -> Data
     return _split("digits", "image", x, bunch.target, test_fraction=test_fraction)
 
 
-@DATASETS.register("breast_cancer", summary="Wisconsin breast cancer, 569 rows, 30 features, binary",
+@DATASETS.register("breast_cancer", constraints=SPLIT,
+                 summary="Wisconsin breast cancer, 569 rows, 30 features, binary",
                    kind="tabular", files=())
 def load_breast_cancer(*, root: Path | None = None, test_fraction: float = 0.2) -> Dataset:
     """Wisconsin diagnostic breast cancer; 1 = malignant (the positive finding, 37% of rows).
@@ -68,7 +69,7 @@ def load_breast_cancer(*, root: Path | None = None, test_fraction: float = 0.2) 
                   test_fraction=test_fraction, feature_names=tuple(bunch.feature_names))
 
 
-@DATASETS.register("wine", summary="UCI wine, 178 rows, 13 features, 3 classes",
+@DATASETS.register("wine", constraints=SPLIT, summary="UCI wine, 178 rows, 13 features, 3 classes",
                    kind="tabular", files=())
 def load_wine(*, root: Path | None = None, test_fraction: float = 0.25) -> Dataset:
     """UCI wine recognition (3 classes)."""
@@ -77,7 +78,8 @@ def load_wine(*, root: Path | None = None, test_fraction: float = 0.25) -> Datas
                   test_fraction=test_fraction, feature_names=tuple(bunch.feature_names))
 
 
-@DATASETS.register("synthetic", summary="make_classification with chosen samples/features/classes; feature_scale: "
+@DATASETS.register("synthetic", constraints=SPLIT,
+                   summary="make_classification with chosen samples/features/classes; feature_scale: "
                    "columns standardised on the training rows, then multiplied by it (Epsilon's scale: "
                    "1/sqrt(2000); needs data.standardise: false)",
                    kind="tabular", files=())

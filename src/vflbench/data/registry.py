@@ -7,7 +7,11 @@ Entries carry ``files`` (the files a user must place under the root; empty for e
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from vflbench.data.base import Dataset
-from vflbench.registry import Registry
+from vflbench.registry import Param, Registry
 
 DATASETS: Registry[Dataset] = Registry("dataset")
+#: The constraint of the loaders that split their rows themselves.
+SPLIT: Mapping[str, Param] = {"test_fraction": Param("share of the rows held out for testing", gt=0, lt=1)}

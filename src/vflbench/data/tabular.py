@@ -25,7 +25,7 @@ import pandas as pd
 from vflbench.data.base import Dataset
 from vflbench.data.embedded import _split
 from vflbench.data.files import require_files
-from vflbench.data.registry import DATASETS
+from vflbench.data.registry import DATASETS, SPLIT
 from vflbench.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ def _split_checked(name: str, x: np.ndarray, y: np.ndarray, *, test_fraction: fl
     return replace(ds, meta=meta)
 
 
-@DATASETS.register("credit_default",
+@DATASETS.register("credit_default", constraints=SPLIT,
                    summary="UCI default of credit card clients (CSV), 30,000 rows, 23 features, "
                            "binary",
                    kind="tabular", folder=CREDIT_FOLDER, files=(CREDIT_FILE,),
@@ -164,7 +164,7 @@ def load_credit_default(*, root: Path | None = None, test_fraction: float = 0.2,
                           meta={"classes": ("no default", "default")})
 
 
-@DATASETS.register("bank_marketing",
+@DATASETS.register("bank_marketing", constraints=SPLIT,
                    summary="UCI bank marketing (bank-full.csv), 45,211 rows, 16 features, binary",
                    kind="tabular", folder=BANK_FOLDER, files=(BANK_FILE,), source=_BANK_SRC)
 def load_bank_marketing(*, root: Path | None = None, test_fraction: float = 0.2) -> Dataset:
@@ -192,7 +192,7 @@ def load_bank_marketing(*, root: Path | None = None, test_fraction: float = 0.2)
                           meta={"categories": categories, "classes": ("no", "yes")})
 
 
-@DATASETS.register("rt_iot2022",
+@DATASETS.register("rt_iot2022", constraints=SPLIT,
                    summary="RT-IoT2022 network flows (CSV), 123,117 rows, 83 features, 12 classes",
                    kind="tabular", folder=RT_IOT_FOLDER, files=(RT_IOT_FILE,), source=_RT_IOT_SRC)
 def load_rt_iot2022(*, root: Path | None = None, test_fraction: float = 0.2) -> Dataset:
@@ -253,7 +253,7 @@ def _read_criteo(path: Path, *, max_rows: int | None) -> np.ndarray:
     return raw
 
 
-@DATASETS.register("criteo",
+@DATASETS.register("criteo", constraints=SPLIT,
                    summary="Criteo display advertising sample (dac_sample.txt), 100,000 rows, "
                            "13 numeric + 26 categorical features, binary",
                    kind="tabular", folder=CRITEO_FOLDER, files=(CRITEO_FILE,), source=_CRITEO_SRC)
@@ -300,7 +300,7 @@ def load_criteo(*, root: Path | None = None, hash_buckets: int = 1000, max_rows:
                           meta=meta)
 
 
-@DATASETS.register("csv", summary="any CSV file: options path, label, features, sep",
+@DATASETS.register("csv", constraints=SPLIT, summary="any CSV file: options path, label, features, sep",
                    kind="tabular", files=(), generic=True)
 def load_csv(*, root: Path | None = None, path: str | Path | None = None, label: str | None = None,
              features: Sequence[str] | None = None, sep: str = ",",

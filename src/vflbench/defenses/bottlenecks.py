@@ -8,6 +8,8 @@ so that a run is a function of its seed.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +18,6 @@ from torch import Tensor, nn
 from vflbench.defenses import DEFENSES
 from vflbench.defenses.building import (
     StoresLoss,
-    check_non_negative,
     gaussian_kl,
     needs_width,
     normal_like,
@@ -27,6 +28,7 @@ from vflbench.models.base import init_parameters, linear_layers
 from vflbench.models.top import Identity
 from vflbench.protocol.hooks import BindContext, Defense, StepState
 from vflbench.protocol.messages import ACTIVE
+from vflbench.registry import Param
 
 
 class _MIDLayer(nn.Module):
@@ -97,12 +99,13 @@ class MutualInformationDefense(Defense):
     protects = ("labels",)
     threat = "label inference from passive embeddings, cut gradients or bottom models"
     strength_param = "weight"
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "weight": Param("the KL term's weight", ge=0), "std_shift": Param("shift of the bottleneck's standard "
+                                                                          "deviation"),
+        "bottleneck_scale": Param("the bottleneck's width, as a share of the embedding's", gt=0)}
     strength_direction = "larger is stronger"
 
     def __init__(self, *, weight: float = 1e-3, std_shift: float = 0.5, bottleneck_scale: float = 1.0) -> None:
-        check_non_negative(weight=weight)
-        if bottleneck_scale <= 0:
-            raise ValueError(f"bottleneck_scale must be > 0, got {bottleneck_scale}")
         self.weight = weight
         self.std_shift = std_shift
         self.bottleneck_scale = bottleneck_scale
@@ -203,10 +206,10 @@ class Precode(Defense):
     threat = "feature reconstruction (model inversion) from a passive party's embeddings"
     strength_param = None
 
+    constraints: ClassVar[Mapping[str, Param]] = {"beta": Param("the KL term's weight", ge=0),
+                                                  "bottleneck_dim": Param("the bottleneck's width", ge=1)}
+
     def __init__(self, *, beta: float = 1e-3, bottleneck_dim: int = 256) -> None:
-        check_non_negative(beta=beta)
-        if bottleneck_dim < 1:
-            raise ValueError(f"bottleneck_dim must be >= 1, got {bottleneck_dim}")
         self.beta = beta
         self.bottleneck_dim = bottleneck_dim
 

@@ -1,4 +1,4 @@
-"""Building blocks shared by the regularising defenses: parameter checks, a module that keeps its
+"""Building blocks shared by the regularising defenses: a module that keeps its
 extra loss, Gaussian KL and noise from the defense's generator, and a bottom model's output width.
 """
 
@@ -13,26 +13,6 @@ from vflbench.errors import CompatibilityError
 from vflbench.models.base import linear_layers
 
 DcorForm = Literal["dcor", "log"]
-
-
-def require(condition: bool, message: str) -> None:
-    """Refuse a defense parameter: ``ValueError(message)`` unless ``condition`` (the registry turns it into
-    a ConfigError naming the defense)."""
-    if not condition:
-        raise ValueError(message)
-
-
-def check_form(form: str) -> None:
-    """Refuse a dCor form other than ``dcor`` (plain) or ``log``."""
-    if form not in ("dcor", "log"):
-        raise ValueError(f"form must be 'dcor' or 'log', got {form!r}")
-
-
-def check_non_negative(**values: float) -> None:
-    """Refuse negative parameters, naming the first."""
-    for key, value in values.items():
-        if value < 0:
-            raise ValueError(f"{key} must be >= 0, got {value}")
 
 
 class StoresLoss(nn.Module):

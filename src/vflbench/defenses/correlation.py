@@ -6,20 +6,18 @@ New modules are initialised from the defense's bound generator, so that a run is
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from vflbench.defenses import DEFENSES
-from vflbench.defenses.building import (
-    DcorForm,
-    check_form,
-    check_non_negative,
-)
+from vflbench.defenses.building import DcorForm
 from vflbench.metrics.correlation import as_matrix, distance_correlation
 from vflbench.protocol.hooks import Defense, StepState
+from vflbench.registry import Param
 
 
 def _label_matrix(targets: Tensor, num_classes: int) -> Tensor:
@@ -49,11 +47,11 @@ class DistanceCorrelationDefense(Defense):
     adaptive_attacks = ("embedding_extension",)
     threat = "label inference from passive embeddings or bottom models (model completion, clustering)"
     strength_param = "weight"
+    constraints: ClassVar[Mapping[str, Param]] = {"weight": Param("the dCor term's weight", ge=0),
+                                                  "form": Param("dcor (plain) or log (log dCor)")}
     strength_direction = "larger is stronger"
 
     def __init__(self, *, weight: float = 0.15, form: DcorForm = "dcor") -> None:
-        check_non_negative(weight=weight)
-        check_form(form)
         self.weight = weight
         self.form = form
 
@@ -85,16 +83,16 @@ class NoPeek(Defense):
     protects = ("features",)
     threat = "feature reconstruction from a passive party's embeddings (model inversion, FSHA/DMAVFL-style)"
     strength_param = "alpha"
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "alpha": Param("the dCor term's weight (in [0, 1] with weighting: convex)", ge=0),
+        "weighting": Param("additive (loss + alpha dCor) or convex ((1 - alpha) loss + alpha dCor)"),
+        "form": Param("dcor (plain) or log (log dCor)")}
     strength_direction = "larger is stronger"
 
     def __init__(self, *, alpha: float = 0.1, weighting: Literal["additive", "convex"] = "additive",
                  form: DcorForm = "dcor") -> None:
-        check_non_negative(alpha=alpha)
-        if weighting not in ("additive", "convex"):
-            raise ValueError(f"weighting must be 'additive' or 'convex', got {weighting!r}")
         if weighting == "convex" and alpha > 1:
             raise ValueError(f"with weighting 'convex' alpha must be in [0, 1], got {alpha}")
-        check_form(form)
         self.alpha = alpha
         self.weighting = weighting
         self.form = form

@@ -52,8 +52,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -65,6 +66,7 @@ from vflbench.protocol.channel import Endpoint
 from vflbench.protocol.hooks import BindContext, Defense, StepState
 from vflbench.protocol.messages import ACTIVE, passive_name
 from vflbench.protocol.objective import Objective
+from vflbench.registry import Param
 
 SPLITGUARD_PAPER = ("Erdogan, Küpçü, Çiçek, SplitGuard: Detecting and Mitigating Training-Hijacking Attacks in Split "
                     "Learning (WPES 2022); ege-erdogan/splitguard")
@@ -172,10 +174,13 @@ class Detector(Defense):
     threat = HIJACK_THREAT
     strength_param = "threshold"
     strength_direction = "larger is stronger"
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "threshold": Param("the score at which a round is flagged"),
+        "window": Param("scores averaged per decision", ge=1),
+        "min_scores": Param("scores before the first decision (null: window)", ge=1),
+        "halt": Param("stop training when hijacking is detected (else only report it)")}
 
     def __init__(self, *, threshold: float, window: int, min_scores: int | None = None, halt: bool = True) -> None:
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
         if min_scores is not None and min_scores < window:
             raise ValueError(f"min_scores must be >= window ({window}), got {min_scores}")
         self.threshold = threshold
@@ -276,16 +281,18 @@ class SplitGuard(Detector):
     name = "splitguard"
     paper = SPLITGUARD_PAPER
 
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "p_fake": Param("probability that a batch is a fake one", ge=0, le=1),
+        "start": Param("batches before the first fake one", ge=0),
+        "fake_fraction": Param("share of a fake batch's labels that are randomised", gt=0, le=1),
+        "mult": Param("SplitGuard's score multiplier"), "exp": Param("SplitGuard's score exponent"),
+        "shift": Param("SplitGuard's score shift"),
+        "vector": Param("what is compared: the passive party's parameter update or its embedding gradient")}
+
     def __init__(self, *, p_fake: float = 0.1, start: int = 20, fake_fraction: float = 1.0, mult: float = 5.0,
                  exp: float = 2.0, shift: float = 0.0, threshold: float = 0.9, window: int = 10,
                  vector: Literal["parameter", "embedding"] = "parameter", halt: bool = True) -> None:
         super().__init__(threshold=threshold, window=window, halt=halt)
-        if not 0.0 <= p_fake <= 1.0 or not 0.0 < fake_fraction <= 1.0:
-            raise ValueError(f"p_fake must be in [0, 1] and fake_fraction in (0, 1], got {p_fake}, {fake_fraction}")
-        if start < 0:
-            raise ValueError(f"start must be >= 0, got {start}")
-        if vector not in ("parameter", "embedding"):
-            raise ValueError(f"vector must be 'parameter' or 'embedding', got {vector!r}")
         self.p_fake = p_fake
         self.start = start
         self.fake_fraction = fake_fraction
@@ -477,16 +484,16 @@ class GradientScrutinizer(Detector):
     paper = GS_PAPER
     shared_key = "gradient_scrutinizer.labels"
 
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "every": Param("steps between scoring rounds", ge=1),
+        "start": Param("steps before the first scoring round (a degree-2 fit needs 3)", ge=3),
+        "variant": Param("original (Pan et al.) or urvfl (URVFL's reimplementation)"),
+        "lag": Param("steps between the gradients compared (null: every - 1)", ge=0)}
+
     def __init__(self, *, every: int = 50, start: int = 50, threshold: float = 0.5, window: int = 1,
                  variant: Literal["original", "urvfl"] = "original", lag: int = 0,
                  min_scores: int | None = None, halt: bool = True) -> None:
         super().__init__(threshold=threshold, window=window, min_scores=min_scores, halt=halt)
-        if every < 1 or start < 3:
-            raise ValueError(f"every must be >= 1 and start >= 3 (a degree-2 fit), got {every}, {start}")
-        if variant not in ("original", "urvfl"):
-            raise ValueError(f"variant must be 'original' or 'urvfl', got {variant!r}")
-        if lag < 0:
-            raise ValueError(f"lag must be >= 0, got {lag}")
         self.every = every
         self.start = start
         self.variant = variant
@@ -605,9 +612,11 @@ class ReceivedGradientDP(Defense):
     strength_param = "epsilon"
     strength_direction = "smaller is stronger"
 
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "epsilon": Param("the privacy budget per sample (.inf: no noise)", gt=0, inf=True),
+        "clip": Param("the per-sample gradient norm bound", gt=0)}
+
     def __init__(self, *, epsilon: float = 1.0, clip: float = 1.0) -> None:
-        if not epsilon > 0 or not clip > 0:
-            raise ValueError(f"epsilon and clip must be > 0, got {epsilon}, {clip}")
         self.epsilon = epsilon
         self.clip = clip
 

@@ -4,21 +4,19 @@ passport layers (keys drawn from the defense's bound generator).
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
 
 from vflbench.defenses import DEFENSES
-from vflbench.defenses.building import (
-    check_non_negative,
-    needs_width,
-    normal_like,
-)
+from vflbench.defenses.building import needs_width, normal_like
 from vflbench.errors import CompatibilityError
 from vflbench.models.base import init_parameters, linear_layers
 from vflbench.protocol.hooks import Defense, StepState
 from vflbench.protocol.messages import ACTIVE
+from vflbench.registry import WIDTH, Param
 
 
 @DEFENSES.register(summary="Gaussian noise N(0, sigma^2) on every embedding a passive party sends")
@@ -37,10 +35,10 @@ class EmbeddingNoise(Defense):
     protects = ("features", "labels")
     threat = "feature reconstruction or label inference from a passive party's embeddings"
     strength_param = "sigma"
+    constraints: ClassVar[Mapping[str, Param]] = {"sigma": Param("the Gaussian noise's standard deviation", ge=0)}
     strength_direction = "larger is stronger"
 
     def __init__(self, *, sigma: float = 0.5) -> None:
-        check_non_negative(sigma=sigma)
         self.sigma = sigma
 
     def transform_embedding(self, embedding: Tensor, state: StepState) -> Tensor:  # noqa: D102
@@ -105,15 +103,15 @@ class FedPass(Defense):
     protects = ("features", "labels")
     threat = "feature reconstruction and label inference from embeddings, gradients or bottom models"
     strength_param = "key_scale"
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "key_scale": Param("standard deviation of the passport keys", ge=0),
+        "key_loc": Param("mean of the passport keys"), "hidden": WIDTH,
+        "num_passport": Param("passport layers", ge=1),
+        "active_passport": Param("where the active party's passport sits: bottom, top or none")}
     strength_direction = "larger is stronger"
 
     def __init__(self, *, key_scale: float = 1.0, key_loc: float = -1.0, hidden: int = 128, num_passport: int = 1,
                  active_passport: Literal["bottom", "top", "none"] = "bottom") -> None:
-        check_non_negative(key_scale=key_scale)
-        if hidden < 1 or num_passport < 1:
-            raise ValueError("hidden and num_passport must be >= 1")
-        if active_passport not in ("bottom", "top", "none"):
-            raise ValueError(f"active_passport must be 'bottom', 'top' or 'none', got {active_passport!r}")
         self.key_scale = key_scale
         self.key_loc = key_loc
         self.hidden = hidden

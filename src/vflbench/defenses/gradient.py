@@ -19,16 +19,17 @@ B flattened rows of width m. Randomness comes only from the generator given at `
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from vflbench.defenses import DEFENSES
-from vflbench.defenses.building import require
 from vflbench.errors import CompatibilityError
 from vflbench.protocol.hooks import BindContext, Defense, StepState
+from vflbench.registry import Param
 
 FU = "Fu et al., Label Inference Attacks Against Vertical Federated Learning (USENIX Security 2022)"
 LI = "Li et al., Label Leakage and Protection in Two-party Split Learning (ICLR 2022)"
@@ -65,10 +66,10 @@ class DPLaplace(_CutGradientDefense):
     name = "dp_laplace"
     paper = FU
     strength_param = "scale"
+    constraints: ClassVar[Mapping[str, Param]] = {"scale": Param("the Laplace noise's scale", ge=0)}
     strength_direction = "larger is stronger"
 
     def __init__(self, *, scale: float = 1e-3) -> None:
-        require(scale >= 0, f"scale must be >= 0, got {scale}")
         self.scale = scale
 
     def transform_cut_gradient(self, gradient: Tensor, state: StepState) -> Tensor:  # noqa: D102
@@ -90,10 +91,11 @@ class IsotropicNoise(_CutGradientDefense):
     name = "isotropic_noise"
     paper = LI
     strength_param = "alpha"
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "alpha": Param("noise standard deviation, in units of the batch's largest gradient norm per coordinate", ge=0)}
     strength_direction = "larger is stronger"
 
     def __init__(self, *, alpha: float = 1.0) -> None:
-        require(alpha >= 0, f"alpha must be >= 0, got {alpha}")
         self.alpha = alpha
 
     def transform_cut_gradient(self, gradient: Tensor, state: StepState) -> Tensor:  # noqa: D102
@@ -280,10 +282,10 @@ class Marvell(_CutGradientDefense):
     paper = LI
     threat = "label inference from cut-layer gradients in binary tasks (NS, DS)"
     strength_param = "init_scale"
+    constraints: ClassVar[Mapping[str, Param]] = {"init_scale": Param("the noise power bound's scale", ge=0)}
     strength_direction = "larger is stronger"
 
     def __init__(self, *, init_scale: float = 1.0) -> None:
-        require(init_scale >= 0, f"init_scale must be >= 0, got {init_scale}")
         self.init_scale = init_scale
 
     def bind(self, context: BindContext) -> None:  # noqa: D102
@@ -349,10 +351,10 @@ class GradientCompression(_CutGradientDefense):
     name = "gradient_compression"
     paper = FU
     strength_param = "ratio"
+    constraints: ClassVar[Mapping[str, Param]] = {"ratio": Param("the share of gradient entries kept", gt=0, le=1)}
     strength_direction = "smaller is stronger"
 
     def __init__(self, *, ratio: float = 0.75) -> None:
-        require(0 < ratio <= 1, f"ratio must be in (0, 1], got {ratio}")
         self.ratio = ratio
 
     def transform_cut_gradient(self, gradient: Tensor, state: StepState) -> Tensor:  # noqa: D102
@@ -382,13 +384,12 @@ class DiscreteSGD(_CutGradientDefense):
     name = "discrete_sgd"
     paper = FU
     strength_param = "bins"
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "bins": Param("quantisation levels", ge=1),
+        "mode": Param("kang (Kang et al.'s grid) or fu (Fu et al.'s)"), "bound": Param("the grid's bound", gt=0)}
     strength_direction = "smaller is stronger"
 
     def __init__(self, *, bins: int = 6, mode: Literal["kang", "fu"] = "kang", bound: float = 3e-2) -> None:
-        require(isinstance(bins, (int, float)) and not isinstance(bins, bool) and float(bins).is_integer()
-                and bins >= 1, f"bins must be an integer >= 1, got {bins!r}")
-        require(mode in ("kang", "fu"), f"mode must be 'kang' or 'fu', got {mode!r}")
-        require(bound > 0, f"bound must be > 0, got {bound}")
         self.bins = bins
         self.mode = mode
         self.bound = bound

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -29,13 +29,13 @@ from torch import Tensor, nn
 
 from vflbench.data.base import PartySlice
 from vflbench.defenses import DEFENSES
-from vflbench.defenses.building import require
 from vflbench.errors import ConfigError
 from vflbench.models import build_bottom
 from vflbench.models.finetune import predict
 from vflbench.protocol.hooks import BindContext, Defense
 from vflbench.protocol.messages import ACTIVE
 from vflbench.protocol.objective import Objective, argmax_decode, soft_cross_entropy, softmax_scores
+from vflbench.registry import BATCH, LEARNING_RATE, Param
 
 LABEL_THREAT = ("label inference by a passive party: model completion on its trained bottom model and "
                 "gradient-based attacks (NS, DS, DL, RR, GI)")
@@ -124,9 +124,11 @@ class LabelDP(Defense):
     strength_param = "epsilon"
     strength_direction = "smaller is stronger"
 
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "epsilon": Param("the privacy budget (.inf: no protection)", ge=0, inf=True),
+        "prior": Param("the label prior of RR-with-prior: empirical or uniform")}
+
     def __init__(self, *, epsilon: float = 3.0, prior: Literal["empirical", "uniform"] = "empirical") -> None:
-        require(epsilon >= 0, f"epsilon must be >= 0 (inf: no protection), got {epsilon}")
-        require(prior in ("empirical", "uniform"), f"prior must be 'empirical' or 'uniform', got {prior!r}")
         self.epsilon = epsilon
         self.prior = prior
 
@@ -212,12 +214,15 @@ class KDk(Defense):
     strength_param = "epsilon"
     strength_direction = "larger is stronger"
 
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "epsilon": Param("the label mass moved to the k nearest classes", ge=0, lt=1),
+        "k": Param("classes that share the moved mass", ge=2),
+        "teacher_model": Param("the teacher's bottom model (null: the task's)"),
+        "teacher_epochs": Param("the teacher's training epochs", ge=1), "teacher_lr": LEARNING_RATE,
+        "teacher_batch_size": BATCH}
+
     def __init__(self, *, epsilon: float = 0.45, k: int = 3, teacher_model: str | None = None,
                  teacher_epochs: int = 20, teacher_lr: float = 1e-4, teacher_batch_size: int = 64) -> None:
-        require(0 <= epsilon < 1, f"epsilon must be in [0, 1), got {epsilon}")
-        require(k >= 2, f"k must be at least 2, got {k}")
-        require(teacher_epochs >= 1 and teacher_batch_size >= 1, "teacher_epochs and teacher_batch_size must be >= 1")
-        require(teacher_lr > 0, f"teacher_lr must be > 0, got {teacher_lr}")
         self.epsilon = epsilon
         self.k = k
         self.teacher_model = teacher_model
@@ -395,10 +400,13 @@ class CoAE(Defense):
     strength_param = "entropy_weight"
     strength_direction = "larger is stronger"
 
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "entropy_weight": Param("the entropy term's weight"),
+        "epochs": Param("the autoencoder's training epochs (null: the paper's recipe)", ge=1),
+        "samples": Param("label vectors drawn to train the autoencoder", ge=1), "batch_size": BATCH}
+
     def __init__(self, *, entropy_weight: float = 1.0, epochs: int | None = None, samples: int = 30000,
                  batch_size: int = 128) -> None:
-        require(epochs is None or epochs >= 1, f"epochs must be >= 1, got {epochs}")
-        require(samples >= 1 and batch_size >= 1, "samples and batch_size must be >= 1")
         self.entropy_weight = entropy_weight
         self.epochs = epochs
         self.samples = samples
@@ -512,9 +520,10 @@ class MixUp(Defense):
     strength_param = "n_mix"
     strength_direction = "larger is stronger"
 
+    constraints: ClassVar[Mapping[str, Param]] = {"n_mix": Param("rows mixed into each row", ge=1),
+                                                  "alpha": Param("the Dirichlet's concentration", gt=0)}
+
     def __init__(self, *, n_mix: int = 2, alpha: float = 1.0) -> None:
-        require(int(n_mix) == n_mix and n_mix >= 1, f"n_mix must be an integer >= 1, got {n_mix}")
-        require(alpha > 0, f"alpha must be > 0, got {alpha}")
         self.n_mix = n_mix
         self.alpha = alpha
 

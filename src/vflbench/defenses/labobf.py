@@ -61,18 +61,19 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from vflbench.data.base import PartySlice
 from vflbench.defenses import DEFENSES
-from vflbench.defenses.building import require
 from vflbench.errors import CompatibilityError, ConfigError
 from vflbench.protocol.hooks import BindContext, Defense
 from vflbench.protocol.messages import ACTIVE
 from vflbench.protocol.objective import Objective
+from vflbench.registry import Param
 
 log = logging.getLogger(__name__)
 PAPER = ("He et al., LabObf: A Label Protection Scheme for Vertical Federated Learning Through Label "
@@ -183,14 +184,15 @@ class LabObf(Defense):
     strength_param = "per_class"
     strength_direction = "smaller is stronger (2 strongest per Fig. 12; 1 is no obfuscation)"
 
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "soft_labels": Param("L_soft: one list of soft labels per class, no value used twice (null: drawn)"),
+        "per_class": Param("soft labels per class (2-4 advised, §7.2)", ge=1),
+        "rand_max": Param("soft labels are drawn from 1..rand_max", ge=1),
+        "false_attribute": Param("also shuffle which soft labels map to which class (the adaptive setting)"),
+        "normalise": Param("normalise the soft labels (null: the paper's choice for the task)")}
+
     def __init__(self, *, soft_labels: list[list[float]] | None = None, per_class: int = 2, rand_max: int = 200,
                  false_attribute: bool = False, normalise: bool | None = None) -> None:
-        number = isinstance(per_class, int | float) and not isinstance(per_class, bool) and math.isfinite(per_class)
-        integral = number and per_class == int(per_class)
-        require(integral and per_class >= 1,
-                f"per_class must be an integer >= 1 (2-4 advised, §7.2), got {per_class!r}")
-        require(isinstance(rand_max, int) and not isinstance(rand_max, bool) and rand_max >= 1,
-                f"rand_max must be an integer >= 1, got {rand_max!r}")
         if soft_labels is not None:
             validate_soft_labels(soft_labels)
         self.soft_labels = soft_labels

@@ -83,7 +83,8 @@ given, else inferred (``concat`` from the top model's input width, ``sum`` for V
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -97,6 +98,7 @@ from vflbench.he.layers import HolderRef, KeyHolderLink, PaillierLinear, ShareCo
 from vflbench.protocol.channel import Endpoint
 from vflbench.protocol.hooks import BindContext, Defense, StepState
 from vflbench.protocol.messages import ACTIVE, Message, passive_name
+from vflbench.registry import Param
 
 
 @DEFENSES.register(summary="Paillier-encrypted interactive layer (ACML/BlindFL-style HE baseline): the "
@@ -126,13 +128,12 @@ class PaillierHE(Defense):
               "(cryptographic protection; the price is runtime)")
     strength_param = None
 
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "key_bits": Param("the Paillier modulus' size in bits (2048 for production)", ge=512, multiple_of=8),
+        "precision": Param("fractional bits of the fixed-point encoding", ge=8, le=128),
+        "pool": Param("worker processes for the encryption (0: none)", ge=0)}
+
     def __init__(self, *, key_bits: int = 1024, precision: int = 32, pool: int = 0) -> None:
-        if not isinstance(key_bits, int) or key_bits < 512 or key_bits % 8:
-            raise ValueError(f"key_bits must be a multiple of 8 and >= 512 (2048 for production), got {key_bits}")
-        if not isinstance(precision, int) or not 8 <= precision <= 128:
-            raise ValueError(f"precision (fractional bits) must be an integer in [8, 128], got {precision}")
-        if not isinstance(pool, int) or pool < 0:
-            raise ValueError(f"pool must be a number of worker processes >= 0, got {pool}")
         self.key_bits = key_bits
         self.precision = precision
         self.pool = pool

@@ -75,10 +75,10 @@ from vflbench.protocol.channel import Endpoint
 from vflbench.protocol.hooks import BindContext, Defense, DefenseAux, TrainSettings
 from vflbench.protocol.messages import ACTIVE, DEALER, Message, Phase, Scalar
 from vflbench.protocol.party import aggregate
+from vflbench.registry import Param
 from vflbench.rng import derive_seed
 
 log = logging.getLogger(__name__)
-ATTACKER_VIEWS = ("reinit", "share")
 
 
 @dataclass(frozen=True)
@@ -238,6 +238,24 @@ class VMask(Defense):
     extra_parties = (DEALER,)
     selection: ClassVar[str] = "greedy"
     uses_aux: ClassVar[bool] = True  # its shadow models train on rows of the held-out pool (data.aux_pool)
+    summary_metrics = ("mask_ratio",)  # the share of masked layers over the whole training (its Fig. 8)
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "budget": Param("the privacy budget: the largest model completion accuracy gain allowed over the prior"),
+        "sigma": Param("standard deviation of the noise the active party adds to a masked layer", ge=0),
+        "aux_size": Param("held-out rows the shadow models train on (null: the whole pool)", ge=1),
+        "known_per_class": Param("labelled rows per class of the simulated model completion", ge=1),
+        "mc_epochs": Param("epochs of the simulated model completion", ge=1),
+        "mc_optimizer": Param("its optimizer (null: model_completion's)"),
+        "mc_lr": Param("its learning rate (null: model_completion's)", gt=0),
+        "mc_batch_size": Param("its batch size: rows, 'full' or null (model_completion's)", ge=1),
+        "mc_momentum": Param("its SGD momentum (null: model_completion's)", ge=0),
+        "shadow_epochs": Param("epochs of each shadow model", ge=1),
+        "frac_bits": Param("fractional bits of the secret-shared fixed-point encoding"),
+        "truncation": Param("how products are truncated in the secure layers"),
+        "layers": Param("the layers to mask (null: chosen by the budget)"),
+        "attacker_view": Param("what a passive attacker's bottom model holds for a masked layer: reinit or its "
+                               "share (the recovered view is the attack vmask_weight_recovery)"),
+        "protocol": Param("the masked layers' protocol (null: beaver)")}
 
     def __init__(self, *, budget: float = 0.25, sigma: float = 0.01, aux_size: int | None = None,
                  known_per_class: int = 4,
@@ -262,20 +280,9 @@ class VMask(Defense):
         self.attacker_view = attacker_view
         self.protocol = protocol
         resolve_protocol(protocol, truncation)  # refuses an unknown protocol, or fixed_mask with secureml
-        if attacker_view not in ATTACKER_VIEWS:
-            raise ValueError(f"attacker_view must be 'reinit' or 'share' (the recovered view is the attack "
-                             f"vmask_weight_recovery), got {attacker_view!r}")
         if aux_size is not None and not self.uses_aux:
             raise ValueError(f"{self.name} trains no shadow model, so it takes no auxiliary set; remove aux_size "
                              f"(got {aux_size})")
-        if sigma < 0 or (aux_size is not None and aux_size < 1) or known_per_class < 1 or mc_epochs < 1 \
-                or shadow_epochs < 1:
-            raise ValueError("sigma must be >= 0 and aux_size, known_per_class, mc_epochs, shadow_epochs >= 1")
-        if mc_optimizer not in (None, "sgd", "adam"):
-            raise ValueError(f"mc_optimizer must be 'sgd', 'adam' or None (the attack's), got {mc_optimizer!r}")
-        if not (mc_batch_size is None or mc_batch_size == "full" or (isinstance(mc_batch_size, int)
-                                                                     and mc_batch_size >= 1)):
-            raise ValueError(f"mc_batch_size must be a positive integer, 'full' or None, got {mc_batch_size!r}")
 
     # -- set-up -------------------------------------------------------------------------------------
 

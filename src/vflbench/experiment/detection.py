@@ -18,6 +18,7 @@ decisions within one run are far from independent), only the two rates.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -39,12 +40,12 @@ def _rate(numbers: dict[str, Any]) -> float:
     return float(numbers["flagged"]) / decisions if decisions else math.nan
 
 
-def run_columns(result: dict[str, Any]) -> dict[str, Any]:
-    """summary.csv's per-run detector columns of one ``result.json`` (:data:`RUN_COLUMNS`, each ``.<detector>``);
-    the detection rate is left empty on a run without a malicious attack (it is honest training: its own rate is
-    the false-alarm rate)."""
+def run_columns(defense: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """summary.csv's per-run detector columns of one run, from its result's ``defense`` entries
+    (:data:`RUN_COLUMNS`, each ``.<detector>``); the detection rate is left empty on a run without a malicious
+    attack (it is honest training: its own rate is the false-alarm rate)."""
     out: dict[str, Any] = {}
-    for entry in result.get("defense", []):
+    for entry in defense:
         reference = entry.get("honest_reference")
         if reference is None:
             continue

@@ -8,7 +8,7 @@ import copy
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -20,6 +20,7 @@ from vflbench.attacks.base import (
     BatchRecord,
     KnownLabels,
     Scenario,
+    ThreatGrant,
     draws_of,
     victims_of,
 )
@@ -213,24 +214,24 @@ class AttackPlan:
                 for (kind, server, client), names in wanted.items()]
 
     def prepare(self, fed: Federation) -> None:
-        """Install each attack on its own party before training."""
+        """Install each attack on its own party before training (:meth:`Attack.install`, with what its threat model
+        grants), attaching the hooks it returns, after the runner's own recorder of what the party sees."""
         parties = {p.name: p for p in fed.parties()}
         for planned in self.attacks:
             attack = planned.attack
             party = parties[attack.party]
-            attack.observe(party)
             if {"model_gradient", "cut_gradient"} & set(attack.reads) and isinstance(party, PassiveParty):
                 party.attach(_Recorder(planned, party, with_params="model_gradient" in attack.reads))
             assert self.y_train is not None
-            known = known_labels(attack, self.y_train, self.seed, self.pool)
+            grant = ThreatGrant(known_labels(attack, self.y_train, self.seed, self.pool))
             if wants_aux(attack):
                 assert self.data is not None
                 own = party.data.x_train if party.data is not None else None
                 planned.aux = aux_data(attack, self.data, own, self.seed, self.pool)
-                attack.corrupt(party, known, aux=planned.aux,
-                               generator=generator(self.seed, "attack", attack.name, "corrupt"))
-            else:
-                attack.corrupt(party, known)
+                grant = replace(grant, aux=planned.aux,
+                                generator=generator(self.seed, "attack", attack.name, "corrupt"))
+            for hook in attack.install(party, grant):
+                party.attach(hook)
 
     def on_epoch_end(self, fed: Federation) -> None:
         """Snapshot the attacker's models for attacks evaluated at every epoch."""

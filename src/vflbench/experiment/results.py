@@ -175,6 +175,12 @@ class RunResult:
         raise KeyError(f"no attack {name!r} in this run; it has: {', '.join(a.name for a in self.attacks) or 'none'}")
 
 
+def read_result(path: Path) -> RunResult:
+    """The typed result of a ``result.json`` file (the one reader of result files: sweeps, reports, the tuner and
+    :func:`vflbench.load_result` all go through it)."""
+    return RunResult.from_dict(json.loads(path.read_text()))
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so that readers see the old file or the whole new one.
 

@@ -1,8 +1,8 @@
 """Scoring attacks on a trained run against ground truth and priors.
 
 The runner is the only place that holds ground truth. It checks every attack against the
-scenario before training, tells the attacker's transcript what to retain, installs the
-attacker's own observers (and, for malicious attacks, lets it corrupt its own party), then
+scenario before training, tells the attacker's transcript what to retain, installs each
+attack on its own party (:meth:`Attack.install`: observers, or a malicious attack's changes to its party), then
 builds the attacker's :class:`PartyView`, runs the attack, and scores what it returns.
 
 Feature attacks (:class:`FeatureInference`) are scored by the reconstruction MSE against the

@@ -37,12 +37,11 @@ from vflbench.experiment.config import (
     load_yaml,
 )
 from vflbench.experiment.lock import exclusive
-from vflbench.experiment.results import write_atomic
+from vflbench.experiment.results import read_result, write_atomic
 from vflbench.experiment.workers import WORKER_PRELOAD, fork_server, start_sweep_workers
 from vflbench.metrics.scores import (
     NO_PROTECTION_SCORE,
     ScoreTable,
-    attack_leakage,
     comprehensive_dcs,
     dcs,
     leaks,
@@ -569,14 +568,23 @@ def _strength(defenses: list[dict[str, Any]]) -> float | None:
     return None
 
 
-def _final_mask_ratio(metrics: Path) -> float | None:
-    """VMask's mask ratio over the whole training (its Fig. 8 definition), from the last epoch's
-    record of ``metrics.jsonl``; ``None`` for runs without a masking defense."""
-    if not metrics.is_file():
-        return None
+def _summary_metrics(defenses: Sequence[dict[str, Any]], metrics: Path) -> dict[str, float]:
+    """The run's defenses' :attr:`~vflbench.protocol.Defense.summary_metrics` (each defense says which of its
+    per-epoch values summarise the run, e.g. VMask's ``mask_ratio``), from the last epoch's record of
+    ``metrics.jsonl``, by metric name (the first defense that reports one wins)."""
+    from vflbench.defenses import DEFENSES
+
+    wanted = [(d["name"], key) for d in defenses if d["name"] in DEFENSES
+              for key in DEFENSES.get(d["name"]).factory.summary_metrics]  # type: ignore[attr-defined]
+    if not wanted or not metrics.is_file():
+        return {}
     lines = metrics.read_text().splitlines()
     last = json.loads(lines[-1]) if lines else {}
-    return next((float(v) for k, v in last.items() if k.endswith(".mask_ratio")), None)
+    out: dict[str, float] = {}
+    for name, key in wanted:
+        if f"{name}.{key}" in last and key not in out:
+            out[key] = float(last[f"{name}.{key}"])
+    return out
 
 
 def _setting(point: SweepPoint) -> str:
@@ -614,45 +622,43 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
         path = out_dir / RUNS / point.hash / "result.json"
         if not path.is_file():
             continue
-        result = json.loads(path.read_text())
+        result = read_result(path)
         cfg = point.config
         base = {"dataset": cfg.data.name, "algorithm": cfg.train.algorithm, "setting": _setting(point),
-                "defense": _defense_label(result["defense"], point.coords),
-                "strength": _strength(result["defense"]), "seed": cfg.seed, "config_hash": point.hash,
+                "defense": _defense_label(result.defense, point.coords),
+                "strength": _strength(result.defense), "seed": cfg.seed, "config_hash": point.hash,
                 "confidence": cfg.evaluation.confidence,
-                "utility_metric": result["utility"]["metric"], "utility": result["utility"]["value"],
-                "train_seconds": result["timing"]["train_seconds"]}
-        ratio = _final_mask_ratio(out_dir / RUNS / point.hash / "metrics.jsonl")
-        if ratio is not None:
-            base["mask_ratio"] = ratio
-        base.update(detection.run_columns(result))
-        stacks.append((result["defense"], {a["name"] for a in result["attacks"]}))
-        if not result["attacks"]:
+                "utility_metric": result.utility.metric, "utility": result.utility.value,
+                "train_seconds": result.timing.train_seconds}
+        base.update(_summary_metrics(result.defense, out_dir / RUNS / point.hash / "metrics.jsonl"))
+        base.update(detection.run_columns(result.defense))
+        stacks.append((result.defense, {a.name for a in result.attacks}))
+        if not result.attacks:
             rows.append({**base, "attack": None})
             repeats.append(([], None))
             worst_repeats.append(([], None))
-        for a in result["attacks"]:
-            leakage = attack_leakage(a)
-            own = [float(v) for v in a.get("leakages") or [leakage]]
-            undefended_repeats = a.get("undefended_leakages")
-            if undefended_repeats is None and a.get("undefended_leakage") is not None:
-                undefended_repeats = [a["undefended_leakage"]]
-            if undefended_repeats is None and not result["defense"]:
+        for a in result.attacks:
+            leakage = a.leakage  # rescored by from_dict for results written before leakage had one scale
+            own = [float(v) for v in a.leakages or [leakage]]
+            undefended_repeats = a.undefended_leakages
+            if undefended_repeats is None and a.undefended_leakage is not None:
+                undefended_repeats = [a.undefended_leakage]
+            if undefended_repeats is None and not result.defense:
                 undefended_repeats = own
             undefended = (sum(undefended_repeats) / len(undefended_repeats)) if undefended_repeats else math.nan
-            worst = [float(v) for v in a.get("leakages_worst") or []]
-            undefended_worst = [float(v) for v in a.get("undefended_leakages_worst") or []]
-            if not undefended_worst and worst and not result["defense"]:
+            worst = [float(v) for v in a.leakages_worst or []]
+            undefended_worst = [float(v) for v in a.undefended_leakages_worst or []]
+            if not undefended_worst and worst and not result.defense:
                 undefended_worst = worst
-            search = a.get("details", {}).get("search") or {}
-            rows.append({**base, "attack": a["name"], "attack_target": a["target"], "attack_metric": a["metric"],
-                         "attack_direction": a.get("direction"),
-                         "selection": a.get("details", {}).get("selection", "unknown"),
-                         "attack_value": a["value"], "prior": a["prior"], "prior_name": a["prior_name"],
+            search = a.details.get("search") or {}
+            rows.append({**base, "attack": a.name, "attack_target": a.target, "attack_metric": a.metric,
+                         "attack_direction": a.direction,
+                         "selection": a.details.get("selection", "unknown"),
+                         "attack_value": a.value, "prior": a.prior, "prior_name": a.prior_name,
                          "leakage": leakage, "repeats": len(own), "undefended_leakage": undefended,
                          "search": search.get("status", ""),
-                         "attacker_setting": (json.dumps(a["attacker_setting"], sort_keys=True)
-                                              if a.get("attacker_setting") is not None else ""),
+                         "attacker_setting": (json.dumps(a.attacker_setting, sort_keys=True)
+                                              if a.attacker_setting is not None else ""),
                          "leakage_worst": sum(worst) / len(worst) if worst else math.nan,
                          "undefended_leakage_worst": (sum(undefended_worst) / len(undefended_worst)
                                                       if undefended_worst else math.nan)})

@@ -28,9 +28,9 @@ from typing import Any
 
 from vflbench.defenses import DEFENSES
 from vflbench.experiment.config import ConfigError, ExperimentConfig, apply_override, build_config
-from vflbench.experiment.results import write_json
+from vflbench.experiment.results import RunResult, read_result, write_json
 from vflbench.experiment.sweep import RUNS, SEARCHED, SweepPoint, collect, is_done
-from vflbench.metrics.scores import attack_leakage, leaks
+from vflbench.metrics.scores import leaks
 from vflbench.metrics.stats import Interval, mean_interval
 
 log = logging.getLogger(__name__)
@@ -48,13 +48,13 @@ class TuneResult:
     chosen: dict[str, Any] | None = None
 
 
-def _evaluate(cfg: ExperimentConfig, out: Path, data_root: str | None) -> dict[str, Any]:
+def _evaluate(cfg: ExperimentConfig, out: Path, data_root: str | None) -> RunResult:
     from vflbench.experiment.run import run_experiment
 
     point = SweepPoint(cfg, {})
     if not is_done(out, point):
         run_experiment(cfg, out_dir=out / RUNS, data_root=data_root)
-    return json.loads((out / RUNS / point.hash / "result.json").read_text())
+    return read_result(out / RUNS / point.hash / "result.json")
 
 
 def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: float, high: float, steps: int = 6,
@@ -97,14 +97,13 @@ def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: floa
             point = SweepPoint(build_config({**raw, "seed": seed}), {**knobs, "seed": seed})
             points.append(point)
             results.append((seed, _evaluate(point.config, out, data_root)))
-        utility = sum(r["utility"]["value"] for _, r in results) / len(results)
+        utility = sum(r.utility.value for _, r in results) / len(results)
         leakage: dict[str, Interval] = {}
         for i, spec in enumerate(cfg.attacks):
             label = spec.name if spec.name not in leakage else f"{spec.name}#{i}"
-            leakage[label] = mean_interval({seed: [float(v) for v in r["attacks"][i].get("leakages")
-                                                   or [attack_leakage(r["attacks"][i])]] for seed, r in results},
-                                           cfg.evaluation.confidence)
-            searched = {seed: [float(v) for v in r["attacks"][i].get("leakages_worst") or []] for seed, r in results}
+            leakage[label] = mean_interval({seed: [float(v) for v in r.attacks[i].leakages or [r.attacks[i].leakage]]
+                                            for seed, r in results}, cfg.evaluation.confidence)
+            searched = {seed: [float(v) for v in r.attacks[i].leakages_worst or []] for seed, r in results}
             if any(searched.values()):
                 leakage[label + SEARCHED] = mean_interval(searched, cfg.evaluation.confidence)
         return utility, leakage

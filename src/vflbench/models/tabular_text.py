@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vflbench.models.registry import MODELS
+from vflbench.models.registry import EMBEDDING, MODELS
+from vflbench.registry import MAX_WIDTH, WIDTH, Param
 
 
 class EmbeddingMLP(nn.Module):
@@ -49,9 +50,6 @@ class EmbeddingMLP(nn.Module):
                              f"[0, {n_features}), got {tuple(categorical)}")
         if any(c < 1 for c in cardinalities):
             raise ValueError(f"emb_mlp: cardinalities must be positive, got {tuple(cardinalities)}")
-        if embedding_dim < 1 or hidden < 1:
-            raise ValueError(f"emb_mlp: embedding_dim and hidden must be positive, "
-                             f"got {embedding_dim}, {hidden}")
         numeric = [i for i in range(n_features) if i not in set(categorical)]
         self.register_buffer("numeric_index", torch.tensor(numeric, dtype=torch.long),
                              persistent=False)
@@ -69,7 +67,8 @@ class EmbeddingMLP(nn.Module):
         return self.mlp(torch.cat(parts, dim=1))
 
 
-@MODELS.register("emb_mlp", summary="embeddings for categorical columns + 2 FC layers (Criteo)")
+@MODELS.register("emb_mlp", constraints={"embedding_dim": EMBEDDING, "hidden": WIDTH},
+                 summary="embeddings for categorical columns + 2 FC layers (Criteo)")
 def emb_mlp(*, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None = None,
             embedding_dim: int = 8, hidden: int = 64) -> nn.Module:
     """Embed meta['categorical'] columns, concat with numeric ones -> Linear -> ReLU -> Linear."""
@@ -101,9 +100,6 @@ class TextCNN(nn.Module):
         if len(input_shape) != 1:
             raise ValueError(f"text_cnn needs token ids of shape (L,), got {tuple(input_shape)}")
         length = int(input_shape[0])
-        if embedding_dim < 1 or n_filters < 1 or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"text_cnn: embedding_dim and n_filters must be positive and dropout "
-                             f"in [0, 1), got {embedding_dim}, {n_filters}, {dropout}")
         widths = [int(w) for w in filter_widths if 1 <= int(w) <= length]
         if not widths:
             shortest = min(filter_widths, default=1)
@@ -121,7 +117,10 @@ class TextCNN(nn.Module):
         return self.classifier(self.dropout(torch.cat(pooled, dim=1)))
 
 
-@MODELS.register("text_cnn", summary="Kim (2014) CNN: embedding, conv widths 3/4/5, max over time")
+@MODELS.register("text_cnn", constraints={
+    "embedding_dim": EMBEDDING, "filter_widths": Param("tokens each convolution spans", ge=1),
+    "n_filters": Param("filters per width", ge=1, le=MAX_WIDTH), "dropout": Param("dropout rate", ge=0, lt=1)},
+                 summary="Kim (2014) CNN: embedding, conv widths 3/4/5, max over time")
 def text_cnn(*, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None = None,
              embedding_dim: int = 64, filter_widths: Sequence[int] = (3, 4, 5), n_filters: int = 64,
              dropout: float = 0.0) -> nn.Module:

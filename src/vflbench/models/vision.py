@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from vflbench.models.registry import MODELS
+from vflbench.models.registry import CHANNELS, MODELS, MULTIPLIER
 
 # Simonyan & Zisserman (2015), Table 1, configuration B; "M" is a 2x2 max-pool.
 VGG13_CONFIG: tuple[int | str, ...] = (64, 64, "M", 128, 128, "M", 256, 256, "M",
@@ -38,12 +38,6 @@ def _scaled(channels: int, width_multiplier: float) -> int:
     return max(1, int(round(channels * width_multiplier)))
 
 
-def _check_multiplier(width_multiplier: float, name: str) -> None:
-    """Raise ValueError unless ``width_multiplier`` is positive."""
-    if not width_multiplier > 0:
-        raise ValueError(f"{name}: width_multiplier must be positive, got {width_multiplier}")
-
-
 class VGG13(nn.Module):
     """VGG-13 (Simonyan & Zisserman, ICLR 2015, config B) with BatchNorm, CIFAR style.
 
@@ -60,7 +54,6 @@ class VGG13(nn.Module):
                  width_multiplier: float = 1.0) -> None:
         super().__init__()
         channels, height, width = _image_shape(input_shape, "vgg13")
-        _check_multiplier(width_multiplier, "vgg13")
         layers: list[nn.Module] = []
         for item in VGG13_CONFIG:
             if item == "M":
@@ -82,7 +75,8 @@ class VGG13(nn.Module):
         return self.classifier(self.pool(self.features(x)).flatten(1))
 
 
-@MODELS.register("vgg13", summary="VGG-13 with BatchNorm, CIFAR variant (VMask's CIFAR model)")
+@MODELS.register("vgg13", constraints={"width_multiplier": MULTIPLIER},
+                 summary="VGG-13 with BatchNorm, CIFAR variant (VMask's CIFAR model)")
 def vgg13(*, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None = None,
           width_multiplier: float = 1.0) -> nn.Module:
     """VGG-13 (config B) for an image strip (C, H, W); ``width_multiplier`` scales channels."""
@@ -133,7 +127,6 @@ class ResNet18(nn.Module):
                  width_multiplier: float = 1.0) -> None:
         super().__init__()
         channels, _, _ = _image_shape(input_shape, "resnet18")
-        _check_multiplier(width_multiplier, "resnet18")
         stem = _scaled(RESNET18_CHANNELS[0], width_multiplier)
         self.stem = nn.Sequential(nn.Conv2d(channels, stem, 3, padding=1, bias=False),
                                   nn.BatchNorm2d(stem), nn.ReLU())
@@ -154,7 +147,7 @@ class ResNet18(nn.Module):
         return self.classifier(self.pool(self.layers(self.stem(x))).flatten(1))
 
 
-@MODELS.register("resnet18",
+@MODELS.register("resnet18", constraints={"width_multiplier": MULTIPLIER},
                  summary="ResNet-18, CIFAR variant (VMask's and Kang et al.'s CIFAR model)")
 def resnet18(*, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None = None,
              width_multiplier: float = 1.0) -> nn.Module:
@@ -176,8 +169,8 @@ class Conv2(nn.Module):
                  channels: Sequence[int] = (32, 64)) -> None:
         super().__init__()
         in_channels, height, width = _image_shape(input_shape, "conv2")
-        if len(channels) != 2 or min(channels) < 1:
-            raise ValueError(f"conv2: channels must be two positive counts, got {tuple(channels)}")
+        if len(channels) != 2:
+            raise ValueError(f"conv2: channels must be two counts, got {tuple(channels)}")
         c1, c2 = (int(c) for c in channels)
         h, w = height // 4, width // 4
         if h < 1 or w < 1:
@@ -193,7 +186,8 @@ class Conv2(nn.Module):
         return self.classifier(self.features(x))
 
 
-@MODELS.register("conv2", summary="2 conv layers + projection (Kang et al.'s FMNIST model)")
+@MODELS.register("conv2", constraints={"channels": CHANNELS},
+                 summary="2 conv layers + projection (Kang et al.'s FMNIST model)")
 def conv2(*, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None = None,
           channels: Sequence[int] = (32, 64)) -> nn.Module:
     """Two 5x5 conv + ReLU + max-pool stages and a Linear projection for a strip (C, H, W)."""
@@ -214,8 +208,8 @@ class ConvMap(nn.Module):
     def __init__(self, input_shape: Sequence[int], out_dim: int, channels: Sequence[int] = (16, 16)) -> None:
         super().__init__()
         in_channels, height, width = _image_shape(input_shape, "conv_map")
-        if len(channels) < 1 or min(int(c) for c in channels) < 1:
-            raise ValueError(f"conv_map: channels must be one or more positive counts, got {tuple(channels)}")
+        if len(channels) < 1:
+            raise ValueError(f"conv_map: channels must be one or more counts, got {tuple(channels)}")
         last = int(channels[-1])
         if out_dim != last * height * width:
             raise ValueError(f"conv_map outputs channels[-1] x H x W = {last} x {height} x {width} = "
@@ -234,7 +228,8 @@ class ConvMap(nn.Module):
         return self.features(x).flatten(1)
 
 
-@MODELS.register("conv_map", summary="3x3 conv + BN + ReLU layers, no pooling/Linear: a pixel-aligned map "
+@MODELS.register("conv_map", constraints={"channels": CHANNELS},
+                 summary="3x3 conv + BN + ReLU layers, no pooling/Linear: a pixel-aligned map "
                                      "(URVFL's ClientNet)")
 def conv_map(*, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None = None,
              channels: Sequence[int] = (16, 16)) -> nn.Module:

@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from vflbench.models.registry import MODELS
+from vflbench.registry import WIDTH, Param
 
 
 def _mlp(in_dim: int, hidden: Sequence[int], out_dim: int) -> nn.Sequential:
@@ -27,14 +28,15 @@ def logreg(*, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | N
     return _mlp(math.prod(input_shape), (), out_dim)
 
 
-@MODELS.register("mlp2", summary="2 fully connected layers with ReLU")
+@MODELS.register("mlp2", constraints={"hidden": WIDTH}, summary="2 fully connected layers with ReLU")
 def mlp2(*, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None = None,
          hidden: int = 64) -> nn.Module:
     """Flatten -> Linear(hidden) -> ReLU -> Linear(out_dim)."""
     return _mlp(math.prod(input_shape), (hidden,), out_dim)
 
 
-@MODELS.register("mlp3", summary="3 fully connected layers with ReLU (VMask's MLP3)")
+@MODELS.register("mlp3", constraints={"hidden": Param("units of the two hidden layers", ge=1, le=WIDTH.le)},
+                 summary="3 fully connected layers with ReLU (VMask's MLP3)")
 def mlp3(*, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None = None,
          hidden: Sequence[int] = (256, 128)) -> nn.Module:
     """Flatten -> Linear -> ReLU -> Linear -> ReLU -> Linear(out_dim)."""

@@ -137,6 +137,9 @@ class Defense(Params):
     #: Parties beside the federation's that this defense needs (VMask's trusted dealer: ``"dealer"``);
     #: the experiment runs each with :meth:`start_party` at its own endpoint, in one process or as its own.
     extra_parties: ClassVar[tuple[str, ...]] = ()
+    #: Keys of :meth:`on_epoch_end` whose value after the last epoch summarises the run (a sweep's summary.csv
+    #: gets a column of each: VMask's ``mask_ratio``).
+    summary_metrics: ClassVar[tuple[str, ...]] = ()
 
     #: Whether :meth:`state_dict` / :meth:`load_state_dict` hold everything this party's instance needs to continue
     #: a run from an epoch checkpoint (``--resume`` of parties in separate processes).

@@ -12,7 +12,7 @@ import pandas as pd
 
 from vflbench.errors import VFLBenchError
 from vflbench.experiment import detection
-from vflbench.experiment.results import write_atomic
+from vflbench.experiment.results import read_result, write_atomic
 from vflbench.experiment.sweep import NO_DEFENSE, RUNS, with_searched
 from vflbench.report import plots
 
@@ -41,12 +41,12 @@ def _curves(directory: Path, summary: pd.DataFrame) -> pd.DataFrame:
         path = directory / RUNS / str(run_hash) / "result.json"
         if not path.is_file():
             continue
-        result = json.loads(path.read_text())
+        result = read_result(path)
         first = group.iloc[0]
         label = first["defense"] if pd.isna(first["strength"]) else f"{first['defense']} {first['strength']:g}"
-        for a in result["attacks"]:
-            if a.get("per_epoch"):
-                rows.append({"attack": a["name"], "label": label, "values": np.asarray(a["per_epoch"])})
+        for a in result.attacks:
+            if a.per_epoch:
+                rows.append({"attack": a.name, "label": label, "values": np.asarray(a.per_epoch)})
     return pd.DataFrame(rows)
 
 

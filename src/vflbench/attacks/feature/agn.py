@@ -63,8 +63,6 @@ class AGN(MaliciousActiveAttack):
                          target_split=target_split, n_targets=n_targets, aux_batch_size=aux_batch_size, lr=lr,
                          shadow_model=shadow_model, shadow_options=shadow_options, hidden=hidden,
                          decoder_width=decoder_width)
-        if disc_lr <= 0:
-            raise ValueError("disc_lr must be > 0")
         self.disc_lr = disc_lr
 
     def build(self, party: ActiveParty, aux: AuxData, generator: torch.Generator) -> Adversary:  # noqa: D102

@@ -1,9 +1,9 @@
 """Shared machinery of the malicious active-party feature attacks (DMAVFL, AGN, FSHA).
 
-A malicious active party (DMAVFL §3.2) replaces the honest training task: :meth:`corrupt`
-swaps the party's ``step`` (and, where the attack has a classifier, ``predict``) for the
-attack's own, by setting instance attributes on the party, so the training loop itself is
-unchanged and the victim applies whatever cut gradient the attack sends. The attack's models
+A malicious active party (DMAVFL §3.2) replaces the honest training task: :meth:`install`
+returns a :class:`Takeover` hook that replaces the party's ``step`` (and, where the attack has a
+classifier, ``predict``) by the attack's own, so the training loop itself is unchanged and the
+victim applies whatever cut gradient the attack sends. The attack's models
 (shadow model, decoder, discriminator) are added to what the party's ``models()`` returns, so
 that they are checkpointed and reach the attacker's :class:`PartyView` (deep copies) after
 training. The adversary's own bottom model f_a is the active party's bottom model.
@@ -25,7 +25,7 @@ Models (DMAVFL Appendix B, Table 10, adapted to our flat embeddings):
   LeakyReLU(0.2) (URVFL's CNN discriminators act on spatial feature maps, which our bottoms do
   not output); DMAVFL's DAC can be a CNN on the embedding viewed as a map (:class:`ConvDAC`).
 
-All attack models are initialised from the generator the runner passes to ``corrupt`` (the
+All attack models are initialised from the generator the runner grants to ``install`` (the
 attack's own stream); auxiliary batches are drawn from the same generator.
 """
 
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
@@ -45,12 +45,12 @@ from vflbench.attacks.base import (
     Attack,
     AuxData,
     FeatureInference,
-    KnownLabels,
     PartyView,
     Phase,
     ReceivedEmbeddings,
     Scenario,
     Target,
+    ThreatGrant,
     require,
     require_training,
     victims_of,
@@ -60,6 +60,8 @@ from vflbench.errors import ConfigError
 from vflbench.models import build_bottom, init_parameters
 from vflbench.protocol import ActiveParty
 from vflbench.protocol.hooks import PartyHook, PredictFn, StepFn
+from vflbench.protocol.party import Party
+from vflbench.registry import BATCH, LEARNING_RATE, MAX_WIDTH, WIDTH, Param
 
 THREAT = "malicious active party with auxiliary labelled samples of the victim's feature space"
 DMAVFL_PAPER = ("Yao et al., Leveraging Label Information for Stealthy Data Stealing in Vertical Federated Learning "
@@ -332,6 +334,22 @@ class Adversary:
     optimizers: dict[str, torch.optim.Optimizer]
 
 
+
+#: The parameters every feature attack takes: its auxiliary set and its targets.
+AUX_CONSTRAINTS: Mapping[str, Param] = {
+    "victim": Param("the passive party whose features are reconstructed"),
+    "aux_size": Param("auxiliary rows, a count (takes precedence over aux_fraction)", ge=1),
+    "aux_fraction": Param("auxiliary rows, a share of the training split", gt=0),
+    "aux_classes": Param("the classes the auxiliary rows are drawn from (null: all)"),
+    "target_split": Param("the split whose rows are reconstructed"),
+    "n_targets": Param("rows of target_split reconstructed and scored (null: all)", ge=1),
+    "shadow_model": Param("the attacker's model of the victim's bottom model (null: the victim's architecture)"),
+    "shadow_options": Param("options of shadow_model")}
+#: The decoder's sizes, where an attack trains one.
+DECODER_CONSTRAINTS: Mapping[str, Param] = {
+    "hidden": WIDTH, "decoder_width": Param("channels of the image decoder (units of a tabular one)", ge=4,
+                                            le=MAX_WIDTH)}
+
 class MaliciousActiveAttack(Attack):
     """Base of the malicious active-party feature attacks (target ``features``, phase ``malicious``).
 
@@ -350,6 +368,9 @@ class MaliciousActiveAttack(Attack):
     threat = THREAT
     party = "active"
     has_shadow: ClassVar[bool] = True
+    constraints: ClassVar[Mapping[str, Param]] = {
+        **AUX_CONSTRAINTS, "aux_batch_size": BATCH, "lr": LEARNING_RATE, "disc_lr": Param("the discriminator's (or "
+        "DAC's) learning rate", gt=0), **DECODER_CONSTRAINTS}
     #: epochs of honest training (the protocol's step) before the attack takes over; a subclass may take it as
     #: a parameter
     honest_epochs: int = 0
@@ -359,10 +380,6 @@ class MaliciousActiveAttack(Attack):
                  target_split: Literal["train", "test"] = "test", n_targets: int | None = None,
                  aux_batch_size: int = 128, lr: float = 1e-4, shadow_model: str | None = None,
                  shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64) -> None:
-        if target_split not in ("train", "test"):
-            raise ValueError(f"target_split must be 'train' or 'test', got {target_split!r}")
-        if aux_batch_size < 1 or hidden < 1 or decoder_width < 4 or lr <= 0:
-            raise ValueError("aux_batch_size and hidden must be >= 1, decoder_width >= 4 and lr > 0")
         self.victim = victim
         self.aux_size = aux_size
         self.aux_fraction = aux_fraction
@@ -385,12 +402,13 @@ class MaliciousActiveAttack(Attack):
         require_training(self, scenario, before=self.honest_epochs)
         self.scenario_ = scenario
 
-    def corrupt(self, party: Any, known: KnownLabels | None, aux: AuxData | None = None,
-                generator: torch.Generator | None = None) -> None:
-        """Build the adversary's models on ``aux``, run its pretraining, and take over ``step``."""
+    def install(self, party: Party, grant: ThreatGrant) -> Sequence[PartyHook]:
+        """Build the adversary's models on the granted auxiliary set, run its pretraining; the hook takes over the
+        party's ``step``."""
         require(isinstance(party, ActiveParty), self.name, "the attacker must be the active party")
+        aux, generator = grant.aux, grant.generator
         require(aux is not None and generator is not None, self.name, "it needs its auxiliary set (data.aux_pool)")
-        assert aux is not None and generator is not None
+        assert isinstance(party, ActiveParty) and aux is not None and generator is not None
         require(len(aux.ids) >= 2, self.name, "its auxiliary set needs at least 2 rows")
         require(takeover_by(party) is None, self.name,
                 f"the active party is already run by malicious attack {takeover_by(party)!r}; "
@@ -401,8 +419,8 @@ class MaliciousActiveAttack(Attack):
         models: dict[str, nn.Module] = {"decoder": s.decoder, "discriminator": s.discriminator}
         if s.shadow is not None:
             models["shadow"] = s.shadow
-        party.attach(Takeover(self.name, step=self._step, predict=self.predictor(s), models=models,
-                              honest_epochs=self.honest_epochs))
+        return (Takeover(self.name, step=self._step, predict=self.predictor(s), models=models,
+                         honest_epochs=self.honest_epochs),)
 
     # -- building blocks ----------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 The malicious active party steals the victim's features with a discriminator with auxiliary
 classifier (DAC) over 2C classes:
 
-1. **Pretraining** (Algorithm 1, in :meth:`corrupt`, ``pretrain_epochs`` passes over the aux
+1. **Pretraining** (Algorithm 1, in :meth:`install`, ``pretrain_epochs`` passes over the aux
    set, Adam ``lr``): the adversary's bottom f_a (its own slice), the encoder/shadow f_e (the
    victim's slice) and the decoder f_d minimise Eq. (1), ``MSE(f_d(f_a(x_a) || f_e(x_p)), x_p)``.
    f_a, f_e and f_d are then frozen. By default (``pretrain_epochs: null``) the pretraining takes
@@ -58,14 +58,14 @@ epochs; on the embedded datasets DMAVFL beats the aux-mean guess after 25 epochs
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vflbench.attacks.base import AuxData, FeatureInference, KnownLabels, PartyView, Scenario, require, victims_of
+from vflbench.attacks.base import AuxData, FeatureInference, PartyView, Scenario, ThreatGrant, require, victims_of
 from vflbench.attacks.feature.common import (
     DMAVFL_PAPER,
     Adversary,
@@ -81,7 +81,10 @@ from vflbench.attacks.feature.common import (
 from vflbench.attacks.registry import ATTACKS
 from vflbench.errors import ConfigError
 from vflbench.protocol import ActiveParty
+from vflbench.protocol.hooks import PartyHook
 from vflbench.protocol.messages import passive_names
+from vflbench.protocol.party import Party
+from vflbench.registry import EPOCHS, Param
 
 #: URVFL's pretraining (config_cifar.json): 20 epochs of 4,545 aux rows in batches of 128 (36 per epoch).
 URVFL_PRETRAIN_EPOCHS = 20
@@ -138,6 +141,18 @@ class DMAVFL(MaliciousActiveAttack):
                          "library's 10 it reconstructed worse than guessing the mean (breast_cancer MSE 49 and 56 "
                          "against 0.85, digits 0.077 against 0.068; docs/decisions/attacks.md, issue 25).")
 
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "pretrain_epochs": Param("epochs of pretraining on the auxiliary set (null: the paper's)", ge=0),
+        "decoder_output": Param("the decoder's output layer: tanh (URVFL) or sigmoid"),
+        "dac": Param("the DAC's architecture: mlp, cnn or cnn_bn (null: cnn when dac_map is given)"),
+        "dac_map": Param("the (C, H, W) map the victim's embedding is viewed as, for a CNN DAC", ge=1),
+        "dac_update": Param("the DAC's loss: paper (Eq. 5) or urvfl (L_D + L_M)"),
+        "decoder_map": Param("the (C, H, W) map an image decoder starts from", ge=1),
+        "honest_epochs": EPOCHS,
+        "shadow_mode": Param("the shadow model's mode: eval (URVFL's attack) or train (URVFL's detection runs)"),
+        "splitguard": Param("cooperative (train SplitGuard's fake batches as they come, DMAVFL's evaluation) or "
+                            "aware (recognise them and answer honestly)")}
+
     def __init__(self, *, victim: str | Sequence[str] = "passive_1", aux_size: int | None = None,
                  aux_fraction: float | None = None, aux_classes: Sequence[int] | None = None,
                  target_split: Literal["train", "test"] = "test",
@@ -154,38 +169,22 @@ class DMAVFL(MaliciousActiveAttack):
                          target_split=target_split, n_targets=n_targets, aux_batch_size=aux_batch_size, lr=lr,
                          shadow_model=shadow_model, shadow_options=shadow_options, hidden=hidden,
                          decoder_width=decoder_width)
-        if (pretrain_epochs is not None and pretrain_epochs < 0) or disc_lr <= 0 or honest_epochs < 0:
-            raise ValueError("pretrain_epochs and honest_epochs must be >= 0 and disc_lr > 0")
-        if decoder_output not in ("tanh", "sigmoid"):
-            raise ConfigError(f"dmavfl: decoder_output must be 'tanh' (URVFL) or 'sigmoid', got {decoder_output!r}")
-        if dac not in (None, "mlp", "cnn", "cnn_bn"):
-            raise ConfigError(f"dmavfl: dac must be 'mlp', 'cnn', 'cnn_bn' or null (cnn when dac_map is given), "
-                              f"got {dac!r}")
-        if dac_map is not None and (len(dac_map) != 3 or min(dac_map) < 1):
+        if dac_map is not None and len(dac_map) != 3:
             raise ConfigError(f"dmavfl: dac_map must be three positive sizes (C, H, W), got {dac_map!r}")
         if dac in ("cnn", "cnn_bn") and dac_map is None:
             raise ConfigError(f"dmavfl: dac {dac!r} needs dac_map, the (C, H, W) map the victim's embedding is viewed "
                               "as")
-        if dac_update not in ("paper", "urvfl"):
-            raise ConfigError(f"dmavfl: dac_update must be 'paper' (Eq. 5) or 'urvfl' (L_D + L_M), got {dac_update!r}")
         self.pretrain_epochs = pretrain_epochs
         self.disc_lr = disc_lr
         self.decoder_output = decoder_output
         self.dac = dac
         self.dac_map = dac_map
-        if decoder_map is not None and (len(decoder_map) != 3 or min(decoder_map) < 1):
+        if decoder_map is not None and len(decoder_map) != 3:
             raise ConfigError(f"dmavfl: decoder_map must be three positive sizes (C, H, W), got {decoder_map!r}")
         self.dac_update = dac_update
         self.decoder_map = decoder_map
         self.honest_epochs = honest_epochs
-        if shadow_mode not in ("eval", "train"):
-            raise ConfigError(f"dmavfl: shadow_mode must be 'eval' (URVFL's attack) or 'train' (URVFL's detection "
-                              f"runs), got {shadow_mode!r}")
         self.shadow_mode = shadow_mode
-        if splitguard not in ("cooperative", "aware"):
-            raise ConfigError(f"dmavfl: splitguard must be 'cooperative' (train SplitGuard's fake batches as they "
-                              f"come, DMAVFL's evaluation) or 'aware' (recognise them and answer honestly), got "
-                              f"{splitguard!r}")
         self.splitguard = splitguard
 
     def check(self, scenario: Scenario) -> None:
@@ -262,13 +261,12 @@ class DMAVFL(MaliciousActiveAttack):
         batches = math.ceil(n_aux / self.aux_batch_size)
         return max(URVFL_PRETRAIN_EPOCHS, math.ceil(URVFL_PRETRAIN_STEPS / batches))
 
-    def corrupt(self, party: Any, known: KnownLabels | None, aux: AuxData | None = None,
-                generator: torch.Generator | None = None) -> None:
-        """Build, pretrain and take over the step (:meth:`MaliciousActiveAttack.corrupt`); count the batches
+    def install(self, party: Party, grant: ThreatGrant) -> Sequence[PartyHook]:
+        """Build, pretrain and take over the step (:meth:`MaliciousActiveAttack.install`); count the batches
         answered honestly (``honest_batches_``, ``splitguard: aware``)."""
         self.honest_batches_ = 0
         self.malicious_batches_ = 0
-        super().corrupt(party, known, aux, generator)
+        return super().install(party, grant)
 
     def relabelled(self, party: ActiveParty, ids: Tensor) -> bool:
         """Whether the labels the party is given for batch ``ids`` differ from the ones it stores (SplitGuard's fake

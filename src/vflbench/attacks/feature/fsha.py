@@ -29,8 +29,8 @@ Adaptations (documented judgement calls):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +40,7 @@ from vflbench.attacks.base import AuxData
 from vflbench.attacks.feature.common import Adversary, AuxBatches, MaliciousActiveAttack, decoder_for, mlp, seeded
 from vflbench.attacks.registry import ATTACKS
 from vflbench.protocol import ActiveParty
+from vflbench.registry import NON_NEGATIVE, Param
 
 FSHA_PAPER = ("Pasquini, Ateniese, Bernaschi, Unleashing the Tiger: Inference Attacks on Split Learning (CCS 2021); "
               "pasquini-dario/SplitNN_FSHA; VFL port as in duanyiyao/URVFL baseline_module.py")
@@ -73,6 +74,9 @@ class FSHA(MaliciousActiveAttack):
                          "against 0.068) and did not after 25 (breast_cancer 0.85 and 0.84, digits 0.48 and 0.13); it "
                          "still did not beat the mean guess on digits (docs/decisions/attacks.md, issue 25).")
 
+    constraints: ClassVar[Mapping[str, Param]] = {"gradient_penalty": NON_NEGATIVE,
+                                                  "wgan": Param("train the discriminator as a WGAN-GP critic")}
+
     def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = None,
                  aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
                  n_targets: int | None = None, aux_batch_size: int = 128, lr: float = 1e-5, disc_lr: float = 1e-4,
@@ -82,8 +86,6 @@ class FSHA(MaliciousActiveAttack):
                          target_split=target_split, n_targets=n_targets, aux_batch_size=aux_batch_size, lr=lr,
                          shadow_model=shadow_model, shadow_options=shadow_options, hidden=hidden,
                          decoder_width=decoder_width)
-        if disc_lr <= 0 or gradient_penalty < 0:
-            raise ValueError("disc_lr must be > 0 and gradient_penalty >= 0")
         self.disc_lr = disc_lr
         self.gradient_penalty = gradient_penalty
         self.wgan = wgan

@@ -34,6 +34,7 @@ from typing import Any, ClassVar, Literal
 from vflbench.attacks.base import FeatureInference, PartyView, Phase, Scale
 from vflbench.attacks.feature.honest import CuriousActiveAttack, fit_regression, invert_embeddings
 from vflbench.attacks.registry import ATTACKS
+from vflbench.registry import BATCH, EPOCHS, LEARNING_RATE, NON_NEGATIVE, Param
 
 PAPER = ("GIA as described and evaluated in DMAVFL (Yao et al., arXiv 2404.19582) §2.1/§6.2, ref. [18]; "
          "URVFL's gia_attack")
@@ -57,6 +58,12 @@ class GIA(CuriousActiveAttack):
         "shadow_lr": (1e-4, 1e-3, 1e-2), "opt_lr": (1e-3, 1e-2, 1e-1), "opt_steps": (Scale(1.0), Scale(4.0))}
     """The shadow's fit and the per-row inversion, both after training."""
 
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "shadow_epochs": EPOCHS, "shadow_lr": LEARNING_RATE, "batch_size": BATCH,
+        "opt_steps": Param("optimisation steps per row", ge=0), "opt_lr": LEARNING_RATE,
+        "bounds": Param("clamp reconstructions to the auxiliary set's range ('aux') or not (null)"),
+        "init": Param("the starting point of the optimisation"), "tv_weight": NON_NEGATIVE}
+
     def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,
                  aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
                  n_targets: int | None = None, shadow_epochs: int = 50, shadow_lr: float = 1e-4,
@@ -67,14 +74,6 @@ class GIA(CuriousActiveAttack):
         super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
                          target_split=target_split, n_targets=n_targets, shadow_model=shadow_model,
                          shadow_options=shadow_options)
-        if shadow_epochs < 0 or batch_size < 1 or opt_steps < 0 or shadow_lr <= 0 or opt_lr <= 0:
-            raise ValueError("shadow_epochs and opt_steps must be >= 0, batch_size >= 1, shadow_lr and opt_lr > 0")
-        if bounds not in (None, "aux"):
-            raise ValueError(f"bounds must be null or 'aux', got {bounds!r}")
-        if init not in ("zeros", "aux_mean"):
-            raise ValueError(f"init must be 'zeros' or 'aux_mean', got {init!r}")
-        if tv_weight < 0:
-            raise ValueError(f"tv_weight must be >= 0, got {tv_weight}")
         self.shadow_epochs = shadow_epochs
         self.shadow_lr = shadow_lr
         self.batch_size = batch_size

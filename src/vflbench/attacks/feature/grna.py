@@ -47,6 +47,7 @@ from vflbench.attacks.feature.honest import (
     permutation_batches,
 )
 from vflbench.attacks.registry import ATTACKS
+from vflbench.registry import BATCH, EPOCHS, LEARNING_RATE, NON_NEGATIVE, WIDTH, Param
 
 PAPER = ("Luo et al., Feature Inference Attack on Model Predictions in Vertical Federated Learning (GRNA, ICDE 2021); "
          "xinjianluo/featureinference-vfl; evaluated in DMAVFL §6.2 (Yao et al., arXiv 2404.19582)")
@@ -93,6 +94,12 @@ class GRNA(CuriousActiveAttack):
         "lr": (1e-4, 1e-3), "epochs": (Scale(0.5), Scale(1.0), Scale(2.0)), "var_lambda": (0.0, 0.25, 1.0)}
     """The generator's training after training (what it kept during training is not searched)."""
 
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "epochs": EPOCHS, "batch_size": BATCH, "lr": LEARNING_RATE, "var_lambda": NON_NEGATIVE,
+        "mean_lambda": NON_NEGATIVE, "hidden": Param("the generator's hidden widths", ge=1, le=WIDTH.le),
+        "victim_model": Param("a shadow model trained on the auxiliary set, or the victim's own (white box)"),
+        "shadow_epochs": EPOCHS, "shadow_lr": LEARNING_RATE, "shadow_batch_size": BATCH}
+
     def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,
                  aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
                  n_targets: int | None = None, epochs: int = 60, batch_size: int = 64, lr: float = 1e-4,
@@ -103,13 +110,6 @@ class GRNA(CuriousActiveAttack):
         super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
                          target_split=target_split, n_targets=n_targets, shadow_model=shadow_model,
                          shadow_options=shadow_options)
-        if epochs < 0 or batch_size < 1 or lr <= 0 or var_lambda < 0 or mean_lambda < 0 or any(h < 1 for h in hidden):
-            raise ValueError("epochs must be >= 0, batch_size and hidden widths >= 1, lr > 0, var_lambda and "
-                             "mean_lambda >= 0")
-        if victim_model not in ("shadow", "white_box"):
-            raise ValueError(f"victim_model must be 'shadow' or 'white_box', got {victim_model!r}")
-        if shadow_epochs < 0 or shadow_lr <= 0 or shadow_batch_size < 1:
-            raise ValueError("shadow_epochs must be >= 0, shadow_lr > 0, shadow_batch_size >= 1")
         self.epochs = epochs
         self.batch_size = batch_size
         self.lr = lr

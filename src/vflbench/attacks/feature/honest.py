@@ -36,7 +36,7 @@ auxiliary rows are unknown. Victim features must be real-valued (not token ids o
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, Literal
 
@@ -47,22 +47,23 @@ from torch import Tensor, nn
 from vflbench.attacks.base import (
     Attack,
     AuxData,
-    KnownLabels,
     PartyView,
     Phase,
     ReceivedEmbeddings,
     Scenario,
     Target,
+    ThreatGrant,
     require,
     require_training,
 )
-from vflbench.attacks.feature.common import EVAL_CHUNK, class_indices, received_from
+from vflbench.attacks.feature.common import AUX_CONSTRAINTS, EVAL_CHUNK, class_indices, received_from
 from vflbench.data.base import PartySlice
 from vflbench.errors import CompatibilityError
 from vflbench.models import build_bottom
 from vflbench.protocol import ActiveParty
 from vflbench.protocol.hooks import PartyHook, StepFn
-from vflbench.protocol.party import aggregate
+from vflbench.protocol.party import Party, aggregate
+from vflbench.registry import Param
 
 THREAT = ("honest-but-curious active party with auxiliary labelled samples of the victim's feature space; "
           "it follows the protocol and only computes on what it holds and receives")
@@ -262,7 +263,7 @@ def expose_models(party: ActiveParty, prefix: str, models: dict[str, nn.Module])
 class CuriousActiveAttack(Attack):
     """Base of the honest-but-curious active-party feature attacks.
 
-    Subclasses build their training-time state in :meth:`setup` (called from :meth:`corrupt`),
+    Subclasses build their training-time state in :meth:`setup` (called from :meth:`install`),
     do their per-step side computation in :meth:`on_step` (when ``observes_steps``), and
     reconstruct in :meth:`infer`. ``records_aux()`` says whether the observer keeps the victim
     embeddings of the aux rows; ``uses_top()`` whether the attack runs the top model (which needs
@@ -276,6 +277,7 @@ class CuriousActiveAttack(Attack):
     party = "active"
     observes_steps: ClassVar[bool] = False
     victim: str
+    constraints: ClassVar[Mapping[str, Param]] = AUX_CONSTRAINTS
 
     def __init__(self, *, victim: str, aux_size: int | None, aux_fraction: float | None,
                  aux_classes: Sequence[int] | None, target_split: Literal["train", "test"],
@@ -283,10 +285,6 @@ class CuriousActiveAttack(Attack):
         if aux_size is None and aux_fraction is None and not self.aux_disjoint:
             raise ValueError("a feature attack whose auxiliary rows are trained on needs an auxiliary set: give "
                              "aux_size or aux_fraction")
-        if target_split not in ("train", "test"):
-            raise ValueError(f"target_split must be 'train' or 'test', got {target_split!r}")
-        if n_targets is not None and n_targets < 1:
-            raise ValueError(f"n_targets must be >= 1, got {n_targets}")
         self.victim = victim
         self.aux_size = aux_size
         self.aux_fraction = aux_fraction
@@ -318,13 +316,14 @@ class CuriousActiveAttack(Attack):
                     f"but the scenario has {scenario.num_parties - 1}")
         self.scenario_ = scenario
 
-    def corrupt(self, party: Any, known: KnownLabels | None, aux: AuxData | None = None,
-                generator: torch.Generator | None = None) -> None:
-        """Install the attacker's honest side computation on its own party (nothing it sends changes)."""
+    def install(self, party: Party, grant: ThreatGrant) -> Sequence[PartyHook]:
+        """Install the attacker's honest side computation on its own party (nothing it sends changes): its
+        training-time state, and an observer of the steps when it needs one."""
         require(isinstance(party, ActiveParty), self.name, "the attacker must be the active party")
+        aux, generator = grant.aux, grant.generator
         require(aux is not None and generator is not None, self.name,
                 "it needs its auxiliary set (aux_size or aux_fraction)")
-        assert aux is not None and generator is not None
+        assert isinstance(party, ActiveParty) and aux is not None and generator is not None
         require(len(aux.ids) >= 2, self.name, "its auxiliary set needs at least 2 rows")
         require(torch.is_floating_point(aux.victim), self.name,
                 "the victim's features are integer codes (tokens or categories), which it cannot reconstruct")
@@ -333,7 +332,8 @@ class CuriousActiveAttack(Attack):
         self.aux_seen_ = torch.zeros(len(aux.ids), dtype=torch.bool)
         self.setup(party, aux, generator)
         if self.observes_steps or self.records_aux():
-            party.attach(StepObserver(self.name, party, victim=self.victim, callback=self._observe(aux)))
+            return (StepObserver(self.name, party, victim=self.victim, callback=self._observe(aux)),)
+        return ()
 
     def setup(self, party: ActiveParty, aux: AuxData, generator: torch.Generator) -> None:
         """Build the training-time state (nothing by default)."""

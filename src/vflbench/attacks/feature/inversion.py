@@ -49,7 +49,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from vflbench.attacks.base import FeatureInference, PartyView, Scale, Scenario
-from vflbench.attacks.feature.common import decoder_for, seeded
+from vflbench.attacks.feature.common import DECODER_CONSTRAINTS, decoder_for, seeded
 from vflbench.attacks.feature.honest import (
     CuriousActiveAttack,
     apply_gradients,
@@ -60,6 +60,7 @@ from vflbench.attacks.feature.honest import (
     supervised_loss,
 )
 from vflbench.attacks.registry import ATTACKS
+from vflbench.registry import BATCH, EPOCHS, LEARNING_RATE, NON_NEGATIVE, Param
 
 PAPER = ("He, Zhang & Lee, Model Inversion Attacks Against Collaborative Inference (ACSAC 2019); "
          "Kang et al., A Framework for Evaluating Privacy-Utility Trade-off in VFL, §6.2 eq. 12 and §8.5.3")
@@ -88,6 +89,15 @@ class ModelInversion(CuriousActiveAttack):
     """Black box: the inverse network's learning rate and epochs; query-free: the shadow's learning rate, the
     inversion's learning rate and its TV weight (:meth:`search_grid` picks the mode's)."""
 
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "mode": Param("query_free (a shadow model, then optimisation) or black_box (an inverse network)"),
+        "shadow_epochs": EPOCHS, "shadow_lr": LEARNING_RATE, "batch_size": BATCH,
+        "halve_every": Param("steps between halvings of the inversion's learning rate", ge=1),
+        "steps": Param("optimisation steps", ge=0), "lr": LEARNING_RATE, "tv_weight": NON_NEGATIVE,
+        "l2_weight": NON_NEGATIVE, "bounds": Param("clamp reconstructions to the auxiliary set's range ('aux') or "
+                                                   "not (null)"),
+        "inverse_epochs": EPOCHS, "inverse_lr": LEARNING_RATE, **DECODER_CONSTRAINTS}
+
     def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,
                  aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
                  n_targets: int | None = None, mode: Literal["query_free", "black_box"] = "black_box",
@@ -99,16 +109,6 @@ class ModelInversion(CuriousActiveAttack):
         super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
                          target_split=target_split, n_targets=n_targets, shadow_model=shadow_model,
                          shadow_options=shadow_options)
-        if mode not in ("query_free", "black_box"):
-            raise ValueError(f"mode must be 'query_free' or 'black_box', got {mode!r}")
-        if min(shadow_epochs, steps, inverse_epochs) < 0 or batch_size < 1 or halve_every < 1:
-            raise ValueError("shadow_epochs, steps and inverse_epochs must be >= 0, batch_size and halve_every >= 1")
-        if min(shadow_lr, lr, inverse_lr) <= 0 or tv_weight < 0 or l2_weight < 0:
-            raise ValueError("learning rates must be > 0, tv_weight and l2_weight >= 0")
-        if bounds not in (None, "aux"):
-            raise ValueError(f"bounds must be null or 'aux', got {bounds!r}")
-        if hidden < 1 or decoder_width < 4:
-            raise ValueError("hidden must be >= 1 and decoder_width >= 4")
         self.mode = mode
         self.shadow_epochs = shadow_epochs
         self.shadow_lr = shadow_lr

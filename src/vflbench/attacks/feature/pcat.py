@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vflbench.attacks.base import AuxData, FeatureInference, PartyView, Phase, Scale
-from vflbench.attacks.feature.common import AuxBatches, decoder_for, seeded
+from vflbench.attacks.feature.common import DECODER_CONSTRAINTS, AuxBatches, decoder_for, seeded
 from vflbench.attacks.feature.honest import (
     CuriousActiveAttack,
     apply_gradients,
@@ -44,6 +44,7 @@ from vflbench.attacks.feature.honest import (
 )
 from vflbench.attacks.registry import ATTACKS
 from vflbench.protocol import ActiveParty
+from vflbench.registry import BATCH, EPOCHS, LEARNING_RATE, Param
 
 PAPER = ("Gao & Zhang, Feature Inference Attack on Split Learning with a Pseudo-Client (PCAT; IEEE TDSC 2024), "
          "adapted to VFL as in DMAVFL §6.2 (Yao et al., arXiv 2404.19582) / URVFL's pcat_attack")
@@ -70,6 +71,11 @@ class PCAT(CuriousActiveAttack):
         "decoder_lr": (1e-4, 1e-3, 1e-2), "decoder_epochs": (Scale(0.5), Scale(1.0), Scale(2.0))}
     """The decoder, trained after training (the pseudo-client, trained during training, is not searched)."""
 
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "aux_batch_size": BATCH, "lr": LEARNING_RATE, "shadow_steps": Param("pseudo-client steps per training step",
+                                                                             ge=0),
+        "decoder_epochs": EPOCHS, "decoder_lr": LEARNING_RATE, **DECODER_CONSTRAINTS}
+
     def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = None,
                  aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
                  n_targets: int | None = None, aux_batch_size: int = 128, lr: float = 1e-4, shadow_steps: int = 1,
@@ -78,11 +84,6 @@ class PCAT(CuriousActiveAttack):
         super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
                          target_split=target_split, n_targets=n_targets, shadow_model=shadow_model,
                          shadow_options=shadow_options)
-        if aux_batch_size < 1 or shadow_steps < 0 or decoder_epochs < 0 or hidden < 1 or decoder_width < 4:
-            raise ValueError("aux_batch_size and hidden must be >= 1, shadow_steps and decoder_epochs >= 0, "
-                             "decoder_width >= 4")
-        if lr <= 0 or decoder_lr <= 0:
-            raise ValueError("lr and decoder_lr must be > 0")
         self.aux_batch_size = aux_batch_size
         self.lr = lr
         self.shadow_steps = shadow_steps

@@ -40,7 +40,7 @@ the mean guess (docs/decisions/attacks.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vflbench.attacks.base import AuxData, FeatureInference, PartyView, Phase
-from vflbench.attacks.feature.common import AuxBatches, decoder_for, mlp, seeded
+from vflbench.attacks.feature.common import DECODER_CONSTRAINTS, AuxBatches, decoder_for, mlp, seeded
 from vflbench.attacks.feature.honest import (
     Conditional,
     CuriousActiveAttack,
@@ -62,6 +62,7 @@ from vflbench.attacks.feature.honest import (
 )
 from vflbench.attacks.registry import ATTACKS
 from vflbench.protocol import ActiveParty
+from vflbench.registry import BATCH, LEARNING_RATE, NON_NEGATIVE, Param
 
 PAPER = ("Zhu et al., Passive Inference Attacks on Split Learning via Adversarial Regularization (SDAR, NDSS 2025); "
          "zhxchd/SDAR_SplitNN; adapted to VFL as in DMAVFL §6.2 (Yao et al., arXiv 2404.19582)")
@@ -90,6 +91,15 @@ class SDAR(CuriousActiveAttack):
     phase: ClassVar[Phase] = "observer"
     observes_steps = True
 
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "aux_batch_size": BATCH, "e_lr": LEARNING_RATE, "d_lr": LEARNING_RATE, "lambda1": NON_NEGATIVE,
+        "lambda2": NON_NEGATIVE,
+        "e_dis_lr": Param("the encoder discriminator's learning rate (null: the original's default)", gt=0),
+        "d_dis_lr": Param("the decoder discriminator's learning rate (null: the original's default)", gt=0),
+        "label_dim": Param("width of the label embedding", ge=1), "attack_steps": Param("attack steps per training "
+                                                                                       "step", ge=0),
+        **DECODER_CONSTRAINTS}
+
     def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = None,
                  aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
                  n_targets: int | None = None, aux_batch_size: int = 128, e_lr: float = 1e-3, d_lr: float = 5e-4,
@@ -100,13 +110,6 @@ class SDAR(CuriousActiveAttack):
         super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
                          target_split=target_split, n_targets=n_targets, shadow_model=shadow_model,
                          shadow_options=shadow_options)
-        if aux_batch_size < 1 or label_dim < 1 or attack_steps < 0 or hidden < 1 or decoder_width < 4:
-            raise ValueError("aux_batch_size, label_dim and hidden must be >= 1, attack_steps >= 0, "
-                             "decoder_width >= 4")
-        if e_lr <= 0 or d_lr <= 0 or lambda1 < 0 or lambda2 < 0:
-            raise ValueError("e_lr and d_lr must be > 0, lambda1 and lambda2 >= 0")
-        if (e_dis_lr is not None and e_dis_lr <= 0) or (d_dis_lr is not None and d_dis_lr <= 0):
-            raise ValueError("e_dis_lr and d_dis_lr must be > 0 (or null for the original's defaults)")
         self.aux_batch_size = aux_batch_size
         self.e_lr = e_lr
         self.d_lr = d_lr

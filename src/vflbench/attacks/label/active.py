@@ -8,18 +8,20 @@ training it runs model completion on that bottom model.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
 from torch.optim import lr_scheduler
 
-from vflbench.attacks.base import AuxData, KnownLabels, LabelMetric, Phase, Prior, Selection, require
+from vflbench.attacks.base import LabelMetric, Phase, Prior, Selection, ThreatGrant, require
 from vflbench.attacks.label.model_completion import ModelCompletion
 from vflbench.attacks.registry import ATTACKS
 from vflbench.errors import CompatibilityError
 from vflbench.protocol import PassiveParty
+from vflbench.protocol.hooks import PartyHook
+from vflbench.protocol.party import Party
 
 
 class MaliciousSGD(torch.optim.Optimizer):
@@ -122,7 +124,7 @@ def rebuild_scheduler(old: lr_scheduler.LRScheduler, optimizer: torch.optim.Opti
 class ActiveModelCompletion(ModelCompletion):
     """Active model completion (Fu et al., §4.3): malicious local optimizer, then model completion.
 
-    Needs ``phase: malicious``: before training the runner calls :meth:`corrupt` on the
+    Needs ``phase: malicious``: before training the runner calls :meth:`install` on the
     attacker's own party only (never on another party), which replaces that party's optimizer
     with :class:`MaliciousSGD` over the same parameters with the same ``lr``, ``momentum``,
     ``dampening``, ``weight_decay`` and ``nesterov``, and moves the party's learning-rate
@@ -166,14 +168,14 @@ class ActiveModelCompletion(ModelCompletion):
         if min_ratio > max_ratio:
             raise ValueError(f"min_ratio ({min_ratio}) exceeds max_ratio ({max_ratio})")
 
-    def corrupt(self, party: Any, known: KnownLabels | None, aux: AuxData | None = None,
-                generator: torch.Generator | None = None) -> None:
-        """Replace the attacker's own optimizer by :class:`MaliciousSGD` (and move its schedule).
+    def install(self, party: Party, grant: ThreatGrant) -> Sequence[PartyHook]:
+        """Replace the attacker's own optimizer by :class:`MaliciousSGD` (and move its schedule); no hooks.
 
-        ``known`` is not used: the malicious optimizer needs no labels.
+        The granted labels are not used: the malicious optimizer needs none.
         """
         require(isinstance(party, PassiveParty) and party.optimizer is not None, self.name,
                 "it corrupts a passive party's own optimizer")
+        assert isinstance(party, PassiveParty) and party.optimizer is not None
         old = party.optimizer
         require(isinstance(old, torch.optim.SGD), self.name,
                 f"its malicious optimizer replaces SGD (Fu et al.'s setting), but the party uses "
@@ -189,3 +191,4 @@ class ActiveModelCompletion(ModelCompletion):
         party.optimizer = malicious
         if party.scheduler is not None:
             party.scheduler = rebuild_scheduler(party.scheduler, malicious)
+        return ()

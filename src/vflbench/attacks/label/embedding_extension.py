@@ -13,7 +13,7 @@ Following Algorithm 1:
 * Each outer epoch the client first runs ``inner_steps`` (EPOCH_NUM_2) steps of the inner loop
   on ``X_aux``: ``V_c = f(X_aux)`` (the bottom model is not changed by this loop), ``l = Corr(concat(
   V_c, g(V_c)), Y_aux)``, ``theta_g -= eta_1 * grad_g l`` (Adam here, ``generator_lr``). It is run
-  once in :meth:`corrupt` (before training) and after every epoch (a :class:`PartyHook` of its party).
+  once in :meth:`install` (before training) and after every epoch (a :class:`PartyHook` of its party).
 * ``g`` is updated ONLY by this inner loop: Algorithm 1's VFL update touches ``theta_t``,
   ``theta_bc`` and ``theta_bh``, never ``theta_g``. The host's cut gradient does flow THROUGH ``g``
   into the bottom model (``V_c`` feeds both halves of the upload), as the chain rule gives.
@@ -29,8 +29,8 @@ initialised from the attacker's own party generator (its own randomness).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -38,14 +38,13 @@ from torch import Tensor, nn
 
 from vflbench.attacks.base import (
     Attack,
-    AuxData,
-    KnownLabels,
     LabelInference,
     LabelMetric,
     PartyView,
     Prior,
     Scenario,
     Selection,
+    ThreatGrant,
     check_metric,
     require,
 )
@@ -55,6 +54,8 @@ from vflbench.metrics.correlation import distance_correlation
 from vflbench.models import init_parameters
 from vflbench.protocol import PassiveParty
 from vflbench.protocol.hooks import PartyHook
+from vflbench.protocol.party import Party
+from vflbench.registry import Param
 
 
 class ExtendedBottom(nn.Module):
@@ -96,18 +97,20 @@ class EmbeddingExtension(Attack):
     threat = ("malicious passive party holding labelled auxiliary rows, which controls the width and content "
               "of its uploaded embedding (defeats dCor-style defenses)")
 
+    constraints: ClassVar[Mapping[str, Param]] = {
+        **{k: v for k, v in ModelCompletion.constraints.items() if k != "momentum"},  # it takes no momentum
+        "known_per_class": Param("labelled auxiliary rows per class", ge=0),
+        "epochs": Param("fine-tuning passes", ge=0),
+        "perturb_dims": Param("width of the appended (perturbed) embedding", ge=1),
+        "inner_steps": Param("generator steps per batch", ge=0),
+        "generator_lr": Param("the generator's learning rate", gt=0)}
+
     def __init__(self, *, party: str = "passive_1", known_per_class: int = 100, perturb_dims: int = 4,
                  inner_steps: int = 50, generator_lr: float = 5e-2, epochs: int = 50,
                  optimizer: Literal["adam", "sgd"] = "adam", lr: float = 1e-3, batch_size: int | None = 16,
                  head_hidden: int = 64, finetune_bottom: bool = True, select: Selection = "last",
                  val_per_class: int = 1, prior: Prior = "local", every_epoch: bool = False,
                  metric: LabelMetric = "auto") -> None:
-        if perturb_dims < 1:
-            raise ValueError(f"perturb_dims must be at least 1, got {perturb_dims}")
-        if inner_steps < 0:
-            raise ValueError(f"inner_steps must be >= 0, got {inner_steps}")
-        if generator_lr <= 0:
-            raise ValueError(f"generator_lr must be > 0, got {generator_lr}")
         self.party = party
         self.known_per_class = known_per_class
         self.perturb_dims = perturb_dims
@@ -142,11 +145,13 @@ class EmbeddingExtension(Attack):
 
     # ------------------------------------------------------------------------------- corruption
 
-    def corrupt(self, party: Any, known: KnownLabels | None, aux: AuxData | None = None,
-                generator: torch.Generator | None = None) -> None:
-        """Wrap the party's bottom model as ``concat(f, g(f))`` and train ``g`` once (Algorithm 1)."""
+    def install(self, party: Party, grant: ThreatGrant) -> Sequence[PartyHook]:
+        """Wrap the party's bottom model as ``concat(f, g(f))`` and train ``g`` once (Algorithm 1); the hook trains
+        it again after every epoch."""
         require(isinstance(party, PassiveParty) and party.bottom is not None and party.data is not None, self.name,
                 "it corrupts a passive party's own bottom model")
+        assert isinstance(party, PassiveParty) and party.bottom is not None and party.data is not None
+        known = grant.known
         require(known is not None and len(known.ids) > 1, self.name, "it needs labelled auxiliary rows "
                 "(known_per_class >= 1)")
         assert known is not None
@@ -182,7 +187,7 @@ class EmbeddingExtension(Attack):
             return {f"{self.name}.{k}": val for k, val in record.items()}
 
         inner_loop(-1)
-        party.attach(_EveryEpoch(self.name, inner_loop))
+        return (_EveryEpoch(self.name, inner_loop),)
 
     # -------------------------------------------------------------------------------- inference
 

@@ -8,7 +8,8 @@ batches with a single class, as in Li et al.'s evaluation code.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,7 @@ from torch import Tensor
 
 from vflbench.attacks.base import Attack, LabelInference, PartyView, Scenario, Scores, binary_only, require
 from vflbench.attacks.registry import ATTACKS
+from vflbench.registry import LEARNING_RATE, Param
 
 
 def _epochs_ok(epoch: int, epochs: Sequence[int] | None) -> bool:
@@ -26,6 +28,11 @@ class _CutGradientAttack(Attack):
     reads = ("cut_gradient",)
     phase = "observer"
     repeatable = False  # a function of the transcript alone
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "party": Param("the passive party that attacks"),
+        "epochs": Param("the training epochs whose messages are used (null: all)", ge=0),
+        "known_per_class": Param("labelled rows per class the attacker knows", ge=0),
+        "iterations": Param("optimisation steps", ge=1), "lr": LEARNING_RATE}
 
     def __init__(self, *, party: str = "passive_1", epochs: list[int] | None = None) -> None:
         self.party = party

@@ -27,7 +27,6 @@ from vflbench.attacks.base import (
     Scenario,
     Scores,
     Selection,
-    check_metric,
     check_selection,
     require,
     split_validation,
@@ -36,6 +35,7 @@ from vflbench.attacks.label.model_completion import ModelCompletion, class_score
 from vflbench.attacks.registry import ATTACKS
 from vflbench.errors import CompatibilityError
 from vflbench.models import inference_head, init_parameters
+from vflbench.registry import BATCH, LEARNING_RATE, POSITIVE, Param
 
 #: Bottom models whose inputs are integer codes or token ids: mixing them up is meaningless.
 MIXUP_INCOMPATIBLE_BOTTOMS = frozenset({"text_cnn", "emb_mlp"})
@@ -127,6 +127,11 @@ class MixMatchCompletion(ModelCompletion):
     batch_size: int
     search_space: ClassVar[Mapping[str, tuple[Any, ...]]] = {
         "lr": (5e-4, 2e-3, 8e-3), "epochs": (Scale(0.5), Scale(1.0), Scale(2.0)), "lambda_u": (10.0, 50.0, 100.0)}
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "epochs": Param("MixMatch epochs", ge=1), "val_iteration": Param("steps per MixMatch epoch", ge=1),
+        "batch_size": BATCH, "lr": LEARNING_RATE, "alpha": Param("the Beta(alpha, alpha) of the mixing", gt=0),
+        "lambda_u": Param("weight of the unlabelled loss"), "temperature": POSITIVE,
+        "ema_decay": Param("decay of the weights' moving average", ge=0, le=1)}
 
     def __init__(self, *, party: str = "passive_1", known_per_class: int = 4, epochs: int = 10,
                  val_iteration: int = 1024, batch_size: int = 16, lr: float = 2e-3, alpha: float = 0.75,
@@ -151,13 +156,6 @@ class MixMatchCompletion(ModelCompletion):
         self.prior = prior
         self.every_epoch = every_epoch
         self.metric = metric
-        check_metric(self.name, metric)
-        if known_per_class < 1 or epochs < 1 or val_iteration < 1 or batch_size < 1:
-            raise ValueError("known_per_class, epochs, val_iteration and batch_size must be at least 1")
-        if alpha <= 0 or temperature <= 0 or lr <= 0:
-            raise ValueError("alpha, temperature and lr must be positive")
-        if not 0.0 <= ema_decay <= 1.0:
-            raise ValueError(f"ema_decay must lie in [0, 1], got {ema_decay}")
         check_selection(self.name, select, val_per_class, known_per_class)
 
     def check(self, scenario: Scenario) -> None:  # noqa: D102

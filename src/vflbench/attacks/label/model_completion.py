@@ -25,6 +25,7 @@ from vflbench.attacks.base import (
 )
 from vflbench.attacks.registry import ATTACKS
 from vflbench.models.finetune import class_scores, complete, predict, supervised_loss  # noqa: F401
+from vflbench.registry import LEARNING_RATE, WIDTH, Param
 
 
 @ATTACKS.register(summary="fine-tune an inference head on the trained bottom model with known labels")
@@ -48,6 +49,21 @@ class ModelCompletion(Attack):
     search_space: ClassVar[Mapping[str, tuple[Any, ...]]] = {
         "lr": (1e-4, 1e-3, 1e-2), "epochs": (Scale(0.5), Scale(1.0), Scale(2.0)), "optimizer": ("adam", "sgd"),
         "head_hidden": (32, 64, 128)}
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "party": Param("the passive party that attacks"),
+        "known_per_class": Param("labelled rows per class the attacker knows", ge=1),
+        "epochs": Param("fine-tuning passes", ge=1),
+        "optimizer": Param("the fine-tuning optimizer"),
+        "lr": LEARNING_RATE, "batch_size": Param("rows per fine-tuning batch (null: all known rows)", ge=1),
+        "head_hidden": WIDTH, "finetune_bottom": Param("fine-tune the bottom model too (else the head only)"),
+        "select": Param("which pass is reported: the last, the best on held-out known labels, or the best on "
+                        "the test split (an oracle, flagged)"),
+        "val_per_class": Param("known labels per class held out for select: validation", ge=1),
+        "prior": Param("the prior the leakage is measured against"),
+        "every_epoch": Param("also attack the model after every training epoch"),
+        "momentum": Param("SGD momentum", ge=0),
+        "metric": Param("how the inference is scored (auto: AUC for binary tasks, balanced accuracy for "
+                        "imbalanced ones, accuracy otherwise)")}
 
     def __init__(self, *, party: str = "passive_1", known_per_class: int = 4, epochs: int = 50,
                  optimizer: Literal["adam", "sgd"] = "adam", lr: float = 1e-3, batch_size: int | None = 16,
@@ -68,9 +84,6 @@ class ModelCompletion(Attack):
         self.every_epoch = every_epoch
         self.momentum = momentum
         self.metric = metric
-        check_metric(self.name, metric)
-        if known_per_class < 1 or epochs < 1:
-            raise ValueError("known_per_class and epochs must be at least 1")
         check_selection(self.name, select, val_per_class, known_per_class)
 
     def check(self, scenario) -> None:  # noqa: D102

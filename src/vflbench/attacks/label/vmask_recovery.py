@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Literal
 
@@ -46,11 +47,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vflbench.attacks.base import LabelInference, LabelMetric, PartyView, Prior, Selection
+from vflbench.attacks.base import LabelInference, LabelMetric, PartyView, Prior, Selection, ThreatGrant
 from vflbench.attacks.label.model_completion import ModelCompletion
 from vflbench.attacks.registry import ATTACKS
 from vflbench.mpc.masking import AttackerBottom, MaskableLayer, VMaskBottom
 from vflbench.mpc.observation import Opening
+from vflbench.protocol.hooks import PartyHook
+from vflbench.protocol.party import Party
+from vflbench.registry import Param
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +283,7 @@ def solve_conv(rec: LayerRecorder) -> tuple[Tensor, Tensor, dict[str, Any]]:
 class RecordedVMaskAttack(ModelCompletion):
     """Base of the attacks of a passive party P_k that keeps its own record of its VMask-masked layers.
 
-    Before training (:meth:`observe`, P_k's own code) it attaches a :class:`LayerRecorder` to every
+    Before training (:meth:`install`, P_k's own code) it attaches a :class:`LayerRecorder` to every
     maskable layer of P_k's VMask bottom model. After training, each layer masked at the end gets the
     weights :meth:`fill` gives it in P_k's copy of its model (in place of the paper's re-initialisation),
     and model completion runs on that model with model completion's recipe, known labels and random
@@ -300,8 +304,9 @@ class RecordedVMaskAttack(ModelCompletion):
             raise ValueError("every_epoch is not supported: the masked weights are taken from the final masking "
                              "episode, at the end of training")
 
-    def observe(self, party: Any) -> None:
-        """Attach a recorder to every maskable layer of P_k's VMask bottom model (P_k's own code)."""
+    def install(self, party: Party, grant: ThreatGrant) -> Sequence[PartyHook]:
+        """Attach a recorder to every maskable layer of P_k's VMask bottom model (P_k's own code, on its own layers:
+        the secure layers' openings are not protocol points of the party, so there is no party hook)."""
         self.recorders_: dict[str, tuple[MaskableLayer, LayerRecorder]] = {}
         bottom = party.bottom
         vmask = [m for m in bottom.modules() if isinstance(m, VMaskBottom)] if bottom is not None else []
@@ -310,6 +315,7 @@ class RecordedVMaskAttack(ModelCompletion):
                 rec = LayerRecorder(layer, max_openings=self._openings())
                 layer.observation.attach(rec)
                 self.recorders_[name] = (layer, rec)
+        return ()
 
     def infer(self, view: PartyView) -> LabelInference:  # noqa: D102
         bottom = view.bottom()
@@ -371,6 +377,10 @@ class VMaskWeightRecovery(RecordedVMaskAttack):
     threat = ("honest-but-curious passive party P_k that keeps its weight before masking, its own updates and "
               "what the secure layers reconstruct to it, and holds a few labelled samples")
 
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "max_openings": Param("openings of the secure layers recorded per layer (null: all)", ge=1),
+        "fallback": Param("directions no channel determines: keep W_known (tracked) or take the decoded share")}
+
     def __init__(self, *, party: str = "passive_1", known_per_class: int = 4, epochs: int = 50,
                  optimizer: Literal["adam", "sgd"] = "adam", lr: float = 1e-3, batch_size: int | None = 16,
                  head_hidden: int = 64, finetune_bottom: bool = True, select: Selection = "last",
@@ -384,10 +394,6 @@ class VMaskWeightRecovery(RecordedVMaskAttack):
         self._check_every_epoch(every_epoch)
         self.max_openings = max_openings
         self.fallback = fallback
-        if max_openings is not None and max_openings < 1:
-            raise ValueError(f"max_openings must be >= 1 or None, got {max_openings}")
-        if fallback not in ("tracked", "share"):
-            raise ValueError(f"fallback must be 'tracked' or 'share', got {fallback!r}")
 
     def _openings(self) -> int | None:
         return self.max_openings
