@@ -123,3 +123,39 @@ def test_reproduce_dmavfl_stores_leakage_in_points_and_counts_only_trained_rows(
     training_rows = len(load_vertical_data(cfg).y_train)
     assert record["n_train"] + record["n_held_out"] == training_rows
     assert record["swap"] == small and json.dumps(record)
+
+
+def test_vmask_table2_reads_the_sweep_and_pairs_the_change_by_seed(tmp_path):
+    """Every cell is the mean [95% t interval] over seeds, read from result.json with RunResult.from_dict."""
+    import vmask_table2
+
+    from vflbench.experiment.results import AttackResult, RunResult, Timing, UtilityResult, write_atomic
+
+    def attack(name: str, value: float, prior: float) -> AttackResult:
+        return AttackResult(name=name, target="labels", metric="accuracy", direction="higher", value=value,
+                            prior=prior, prior_name="scratch", leakage=100 * (value - prior), values=[value],
+                            priors=[prior], leakages=[100 * (value - prior)], details={"selection": "last"})
+
+    directory = tmp_path / "vmask_seeds_tabmnist_mlp3"
+    rows = []
+    for defense, values in (("none", (0.66, 0.68, 0.70)), ("vmask", (0.50, 0.51, 0.55))):
+        for seed, value in enumerate(values):
+            run_hash = f"{defense}{seed}"
+            result = RunResult(config_hash=run_hash, seed=seed, data={}, utility=UtilityResult("accuracy", 0.97),
+                               defense=[] if defense == "none" else [{"name": defense, "params": {}}],
+                               attacks=[attack(vmask_table2.REINIT, value, 0.48),
+                                        attack(vmask_table2.ADAPTIVE, 0.7, 0.48)],
+                               timing=Timing(1.0, [1.0]), comm={})
+            write_atomic(directory / "runs" / run_hash / "result.json", json.dumps(result.to_dict()))
+            rows.append({"defense": defense if defense == "none" else f'{defense} [name="{defense}"]',
+                         "seed": seed, "config_hash": run_hash, "mask_ratio": None if defense == "none" else 0.5})
+    import pandas as pd
+
+    pd.DataFrame(rows).to_csv(directory / "summary.csv", index=False)
+    text = vmask_table2.table("tabmnist_mlp3", directory)
+    # Vanilla reinit leakage 18, 20, 22 points: mean 20, sd 2 -> half-width 4.3027 * 2 / sqrt(3) = 4.97
+    assert ("| Vanilla | 97.00 [97.00, 97.00] | 99.02 | 68.00 [63.03, 72.97] | 80.72 | 48.00 [48.00, 48.00] | 41.35 | "
+            "+20.00 [+15.03, +24.97] | +39.37 | – |") in text
+    # VMask minus Vanilla by seed: -16, -17, -15 -> mean -16, sd 1, half-width 2.48: lower
+    assert "-16.00 [-18.48, -13.52] lower" in text and "| 0.50 |" in text
+    assert "model_completion: last; vmask_weight_recovery: last" in text
