@@ -382,6 +382,10 @@ def tables(results: dict[str, list[dict[str, Any]]]) -> str:
                       f"{_gap_triple(obf, 'mm_attack', raw, 'mm_prior')} |",
                       f"| {ds} | LabObf - R_upper (MixMatch) | {paper['labobf_attack'] - paper['r_upper']:+.2f} | "
                       f"{_gap_triple(obf, 'mm_attack', raw, 'mm_attack')} |",
+                      f"| {ds} | (extra) LabObf - R_lower, supervised MC | - | "
+                      f"{_gap_triple(obf, 'mc_attack', raw, 'mc_prior')} |",
+                      f"| {ds} | (extra) LabObf - R_upper, supervised MC | - | "
+                      f"{_gap_triple(obf, 'mc_attack', raw, 'mc_attack')} |",
                       f"| {ds} | Table 4 main accuracy, LabObf - Raw | {paper['labobf_acc'] - paper['raw_acc']:+.2f} | "
                       f"{_gap_triple(obf, 'model', raw, 'model')} |"]
         if false:
@@ -568,7 +572,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{record['mc_attack_acc']:.2f} / AUC {record['mc_attack_auc']:.2f}, "
                          f"{record['seconds']:.0f}s\n")
         sys.stderr.flush()
-    text = (tables(results) + departures_table(results) + (sweep_table(results) if args.sweep else "")
+    text = (tables(results) + (departures_table(results) if args.departures else "")
+            + (sweep_table(results) if args.sweep else "")
             + (scale_table(results, args.scales or [EPSILON_SCALE], args.epoch_factors or [1])
                if args.scales or args.epoch_factors else ""))
     sys.stdout.write(text)
