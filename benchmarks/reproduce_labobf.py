@@ -4,9 +4,13 @@ attribute check, on UCI credit default (configs/repro/labobf_*.yaml).
 
 Every config is run for each seed (``--seeds``). The paper reports top-1 accuracy for both the
 main task and the label inference attack; the benchmark's runner scores binary attacks by AUC.
-This script therefore scores every attack inference (and its local prior) under BOTH metrics:
-it trains with :func:`train_run` and runs the attacks itself, exactly as the runner does
-(same views, same known labels, same best-epoch selection), once per metric.
+This script therefore scores every attack inference (and its local prior) under all three metrics
+below: it trains with :func:`train_run` and runs the attacks itself, exactly as the runner does
+(same views, same known labels, same selection rule), once per metric.
+
+Selection rule (:data:`SELECTION`): every attack and prior is scored at its LAST fine-tuning epoch
+(the library's default ``select: last``); no score is selected on the test split (``test_oracle`` is
+refused). Records cached under another rule are recomputed.
 
 * R_upper = the attack (model completion) on the raw model (no defense);
 * R_lower = the attack's ``local`` prior: the attacker's architecture trained from scratch on its
@@ -14,8 +18,9 @@ it trains with :func:`train_run` and runs the attacks itself, exactly as the run
 * LabObf  = the attack on the LabObf-trained bottom model.
 
 Results are cached per (config, seed) as ``OUT/<name>-s<seed>.json``: an interrupted reproduction
-resumes. Prints (and with ``--table`` writes) markdown tables, ours (mean +- std over seeds) vs
-the paper's.
+resumes. Prints (and with ``--table`` writes) markdown tables, ours vs the paper's: every cell is the
+mean over seeds with its 95% Student-t interval over the per-seed values (:mod:`vflbench.metrics.stats`;
+one attack run per seed, so seeds x 1 repeat), differences (LabObf - R_lower, ...) paired by seed.
 
 Run:  .venv/bin/python benchmarks/reproduce_labobf.py --data-root ../shared/datasets \\
           --out runs/labobf --seeds 0 1 2 --table runs/labobf/table.md
@@ -25,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -47,6 +51,7 @@ from vflbench.experiment.scenario import load_vertical_data
 from vflbench.experiment.scoring import score_inference
 from vflbench.experiment.views import _view, scratch_models
 from vflbench.metrics.correlation import distance_correlation
+from vflbench.metrics.stats import Interval, difference_interval, mean_interval
 from vflbench.rng import generator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,6 +150,10 @@ FLAVOURS: dict[str, tuple[type[ModelCompletion], dict[str, Any]]] = {
                                 "prior": "local"}),
     "mc": (ModelCompletion, {"known_per_class": 100, "epochs": 50, "batch_size": 32, "prior": "local"}),
 }
+#: How every attack and prior picks its reported epoch: the library's default, the last fine-tuning epoch
+#: (``"validation"`` would select on the attacker's own held-out known labels; ``"test_oracle"`` is refused).
+SELECTION = "last"
+
 #: Scores: top-1 accuracy on the whole test split ("acc", the paper's metric), AUC ("auc", the CLI's
 #: default for binary tasks) and top-1 accuracy on a class-balanced subsample of the test split ("bal").
 METRICS = ("acc", "auc", "bal")
@@ -189,6 +198,16 @@ class Reproduced:
     run: TrainedRun | None
 
 
+def make_attack(cls: type[ModelCompletion], params: dict[str, Any], **extra: Any) -> ModelCompletion:
+    """One attack of :data:`FLAVOURS` with the selection rule :data:`SELECTION` unless its params name another,
+    never ``test_oracle`` (a score selected on the test split)."""
+    attack = cls(**{"select": SELECTION, **params, **extra})
+    if attack.select == "test_oracle":
+        raise SystemExit(f"error: {attack.name} with select: test_oracle picks its epoch on the test split; "
+                         "use last or validation")
+    return attack
+
+
 def run_one(stem: str, seed: int, out: Path, data_root: str | None, overrides: tuple[str, ...] = (),
             key: str | None = None, rerun: bool = False) -> Reproduced:
     """Train one config at one seed (or load its cached record) and score both attack flavours.
@@ -196,15 +215,16 @@ def run_one(stem: str, seed: int, out: Path, data_root: str | None, overrides: t
     For each flavour (:data:`FLAVOURS`) it records the attack on the attacker's original bottom
     model (without the EA generator), the same attack with a FROZEN bottom model
     (``finetune_bottom=False``: the label information of the embedding itself) and its ``local``
-    prior (R_lower), each under :data:`METRICS`; keys ``<flavour>_<attack|frozen|prior>_<metric>``, and
-    the attack and prior at their LAST fine-tuning epoch instead of the best on the test split
-    (``<flavour>_<last|priorlast>_<metric>``).
+    prior (R_lower), each under :data:`METRICS`, at the epoch the selection rule picks (:data:`SELECTION`, recorded as
+    ``selection``); keys ``<flavour>_<attack|frozen|prior>_<metric>``, and the attack and prior at their LAST
+    fine-tuning epoch (``<flavour>_<last|priorlast>_<metric>``; the same values under ``select: last``). A cached
+    record is reused only with the same config hash and selection rule.
     """
     path = out / f"{key or stem}-s{seed}.json"
     cfg = load_config(REPRO / f"{stem}.yaml", [*overrides, f"seed={seed}"]).resolved()
     if path.exists() and not rerun:
         cached = json.loads(path.read_text())
-        if cached.get("config_hash") == cfg.hash():
+        if cached.get("config_hash") == cfg.hash() and cached.get("selection") == SELECTION:
             return Reproduced(cached, None)
     previous = torch.get_num_threads()
     torch.set_num_threads(cfg.train.threads)
@@ -224,13 +244,14 @@ def run_one(stem: str, seed: int, out: Path, data_root: str | None, overrides: t
             "model_bal": 100 * float((predicted[balanced] == vd.y_test[balanced]).float().mean()),
             "majority": 100 * float(torch.bincount(vd.y_test).max() / len(vd.y_test)),
             "train_seconds": run.train_seconds, "dcor_attacker_embedding": embedding_dcor(run),
+            "selection": SELECTION,
         }
         [planned] = plan.attacks
         record["configured_attack"] = planned.attack.name
         for flavour, (cls, params) in FLAVOURS.items():
             attack_tic = time.perf_counter()
             for variant, finetune in (("attack", True), ("frozen", False)):
-                attack = cls(**params, finetune_bottom=finetune)
+                attack = make_attack(cls, params, finetune_bottom=finetune)
                 view = _view(run, planned)
                 inference = attack.complete(view, original_bottom(view.bottom()))
                 for m, v in score_all(inference, vd.y_train, vd.y_test, balanced, attack.select).items():
@@ -238,13 +259,14 @@ def run_one(stem: str, seed: int, out: Path, data_root: str | None, overrides: t
                 if finetune:
                     for m, v in score_all(inference, vd.y_train, vd.y_test, balanced, "last").items():
                         record[f"{flavour}_last_{m}"] = v
-            attack = cls(**params)
+            attack = make_attack(cls, params)
             view = _view(run, planned)
             local = attack.local(view.with_models(scratch_models(run, attack.party)))
             for m, v in score_all(local, vd.y_train, vd.y_test, balanced, attack.select).items():
                 record[f"{flavour}_prior_{m}"] = v
             for m, v in score_all(local, vd.y_train, vd.y_test, balanced, "last").items():
                 record[f"{flavour}_priorlast_{m}"] = v
+            record[f"{flavour}_selection"] = attack.select
             record[f"{flavour}_seconds"] = time.perf_counter() - attack_tic
         record["seconds"] = time.perf_counter() - tic
     finally:
@@ -253,13 +275,29 @@ def run_one(stem: str, seed: int, out: Path, data_root: str | None, overrides: t
     return Reproduced(record, run)
 
 
-def _cell(records: list[dict[str, Any]], key: str) -> str:
-    values = [r[key] for r in records if key in r]
-    if not values:
+def _by_seed(records: list[dict[str, Any]], key: str) -> dict[int, list[float]]:
+    """seed -> [the record's ``key``] (one attack run per seed and config)."""
+    return {r["seed"]: [float(r[key])] for r in records if key in r}
+
+
+def _show(interval: Interval, sign: str = "") -> str:
+    """``mean [low, high]`` (just the mean without an interval), two decimals; ``sign="+"`` signs them."""
+    if interval.seeds == 0:
         return "-"
-    if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+    if not interval.defined:
+        return f"{interval.mean:{sign}.2f}"
+    return f"{interval.mean:{sign}.2f} [{interval.low:{sign}.2f}, {interval.high:{sign}.2f}]"
+
+
+def _cell(records: list[dict[str, Any]], key: str) -> str:
+    """The mean of ``key`` over the records' seeds with its 95% t interval over the per-seed values."""
+    return _show(mean_interval(_by_seed(records, key)))
+
+
+def _gap(treated: list[dict[str, Any]], treated_key: str, control: list[dict[str, Any]], control_key: str) -> str:
+    """The mean of ``treated_key − control_key`` paired by seed, with its 95% t interval over the per-seed
+    differences (seeds present in both)."""
+    return _show(difference_interval(_by_seed(treated, treated_key), _by_seed(control, control_key)), "+")
 
 
 def _f(value: float | None) -> str:
@@ -273,14 +311,38 @@ def _triple(records: list[dict[str, Any]] | None, prefix: str) -> str:
     return " | ".join(_cell(records, f"{prefix}_{m}") for m in ("acc", "bal", "auc"))
 
 
+def _gap_triple(treated: list[dict[str, Any]], treated_prefix: str, control: list[dict[str, Any]],
+                control_prefix: str) -> str:
+    """``acc | bal | auc`` cells of a difference paired by seed (e.g. the attack under LabObf − R_lower)."""
+    return " | ".join(_gap(treated, f"{treated_prefix}_{m}", control, f"{control_prefix}_{m}")
+                      for m in ("acc", "bal", "auc"))
+
+
+def notes(results: dict[str, list[dict[str, Any]]]) -> str:
+    """What every cell is: the selection rule and what the interval is over."""
+    records = [r for rs in results.values() for r in rs]
+    rules = sorted({str(r.get(f"{f}_selection", r.get("selection"))) for r in records for f in FLAVOURS})
+    seeds = sorted({r["seed"] for r in records})
+    return "\n".join([
+        f"Selection rule: every attack and prior is scored at the epoch `select: {', '.join(rules)}` picks (the "
+        "library's default: the last fine-tuning epoch; nothing is selected on the test split).",
+        f"Cells: mean over seeds {seeds} [95% Student-t interval over the per-seed values, "
+        f"{max(len(seeds) - 1, 0)} degrees of freedom] (vflbench.metrics.stats); one training and one attack run "
+        "per seed (seeds x 1 repeat: the interval covers training and attack randomness together, not the "
+        "sampling of the fixed test split). Differences (rows 'A - B') are paired by seed: the interval of the "
+        "per-seed differences. In %, higher = more label leakage for attacks, better for main accuracy; the "
+        "paper's values are top-1 accuracy, single runs.", ""])
+
+
 def tables(results: dict[str, list[dict[str, Any]]]) -> str:
-    """Markdown tables, main rows = MixMatch (Fu et al.), ours (mean ± std over seeds) vs the paper.
+    """Markdown tables, main rows = MixMatch (Fu et al.), ours (mean [95% interval] over seeds) vs the paper.
 
     Every attack cell is given as top-1 accuracy on the test split (the paper's metric), top-1
     accuracy on a class-balanced subsample of the test split, and AUC, all in %, higher = more leakage.
     """
     head = "ours acc | ours bal. acc | ours AUC"
-    lines = ["### Table 3: embedding extension attack (EA) against dCor (lambda 0.08); paper: Epsilon", "",
+    lines = [notes(results), "### Table 3: embedding extension attack (EA) against dCor (lambda 0.08); paper: Epsilon",
+             "",
              f"| dataset | column | attack | Model Acc (ours) | Model Acc (paper) | Attack Acc (paper) | {head} | "
              "dCor(attacker emb., y) |", "|---|---|---|---|---|---|---|---|---|---|"]
     names = {"t3_raw": "Raw Model", "t3_dcor": "Discorloss w/o EA", "t3_ea": "Discorloss & EA"}
@@ -313,6 +375,19 @@ def tables(results: dict[str, list[dict[str, Any]]]) -> str:
                       f"{_triple(obf, 'mm_attack')} |",
                       f"| {ds} | (extra) LabObf, supervised MC | - | {_triple(obf, 'mc_attack')} |",
                       f"| {ds} | (extra) LabObf, MixMatch, frozen bottom | - | {_triple(obf, 'mm_frozen')} |"]
+        if raw and obf:
+            lines += [f"| {ds} | R_upper - R_lower (MixMatch) | {paper['r_upper'] - paper['r_lower']:+.2f} | "
+                      f"{_gap_triple(raw, 'mm_attack', raw, 'mm_prior')} |",
+                      f"| {ds} | LabObf - R_lower (MixMatch) | {paper['labobf_attack'] - paper['r_lower']:+.2f} | "
+                      f"{_gap_triple(obf, 'mm_attack', raw, 'mm_prior')} |",
+                      f"| {ds} | LabObf - R_upper (MixMatch) | {paper['labobf_attack'] - paper['r_upper']:+.2f} | "
+                      f"{_gap_triple(obf, 'mm_attack', raw, 'mm_attack')} |",
+                      f"| {ds} | (extra) LabObf - R_lower, supervised MC | - | "
+                      f"{_gap_triple(obf, 'mc_attack', raw, 'mc_prior')} |",
+                      f"| {ds} | (extra) LabObf - R_upper, supervised MC | - | "
+                      f"{_gap_triple(obf, 'mc_attack', raw, 'mc_attack')} |",
+                      f"| {ds} | Table 4 main accuracy, LabObf - Raw | {paper['labobf_acc'] - paper['raw_acc']:+.2f} | "
+                      f"{_gap_triple(obf, 'model', raw, 'model')} |"]
         if false:
             lines += [f"| {key} (Epsilon, §5) | false attribute: main accuracy | {_f(PAPER_FALSE[1])} (honest "
                       f"{_f(PAPER_FALSE[0])}) | {_triple(false, 'model')} |"]
@@ -329,8 +404,9 @@ def tables(results: dict[str, list[dict[str, Any]]]) -> str:
 
 #: Departure study rows: (row, flavour, LabObf run: raw attribute?, score key, variant). Row 0 is the
 #: earlier reproduction's setting; rows 1-5 remove one departure each (4 and 6 are checks of readings
-#: the paper leaves open); the last rows remove several. Variant "attack": fine-tuned bottom, best
-#: epoch on the test split; "frozen": head only; "last": fine-tuned, last epoch.
+#: the paper leaves open); the last rows remove several. Variant "attack": fine-tuned bottom, the epoch
+#: :data:`SELECTION` picks (earlier revisions: the best on the test split); "frozen": head only; "last":
+#: fine-tuned, last epoch.
 DEPARTURE_ROWS = (
     ("0. earlier setting: supervised MC, attribute in [-1, 1], AUC", "mc", False, "auc", "attack"),
     ("1. Fu et al.'s MixMatch attack instead of supervised MC", "mm", False, "auc", "attack"),
@@ -338,7 +414,7 @@ DEPARTURE_ROWS = (
     ("3. top-1 accuracy instead of AUC", "mc", False, "acc", "attack"),
     ("4. (check) frozen bottom: head only, as a reading of Eq. 2", "mc", False, "auc", "frozen"),
     ("5. top-1 accuracy on a class-balanced test subsample", "mc", False, "bal", "attack"),
-    ("6. (check) last fine-tuning epoch, not the best on the test split", "mc", False, "auc", "last"),
+    ("6. (check) last fine-tuning epoch (earlier revisions: the best on the test split)", "mc", False, "auc", "last"),
     ("1+2. MixMatch and raw attribute, AUC", "mm", True, "auc", "attack"),
     ("1+2+3. MixMatch, raw attribute, top-1 accuracy (the paper's setting)", "mm", True, "acc", "attack"),
     ("1+2+5. MixMatch, raw attribute, balanced top-1 accuracy", "mm", True, "bal", "attack"),
@@ -375,9 +451,7 @@ def departures_table(results: dict[str, list[dict[str, Any]]]) -> str:
                                    f"{flavour}_{variant}_{metric}")
             if not all(under in r for r in (*raw, *run)):
                 continue
-            gaps = [o[under] - r[lower] for o, r in zip(sorted(run, key=lambda x: x["seed"]),
-                                                          sorted(raw, key=lambda x: x["seed"]), strict=False)]
-            gap = (f"{statistics.mean(gaps):+.2f}" if gaps else "-")
+            gap = _gap(run, under, raw, lower)
             main = "model_bal" if metric == "bal" else "model_acc"
             lines.append(f"| {row} | {units[metric]} | {_cell(raw, upper)} | {_cell(raw, lower)} | "
                          f"{_cell(run, under)} | {gap} | {_cell(raw, main)} -> {_cell(run, main)} |")
@@ -414,7 +488,8 @@ def departure_jobs(args: argparse.Namespace) -> list[tuple[str, tuple[str, ...],
 
 def scale_table(results: dict[str, list[dict[str, Any]]], scales: list[float], factors: list[int]) -> str:
     """Table 5 on the stand-in at each feature scale and epoch factor: the paper's setting (MixMatch,
-    Algorithm 2's raw attribute, top-1 accuracy; best epoch, and last epoch = departure 6), main
+    Algorithm 2's raw attribute, top-1 accuracy; the epoch :data:`SELECTION` picks, and the last epoch =
+    departure 6), main
     accuracy raw -> LabObf."""
     paper = PAPER_T45["epsilon_scaled"]
     lines = ["", "### Table 5 on the Epsilon stand-in by feature scale (MixMatch, raw attribute, top-1 acc %)", "",
@@ -429,13 +504,11 @@ def scale_table(results: dict[str, list[dict[str, Any]]], scales: list[float], f
         raw, obf = (results.get(scale_key(stem, scale, factor)) for stem in SCALED_STEMS)
         if not raw or not obf:
             continue
-        for epoch, attack, prior in (("best", "mm_attack_acc", "mm_prior_acc"), ("last", "mm_last_acc",
+        for epoch, attack, prior in ((SELECTION, "mm_attack_acc", "mm_prior_acc"), ("last", "mm_last_acc",
                                                                                     "mm_priorlast_acc")):
-            pairs = zip(sorted(obf, key=lambda r: r["seed"]), sorted(raw, key=lambda r: r["seed"]), strict=False)
-            gaps = [o[attack] - r[prior] for o, r in pairs if o["seed"] == r["seed"]]
             lines.append(f"| {scale:.4g} | {raw[0]['epochs']} / {obf[0]['epochs']} | {epoch} | {_cell(raw, attack)} | "
                          f"{_cell(raw, prior)} | "
-                         f"{_cell(obf, attack)} | {statistics.mean(gaps):+.2f} | "
+                         f"{_cell(obf, attack)} | {_gap(obf, attack, raw, prior)} | "
                          f"{_cell(raw, 'model_acc')} -> {_cell(obf, 'model_acc')} |")
     return "\n".join(lines) + "\n"
 
@@ -499,7 +572,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{record['mc_attack_acc']:.2f} / AUC {record['mc_attack_auc']:.2f}, "
                          f"{record['seconds']:.0f}s\n")
         sys.stderr.flush()
-    text = (tables(results) + departures_table(results) + (sweep_table(results) if args.sweep else "")
+    text = (tables(results) + (departures_table(results) if args.departures else "")
+            + (sweep_table(results) if args.sweep else "")
             + (scale_table(results, args.scales or [EPSILON_SCALE], args.epoch_factors or [1])
                if args.scales or args.epoch_factors else ""))
     sys.stdout.write(text)

@@ -75,6 +75,36 @@ def test_reproduce_labobf_run_one_returns_the_trained_run(tmp_path, monkeypatch)
     assert done.record["n_train"] == len(done.run.data.y_train) and "mm_attack_acc" in done.record
     cached = reproduce_labobf.run_one("labobf_epsilon_like_raw", 0, tmp_path, None, small)
     assert cached.run is None and cached.record == done.record  # from OUT/<stem>-s0.json
+    assert done.record["selection"] == "last" and done.record["mm_selection"] == "last"
+    # a record scored under another rule (earlier revisions: the best epoch on the test split) is recomputed
+    path = tmp_path / "labobf_epsilon_like_raw-s0.json"
+    path.write_text(json.dumps({**done.record, "selection": "test_oracle"}))
+    again = reproduce_labobf.run_one("labobf_epsilon_like_raw", 0, tmp_path, None, small)
+    assert again.run is not None and json.loads(path.read_text())["selection"] == "last"
+
+
+def test_reproduce_labobf_refuses_a_score_selected_on_the_test_split():
+    from vflbench.attacks.label.model_completion import ModelCompletion
+
+    assert reproduce_labobf.make_attack(ModelCompletion, {}).select == "last"
+    with pytest.raises(SystemExit, match="test_oracle picks its epoch on the test split"):
+        reproduce_labobf.make_attack(ModelCompletion, {"select": "test_oracle"})
+
+
+def test_reproduce_labobf_tables_show_t_intervals_over_seeds_and_paired_gaps():
+    """Before: mean ± sd over seeds and no interval on LabObf − R_lower."""
+    def record(seed: int, attack: float, prior: float) -> dict:
+        return {"seed": seed, "mm_attack_acc": attack, "mm_prior_acc": prior, "mm_selection": "last",
+                "selection": "last", "n_train": 10, "n_test": 5, "n_balanced_test": 5, "majority": 50.0}
+
+    raw = [record(0, 60.0, 55.0), record(1, 62.0, 56.0), record(2, 64.0, 60.0)]
+    obf = [record(0, 57.0, 50.0), record(1, 57.0, 50.0), record(2, 60.0, 50.0)]
+    text = reproduce_labobf.tables({"labobf_epsilon_like_raw": raw, "labobf_epsilon_like_labobf": obf})
+    # R_upper: mean 62, sd 2, t(0.975, 2) = 4.3027: half-width 4.3027 * 2 / sqrt(3) = 4.97
+    assert "| 62.00 [57.03, 66.97] | - | - |" in text
+    # LabObf − R_lower paired by seed: differences 2, 1, 0 -> mean 1, sd 1, half-width 2.48
+    assert "| LabObf - R_lower (MixMatch) | -10.92 | +1.00 [-1.48, +3.48] |" in text
+    assert "`select: last`" in text and "95% Student-t interval" in text and "±" not in text
 
 
 def test_reproduce_dmavfl_stores_leakage_in_points_and_counts_only_trained_rows(tmp_path):
@@ -93,3 +123,39 @@ def test_reproduce_dmavfl_stores_leakage_in_points_and_counts_only_trained_rows(
     training_rows = len(load_vertical_data(cfg).y_train)
     assert record["n_train"] + record["n_held_out"] == training_rows
     assert record["swap"] == small and json.dumps(record)
+
+
+def test_vmask_table2_reads_the_sweep_and_pairs_the_change_by_seed(tmp_path):
+    """Every cell is the mean [95% t interval] over seeds, read from result.json with RunResult.from_dict."""
+    import vmask_table2
+
+    from vflbench.experiment.results import AttackResult, RunResult, Timing, UtilityResult, write_atomic
+
+    def attack(name: str, value: float, prior: float) -> AttackResult:
+        return AttackResult(name=name, target="labels", metric="accuracy", direction="higher", value=value,
+                            prior=prior, prior_name="scratch", leakage=100 * (value - prior), values=[value],
+                            priors=[prior], leakages=[100 * (value - prior)], details={"selection": "last"})
+
+    directory = tmp_path / "vmask_seeds_tabmnist_mlp3"
+    rows = []
+    for defense, values in (("none", (0.66, 0.68, 0.70)), ("vmask", (0.50, 0.51, 0.55))):
+        for seed, value in enumerate(values):
+            run_hash = f"{defense}{seed}"
+            result = RunResult(config_hash=run_hash, seed=seed, data={}, utility=UtilityResult("accuracy", 0.97),
+                               defense=[] if defense == "none" else [{"name": defense, "params": {}}],
+                               attacks=[attack(vmask_table2.REINIT, value, 0.48),
+                                        attack(vmask_table2.ADAPTIVE, 0.7, 0.48)],
+                               timing=Timing(1.0, [1.0]), comm={})
+            write_atomic(directory / "runs" / run_hash / "result.json", json.dumps(result.to_dict()))
+            rows.append({"defense": defense if defense == "none" else f'{defense} [name="{defense}"]',
+                         "seed": seed, "config_hash": run_hash, "mask_ratio": None if defense == "none" else 0.5})
+    import pandas as pd
+
+    pd.DataFrame(rows).to_csv(directory / "summary.csv", index=False)
+    text = vmask_table2.table("tabmnist_mlp3", directory)
+    # Vanilla reinit leakage 18, 20, 22 points: mean 20, sd 2 -> half-width 4.3027 * 2 / sqrt(3) = 4.97
+    assert ("| Vanilla | 97.00 [97.00, 97.00] | 99.02 | 68.00 [63.03, 72.97] | 80.72 | 48.00 [48.00, 48.00] | 41.35 | "
+            "+20.00 [+15.03, +24.97] | +39.37 | – |") in text
+    # VMask minus Vanilla by seed: -16, -17, -15 -> mean -16, sd 1, half-width 2.48: lower
+    assert "-16.00 [-18.48, -13.52] lower" in text and "| 0.50 |" in text
+    assert "model_completion: last; vmask_weight_recovery: last" in text
