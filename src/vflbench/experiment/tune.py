@@ -57,8 +57,16 @@ def _evaluate(cfg: ExperimentConfig, out: Path, data_root: str | None) -> RunRes
     return read_result(out / RUNS / point.hash / "result.json")
 
 
-def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: float, high: float, steps: int = 6,
-         data_root: str | None = None) -> TuneResult:
+def tune(
+    cfg: ExperimentConfig,
+    out_dir: str | Path,
+    *,
+    budget: float,
+    low: float,
+    high: float,
+    steps: int = 6,
+    data_root: str | None = None,
+) -> TuneResult:
     """Search ``cfg.defenses[0]``'s strength in [low, high] for the best utility with worst ε_p <= budget.
 
     Every tried strength runs each seed of the config's ``sweep.seeds`` (the config's ``seed`` when it
@@ -78,10 +86,12 @@ def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: floa
 
     features = [s.name for s in cfg.attacks if getattr(ATTACKS.get(s.name).factory, "target", None) != "labels"]
     if features:
-        raise ConfigError(f"tune bounds label leakage (points of AUC or accuracy above the prior) and cannot take "
-                          f"the feature attack(s) {', '.join(features)}: their leakage is in points of "
-                          "100*(1 - MSE/MSE_prior), another scale. Tune against label attacks only, or sweep the "
-                          "strength with `vflbench sweep` and read the feature leakage there")
+        raise ConfigError(
+            f"tune bounds label leakage (points of AUC or accuracy above the prior) and cannot take "
+            f"the feature attack(s) {', '.join(features)}: their leakage is in points of "
+            "100*(1 - MSE/MSE_prior), another scale. Tune against label attacks only, or sweep the "
+            "strength with `vflbench sweep` and read the feature leakage there"
+        )
     out = Path(out_dir)
     seeds = [int(s) for s in (cfg.sweep or {}).get("seeds") or [cfg.seed]]
     base = cfg.model_dump(mode="json", exclude={"sweep"})
@@ -101,8 +111,10 @@ def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: floa
         leakage: dict[str, Interval] = {}
         for i, spec in enumerate(cfg.attacks):
             label = spec.name if spec.name not in leakage else f"{spec.name}#{i}"
-            leakage[label] = mean_interval({seed: [float(v) for v in r.attacks[i].leakages or [r.attacks[i].leakage]]
-                                            for seed, r in results}, cfg.evaluation.confidence)
+            leakage[label] = mean_interval(
+                {seed: [float(v) for v in r.attacks[i].leakages or [r.attacks[i].leakage]] for seed, r in results},
+                cfg.evaluation.confidence,
+            )
             searched = {seed: [float(v) for v in r.attacks[i].leakages_worst or []] for seed, r in results}
             if any(searched.values()):
                 leakage[label + SEARCHED] = mean_interval(searched, cfg.evaluation.confidence)
@@ -118,15 +130,19 @@ def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: floa
         if label.endswith(SEARCHED) or label in usable or label + SEARCHED in usable:
             continue
         if leaks(interval) is None:
-            raise ConfigError(f"tune cannot tell whether attack {label!r} leaks without a defense: seeds {seeds} "
-                              f"with evaluation.repeats {cfg.evaluation.repeats} give no interval of its leakage; "
-                              "give sweep.seeds (at least 3) or evaluation.repeats >= 2")
-        raise ConfigError(f"attack {label!r} does not leak measurably without a defense (undefended "
-                          f"leakage {interval.mean:.2f} points, {round(100 * interval.confidence)}% interval "
-                          f"[{interval.low:.2f}, {interval.high:.2f}] over seeds {seeds}), so every strength "
-                          "would meet the budget and tune would credit the defense for stopping nothing; "
-                          "strengthen the attack (more epochs, other parameters, evaluation.attacker_search) or "
-                          "leave it out")
+            raise ConfigError(
+                f"tune cannot tell whether attack {label!r} leaks without a defense: seeds {seeds} "
+                f"with evaluation.repeats {cfg.evaluation.repeats} give no interval of its leakage; "
+                "give sweep.seeds (at least 3) or evaluation.repeats >= 2"
+            )
+        raise ConfigError(
+            f"attack {label!r} does not leak measurably without a defense (undefended "
+            f"leakage {interval.mean:.2f} points, {round(100 * interval.confidence)}% interval "
+            f"[{interval.low:.2f}, {interval.high:.2f}] over seeds {seeds}), so every strength "
+            "would meet the budget and tune would credit the defense for stopping nothing; "
+            "strengthen the attack (more epochs, other parameters, evaluation.attacker_search) or "
+            "leave it out"
+        )
     result = TuneResult(name, budget, seeds)
 
     def trial(strength: float) -> bool:
@@ -135,11 +151,24 @@ def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: floa
         utility, leakage = evaluate(raw, {"strength": strength})
         label, worst = max(((k, v) for k, v in leakage.items() if k in usable), key=lambda kv: kv[1].mean)
         bound = worst.high if worst.defined else worst.mean
-        entry = {"strength": strength, "worst_attack": label, "worst_leakage": worst.mean, "worst_ci_high": worst.high,
-                 "utility": utility, "utility_loss": 100.0 * (vanilla - utility), "meets": bound <= budget}
+        entry = {
+            "strength": strength,
+            "worst_attack": label,
+            "worst_leakage": worst.mean,
+            "worst_ci_high": worst.high,
+            "utility": utility,
+            "utility_loss": 100.0 * (vanilla - utility),
+            "meets": bound <= budget,
+        }
         result.trace.append(entry)
-        log.info("tune %s strength=%g worst_eps_p=%.2f (upper bound %.2f) eps_u=%.2f", name, strength, worst.mean,
-                 bound, entry["utility_loss"])
+        log.info(
+            "tune %s strength=%g worst_eps_p=%.2f (upper bound %.2f) eps_u=%.2f",
+            name,
+            strength,
+            worst.mean,
+            bound,
+            entry["utility_loss"],
+        )
         return bool(entry["meets"])
 
     strong, weak = (high, low) if larger_is_stronger else (low, high)
