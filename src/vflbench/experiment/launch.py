@@ -104,7 +104,6 @@ def launch(
     _check_launch(cfg, out_dir, resume=resume, stop_after=stop_after)
     context = party_context()  # the fork server imports while the certificates are made
     reference = undefended_config(cfg) if cfg.defenses and cfg.attacks else None
-    runs = [_Run(cfg, "", resume, stop_after)]
     options = _Options(
         out_dir=out_dir,
         insecure=insecure,
@@ -117,28 +116,64 @@ def launch(
         tempfile.TemporaryDirectory(prefix="vflbench-launch-") as tmp,
         _claimed(reference, out_dir) as launch_reference,
     ):
-        if launch_reference:
-            assert reference is not None
-            runs.append(_Run(reference, f" of the undefended reference run {reference.hash()}", False, None))
+        runs = _runs(cfg, reference, launch_reference, resume=resume, stop_after=stop_after)
         certs = _certificates(certs, insecure, cfg, Path(tmp))
-        procs: dict[str, _PartyProcess] = {}
-        logs: dict[str, Path] = {}
-        tic = time.monotonic()
-        try:
-            for run in runs:
-                for key, (argv, log) in _party_commands(run, options, certs, Path(tmp)).items():
-                    logs[key] = log
-                    procs[key] = _PartyProcess(context, argv, log)
-            failed = _wait(procs, timeout=timeout, grace=grace, started=tic)
-        finally:
-            for proc in procs.values():
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+        failed, procs, logs, tic = _run_processes(runs, options, certs, tmp, context, timeout=timeout, grace=grace)
     seconds = time.monotonic() - tic
-    run_dir = out_dir / cfg.hash()
     if failed:
         raise _failure(failed, procs, logs)
+    return _launched(out_dir / cfg.hash(), cfg, stop_after, seconds)
+
+
+def _runs(
+    cfg: ExperimentConfig,
+    reference: ExperimentConfig | None,
+    launch_reference: bool,
+    *,
+    resume: bool,
+    stop_after: int | None,
+) -> list[_Run]:
+    """The runs to launch: ``cfg``, and its undefended ``reference`` beside it when ``launch_reference``."""
+    runs = [_Run(cfg, "", resume, stop_after)]
+    if launch_reference:
+        assert reference is not None
+        runs.append(_Run(reference, f" of the undefended reference run {reference.hash()}", False, None))
+    return runs
+
+
+def _run_processes(
+    runs: list[_Run],
+    options: _Options,
+    certs: Path | None,
+    tmp: str,
+    context: Context,
+    *,
+    timeout: float | None,
+    grace: float,
+) -> tuple[list[str], dict[str, _PartyProcess], dict[str, Path], float]:
+    """Start every party process of ``runs`` (forked from ``context``) and wait for all of them (:func:`_wait`),
+    killing any still running on the way out; the parties that failed, the processes, their logs, and the
+    monotonic time they were started at."""
+    procs: dict[str, _PartyProcess] = {}
+    logs: dict[str, Path] = {}
+    tic = time.monotonic()
+    try:
+        for run in runs:
+            for key, (argv, log) in _party_commands(run, options, certs, Path(tmp)).items():
+                logs[key] = log
+                procs[key] = _PartyProcess(context, argv, log)
+        failed = _wait(procs, timeout=timeout, grace=grace, started=tic)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return failed, procs, logs, tic
+
+
+def _launched(run_dir: Path, cfg: ExperimentConfig, stop_after: int | None, seconds: float) -> Launched:
+    """What a launch that succeeded gives: the run's ``result.json`` and ``net.json`` from ``run_dir``, or nothing
+    but ``stopped_after`` when ``stop_after`` stopped it before its last epoch."""
     if stop_after is not None and stop_after < cfg.train.epochs:
         return Launched(run_dir, {}, {}, seconds, stopped_after=stop_after)
     return Launched(

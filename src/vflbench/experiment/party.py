@@ -109,7 +109,7 @@ from vflbench.net.linkmodel import LINK_PROFILES, project
 from vflbench.net.policy import SURFACE, Policy, role_of
 from vflbench.net.transport import NetChannel
 from vflbench.protocol import Federation, History
-from vflbench.protocol.channel import CommStats
+from vflbench.protocol.channel import CommStats, Endpoint
 from vflbench.protocol.grants import Grant
 from vflbench.protocol.messages import ACTIVE, DEALER, passive_name
 from vflbench.protocol.party import PassiveParty
@@ -273,11 +273,7 @@ def run_party(
         channel.options = dataclasses.replace(channel.options, device=str(device))
     try:
         local = local_state(cfg, party, data_root) if party != DEALER else None
-        grants = local.grants if local is not None else []
-        refused = [g for g in grants if refuse_grants and g.server == party]
-        for g in refused:
-            log.warning("%s refuses %s, which the run's plan grants (--refuse-grants)", party, g.describe())
-        channel.grant([g for g in grants if g not in refused])
+        refused = _grant(channel, party, local.grants if local is not None else [], refuse_grants)
         summary: dict[str, Any] = {"party": party, "run": channel.run}
         with channel:
             if party == DEALER:
@@ -293,14 +289,32 @@ def run_party(
                 models = _run_passive(
                     cfg, local, channel, party, summary, out_dir=out_dir, resume=resume, refused=refused
                 )
-        summary["net"] = {"stats": {k: v.as_dict() for k, v in channel.stats.items()}, "wire": wire_of(channel)}
-        if out_dir is not None:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            _save_models(models, party, out_dir)
-            write_json(out_dir / f"{party}.json", summary)
+        _record_party(summary, channel, models, party, out_dir)
         return summary
     finally:
         torch.set_num_threads(previous_threads)
+
+
+def _grant(channel: NetChannel, party: str, grants: list[Grant], refuse_grants: bool) -> list[Grant]:
+    """Let the run's ``grants`` through ``channel``, less those that query ``party``'s model when it refuses them
+    (``refuse_grants``, each logged); the refused ones."""
+    refused = [g for g in grants if refuse_grants and g.server == party]
+    for g in refused:
+        log.warning("%s refuses %s, which the run's plan grants (--refuse-grants)", party, g.describe())
+    channel.grant([g for g in grants if g not in refused])
+    return refused
+
+
+def _record_party(
+    summary: dict[str, Any], channel: NetChannel, models: dict[str, nn.Module], party: str, out_dir: Path | None
+) -> None:
+    """Add the channel's final counts to ``summary`` and, with an ``out_dir``, save the party's models and write
+    ``summary`` to ``out_dir/<party>.json``."""
+    summary["net"] = {"stats": {k: v.as_dict() for k, v in channel.stats.items()}, "wire": wire_of(channel)}
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _save_models(models, party, out_dir)
+        write_json(out_dir / f"{party}.json", summary)
 
 
 def check_party_run(
@@ -376,14 +390,7 @@ def _run_passive(
     results. ``summary["grants"]``: the grants that involve this party, what became of them, the queries served."""
     assert isinstance(local.data, PassiveData)
     endpoint = channel.endpoint(party)
-    setup = endpoint.take("passive.setup", ACTIVE)
-    embed_dim = setup.meta.get("embed_dim")
-    with refusing(channel, ACTIVE):
-        nothing_else(setup, "passive.setup")
-        if not isinstance(embed_dim, int) or isinstance(embed_dim, bool) or not 1 <= embed_dim <= 1 << 20:
-            raise ProtocolError(
-                f"passive.setup must carry the bottom model's width as an int embed_dim, got {embed_dim!r}"
-            )
+    embed_dim = _take_embed_dim(channel, endpoint)
     attacks = local.attacks
     passive = build_passive(
         cfg,
@@ -412,20 +419,47 @@ def _run_passive(
     )
     served.serve()
     endpoint.post("passive.ready", ACTIVE, meta={"refuses": ",".join(sorted({g.kind for g in refused}))})
-
-    def record_grants() -> None:
-        summary["grants"] = [
-            {
-                **g.as_dict(f"refused by {party}" if g in refused else "granted"),
-                **({"served": served.served} if g.server == party else {}),
-            }
-            for g in local.grants
-            if party in (g.server, g.client)
-        ]
-
     if endpoint.take("passive.done", ACTIVE).meta.get("stopped"):
-        record_grants()
+        summary["grants"] = _grant_records(local.grants, party, refused, served.served)
         return passive.models()  # the active party stopped the run after a committed epoch: nothing to report
+    _report_passive(cfg, local, side, channel, endpoint)
+    summary["grants"] = _grant_records(local.grants, party, refused, served.served)
+    return passive.models()
+
+
+def _take_embed_dim(channel: NetChannel, endpoint: Endpoint) -> int:
+    """The bottom model's width that the active party's ``passive.setup`` gives; a clear error if it is not an int
+    in [1, 2**20] or the message carries anything else."""
+    setup = endpoint.take("passive.setup", ACTIVE)
+    embed_dim = setup.meta.get("embed_dim")
+    with refusing(channel, ACTIVE):
+        nothing_else(setup, "passive.setup")
+        if not isinstance(embed_dim, int) or isinstance(embed_dim, bool) or not 1 <= embed_dim <= 1 << 20:
+            raise ProtocolError(
+                f"passive.setup must carry the bottom model's width as an int embed_dim, got {embed_dim!r}"
+            )
+    return embed_dim
+
+
+def _grant_records(grants: list[Grant], party: str, refused: list[Grant], served: int) -> list[dict[str, Any]]:
+    """The grants that involve ``party``, each with what became of it (granted, or refused by it) and, where it
+    serves them, the queries ``served``."""
+    return [
+        {
+            **g.as_dict(f"refused by {party}" if g in refused else "granted"),
+            **({"served": served} if g.server == party else {}),
+        }
+        for g in grants
+        if party in (g.server, g.client)
+    ]
+
+
+def _report_passive(
+    cfg: ExperimentConfig, local: LocalState, side: OwnSide, channel: NetChannel, endpoint: Endpoint
+) -> None:
+    """Run the passive party's own attacks on the trained run and send the active party ``passive.report``: this
+    process's channel counters and wire, the attacks' results (by their positions in the run's plan) and times."""
+    attacks = local.attacks
     results: list[Any] = []
     seconds: dict[str, float] = {}
     if attacks.attacks:
@@ -445,8 +479,6 @@ def _run_passive(
             }
         ),
     )
-    record_grants()
-    return passive.models()
 
 
 def _positions(plan: AttackPlan, party: str) -> list[int]:

@@ -149,6 +149,14 @@ def aux_ids(attack: Attack, y_train: Tensor, seed: int, pool: Tensor | None = No
             classes=classes,
             exclude=pool,
         )
+    return _aux_from_pool(attack, y_train, seed, pool, size, fraction)
+
+
+def _aux_from_pool(
+    attack: Attack, y_train: Tensor, seed: int, pool: Tensor | None, size: int | None, fraction: float | None
+) -> Tensor:
+    """The auxiliary rows of an ``aux_disjoint`` attack, drawn from the held-out ``pool`` (see :func:`aux_ids`)."""
+    classes = attack.aux_classes
     if pool is None or not len(pool):
         raise ConfigError(
             f"attack {attack.name!r} keeps its auxiliary set disjoint from the training set (its threat "

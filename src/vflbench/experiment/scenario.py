@@ -551,13 +551,7 @@ def build_federation(
     passive_slices = () if alone else vd.passive
     names = passive_names(len(passive_slices))
     plan = defenses or DefensePlan([], {n: [] for n in names})
-    channel = InMemoryTransport()
-    transcripts = {n: Transcript(n, keep.get(n, ())) for n in (*names, ACTIVE)}
-    for transcript in transcripts.values():
-        channel.register(transcript)
-    for d in plan.active:  # e.g. VMask's dealer, a party that is neither of the others
-        for extra in d.extra_parties:
-            d.start_party(extra, channel.endpoint(extra), generator(cfg.seed, "defense", d.name, ACTIVE), device=device)
+    channel, transcripts = _in_memory_transport(cfg, names, keep, plan, device)
     pool = pool_rows(cfg, vd.y_train)  # held out of training whatever the attacks and defenses
     grants = aux_grants(cfg, plan.active, vd.y_train, pool)
     bind = _binder(
@@ -570,19 +564,7 @@ def build_federation(
         device=device,
     )
     objective, embed_dim = bind_active(cfg, vd, plan.active, bind=bind)
-    passives = [
-        passive_party(
-            cfg,
-            name,
-            part,
-            defenses=plan.passive[name],
-            active_defenses=plan.active,
-            embed_dim=embed_dim,
-            bind=bind,
-            transcript=transcripts[name],
-        )
-        for name, part in zip(names, passive_slices, strict=True)
-    ]
+    passives = _passive_parties(cfg, names, passive_slices, plan, embed_dim, bind, transcripts)
     active = build_active(
         cfg,
         vd,
@@ -594,6 +576,50 @@ def build_federation(
         device=device,
     )
     return connect(active, passives, channel, train_rows=train_rows_of(len(vd.y_train), [pool, held_out, *grants]))
+
+
+def _in_memory_transport(
+    cfg: ExperimentConfig,
+    names: Sequence[str],
+    keep: dict[str, set[str]],
+    plan: DefensePlan,
+    device: torch.device,
+) -> tuple[InMemoryTransport, dict[str, Transcript]]:
+    """The federation's in-memory transport with each party's transcript registered on it (keeping the messages
+    ``keep`` names), and the active party's defenses' extra parties (e.g. VMask's dealer) started on it."""
+    channel = InMemoryTransport()
+    transcripts = {n: Transcript(n, keep.get(n, ())) for n in (*names, ACTIVE)}
+    for transcript in transcripts.values():
+        channel.register(transcript)
+    for d in plan.active:  # e.g. VMask's dealer, a party that is neither of the others
+        for extra in d.extra_parties:
+            d.start_party(extra, channel.endpoint(extra), generator(cfg.seed, "defense", d.name, ACTIVE), device=device)
+    return channel, transcripts
+
+
+def _passive_parties(
+    cfg: ExperimentConfig,
+    names: Sequence[str],
+    slices: Sequence[PartySlice],
+    plan: DefensePlan,
+    embed_dim: int,
+    bind: Callable[[Defense, str], None],
+    transcripts: dict[str, Transcript],
+) -> list[PassiveParty]:
+    """Each passive party (:func:`passive_party`) over its slice, with its defenses and transcript, in order."""
+    return [
+        passive_party(
+            cfg,
+            name,
+            part,
+            defenses=plan.passive[name],
+            active_defenses=plan.active,
+            embed_dim=embed_dim,
+            bind=bind,
+            transcript=transcripts[name],
+        )
+        for name, part in zip(names, slices, strict=True)
+    ]
 
 
 @dataclass

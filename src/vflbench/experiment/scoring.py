@@ -248,7 +248,7 @@ def score_features(
     victims the truth is their slices concatenated along the last axis, and the real
     embeddings are each victim's bottom model on its own slice, concatenated.
     """
-    from vflbench.metrics.reconstruction import cosine_distance, ssim
+    from vflbench.metrics.reconstruction import ssim
 
     part = run.data.passive[passive_index(victims[0])]
     truth, widths = victim_features(run.data, victims, inf.split, inf.ids)
@@ -289,6 +289,18 @@ def score_features(
         details["ssim"] = float(ssim(recon, truth, data_range=1.0).mean())
         guess = reference.float().mean(0, keepdim=True).expand_as(truth).contiguous()
         details["prior_ssim"] = float(ssim(guess, truth, data_range=1.0).mean())
+    details.update(_embedding_details(inf, run, victims, truth, widths))
+    return value, prior, details
+
+
+def _embedding_details(
+    inf: FeatureInference, run: TrainedRun, victims: Sequence[str], truth: Tensor, widths: tuple[int, ...]
+) -> dict[str, Any]:
+    """``emb_mse``/``emb_cos`` of the shadow model against the victims' real bottom models (see
+    :func:`score_features`), or why they were not computed; empty when the attack has no shadow model."""
+    from vflbench.metrics.reconstruction import cosine_distance
+
+    details: dict[str, Any] = {}
     bottoms = {v: run.federation.bottom_of(v) for v in victims}
     withheld = [v for v in victims if inf.shadow is not None and bottoms[v] is None]
     if withheld:  # a victim in its own process refused the evaluation-only query of its bottom model
@@ -301,7 +313,7 @@ def score_features(
         est = torch.cat([inf.shadow(truth[i : i + EVAL_BATCH]) for i in range(0, len(truth), EVAL_BATCH)])
         details["emb_mse"] = float(((est - real) ** 2).mean())
         details["emb_cos"] = float(cosine_distance(est, real).mean())
-    return value, prior, details
+    return details
 
 
 def _embed(bottom: nn.Module | None, x: Tensor) -> Tensor:

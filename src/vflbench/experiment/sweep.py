@@ -255,19 +255,34 @@ def run_sweep(
             on_start(len(todo), len(points))
         runs_dir = str(out / RUNS)
         try:
-            if settings.executor == "ray":
-                _run_ray(todo, runs_dir, data_root, on_done)
-            elif context is None:
-                for point in todo:
-                    runner(point.config.model_dump(mode="json"), runs_dir, data_root)
-                    if on_done is not None:
-                        on_done(point)
-            else:
-                _run_pool(todo, runs_dir, data_root, n_workers, runner, on_done, context)
+            _run_points(todo, runs_dir, data_root, settings.executor, context, n_workers, runner, on_done)
         except BaseException:
             _collect_finished(out, points)
             raise
         return collect(out, points)
+
+
+def _run_points(
+    todo: Sequence[SweepPoint],
+    runs_dir: str,
+    data_root: str | None,
+    executor: str,
+    context: multiprocessing.context.BaseContext | None,
+    n_workers: int,
+    runner: Callable[[dict[str, Any], str, str | None], str],
+    on_done: Callable[[SweepPoint], None] | None,
+) -> None:
+    """Run the points ``todo`` where the sweep says: as Ray tasks, in this process (no worker ``context``), or
+    on a pool of ``n_workers`` local workers; ``on_done`` as each one finishes."""
+    if executor == "ray":
+        _run_ray(todo, runs_dir, data_root, on_done)
+    elif context is None:
+        for point in todo:
+            runner(point.config.model_dump(mode="json"), runs_dir, data_root)
+            if on_done is not None:
+                on_done(point)
+    else:
+        _run_pool(todo, runs_dir, data_root, n_workers, runner, on_done, context)
 
 
 #: What a sweep's section says about how to run its points, not which points it has.
@@ -484,24 +499,13 @@ def _run_ray(
         ray.init(include_dashboard=False, log_to_driver=False)
     remote = ray.remote(num_cpus=1)(_run_point_shipped)
     runs = Path(runs_dir)
-
-    def reference(cfg: ExperimentConfig) -> str | None:
-        return undefended_config(cfg).hash() if cfg.defenses and cfg.attacks else None
-
-    waiting: dict[str, list[SweepPoint]] = {}
-    first: list[SweepPoint] = []
-    for point in points:
-        ref = reference(point.config)
-        if ref is None or (runs / ref / "result.json").is_file():
-            first.append(point)
-        else:
-            waiting.setdefault(ref, []).append(point)
+    first, waiting = _split_by_reference(points, runs)
     hashes = {p.hash for p in points}
     extra = {ref: undefended_config(later[0].config) for ref, later in waiting.items() if ref not in hashes}
     pending: dict[Any, tuple[str, SweepPoint | None]] = {}
 
     def submit(cfg: ExperimentConfig, point: SweepPoint | None) -> None:
-        ref = reference(cfg)
+        ref = _reference_hash(cfg)
         given = {f"{ref}/result.json": (runs / ref / "result.json").read_bytes()} if ref is not None else {}
         pending[remote.remote(cfg.model_dump(mode="json"), data_root, given)] = (cfg.hash(), point)
 
@@ -522,6 +526,29 @@ def _run_ray(
         for ref in pending:
             ray.cancel(ref, force=True)
         raise
+
+
+def _reference_hash(cfg: ExperimentConfig) -> str | None:
+    """The hash of the undefended run whose result a defended point with attacks reads, else ``None``."""
+    from vflbench.experiment.run import undefended_config
+
+    return undefended_config(cfg).hash() if cfg.defenses and cfg.attacks else None
+
+
+def _split_by_reference(
+    points: Sequence[SweepPoint], runs: Path
+) -> tuple[list[SweepPoint], dict[str, list[SweepPoint]]]:
+    """The points that can start now (no undefended reference, or its result is in ``runs`` already), and the
+    others by the hash of the reference they wait for, each in the sweep's order."""
+    waiting: dict[str, list[SweepPoint]] = {}
+    first: list[SweepPoint] = []
+    for point in points:
+        ref = _reference_hash(point.config)
+        if ref is None or (runs / ref / "result.json").is_file():
+            first.append(point)
+        else:
+            waiting.setdefault(ref, []).append(point)
+    return first, waiting
 
 
 def _run_point_shipped(config: dict[str, Any], data_root: str | None, given: dict[str, bytes]) -> dict[str, bytes]:
