@@ -37,7 +37,7 @@ from vflbench.experiment.config import (
     load_yaml,
 )
 from vflbench.experiment.lock import exclusive
-from vflbench.experiment.results import read_result, write_atomic
+from vflbench.experiment.results import AttackResult, RunResult, read_result, write_atomic
 from vflbench.experiment.workers import WORKER_PRELOAD, fork_server, start_sweep_workers
 from vflbench.metrics.scores import (
     NO_PROTECTION_SCORE,
@@ -693,73 +693,97 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
         if not path.is_file():
             continue
         result = read_result(path)
-        cfg = point.config
-        base = {
-            "dataset": cfg.data.name,
-            "algorithm": cfg.train.algorithm,
-            "setting": _setting(point),
-            "defense": _defense_label(result.defense, point.coords),
-            "strength": _strength(result.defense),
-            "seed": cfg.seed,
-            "config_hash": point.hash,
-            "confidence": cfg.evaluation.confidence,
-            "utility_metric": result.utility.metric,
-            "utility": result.utility.value,
-            "train_seconds": result.timing.train_seconds,
-        }
-        base.update(_summary_metrics(result.defense, out_dir / RUNS / point.hash / "metrics.jsonl"))
-        base.update(detection.run_columns(result.defense))
+        base = _run_columns(out_dir, point, result)
         stacks.append((result.defense, {a.name for a in result.attacks}))
         if not result.attacks:
             rows.append({**base, "attack": None})
             repeats.append(([], None))
             worst_repeats.append(([], None))
         for a in result.attacks:
-            leakage = a.leakage  # rescored by from_dict for results written before leakage had one scale
-            own = [float(v) for v in a.leakages or [leakage]]
-            undefended_repeats = a.undefended_leakages
-            if undefended_repeats is None and a.undefended_leakage is not None:
-                undefended_repeats = [a.undefended_leakage]
-            if undefended_repeats is None and not result.defense:
-                undefended_repeats = own
-            undefended = (sum(undefended_repeats) / len(undefended_repeats)) if undefended_repeats else math.nan
-            worst = [float(v) for v in a.leakages_worst or []]
-            undefended_worst = [float(v) for v in a.undefended_leakages_worst or []]
-            if not undefended_worst and worst and not result.defense:
-                undefended_worst = worst
-            search = a.details.get("search") or {}
-            rows.append(
-                {
-                    **base,
-                    "attack": a.name,
-                    "attack_target": a.target,
-                    "attack_metric": a.metric,
-                    "attack_direction": a.direction,
-                    "selection": a.details.get("selection", "unknown"),
-                    "attack_value": a.value,
-                    "prior": a.prior,
-                    "prior_name": a.prior_name,
-                    "leakage": leakage,
-                    "repeats": len(own),
-                    "undefended_leakage": undefended,
-                    "search": search.get("status", ""),
-                    "attacker_setting": (
-                        json.dumps(a.attacker_setting, sort_keys=True) if a.attacker_setting is not None else ""
-                    ),
-                    "leakage_worst": sum(worst) / len(worst) if worst else math.nan,
-                    "undefended_leakage_worst": (
-                        sum(undefended_worst) / len(undefended_worst) if undefended_worst else math.nan
-                    ),
-                }
-            )
-            repeats.append((own, None if undefended_repeats is None else [float(v) for v in undefended_repeats]))
-            worst_repeats.append((worst, undefended_worst or None))
+            row, own_repeats, worst_pair = _attack_row(base, a, bool(result.defense))
+            rows.append(row)
+            repeats.append(own_repeats)
+            worst_repeats.append(worst_pair)
     table = pd.DataFrame(rows)
     if table.empty:
         return table
     _group_statistics(table, repeats)
     _group_statistics(table, worst_repeats, WORST_COLUMNS)
     detection.group_statistics(table)
+    _utility_and_pu(table)
+    coverage = adaptive_coverage(stacks)
+    write_atomic(out_dir / "summary.csv", table.to_csv(index=False))
+    write_atomic(out_dir / "scores.csv", scores_table(table).to_csv(index=False))
+    write_atomic(out_dir / "coverage.csv", coverage.to_csv(index=False))
+    return table
+
+
+def _run_columns(out_dir: Path, point: SweepPoint, result: RunResult) -> dict[str, Any]:
+    """The columns of :func:`collect` that every row of a finished run shares: its coordinates, utility, time, the
+    defenses' summary metrics (from its ``metrics.jsonl``) and detection columns."""
+    cfg = point.config
+    base = {
+        "dataset": cfg.data.name,
+        "algorithm": cfg.train.algorithm,
+        "setting": _setting(point),
+        "defense": _defense_label(result.defense, point.coords),
+        "strength": _strength(result.defense),
+        "seed": cfg.seed,
+        "config_hash": point.hash,
+        "confidence": cfg.evaluation.confidence,
+        "utility_metric": result.utility.metric,
+        "utility": result.utility.value,
+        "train_seconds": result.timing.train_seconds,
+    }
+    base.update(_summary_metrics(result.defense, out_dir / RUNS / point.hash / "metrics.jsonl"))
+    base.update(detection.run_columns(result.defense))
+    return base
+
+
+def _attack_row(
+    base: dict[str, Any], a: AttackResult, defended: bool
+) -> tuple[dict[str, Any], tuple[list[float], list[float] | None], tuple[list[float], list[float] | None]]:
+    """The row of :func:`collect` for attack result ``a`` of a run (``base``: the run's columns; ``defended``: the
+    run has defenses), and its leakage's repeats beside the undefended run's, of the default attacker and of the
+    searched one (the undefended repeats ``None`` when unknown)."""
+    leakage = a.leakage  # rescored by from_dict for results written before leakage had one scale
+    own = [float(v) for v in a.leakages or [leakage]]
+    undefended_repeats = a.undefended_leakages
+    if undefended_repeats is None and a.undefended_leakage is not None:
+        undefended_repeats = [a.undefended_leakage]
+    if undefended_repeats is None and not defended:
+        undefended_repeats = own
+    undefended = (sum(undefended_repeats) / len(undefended_repeats)) if undefended_repeats else math.nan
+    worst = [float(v) for v in a.leakages_worst or []]
+    undefended_worst = [float(v) for v in a.undefended_leakages_worst or []]
+    if not undefended_worst and worst and not defended:
+        undefended_worst = worst
+    search = a.details.get("search") or {}
+    row = {
+        **base,
+        "attack": a.name,
+        "attack_target": a.target,
+        "attack_metric": a.metric,
+        "attack_direction": a.direction,
+        "selection": a.details.get("selection", "unknown"),
+        "attack_value": a.value,
+        "prior": a.prior,
+        "prior_name": a.prior_name,
+        "leakage": leakage,
+        "repeats": len(own),
+        "undefended_leakage": undefended,
+        "search": search.get("status", ""),
+        "attacker_setting": json.dumps(a.attacker_setting, sort_keys=True) if a.attacker_setting is not None else "",
+        "leakage_worst": sum(worst) / len(worst) if worst else math.nan,
+        "undefended_leakage_worst": sum(undefended_worst) / len(undefended_worst) if undefended_worst else math.nan,
+    }
+    pair = (own, None if undefended_repeats is None else [float(v) for v in undefended_repeats])
+    return row, pair, (worst, undefended_worst or None)
+
+
+def _utility_and_pu(table: pd.DataFrame) -> None:
+    """Add ``utility_loss`` (against the undefended run of the same dataset, algorithm, setting and seed, in
+    percentage points) and the privacy-utility score with its note (``pu_score``, ``pu_note``) to ``table``."""
     vanilla = (
         table[table["defense"] == NO_DEFENSE].groupby(["dataset", "algorithm", "setting", "seed"])["utility"].first()
     )
@@ -771,11 +795,6 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
     scored = [_row_pu(r) for r in table.to_dict("records")]
     table["pu_score"] = pd.array([score for score, _ in scored], dtype="Int64")
     table["pu_note"] = [note for _, note in scored]
-    coverage = adaptive_coverage(stacks)
-    write_atomic(out_dir / "summary.csv", table.to_csv(index=False))
-    write_atomic(out_dir / "scores.csv", scores_table(table).to_csv(index=False))
-    write_atomic(out_dir / "coverage.csv", coverage.to_csv(index=False))
-    return table
 
 
 #: The group statistics of :func:`collect` (the default attacker's), by the name of each column.
@@ -943,38 +962,8 @@ def scores_table(table: pd.DataFrame, score_table: ScoreTable = ScoreTable()) ->
     for (dataset, algorithm, setting, defense), group in attacked.groupby(
         ["dataset", "algorithm", "setting", "defense"], dropna=False
     ):
-        per = (
-            group.groupby(["strength", "attack"], dropna=False)
-            .agg(
-                leakage=("leakage_mean", "first"),
-                utility_loss=("utility_loss", "mean"),
-                utility=("utility", "mean"),
-                target=("attack_target", "first"),
-                metric=("attack_metric", "first"),
-                low=("leakage_ci_low", "first"),
-                high=("leakage_ci_high", "first"),
-                delta=("delta_leakage", "first"),
-                delta_low=("delta_ci_low", "first"),
-                delta_high=("delta_ci_high", "first"),
-                change=("change", "first"),
-                leaks=("leaks_without_defense", "first"),
-                confidence=("confidence", "first"),
-            )
-            .reset_index()
-        )
-        notes, scored = [], []
-        for attack, rows_of in per.groupby("attack"):
-            first = rows_of.iloc[0]
-            reason = pu_scorable(first["target"], first["metric"])
-            if reason is not None:
-                notes.append(f"{attack}: left out of s_pu and c_dcs, {reason}")
-            elif not _true(first["leaks"]):
-                notes.append(
-                    f"{attack}: left out of s_pu and c_dcs, it does not leak measurably without a "
-                    "defense (the interval of its undefended leakage reaches 0, or there is none)"
-                )
-            else:
-                scored.append(attack)
+        per = _per_strength_and_attack(group)
+        notes, scored = _scored_attacks(per)
         row: dict[str, Any] = {
             "dataset": dataset,
             "algorithm": algorithm,
@@ -1001,6 +990,55 @@ def scores_table(table: pd.DataFrame, score_table: ScoreTable = ScoreTable()) ->
     out = pd.DataFrame(rows)
     if out.empty:
         return out
+    return _ranked(out, table)
+
+
+def _per_strength_and_attack(group: pd.DataFrame) -> pd.DataFrame:
+    """One row per (strength, attack) of a defense's rows in :func:`scores_table`: the group statistics of the
+    leakage (the first of the group's rows), the mean utility and utility loss, the attack's target and metric."""
+    return (
+        group.groupby(["strength", "attack"], dropna=False)
+        .agg(
+            leakage=("leakage_mean", "first"),
+            utility_loss=("utility_loss", "mean"),
+            utility=("utility", "mean"),
+            target=("attack_target", "first"),
+            metric=("attack_metric", "first"),
+            low=("leakage_ci_low", "first"),
+            high=("leakage_ci_high", "first"),
+            delta=("delta_leakage", "first"),
+            delta_low=("delta_ci_low", "first"),
+            delta_high=("delta_ci_high", "first"),
+            change=("change", "first"),
+            leaks=("leaks_without_defense", "first"),
+            confidence=("confidence", "first"),
+        )
+        .reset_index()
+    )
+
+
+def _scored_attacks(per: pd.DataFrame) -> tuple[list[str], list[Any]]:
+    """The notes naming each attack of ``per`` that :func:`scores_table` leaves out of ``s_pu`` and ``c_dcs`` (and
+    why: a feature attack, or no measurable leakage without a defense), and the attacks it scores."""
+    notes, scored = [], []
+    for attack, rows_of in per.groupby("attack"):
+        first = rows_of.iloc[0]
+        reason = pu_scorable(first["target"], first["metric"])
+        if reason is not None:
+            notes.append(f"{attack}: left out of s_pu and c_dcs, {reason}")
+        elif not _true(first["leaks"]):
+            notes.append(
+                f"{attack}: left out of s_pu and c_dcs, it does not leak measurably without a "
+                "defense (the interval of its undefended leakage reaches 0, or there is none)"
+            )
+        else:
+            scored.append(attack)
+    return notes, scored
+
+
+def _ranked(out: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of :func:`scores_table` with the detectors' column (where the sweep has detectors), ranked by verdict,
+    then by ``s_pu``, then by utility loss."""
     detectors = detection.scores_column(table)
     if detectors:
         out["detectors"] = [

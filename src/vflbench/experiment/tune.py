@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,49 @@ def tune(
 
     Every tried strength runs each seed of the config's ``sweep.seeds`` (the config's ``seed`` when it
     has none); its utility and each attack's leakage are the means over them."""
+    name, larger_is_stronger = _check_tune(cfg, low, high)
+    out = Path(out_dir)
+    seeds = [int(s) for s in (cfg.sweep or {}).get("seeds") or [cfg.seed]]
+    base = cfg.model_dump(mode="json", exclude={"sweep"})
+    if (cfg.sweep or {}).get("attacker_search"):
+        base["evaluation"]["attacker_search"] = True
+    points: list[SweepPoint] = []
+
+    def evaluate(raw: dict[str, Any], knobs: dict[str, Any]) -> tuple[float, dict[str, Interval]]:
+        """Mean utility over the seeds and the leakage (points) of every attacker (each attack's default one and,
+        with the attacker search, the one it selected) with its interval over seeds × repeats."""
+        results = []
+        for seed in seeds:
+            point = SweepPoint(build_config({**raw, "seed": seed}), {**knobs, "seed": seed})
+            points.append(point)
+            results.append((seed, _evaluate(point.config, out, data_root)))
+        utility = sum(r.utility.value for _, r in results) / len(results)
+        return utility, _leakage_intervals(cfg, results)
+
+    log.info("tune %s: seeds %s (each tried strength is the mean over them)", name, seeds)
+    vanilla, undefended = evaluate({**base, "defenses": []}, {})
+    usable = _usable_attackers(cfg, undefended, seeds)
+    result = TuneResult(name, budget, seeds)
+
+    def trial(strength: float) -> bool:
+        raw = json.loads(json.dumps(base))
+        apply_override(raw, ["defenses", "0", "strength"], strength)
+        utility, leakage = evaluate(raw, {"strength": strength})
+        label, worst = max(((k, v) for k, v in leakage.items() if k in usable), key=lambda kv: kv[1].mean)
+        return _record_trial(result, strength, label, worst, utility, vanilla)
+
+    strong, weak = (high, low) if larger_is_stronger else (low, high)
+    _bisect(trial, strong, weak, steps)
+    met = [t for t in result.trace if t["meets"]]
+    result.chosen = min(met, key=lambda t: t["utility_loss"]) if met else None
+    collect(out, points)
+    write_json(out / "tune.json", asdict(result))
+    return result
+
+
+def _check_tune(cfg: ExperimentConfig, low: float, high: float) -> tuple[str, bool]:
+    """Refuse a config :func:`tune` cannot search (not exactly one defense with a strength knob, no attack, a
+    feature attack, not ``0 < low < high``); the defense's name, and whether a larger strength is stronger."""
     if len(cfg.defenses) != 1:
         raise ConfigError("tune needs exactly one defense in the config (its strength is searched)")
     if not cfg.attacks:
@@ -92,36 +136,28 @@ def tune(
             "100*(1 - MSE/MSE_prior), another scale. Tune against label attacks only, or sweep the "
             "strength with `vflbench sweep` and read the feature leakage there"
         )
-    out = Path(out_dir)
-    seeds = [int(s) for s in (cfg.sweep or {}).get("seeds") or [cfg.seed]]
-    base = cfg.model_dump(mode="json", exclude={"sweep"})
-    if (cfg.sweep or {}).get("attacker_search"):
-        base["evaluation"]["attacker_search"] = True
-    points: list[SweepPoint] = []
+    return name, larger_is_stronger
 
-    def evaluate(raw: dict[str, Any], knobs: dict[str, Any]) -> tuple[float, dict[str, Interval]]:
-        """Mean utility over the seeds and the leakage (points) of every attacker (each attack's default one and,
-        with the attacker search, the one it selected) with its interval over seeds × repeats."""
-        results = []
-        for seed in seeds:
-            point = SweepPoint(build_config({**raw, "seed": seed}), {**knobs, "seed": seed})
-            points.append(point)
-            results.append((seed, _evaluate(point.config, out, data_root)))
-        utility = sum(r.utility.value for _, r in results) / len(results)
-        leakage: dict[str, Interval] = {}
-        for i, spec in enumerate(cfg.attacks):
-            label = spec.name if spec.name not in leakage else f"{spec.name}#{i}"
-            leakage[label] = mean_interval(
-                {seed: [float(v) for v in r.attacks[i].leakages or [r.attacks[i].leakage]] for seed, r in results},
-                cfg.evaluation.confidence,
-            )
-            searched = {seed: [float(v) for v in r.attacks[i].leakages_worst or []] for seed, r in results}
-            if any(searched.values()):
-                leakage[label + SEARCHED] = mean_interval(searched, cfg.evaluation.confidence)
-        return utility, leakage
 
-    log.info("tune %s: seeds %s (each tried strength is the mean over them)", name, seeds)
-    vanilla, undefended = evaluate({**base, "defenses": []}, {})
+def _leakage_intervals(cfg: ExperimentConfig, results: list[tuple[int, RunResult]]) -> dict[str, Interval]:
+    """The leakage (points) of every attacker over the ``results`` of the seeds (each attack's default one and,
+    with the attacker search, the one it selected) with its interval over seeds × repeats, by its label."""
+    leakage: dict[str, Interval] = {}
+    for i, spec in enumerate(cfg.attacks):
+        label = spec.name if spec.name not in leakage else f"{spec.name}#{i}"
+        leakage[label] = mean_interval(
+            {seed: [float(v) for v in r.attacks[i].leakages or [r.attacks[i].leakage]] for seed, r in results},
+            cfg.evaluation.confidence,
+        )
+        searched = {seed: [float(v) for v in r.attacks[i].leakages_worst or []] for seed, r in results}
+        if any(searched.values()):
+            leakage[label + SEARCHED] = mean_interval(searched, cfg.evaluation.confidence)
+    return leakage
+
+
+def _usable_attackers(cfg: ExperimentConfig, undefended: dict[str, Interval], seeds: list[int]) -> set[str]:
+    """The attackers that leak measurably without a defense (whose leakage the budget bounds); a clear error for an
+    attack none of whose attackers does, or whose leakage has no interval."""
     usable: set[str] = set()
     for label, interval in undefended.items():
         if leaks(interval):
@@ -143,35 +179,40 @@ def tune(
             "strengthen the attack (more epochs, other parameters, evaluation.attacker_search) or "
             "leave it out"
         )
-    result = TuneResult(name, budget, seeds)
+    return usable
 
-    def trial(strength: float) -> bool:
-        raw = json.loads(json.dumps(base))
-        apply_override(raw, ["defenses", "0", "strength"], strength)
-        utility, leakage = evaluate(raw, {"strength": strength})
-        label, worst = max(((k, v) for k, v in leakage.items() if k in usable), key=lambda kv: kv[1].mean)
-        bound = worst.high if worst.defined else worst.mean
-        entry = {
-            "strength": strength,
-            "worst_attack": label,
-            "worst_leakage": worst.mean,
-            "worst_ci_high": worst.high,
-            "utility": utility,
-            "utility_loss": 100.0 * (vanilla - utility),
-            "meets": bound <= budget,
-        }
-        result.trace.append(entry)
-        log.info(
-            "tune %s strength=%g worst_eps_p=%.2f (upper bound %.2f) eps_u=%.2f",
-            name,
-            strength,
-            worst.mean,
-            bound,
-            entry["utility_loss"],
-        )
-        return bool(entry["meets"])
 
-    strong, weak = (high, low) if larger_is_stronger else (low, high)
+def _record_trial(
+    result: TuneResult, strength: float, label: str, worst: Interval, utility: float, vanilla: float
+) -> bool:
+    """Add the trial of ``strength`` (worst attacker ``label`` with leakage ``worst``) to ``result.trace`` and log
+    it; whether it meets the budget (the upper end of the worst leakage's interval, else its mean, within it)."""
+    name, budget = result.defense, result.budget
+    bound = worst.high if worst.defined else worst.mean
+    entry = {
+        "strength": strength,
+        "worst_attack": label,
+        "worst_leakage": worst.mean,
+        "worst_ci_high": worst.high,
+        "utility": utility,
+        "utility_loss": 100.0 * (vanilla - utility),
+        "meets": bound <= budget,
+    }
+    result.trace.append(entry)
+    log.info(
+        "tune %s strength=%g worst_eps_p=%.2f (upper bound %.2f) eps_u=%.2f",
+        name,
+        strength,
+        worst.mean,
+        bound,
+        entry["utility_loss"],
+    )
+    return bool(entry["meets"])
+
+
+def _bisect(trial: Callable[[float], bool], strong: float, weak: float, steps: int) -> None:
+    """Try the strongest strength, then the weakest; when only the strongest meets the budget, bisect between them
+    (geometrically) for ``steps - 2`` more trials."""
     if trial(strong) and not trial(weak):
         failing, meeting = weak, strong
         for _ in range(max(steps - 2, 0)):
@@ -180,8 +221,3 @@ def tune(
                 meeting = mid
             else:
                 failing = mid
-    met = [t for t in result.trace if t["meets"]]
-    result.chosen = min(met, key=lambda t: t["utility_loss"]) if met else None
-    collect(out, points)
-    write_json(out / "tune.json", asdict(result))
-    return result
