@@ -644,8 +644,8 @@ def _summary_metrics(defenses: Sequence[dict[str, Any]], metrics: Path) -> dict[
         (d["name"], key)
         for d in defenses
         if d["name"] in DEFENSES
-        for key in DEFENSES.get(d["name"]).factory.summary_metrics
-    ]  # type: ignore[attr-defined]
+        for key in DEFENSES.get(d["name"]).factory.summary_metrics  # type: ignore[attr-defined]
+    ]
     if not wanted or not metrics.is_file():
         return {}
     lines = metrics.read_text().splitlines()

@@ -367,8 +367,8 @@ class Dealer(ServiceHandle):
                 int(m["active_seed"]),
                 bool(m["taken"]),
             )
-            for m in state.get("masks", [])
-        ]  # type: ignore[attr-defined]
+            for m in state.get("masks", [])  # type: ignore[attr-defined]
+        ]
         self._masks = {m.mask_id: m for m in masks}
         self._current = {(m.owner, m.layer): m.mask_id for m in masks}
         self._weights.clear()

@@ -326,7 +326,7 @@ class ActiveShares:
             holder = ActiveShareHolder(
                 name=f"{request.sender}.{name}",
                 geometry={k: v for k, v in meta.items() if k in ("kind", "stride", "padding")},
-                frac_bits=int(meta["frac_bits"]),
+                frac_bits=int(meta["frac_bits"]),  # type: ignore[arg-type]
                 truncation=str(meta["truncation"]),  # type: ignore[arg-type]
                 generator=self.noise(request.sender, name),
                 record_received=self.record_received,

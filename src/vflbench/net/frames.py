@@ -140,11 +140,11 @@ class Frame:
             self.ids,
             self.epoch,
             self.step,
-            self.phase,
+            self.phase,  # type: ignore[arg-type]
             tuple(rest),
             dict(self.meta),
-            self.role,
-        )  # type: ignore[arg-type]
+            self.role,  # type: ignore[arg-type]
+        )
 
 
 def _check_byte_order() -> None:

@@ -318,8 +318,8 @@ class Endpoint:
             phase,
             tuple(rest),
             dict(meta or {}),
-            role,
-        )  # type: ignore[arg-type]
+            role,  # type: ignore[arg-type]
+        )
 
     @property
     def stats(self) -> Mapping[str, CommStats]:
