@@ -23,9 +23,14 @@ import tempfile
 import time
 from pathlib import Path
 
-COMMANDS = {"--help": ["--help"], "--version": ["--version"], "list models": ["list", "models"],
-            "describe vmask": ["describe", "vmask"], "init": ["init", "{tmp}", "--force"],
-            "datasets verify": ["datasets", "verify"]}
+COMMANDS = {
+    "--help": ["--help"],
+    "--version": ["--version"],
+    "list models": ["list", "models"],
+    "describe vmask": ["describe", "vmask"],
+    "init": ["init", "{tmp}", "--force"],
+    "datasets verify": ["datasets", "verify"],
+}
 TORCH = "import torch"
 
 
@@ -62,8 +67,18 @@ def main() -> None:
     for name in samples:
         print(f"| `{name}` | {cpu[name]:.3f} | {wall[name]:.3f} | {cpu[name] / cpu[TORCH]:.3f} |")
     if args.json:
-        args.json.write_text(json.dumps({"load": load, "samples": samples, "cpu_median": cpu, "wall_median": wall,
-                                         "ratio": {n: cpu[n] / cpu[TORCH] for n in samples}}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "load": load,
+                    "samples": samples,
+                    "cpu_median": cpu,
+                    "wall_median": wall,
+                    "ratio": {n: cpu[n] / cpu[TORCH] for n in samples},
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

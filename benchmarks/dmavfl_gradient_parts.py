@@ -56,15 +56,22 @@ def parts(attack: Any, bottom: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
     real_fake[rows, 2 * y + 1] = -p[rows, 2 * y]
     full = p.clone()
     full[rows, 2 * y + 1] -= 1
-    assert torch.allclose(torch.autograd.grad(F.cross_entropy(z, 2 * y + 1), h, retain_graph=True)[0],
-                          torch.autograd.grad(z, h, grad_outputs=full / len(y), retain_graph=True)[0], atol=1e-6)
-    g_full, g_rf = (torch.autograd.grad(z, h, grad_outputs=d / len(y), retain_graph=True)[0]
-                    for d in (full, real_fake))
+    assert torch.allclose(
+        torch.autograd.grad(F.cross_entropy(z, 2 * y + 1), h, retain_graph=True)[0],
+        torch.autograd.grad(z, h, grad_outputs=full / len(y), retain_graph=True)[0],
+        atol=1e-6,
+    )
+    g_full, g_rf = (torch.autograd.grad(z, h, grad_outputs=d / len(y), retain_graph=True)[0] for d in (full, real_fake))
     g_class = g_full - g_rf
     share = (g_rf.flatten(1).norm(dim=1) / g_full.flatten(1).norm(dim=1).clamp_min(1e-30)).mean()
     fake = (p[rows, 2 * y] / (p[rows, 2 * y] + p[rows, 2 * y + 1])).mean()
-    return {"fake": float(fake), "share": float(share), "cos_diff_full": _diff_cos(g_full, y),
-            "cos_diff_real_fake": _diff_cos(g_rf, y), "cos_diff_class": _diff_cos(g_class, y)}
+    return {
+        "fake": float(fake),
+        "share": float(share),
+        "cos_diff_full": _diff_cos(g_full, y),
+        "cos_diff_real_fake": _diff_cos(g_rf, y),
+        "cos_diff_class": _diff_cos(g_class, y),
+    }
 
 
 def main() -> None:
@@ -80,26 +87,40 @@ def main() -> None:
     plan = validate_attacks(cfg, vd)
     names = [f"passive_{i + 1}" for i in range(len(vd.passive))]
     held = plan.held_out()
-    fed = build_federation(cfg, vd, defenses=plan_defenses(cfg, names), keep=plan.keep, extra_dims=plan.extra_dims(),
-                           held_out=held)
+    fed = build_federation(
+        cfg, vd, defenses=plan_defenses(cfg, names), keep=plan.keep, extra_dims=plan.extra_dims(), held_out=held
+    )
     plan.prepare(fed)
     attack = plan.attacks[0].attack
     victim = fed.passives[0]
     pool = torch.tensor(sorted(set(range(len(vd.y_train))) - set(held.tolist() if held is not None else [])))
-    picks = pool[torch.randperm(len(pool), generator=torch.Generator().manual_seed(0))[:8 * 64]].view(8, 64)
+    picks = pool[torch.randperm(len(pool), generator=torch.Generator().manual_seed(0))[: 8 * 64]].view(8, 64)
     rows: list[dict[str, float]] = []
 
     def measure(epoch: int, record: dict[str, Any] | None = None) -> None:
-        per = [parts(attack, victim.bottom, victim.features("train")[ids],
-                     class_indices(attack.state_.party.objective.targets[ids])) for ids in picks]
+        per = [
+            parts(
+                attack,
+                victim.bottom,
+                victim.features("train")[ids],
+                class_indices(attack.state_.party.objective.targets[ids]),
+            )
+            for ids in picks
+        ]
         row = {"epoch": float(epoch + 1), **{k: sum(r[k] for r in per) / len(per) for k in per[0]}}
         rows.append(row)
         sys.stdout.write(json.dumps({k: round(v, 3) for k, v in row.items()}) + "\n")
         sys.stdout.flush()
 
     measure(-1)  # before training: the DAC has only been initialised
-    fed.fit(epochs=args.epochs, batch_size=cfg.train.batch_size, generator=generator(cfg.seed, "active", "batches"),
-            y_test=vd.y_test, eval_every=cfg.train.eval_every, on_epoch_end=measure)
+    fed.fit(
+        epochs=args.epochs,
+        batch_size=cfg.train.batch_size,
+        generator=generator(cfg.seed, "active", "batches"),
+        y_test=vd.y_test,
+        eval_every=cfg.train.eval_every,
+        on_epoch_end=measure,
+    )
     if args.out:
         Path(args.out).write_text(json.dumps({"name": args.name, "rows": rows}, indent=1))
 

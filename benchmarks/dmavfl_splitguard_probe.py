@@ -51,9 +51,19 @@ class ProbedSplitGuard(SplitGuard):
         f, a, b = self.fakes_.mean(), self.r1_.mean(), self.r2_.mean()
         m_f, m_1, m_2 = self.fakes_.mean_norm(), self.r1_.mean_norm(), self.r2_.mean_norm()
         m_r = (m_1 + m_2) / 2
-        self.components_.append({"step": self.count_, "epoch": state.epoch, "score": score,
-                                 "angle_fr": _angle(f, (a + b) / 2), "dnorm_fr": abs(m_f - m_r),
-                                 "angle_12": _angle(a, b), "dnorm_12": abs(m_1 - m_2), "m_f": m_f, "m_r": m_r})
+        self.components_.append(
+            {
+                "step": self.count_,
+                "epoch": state.epoch,
+                "score": score,
+                "angle_fr": _angle(f, (a + b) / 2),
+                "dnorm_fr": abs(m_f - m_r),
+                "angle_12": _angle(a, b),
+                "dnorm_12": abs(m_1 - m_2),
+                "m_f": m_f,
+                "m_r": m_r,
+            }
+        )
         super().record(state, score)
 
 
@@ -71,8 +81,9 @@ def run(attack: bool, data_root: str, vector: str = "parameter") -> dict[str, An
     defenses = plan_defenses(cfg, names)
     probe = ProbedSplitGuard(threshold=0.0, vector=vector)
     defenses.passive["passive_1"][0] = probe
-    fed = build_federation(cfg, vd, defenses=defenses, keep=plan.keep, extra_dims=plan.extra_dims(),
-                           held_out=plan.held_out())
+    fed = build_federation(
+        cfg, vd, defenses=defenses, keep=plan.keep, extra_dims=plan.extra_dims(), held_out=plan.held_out()
+    )
     plan.prepare(fed)
     dac_stats: list[dict[str, float]] = []
 
@@ -81,11 +92,20 @@ def run(attack: bool, data_root: str, vector: str = "parameter") -> dict[str, An
             dac_stats.append(dac_answers(plan.attacks[0].attack.state_, fed, vd, epoch))
 
     tic = time.perf_counter()
-    fed.fit(epochs=cfg.train.epochs, batch_size=cfg.train.batch_size,
-            generator=generator(cfg.seed, "active", "batches"), y_test=vd.y_test, eval_every=cfg.train.eval_every,
-            on_epoch_end=epoch_end)
-    return {"components": probe.components_, "norms": probe.norms_, "dac": dac_stats,
-            "seconds": time.perf_counter() - tic}
+    fed.fit(
+        epochs=cfg.train.epochs,
+        batch_size=cfg.train.batch_size,
+        generator=generator(cfg.seed, "active", "batches"),
+        y_test=vd.y_test,
+        eval_every=cfg.train.eval_every,
+        on_epoch_end=epoch_end,
+    )
+    return {
+        "components": probe.components_,
+        "norms": probe.norms_,
+        "dac": dac_stats,
+        "seconds": time.perf_counter() - tic,
+    }
 
 
 def dac_answers(state: Any, fed: Any, vd: Any, epoch: int, rows: int = 1024) -> dict[str, float]:
@@ -120,18 +140,32 @@ def summary(name: str, rec: dict[str, Any], window: int = 10, threshold: float =
     """Where the rolling mean first falls below the threshold, and the components there."""
     comps = rec["components"]
     scores = [c["score"] for c in comps]
-    means = [sum(scores[max(0, i - window + 1): i + 1]) / min(window, i + 1) for i in range(len(scores))]
+    means = [sum(scores[max(0, i - window + 1) : i + 1]) / min(window, i + 1) for i in range(len(scores))]
     below = [i for i in range(window - 1, len(scores)) if means[i] < threshold]
     fakes = [n for _, fake, n in rec["norms"] if fake]
     regular = [n for _, fake, n in rec["norms"] if not fake]
-    lines = [f"{name}: {len(scores)} decisions, rolling mean below {threshold} at {len(below)}; "
-             f"mean |fake| {sum(fakes) / len(fakes):.4g}, mean |regular| {sum(regular) / len(regular):.4g}"]
+    lines = [
+        f"{name}: {len(scores)} decisions, rolling mean below {threshold} at {len(below)}; "
+        f"mean |fake| {sum(fakes) / len(fakes):.4g}, mean |regular| {sum(regular) / len(regular):.4g}"
+    ]
     for i in ([below[0]] if below else []) + [len(comps) - 1]:
         c = comps[i]
-        lines.append("  decision {} (step {}, epoch {}): score {:.3f}, rolling mean {:.3f}; angle(F,R) {:.3f} rad, "
-                     "|m_F-m_R| {:.4g}; angle(R1,R2) {:.3f} rad, |m_1-m_2| {:.4g}; m_F {:.4g}, m_R {:.4g}".format(
-                         i, c["step"], c["epoch"], c["score"], means[i], c["angle_fr"], c["dnorm_fr"],
-                         c["angle_12"], c["dnorm_12"], c["m_f"], c["m_r"]))
+        lines.append(
+            "  decision {} (step {}, epoch {}): score {:.3f}, rolling mean {:.3f}; angle(F,R) {:.3f} rad, "
+            "|m_F-m_R| {:.4g}; angle(R1,R2) {:.3f} rad, |m_1-m_2| {:.4g}; m_F {:.4g}, m_R {:.4g}".format(
+                i,
+                c["step"],
+                c["epoch"],
+                c["score"],
+                means[i],
+                c["angle_fr"],
+                c["dnorm_fr"],
+                c["angle_12"],
+                c["dnorm_12"],
+                c["m_f"],
+                c["m_r"],
+            )
+        )
     return "\n".join(lines)
 
 
@@ -139,9 +173,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "datasets"))
     parser.add_argument("--out", default="runs/sg_probe")
-    parser.add_argument("--vector", choices=("parameter", "embedding"), default="parameter",
-                        help="SplitGuard's gradient vector: the first layer's weights (original) or the cut "
-                             "gradient (URVFL's port)")
+    parser.add_argument(
+        "--vector",
+        choices=("parameter", "embedding"),
+        default="parameter",
+        help="SplitGuard's gradient vector: the first layer's weights (original) or the cut gradient (URVFL's port)",
+    )
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -152,8 +189,10 @@ def main() -> None:
         rec = json.loads(path.read_text())
         print(summary(name, rec))
         for d in rec.get("dac", []):
-            print("  epoch {epoch}: DAC p(real) {p_real:.3f}, p(true class) {p_true_class:.3f}; per-row |grad| true "
-                  "label {grad_norm_true:.4f}, shifted label {grad_norm_shifted:.4f}".format(**d))
+            print(
+                "  epoch {epoch}: DAC p(real) {p_real:.3f}, p(true class) {p_true_class:.3f}; per-row |grad| true "
+                "label {grad_norm_true:.4f}, shifted label {grad_norm_shifted:.4f}".format(**d)
+            )
 
 
 if __name__ == "__main__":

@@ -99,9 +99,14 @@ def part_device(args: argparse.Namespace) -> dict[str, Any]:
 
     device = resolve_device("auto")
     method = "auto" if device.type == "cuda" else "limbs"  # on the CPU: the limb path forced, for the plumbing
-    out: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
-                           "cuda_available": torch.cuda.is_available(), "device": device_name(device),
-                           "ring_method": "limbs (float64)" if method != "int64" else "int64"}
+    out: dict[str, Any] = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+        "cuda_available": torch.cuda.is_available(),
+        "device": device_name(device),
+        "ring_method": "limbs (float64)" if method != "int64" else "int64",
+    }
     g = torch.Generator().manual_seed(0)
     extremes = torch.tensor([-(2**63), 2**63 - 1, -1, 0, 1, 2**16 - 1, 2**48 + 7, -(2**32)], dtype=torch.int64)
 
@@ -118,17 +123,22 @@ def part_device(args: argparse.Namespace) -> dict[str, Any]:
     x, w = ring(16, 1, 28, 28), ring(6, 1, 5, 5)
     y = ring_conv2d(x, w, stride=1, padding=2)
     exact["conv2d lenet5 layer 1"] = torch.equal(
-        ring_conv2d(x.to(device), w.to(device), stride=1, padding=2, method=method).cpu(), y)
+        ring_conv2d(x.to(device), w.to(device), stride=1, padding=2, method=method).cpu(), y
+    )
     gy = ring(*y.shape)
     exact["conv2d input gradient"] = torch.equal(
         ring_conv2d_input_grad(gy.to(device), w.to(device), (28, 28), stride=1, padding=2, method=method).cpu(),
-        ring_conv2d_input_grad(gy, w, (28, 28), stride=1, padding=2))
-    exact["ring draws"] = torch.equal(uniform((64, 64), torch.Generator().manual_seed(1), device=device).cpu(),
-                                      uniform((64, 64), torch.Generator().manual_seed(1)))
+        ring_conv2d_input_grad(gy, w, (28, 28), stride=1, padding=2),
+    )
+    exact["ring draws"] = torch.equal(
+        uniform((64, 64), torch.Generator().manual_seed(1), device=device).cpu(),
+        uniform((64, 64), torch.Generator().manual_seed(1)),
+    )
     top_dev = build_top("mlp2", 32, 10, generator(0, "top"), device=device)
     top_cpu = build_top("mlp2", 32, 10, generator(0, "top"))
-    exact["initial weights"] = all(torch.equal(p.cpu(), q) for p, q in zip(top_dev.parameters(), top_cpu.parameters(),
-                                                                            strict=True))
+    exact["initial weights"] = all(
+        torch.equal(p.cpu(), q) for p, q in zip(top_dev.parameters(), top_cpu.parameters(), strict=True)
+    )
     out["bit_identical_to_cpu"] = exact
     timings: dict[str, dict[str, float]] = {}
     for m, k, n in shapes:
@@ -148,11 +158,14 @@ def _vmask_federations(dataset: str, bottom: str, data_root: str, rows: int, dev
     variants = {"vanilla": [], "vmask (layer 1 masked)": [{"name": "vmask"}]}
     feds = {}
     for name, defenses in variants.items():
-        cfg = build_config({"data": {"name": dataset, "root": data_root, "train_size": rows,
-                                     "aux_pool": min(640, rows // 4)},
-                            "model": {"bottom": bottom, "top": "mlp2"},
-                            "train": {"epochs": 2, "batch_size": 128, "lr": 0.1, "momentum": 0.0, "device": device},
-                            "defenses": defenses})
+        cfg = build_config(
+            {
+                "data": {"name": dataset, "root": data_root, "train_size": rows, "aux_pool": min(640, rows // 4)},
+                "model": {"bottom": bottom, "top": "mlp2"},
+                "train": {"epochs": 2, "batch_size": 128, "lr": 0.1, "momentum": 0.0, "device": device},
+                "defenses": defenses,
+            }
+        )
         feds[name] = build_federation(cfg, load_vertical_data(cfg), defenses=plan_defenses(cfg, ["passive_1"]))
     return feds
 
@@ -173,7 +186,7 @@ def part_vmask(args: argparse.Namespace) -> dict[str, Any]:
         rows = 128 * max(steps, 6)
         feds = _vmask_federations(dataset, bottom, args.data_root, rows, str(device))
         ids = torch.randperm(rows, generator=torch.Generator().manual_seed(0))
-        batch = [ids[s * 128:(s + 1) * 128] for s in range(steps)]
+        batch = [ids[s * 128 : (s + 1) * 128] for s in range(steps)]
         for f in feds.values():  # warm-up: the kernels, the allocator, cuBLAS handles
             for s in range(3):
                 f.train_step(batch[s % steps], epoch=0, step=s)
@@ -196,10 +209,14 @@ def part_vmask(args: argparse.Namespace) -> dict[str, Any]:
         vanilla = per_step["vanilla"] * steps_per_epoch
         vmask = per_step["vmask (layer 1 masked)"] * steps_per_epoch + epoch_end
         key = f"{bottom}, {dataset}"
-        results["cases"][key] = {"per_step_ms": {n: 1000 * v for n, v in per_step.items()},
-                                 "epoch_end_seconds": epoch_end, "epoch_seconds": {"vanilla": vanilla, "vmask": vmask},
-                                 "per_epoch_ratio": vmask / vanilla, "paper_ratio": PAPER_VMASK[key],
-                                 "seconds": time.perf_counter() - tic}
+        results["cases"][key] = {
+            "per_step_ms": {n: 1000 * v for n, v in per_step.items()},
+            "epoch_end_seconds": epoch_end,
+            "epoch_seconds": {"vanilla": vanilla, "vmask": vmask},
+            "per_epoch_ratio": vmask / vanilla,
+            "paper_ratio": PAPER_VMASK[key],
+            "seconds": time.perf_counter() - tic,
+        }
     return results
 
 
@@ -214,14 +231,23 @@ def part_dmavfl(args: argparse.Namespace) -> dict[str, Any]:
 
     exp = rd.EXPERIMENTS[DMAVFL_ROW]
     if args.smoke:  # the plumbing only: a few rows, one epoch of each phase
-        exp = dataclasses.replace(exp, data={"train_size": 700, "test_size": 100, "aux_pool": 100},
-                                  train={"epochs": 1}, attack_params={"pretrain_epochs": 1})
+        exp = dataclasses.replace(
+            exp,
+            data={"train_size": 700, "test_size": 100, "aux_pool": 100},
+            train={"epochs": 1},
+            attack_params={"pretrain_epochs": 1},
+        )
     record = rd.run_one(DMAVFL_ROW, exp, args.data_root, Path(args.work))
     value, prior = record.get("value"), record.get("prior")
     record.pop("details", None)
-    record.update(device=device_name(resolve_device("auto")), value_pm1=None if value is None else 4 * value,
-                  prior_pm1=None if prior is None else 4 * prior, paper_pm1=DMAVFL_PAPER, cpu_seed0_pm1=DMAVFL_CPU,
-                  smoke=args.smoke)
+    record.update(
+        device=device_name(resolve_device("auto")),
+        value_pm1=None if value is None else 4 * value,
+        prior_pm1=None if prior is None else 4 * prior,
+        paper_pm1=DMAVFL_PAPER,
+        cpu_seed0_pm1=DMAVFL_CPU,
+        smoke=args.smoke,
+    )
     return record
 
 
@@ -234,8 +260,15 @@ PART_FUNCTIONS = {"device": part_device, "vmask": part_vmask, "dmavfl": part_dma
 def _start(cmd: list[str], env: dict[str, str], log: Any = None) -> subprocess.Popen:
     """``cmd`` in its own process group (so that a late part is stopped with all it started), its output to ``log``
     (an open file) or a pipe."""
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True, text=True,
-                            stdout=log if log is not None else subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        text=True,
+        stdout=log if log is not None else subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -269,14 +302,35 @@ def _wait(procs: dict[str, tuple[subprocess.Popen, float, float]]) -> dict[str, 
 
 
 def _part_cmd(args: argparse.Namespace, name: str) -> list[str]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--part", name, "--work", args.work,
-           "--data-root", args.data_root]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--part",
+        name,
+        "--work",
+        args.work,
+        "--data-root",
+        args.data_root,
+    ]
     return cmd + (["--smoke"] if args.smoke else [])
 
 
 def _tests_cmd(args: argparse.Namespace) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", "-o", "addopts=", "-m", "not slow", "-p", "no:cacheprovider", "-v",
-           "--tb=short", "-rfE", "--color=no"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-o",
+        "addopts=",
+        "-m",
+        "not slow",
+        "-p",
+        "no:cacheprovider",
+        "-v",
+        "--tb=short",
+        "-rfE",
+        "--color=no",
+    ]
     if args.workers > 1 and importlib.util.find_spec("xdist") is not None:
         cmd += ["-n", str(args.workers)]
     if importlib.util.find_spec("pytest_timeout") is not None:
@@ -325,22 +379,30 @@ def summary_text(report: dict[str, Any]) -> str:
             for what, ok in (result.get("bit_identical_to_cpu") or {}).items():
                 lines.append(f"  {'exact' if ok else 'DIFFERS'}: {what}")
             for shape, t in (result.get("ring_matmul_timings") or {}).items():
-                lines.append(f"  ring matmul {shape}: {t['ring_ms']:.2f} ms, float32 {t['float32_ms']:.3f} ms "
-                             f"({t['ratio']:.0f}x)")
+                lines.append(
+                    f"  ring matmul {shape}: {t['ring_ms']:.2f} ms, float32 {t['float32_ms']:.3f} ms "
+                    f"({t['ratio']:.0f}x)"
+                )
         if name == "vmask" and result:
             for case, r in result.get("cases", {}).items():
-                lines.append(f"  {case}: VMask/vanilla per epoch {r['per_epoch_ratio']:.2f}x "
-                             f"(paper {r['paper_ratio']}x; ms/step {r['per_step_ms']['vanilla']:.2f} vs "
-                             f"{r['per_step_ms']['vmask (layer 1 masked)']:.2f}, end of epoch "
-                             f"{r['epoch_end_seconds']:.2f} s)")
+                lines.append(
+                    f"  {case}: VMask/vanilla per epoch {r['per_epoch_ratio']:.2f}x "
+                    f"(paper {r['paper_ratio']}x; ms/step {r['per_step_ms']['vanilla']:.2f} vs "
+                    f"{r['per_step_ms']['vmask (layer 1 masked)']:.2f}, end of epoch "
+                    f"{r['epoch_end_seconds']:.2f} s)"
+                )
         if name == "dmavfl" and result:
             if result.get("value_pm1") is not None:
-                lines.append(f"  MSE {result['value_pm1']:.4f} in [-1, 1] units (paper {DMAVFL_PAPER}, our CPU "
-                             f"{DMAVFL_CPU}); prior {result['prior_pm1']:.4f}; test accuracy "
-                             f"{result.get('accuracy')}; {result.get('seconds', 0):.0f} s")
+                lines.append(
+                    f"  MSE {result['value_pm1']:.4f} in [-1, 1] units (paper {DMAVFL_PAPER}, our CPU "
+                    f"{DMAVFL_CPU}); prior {result['prior_pm1']:.4f}; test accuracy "
+                    f"{result.get('accuracy')}; {result.get('seconds', 0):.0f} s"
+                )
             elif result.get("epochs_done") is not None:
-                lines.append(f"  cut off after {result['epochs_done']} epochs in {result.get('seconds', 0):.0f} s "
-                             f"(per-epoch MSE on 1,000 test rows, [0, 1] units: {result.get('mse_curve')})")
+                lines.append(
+                    f"  cut off after {result['epochs_done']} epochs in {result.get('seconds', 0):.0f} s "
+                    f"(per-epoch MSE on 1,000 test rows, [0, 1] units: {result.get('mse_curve')})"
+                )
         if name == "tests" and result:
             lines.append(f"  {result.get('summary') or result.get('counts')}")
             for test in result.get("failed", [])[:25]:
@@ -362,9 +424,13 @@ def orchestrate(args: argparse.Namespace) -> int:
     began = time.monotonic()
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
-    env = {**os.environ, "VFLBENCH_DEVICE": device, "VFLBENCH_DATA": str(Path(args.data_root).resolve()),
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]),
-           "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "VFLBENCH_DEVICE": device,
+        "VFLBENCH_DATA": str(Path(args.data_root).resolve()),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "PYTHONUNBUFFERED": "1",
+    }
     machine = torch.cuda.get_device_name(0) if cuda else "no CUDA device (CPU only)"
     report: dict[str, Any] = {"smoke": args.smoke, "machine": machine, "total_budget": args.total, "parts": {}}
     runnable = {p: cuda or args.smoke or p == "device" for p in PARTS}
@@ -376,8 +442,9 @@ def orchestrate(args: argparse.Namespace) -> int:
     def record(name: str, rc: int | None, seconds: float, budget: float, log: str) -> None:
         path = work / f"{name}.json"
         result = json.loads(path.read_text()) if path.is_file() else None
-        status = ("ok" if rc == 0 else f"stopped at its budget of {budget:.0f} s" if rc is None
-                  else f"failed (exit {rc})")
+        status = (
+            "ok" if rc == 0 else f"stopped at its budget of {budget:.0f} s" if rc is None else f"failed (exit {rc})"
+        )
         entry: dict[str, Any] = {"status": status, "seconds": seconds, "budget": budget, "result": result}
         if name == "dmavfl" and result is None and (work / f"{DMAVFL_ROW}.partial.json").is_file():
             entry["result"] = json.loads((work / f"{DMAVFL_ROW}.partial.json").read_text())
@@ -389,7 +456,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     for name in [p for p in ("device", "vmask") if p in chosen and runnable[p]]:
         budget = BUDGETS[name]
         proc = _start(_part_cmd(args, name), env)
-        (rc, seconds), = _wait({name: (proc, time.monotonic(), time.monotonic() + budget)}).values()
+        ((rc, seconds),) = _wait({name: (proc, time.monotonic(), time.monotonic() + budget)}).values()
         log = proc.stdout.read() if proc.stdout else ""
         record(name, rc, seconds, budget, log)
     left = max(30.0, args.total - (time.monotonic() - began))
@@ -434,8 +501,11 @@ def orchestrate(args: argparse.Namespace) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT") or "gpu_check_out", help="results folder ($OUT)")
-    parser.add_argument("--data-root", default=os.environ.get("VFLBENCH_DATA") or ".data",
-                        help="datasets root holding mnist/ (default $VFLBENCH_DATA or .data)")
+    parser.add_argument(
+        "--data-root",
+        default=os.environ.get("VFLBENCH_DATA") or ".data",
+        help="datasets root holding mnist/ (default $VFLBENCH_DATA or .data)",
+    )
     parser.add_argument("--work", default=None, help="the parts' own files (default: a temporary folder)")
     parser.add_argument("--smoke", action="store_true", help="tiny settings; runs every part on the CPU if no CUDA")
     parser.add_argument("--total", type=float, default=285.0, help="seconds for the whole check")

@@ -28,9 +28,11 @@ def methods(holder: PaillierKeyHolder, plaintexts: np.ndarray) -> dict[str, Call
         obf = public_only.obfuscators(len(plaintexts))
         return [public_only._embed(m) * r % public_only.n2 for m, r in zip(plaintexts.tolist(), obf, strict=True)]
 
-    return {"phe raw_encrypt (public key only)": lambda: public_only.encrypt(plaintexts),
-            "raw integers, no CRT": raw_no_crt,
-            "raw integers, CRT (key holder)": lambda: holder.ops.encrypt(plaintexts)}
+    return {
+        "phe raw_encrypt (public key only)": lambda: public_only.encrypt(plaintexts),
+        "raw integers, no CRT": raw_no_crt,
+        "raw integers, CRT (key holder)": lambda: holder.ops.encrypt(plaintexts),
+    }
 
 
 def main() -> None:

@@ -65,8 +65,9 @@ def trained(stem: str, seed: int, overrides: list[str], data_root: str | None) -
     return train_run(cfg, vd, attacks=plan), vd, plan
 
 
-def cached_record(path: Path, compute: Callable[[], dict[str, Any]],
-                  valid: Callable[[dict[str, Any]], bool] = lambda record: True) -> dict[str, Any]:
+def cached_record(
+    path: Path, compute: Callable[[], dict[str, Any]], valid: Callable[[dict[str, Any]], bool] = lambda record: True
+) -> dict[str, Any]:
     """The record at ``path`` if it exists and is ``valid``, else ``compute()`` written there atomically."""
     if path.exists():
         record = json.loads(path.read_text())
@@ -78,12 +79,18 @@ def cached_record(path: Path, compute: Callable[[], dict[str, Any]],
     return record
 
 
-def study(dataset: str, seed: int, factor: int, budgets: list[int], data_root: str | None,
-          swapped: list[str] | None = None) -> dict[str, Any]:
+def study(
+    dataset: str, seed: int, factor: int, budgets: list[int], data_root: str | None, swapped: list[str] | None = None
+) -> dict[str, Any]:
     """Train both runs of setting ``dataset`` at one seed (with ``swapped``: ``--dataset``/``--set`` overrides)
     and score every (budget, variant)."""
-    record: dict[str, Any] = {"dataset": dataset, "seed": seed, "epoch_factor": factor, "budgets": budgets,
-                              "swap": list(swapped or [])}
+    record: dict[str, Any] = {
+        "dataset": dataset,
+        "seed": seed,
+        "epoch_factor": factor,
+        "budgets": budgets,
+        "swap": list(swapped or []),
+    }
     tic = time.perf_counter()
     for role in ("raw", "labobf"):
         stem = STEMS[dataset][role]
@@ -113,31 +120,44 @@ def study(dataset: str, seed: int, factor: int, budgets: list[int], data_root: s
 def table(records: list[dict[str, Any]]) -> str:
     """Markdown: one row per (budget, epoch selection), balanced-test top-1 accuracy in percent."""
     paper = PAPER_T45[records[0]["dataset"]]
-    lines = ["| MixMatch epochs (× 256 steps) | epoch | R_upper | R_lower | LabObf | LabObf − R_lower | "
-             "LabObf, adaptive attacker (column held constant) |", "|---|---|---|---|---|---|---|",
-             f"| paper (not stated) | (not stated) | {paper['r_upper']} | {paper['r_lower']} | "
-             f"{paper['labobf_attack']} | {paper['labobf_attack'] - paper['r_lower']:+.2f} | - |"]
+    lines = [
+        "| MixMatch epochs (× 256 steps) | epoch | R_upper | R_lower | LabObf | LabObf − R_lower | "
+        "LabObf, adaptive attacker (column held constant) |",
+        "|---|---|---|---|---|---|---|",
+        f"| paper (not stated) | (not stated) | {paper['r_upper']} | {paper['r_lower']} | "
+        f"{paper['labobf_attack']} | {paper['labobf_attack'] - paper['r_lower']:+.2f} | - |",
+    ]
     for budget in records[0]["budgets"]:
         for select in ("best", "last"):
-            gap = statistics.mean(r[f"labobf_attack_e{budget}_{select}"] - r[f"raw_prior_e{budget}_{select}"]
-                                  for r in records)
-            lines.append(f"| {budget} | {select} | {_cell(records, f'raw_attack_e{budget}_{select}')} | "
-                         f"{_cell(records, f'raw_prior_e{budget}_{select}')} | "
-                         f"{_cell(records, f'labobf_attack_e{budget}_{select}')} | {gap:+.2f} | "
-                         f"{_cell(records, f'labobf_adaptive_e{budget}_{select}')} |")
-    lines += ["", f"main accuracy raw -> LabObf: {_cell(records, 'raw_model_acc')} -> "
-              f"{_cell(records, 'labobf_model_acc')} "
-              f"(paper {paper['raw_acc']} -> {paper['labobf_acc']}); "
-              f"seeds {', '.join(str(r['seed']) for r in records)}"]
+            gap = statistics.mean(
+                r[f"labobf_attack_e{budget}_{select}"] - r[f"raw_prior_e{budget}_{select}"] for r in records
+            )
+            lines.append(
+                f"| {budget} | {select} | {_cell(records, f'raw_attack_e{budget}_{select}')} | "
+                f"{_cell(records, f'raw_prior_e{budget}_{select}')} | "
+                f"{_cell(records, f'labobf_attack_e{budget}_{select}')} | {gap:+.2f} | "
+                f"{_cell(records, f'labobf_adaptive_e{budget}_{select}')} |"
+            )
+    lines += [
+        "",
+        f"main accuracy raw -> LabObf: {_cell(records, 'raw_model_acc')} -> "
+        f"{_cell(records, 'labobf_model_acc')} "
+        f"(paper {paper['raw_acc']} -> {paper['labobf_acc']}); "
+        f"seeds {', '.join(str(r['seed']) for r in records)}",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-root", default=None)
-    parser.add_argument("--setting", default=None, choices=sorted(STEMS),
-                        help="the raw and LabObf configs of reproduce_labobf.py's setting (default: the Epsilon-scale "
-                             "stand-in, epsilon_scaled)")
+    parser.add_argument(
+        "--setting",
+        default=None,
+        choices=sorted(STEMS),
+        help="the raw and LabObf configs of reproduce_labobf.py's setting (default: the Epsilon-scale "
+        "stand-in, epsilon_scaled)",
+    )
     parser.add_argument("--out", default="runs/labobf_budget")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epoch-factor", type=int, default=10)
@@ -151,10 +171,14 @@ def main(argv: list[str] | None = None) -> int:
         swap.check(REPRO / f"{STEMS[setting]['raw']}.yaml", swapped)
     out.mkdir(parents=True, exist_ok=True)
     same = (args.budgets, args.epoch_factor)
-    records = [cached_record(out / f"budget-{setting}-s{seed}.json",
-                             partial(study, setting, seed, args.epoch_factor, args.budgets, args.data_root, swapped),
-                             lambda record: (record["budgets"], record["epoch_factor"]) == same)
-               for seed in args.seeds]
+    records = [
+        cached_record(
+            out / f"budget-{setting}-s{seed}.json",
+            partial(study, setting, seed, args.epoch_factor, args.budgets, args.data_root, swapped),
+            lambda record: (record["budgets"], record["epoch_factor"]) == same,
+        )
+        for seed in args.seeds
+    ]
     sys.stdout.write(table(records))
     return 0
 

@@ -74,8 +74,13 @@ def attack(run: TrainedRun, vd: Any, plan: Any, seed: int, aux: int, how: str) -
 
 def study(dataset: str, seed: int, data_root: str | None, swapped: list[str] | None = None) -> dict[str, Any]:
     """Figures 11 and 12 of setting ``dataset`` at one seed (with ``swapped``: ``--dataset``/``--set`` overrides)."""
-    record: dict[str, Any] = {"dataset": dataset, "seed": seed, "aux_sizes": list(AUX_SIZES),
-                              "per_class": list(PER_CLASS), "swap": list(swapped or [])}
+    record: dict[str, Any] = {
+        "dataset": dataset,
+        "seed": seed,
+        "aux_sizes": list(AUX_SIZES),
+        "per_class": list(PER_CLASS),
+        "swap": list(swapped or []),
+    }
     tic = time.perf_counter()
     known = [*(swapped or []), f"attacks.0.known_per_class={KNOWN_PER_CLASS}"]
     raw = trained(STEMS[dataset]["raw"], seed, known, data_root)
@@ -87,8 +92,12 @@ def study(dataset: str, seed: int, data_root: str | None, swapped: list[str] | N
         record[f"adaptive_{aux}"] = attack(*obf, seed, aux, "adaptive")
     record["raw_acc"] = 100 * raw[0].history.epochs[-1]["test_accuracy"]
     for p in PER_CLASS:
-        run = trained(STEMS[dataset]["labobf"], seed,
-                      [*known, "defenses.0.soft_labels=null", f"defenses.0.per_class={p}"], data_root)
+        run = trained(
+            STEMS[dataset]["labobf"],
+            seed,
+            [*known, "defenses.0.soft_labels=null", f"defenses.0.per_class={p}"],
+            data_root,
+        )
         record[f"acc_p{p}"] = 100 * run[0].history.epochs[-1]["test_accuracy"]
         record[f"labobf_p{p}"] = attack(*run, seed, 200, "attack")
         record[f"adaptive_p{p}"] = attack(*run, seed, 200, "adaptive")
@@ -98,18 +107,28 @@ def study(dataset: str, seed: int, data_root: str | None, swapped: list[str] | N
 
 def tables(records: list[dict[str, Any]]) -> str:
     """Markdown tables of both figures (mean ± sd over the seeds)."""
-    lines = ["| \\|D_aux\\| (known labels) | R_upper | R_lower | LabObf | LabObf − R_lower | adaptive attacker |",
-             "|---:|---|---|---|---|---|"]
+    lines = [
+        "| \\|D_aux\\| (known labels) | R_upper | R_lower | LabObf | LabObf − R_lower | adaptive attacker |",
+        "|---:|---|---|---|---|---|",
+    ]
     for aux in records[0]["aux_sizes"]:
         gap = statistics.mean(r[f"labobf_{aux}"] - r[f"r_lower_{aux}"] for r in records)
-        lines.append(f"| {aux} | {_cell(records, f'r_upper_{aux}')} | {_cell(records, f'r_lower_{aux}')} | "
-                     f"{_cell(records, f'labobf_{aux}')} | {gap:+.2f} | {_cell(records, f'adaptive_{aux}')} |")
-    lines += ["", f"raw model's main accuracy {_cell(records, 'raw_acc')}", "",
-              "| soft labels per class | main accuracy | attack under LabObf | adaptive attacker |",
-              "|---:|---|---|---|"]
+        lines.append(
+            f"| {aux} | {_cell(records, f'r_upper_{aux}')} | {_cell(records, f'r_lower_{aux}')} | "
+            f"{_cell(records, f'labobf_{aux}')} | {gap:+.2f} | {_cell(records, f'adaptive_{aux}')} |"
+        )
+    lines += [
+        "",
+        f"raw model's main accuracy {_cell(records, 'raw_acc')}",
+        "",
+        "| soft labels per class | main accuracy | attack under LabObf | adaptive attacker |",
+        "|---:|---|---|---|",
+    ]
     for p in records[0]["per_class"]:
-        lines.append(f"| {p} | {_cell(records, f'acc_p{p}')} | {_cell(records, f'labobf_p{p}')} | "
-                     f"{_cell(records, f'adaptive_p{p}')} |")
+        lines.append(
+            f"| {p} | {_cell(records, f'acc_p{p}')} | {_cell(records, f'labobf_p{p}')} | "
+            f"{_cell(records, f'adaptive_p{p}')} |"
+        )
     lines.append(f"\nseeds {', '.join(str(r['seed']) for r in records)}")
     return "\n".join(lines) + "\n"
 
@@ -118,8 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--out", default="runs/labobf_figures")
-    parser.add_argument("--setting", default=None, choices=sorted(STEMS),
-                        help="reproduce_labobf.py's setting whose configs run (default: credit)")
+    parser.add_argument(
+        "--setting",
+        default=None,
+        choices=sorted(STEMS),
+        help="reproduce_labobf.py's setting whose configs run (default: credit)",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     swap.add_arguments(parser)
     args = parser.parse_args(argv)
@@ -129,8 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     if swapped:
         swap.check(REPRO / f"{STEMS[setting]['raw']}.yaml", swapped)
     out.mkdir(parents=True, exist_ok=True)
-    records = [cached_record(out / f"fig-{setting}-s{seed}.json",
-                             partial(study, setting, seed, args.data_root, swapped)) for seed in args.seeds]
+    records = [
+        cached_record(out / f"fig-{setting}-s{seed}.json", partial(study, setting, seed, args.data_root, swapped))
+        for seed in args.seeds
+    ]
     sys.stdout.write(tables(records))
     return 0
 

@@ -31,12 +31,26 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFENDED = {"data": {"name": "breast_cancer", "parties": 2}, "model": {"bottom": "mlp2", "top": "mlp2"},
-            "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 32, "lr": 0.05, "optimizer": "sgd",
-                      "momentum": 0.0, "metric": "auc"},
-            "defenses": [{"name": "max_norm"}], "attacks": [{"name": "norm_scoring"}], "seed": 0}
-LAUNCHES = {"demo": (str(ROOT / "src" / "vflbench" / "examples" / "demo.yaml"), ["--set", "train.epochs=1"]),
-            "defended": (None, [])}
+DEFENDED = {
+    "data": {"name": "breast_cancer", "parties": 2},
+    "model": {"bottom": "mlp2", "top": "mlp2"},
+    "train": {
+        "algorithm": "vhnn",
+        "epochs": 2,
+        "batch_size": 32,
+        "lr": 0.05,
+        "optimizer": "sgd",
+        "momentum": 0.0,
+        "metric": "auc",
+    },
+    "defenses": [{"name": "max_norm"}],
+    "attacks": [{"name": "norm_scoring"}],
+    "seed": 0,
+}
+LAUNCHES = {
+    "demo": (str(ROOT / "src" / "vflbench" / "examples" / "demo.yaml"), ["--set", "train.epochs=1"]),
+    "defended": (None, []),
+}
 
 
 def measure(name: str) -> dict[str, float]:
@@ -49,8 +63,22 @@ def measure(name: str) -> dict[str, float]:
             Path(config).write_text(yaml.safe_dump(DEFENDED))
         load = os.getloadavg()[0]
         tic = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "vflbench.cli", "launch", config, "--insecure-localhost", "--out",
-                        str(out / "runs"), *extra], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "vflbench.cli",
+                "launch",
+                config,
+                "--insecure-localhost",
+                "--out",
+                str(out / "runs"),
+                *extra,
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wall = time.perf_counter() - tic
         nets = list((out / "runs").glob("*/net.json"))
         training = sum(sum(json.loads(p.read_text())["epoch_seconds"]) for p in nets)
@@ -70,8 +98,11 @@ def main() -> None:
         for name in LAUNCHES if rep % 2 == 0 else reversed(list(LAUNCHES)):
             samples[name].append(measure(name))
             s = samples[name][-1]
-            print(f"{name}: wall {s['wall']:.2f} s, training {s['training']:.2f} s ({s['runs']} runs), "
-                  f"rest {s['rest']:.2f} s, load {s['load']:.2f}", flush=True)
+            print(
+                f"{name}: wall {s['wall']:.2f} s, training {s['training']:.2f} s ({s['runs']} runs), "
+                f"rest {s['rest']:.2f} s, load {s['load']:.2f}",
+                flush=True,
+            )
     print("| launch | runs | wall s (median) | training s (median) | rest s (median) |")
     print("|---|---:|---:|---:|---:|")
     for name, rows in samples.items():

@@ -52,11 +52,22 @@ VARIANTS = ("vanilla", "vmask", "vmask_beaver")
 def config(variant: str, *, train_size: int, epochs: int) -> dict:
     vmask = {"name": "vmask", "budget": 0.25, "sigma": 0.01, "mc_epochs": 20}
     defenses = {"vanilla": [], "vmask": [vmask], "vmask_beaver": [{**vmask, "protocol": "beaver"}]}[variant]
-    return {"data": {"name": "tabmnist", "parties": 2, "train_size": train_size, "test_size": 1000, "aux_pool": 640},
-            "model": {"bottom": "mlp3", "top": "mlp2"},
-            "train": {"algorithm": "vhnn", "aggregation": "concat", "epochs": epochs, "batch_size": 128, "lr": 0.1,
-                      "optimizer": "sgd", "momentum": 0.0, "threads": 1},
-            "defenses": defenses, "seed": 0}
+    return {
+        "data": {"name": "tabmnist", "parties": 2, "train_size": train_size, "test_size": 1000, "aux_pool": 640},
+        "model": {"bottom": "mlp3", "top": "mlp2"},
+        "train": {
+            "algorithm": "vhnn",
+            "aggregation": "concat",
+            "epochs": epochs,
+            "batch_size": 128,
+            "lr": 0.1,
+            "optimizer": "sgd",
+            "momentum": 0.0,
+            "threads": 1,
+        },
+        "defenses": defenses,
+        "seed": 0,
+    }
 
 
 def _untimed(result: dict) -> dict:
@@ -67,8 +78,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train-size", type=int, default=6400)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--shape", choices=sorted(SHAPES), default=None,
-                        help="launch on a shaped link (lan: 836 Mbit/s, 0.1 ms; wan: 100 Mbit/s, 50 ms)")
+    parser.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default=None,
+        help="launch on a shaped link (lan: 836 Mbit/s, 0.1 ms; wan: 100 Mbit/s, 50 ms)",
+    )
     parser.add_argument("--variants", default="vanilla,vmask", help=f"comma-separated, of {', '.join(VARIANTS)}")
     parser.add_argument("--launch-only", action="store_true", help="skip the one-process runs")
     parser.add_argument("--out", type=Path, default=Path("network_vmask.json"))
@@ -79,10 +94,17 @@ def main() -> None:
     shape = shape_profile(args.shape)
     link = "processes_loopback" if shape is None else f"processes_{SHAPES[args.shape]}"
     torch.set_num_threads(1)
-    report: dict = {"load_before": os.getloadavg(), "cpus": os.cpu_count(), "train_size": args.train_size,
-                    "epochs": args.epochs, "full_epoch_steps": FULL_EPOCH_STEPS, "paper_table3_mlp3_tm": PAPER,
-                    "shape": None if shape is None else shape.as_dict(),
-                    "profiles": {k: v.as_dict() for k, v in LINK_PROFILES.items()}, "variants": {}}
+    report: dict = {
+        "load_before": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "train_size": args.train_size,
+        "epochs": args.epochs,
+        "full_epoch_steps": FULL_EPOCH_STEPS,
+        "paper_table3_mlp3_tm": PAPER,
+        "shape": None if shape is None else shape.as_dict(),
+        "profiles": {k: v.as_dict() for k, v in LINK_PROFILES.items()},
+        "variants": {},
+    }
     with tempfile.TemporaryDirectory(prefix="network-vmask-") as tmp:
         for variant in variants:
             cfg = build_config(config(variant, train_size=args.train_size, epochs=args.epochs))
@@ -104,32 +126,56 @@ def main() -> None:
             if one is not None:
                 full["one_process"] = FULL_EPOCH_STEPS * per_step["one_process_ms"][last] / 1e3
             if shape is None:  # a shaped run is measured on its link: projecting it would count the link twice
-                full.update({f"projected_{name}": FULL_EPOCH_STEPS * (per_step["processes_ms"][last] / 1e3
-                                                                      + per_step["frames"][last] * p.latency_ms / 1e3
-                                                                      + 8 * per_step["bytes"][last]
-                                                                      / (p.bandwidth_mbit_s * 1e6))
-                             for name, p in LINK_PROFILES.items()})
+                full.update(
+                    {
+                        f"projected_{name}": FULL_EPOCH_STEPS
+                        * (
+                            per_step["processes_ms"][last] / 1e3
+                            + per_step["frames"][last] * p.latency_ms / 1e3
+                            + 8 * per_step["bytes"][last] / (p.bandwidth_mbit_s * 1e6)
+                        )
+                        for name, p in LINK_PROFILES.items()
+                    }
+                )
             report["variants"][variant] = {
-                "steps_per_epoch": steps, "launch_seconds": time.perf_counter() - tic, "per_step": per_step,
-                "epoch_wall_seconds_processes": net["epoch_seconds"], "full_epoch_seconds": full,
-                "accuracy": many.result["utility"]["value"], "comm": many.result["comm"],
-                "identical_to_one_process": None if one is None else _untimed(many.result) == _untimed(one)}
+                "steps_per_epoch": steps,
+                "launch_seconds": time.perf_counter() - tic,
+                "per_step": per_step,
+                "epoch_wall_seconds_processes": net["epoch_seconds"],
+                "full_epoch_seconds": full,
+                "accuracy": many.result["utility"]["value"],
+                "comm": many.result["comm"],
+                "identical_to_one_process": None if one is None else _untimed(many.result) == _untimed(one),
+            }
     report["load_after"] = os.getloadavg()
     full = {v: r["full_epoch_seconds"] for v, r in report["variants"].items()}
-    report["ratio_over_vanilla"] = {v: {k: full[v][k] / full["vanilla"][k] for k in full["vanilla"]}
-                                    for v in variants if v != "vanilla"}
+    report["ratio_over_vanilla"] = {
+        v: {k: full[v][k] / full["vanilla"][k] for k in full["vanilla"]} for v in variants if v != "vanilla"
+    }
     # per step in every epoch (the first epoch masks VMask's initial layer, later ones what it selected)
     base = report["variants"]["vanilla"]["per_step"]["processes_ms"]
-    report["ratio_over_vanilla_per_epoch"] = {v: [ms / b for ms, b in zip(r["per_step"]["processes_ms"], base,
-                                                                         strict=True)]
-                                              for v, r in report["variants"].items() if v != "vanilla"}
+    report["ratio_over_vanilla_per_epoch"] = {
+        v: [ms / b for ms, b in zip(r["per_step"]["processes_ms"], base, strict=True)]
+        for v, r in report["variants"].items()
+        if v != "vanilla"
+    }
     report["ratio_paper"] = PAPER["vmask"] / PAPER["vanilla"]
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({"full_epoch_seconds": full, "ratio": report["ratio_over_vanilla"],
-                      "ratio_per_epoch": report["ratio_over_vanilla_per_epoch"],
-                      "per_step": {v: {k: r["per_step"][k] for k in ("frames", "bytes", "processes_ms")}
-                                   for v, r in report["variants"].items()},
-                      "load": [report["load_before"], report["load_after"]]}, indent=2))
+    print(
+        json.dumps(
+            {
+                "full_epoch_seconds": full,
+                "ratio": report["ratio_over_vanilla"],
+                "ratio_per_epoch": report["ratio_over_vanilla_per_epoch"],
+                "per_step": {
+                    v: {k: r["per_step"][k] for k in ("frames", "bytes", "processes_ms")}
+                    for v, r in report["variants"].items()
+                },
+                "load": [report["load_before"], report["load_after"]],
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

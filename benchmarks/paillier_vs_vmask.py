@@ -75,15 +75,27 @@ METHODS = [
 
 def make_federation(args: argparse.Namespace, method: Method) -> tuple[Federation, int, float]:
     """The federation for ``method``, the number of training rows, and the key generation seconds."""
-    cfg = build_config({
-        "data": {"name": args.dataset, "parties": 2, "train_size": args.rows, "test_size": 64, "aux_pool": 640},
-        "model": {"bottom": "mlp2", "top": "mlp2", "embed_dim": args.embed_dim,
-                  "bottom_options": {"hidden": args.hidden}},
-        "train": {"algorithm": "vhnn", "aggregation": "concat", "batch_size": args.batch, "lr": 0.1,
-                  "momentum": 0.0, "optimizer": "sgd"},
-        "defenses": method.defenses,
-        "seed": args.seed,
-    })
+    cfg = build_config(
+        {
+            "data": {"name": args.dataset, "parties": 2, "train_size": args.rows, "test_size": 64, "aux_pool": 640},
+            "model": {
+                "bottom": "mlp2",
+                "top": "mlp2",
+                "embed_dim": args.embed_dim,
+                "bottom_options": {"hidden": args.hidden},
+            },
+            "train": {
+                "algorithm": "vhnn",
+                "aggregation": "concat",
+                "batch_size": args.batch,
+                "lr": 0.1,
+                "momentum": 0.0,
+                "optimizer": "sgd",
+            },
+            "defenses": method.defenses,
+            "seed": args.seed,
+        }
+    )
     vd = load_vertical_data(cfg, args.data_root)
     fed = build_federation(cfg, vd, defenses=plan_defenses(cfg, ["passive_1"]))
     holder = getattr(fed.active.defenses[0], "holder_", None) if fed.active.defenses else None
@@ -112,8 +124,7 @@ def side_bytes(fed: Federation) -> int:
 def loop_bytes(fed: Federation) -> int:
     """Bytes of the loop's own messages (embeddings and cut gradients) in training; protocol messages that
     the channel also counts (``paillier.*``) are in :func:`side_bytes`."""
-    return sum(s.bytes for kind in ("embedding", "cut_gradient")
-               for s in fed.traffic().by_kind.get(kind, {}).values())
+    return sum(s.bytes for kind in ("embedding", "cut_gradient") for s in fed.traffic().by_kind.get(kind, {}).values())
 
 
 def dealer_bytes(fed: Federation) -> int:
@@ -206,19 +217,28 @@ class Run:
         full = FULL_TRAIN_ROWS.get(args.dataset, self.n)
         full_steps = -(-full // args.batch)
         return {
-            "key": self.method.key, "label": self.method.label, "defenses": self.method.defenses,
-            "steps_timed": steps, "step_seconds": self.times, "dealer_seconds": self.dealer_times,
-            "median_step_seconds": median, "median_online_step_seconds": median_online,
+            "key": self.method.key,
+            "label": self.method.label,
+            "defenses": self.method.defenses,
+            "steps_timed": steps,
+            "step_seconds": self.times,
+            "dealer_seconds": self.dealer_times,
+            "median_step_seconds": median,
+            "median_online_step_seconds": median_online,
             "mean_dealer_seconds_per_step": statistics.fmean(self.dealer_times),
-            "epoch_end_seconds": epoch_end, "epoch_end_report": {k: v for k, v in epoch_end_report.items()
-                                                                 if isinstance(v, (int, float, list, str))},
+            "epoch_end_seconds": epoch_end,
+            "epoch_end_report": {k: v for k, v in epoch_end_report.items() if isinstance(v, (int, float, list, str))},
             "epoch_seconds_subsample_extrapolated": median * per_epoch + epoch_end,
             "steps_per_epoch_subsample": per_epoch,
-            "epoch_seconds_full_extrapolated": median * full_steps + epoch_end, "full_train_rows": full,
+            "epoch_seconds_full_extrapolated": median * full_steps + epoch_end,
+            "full_train_rows": full,
             "online_epoch_seconds_full_extrapolated": median_online * full_steps + epoch_end,
-            "bytes_per_step": (channel + side) / steps, "channel_bytes_per_step": channel / steps,
-            "side_bytes_per_step": side / steps, "dealer_bytes_per_step": triples / steps,
-            "keygen_seconds": self.keygen, "phase_seconds_per_step": phases,
+            "bytes_per_step": (channel + side) / steps,
+            "channel_bytes_per_step": channel / steps,
+            "side_bytes_per_step": side / steps,
+            "dealer_bytes_per_step": triples / steps,
+            "keygen_seconds": self.keygen,
+            "phase_seconds_per_step": phases,
         }
 
 
@@ -250,10 +270,12 @@ def fmt(seconds: float) -> str:
 
 def table(results: list[dict[str, Any]], rows: int) -> str:
     base = next((r for r in results if r["key"] == "vanilla"), None)
-    lines = ["| method | steps timed | per step (measured, median) | x vanilla | per step without dealer "
-             "| x vanilla | end-of-epoch work (once) "
-             f"| per epoch, {rows} rows (extrapolated) | per epoch, full train set (extrapolated) | bytes per step |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| method | steps timed | per step (measured, median) | x vanilla | per step without dealer "
+        "| x vanilla | end-of-epoch work (once) "
+        f"| per epoch, {rows} rows (extrapolated) | per epoch, full train set (extrapolated) | bytes per step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         ratio = online = "-"
         if base:
@@ -261,11 +283,13 @@ def table(results: list[dict[str, Any]], rows: int) -> str:
             y = r["median_online_step_seconds"] / base["median_step_seconds"]
             ratio, online = (f"{x:,.0f}", f"{y:,.0f}") if x >= 100 else (f"{x:.2f}", f"{y:.2f}")
         end = fmt(r["epoch_end_seconds"]) if r["epoch_end_seconds"] else "-"
-        lines.append(f"| {r['label']} | {r['steps_timed']} | {fmt(r['median_step_seconds'])} | {ratio} "
-                     f"| {fmt(r['median_online_step_seconds'])} | {online} | {end} "
-                     f"| {fmt(r['epoch_seconds_subsample_extrapolated'])} "
-                     f"| {fmt(r['epoch_seconds_full_extrapolated'])} "
-                     f"| {r['bytes_per_step'] / 1024:,.1f} KiB |")
+        lines.append(
+            f"| {r['label']} | {r['steps_timed']} | {fmt(r['median_step_seconds'])} | {ratio} "
+            f"| {fmt(r['median_online_step_seconds'])} | {online} | {end} "
+            f"| {fmt(r['epoch_seconds_subsample_extrapolated'])} "
+            f"| {fmt(r['epoch_seconds_full_extrapolated'])} "
+            f"| {r['bytes_per_step'] / 1024:,.1f} KiB |"
+        )
     return "\n".join(lines)
 
 
@@ -276,9 +300,11 @@ def speedups(results: list[dict[str, Any]]) -> str:
     lines = []
     for v in vm:
         for h in he:
-            lines.append(f"{v['label']} vs {h['label']}: {h['median_step_seconds'] / v['median_step_seconds']:,.0f}x "
-                         f"faster per step ({h['median_step_seconds'] / v['median_online_step_seconds']:,.0f}x "
-                         "without the dealer)")
+            lines.append(
+                f"{v['label']} vs {h['label']}: {h['median_step_seconds'] / v['median_step_seconds']:,.0f}x "
+                f"faster per step ({h['median_step_seconds'] / v['median_online_step_seconds']:,.0f}x "
+                "without the dealer)"
+            )
     return "\n".join(lines)
 
 
@@ -289,8 +315,14 @@ def environment() -> dict[str, Any]:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             versions[pkg] = None
-    return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
-            "processor": platform.processor(), "versions": versions, "threads": torch.get_num_threads()}
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "processor": platform.processor(),
+        "versions": versions,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def main() -> None:
@@ -304,8 +336,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200, help="timed steps of plaintext methods")
     parser.add_argument("--slow-steps", type=int, default=3, help="timed steps of HE methods")
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--methods", nargs="+", default=[m.key for m in METHODS],
-                        choices=[m.key for m in METHODS])
+    parser.add_argument("--methods", nargs="+", default=[m.key for m in METHODS], choices=[m.key for m in METHODS])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="JSON file for every step time and the settings")
     parser.add_argument("--verbose", action="store_true")
@@ -326,8 +357,14 @@ def main() -> None:
         report += "\n\n" + extra
     print(report)
     if args.out:
-        payload = {"settings": vars(args), "environment": environment(), "load_average_start": load_start,
-                   "load_average_end": os.getloadavg(), "results": results, "table": report}
+        payload = {
+            "settings": vars(args),
+            "environment": environment(),
+            "load_average_start": load_start,
+            "load_average_end": os.getloadavg(),
+            "results": results,
+            "table": report,
+        }
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as fh:
             json.dump(payload, fh, indent=2)

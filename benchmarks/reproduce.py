@@ -69,22 +69,35 @@ PAPER: dict[str, dict[str, Any]] = {
 }
 
 EXTRA: list[tuple[str, str, list[str]]] = [
-    ("kang_credit_vlr", "MC: J_loc trained with Adam lr 1e-2",
-     ["attacks=[{name: model_completion, known_per_class: 20, prior: local, lr: 0.01}]"]),
+    (
+        "kang_credit_vlr",
+        "MC: J_loc trained with Adam lr 1e-2",
+        ["attacks=[{name: model_completion, known_per_class: 20, prior: local, lr: 0.01}]"],
+    ),
 ]
 for _name in ("vmask_table2_tabmnist_mlp3", "vmask_table2_mnist_lenet5"):
     EXTRA += [
-        (_name, "MC as Alg. 3 reads: full-batch SGD lr 0.1 (momentum 0.9)",
-         ["attacks.0.optimizer=sgd", "attacks.0.lr=0.1", "attacks.0.batch_size=null"]),
+        (
+            _name,
+            "MC as Alg. 3 reads: full-batch SGD lr 0.1 (momentum 0.9)",
+            ["attacks.0.optimizer=sgd", "attacks.0.lr=0.1", "attacks.0.batch_size=null"],
+        ),
         (_name, "MC: SGD lr 1e-2 (momentum 0.9), batch 16", ["attacks.0.optimizer=sgd", "attacks.0.lr=0.01"]),
         (_name, "MC: full-batch Adam lr 1e-3", ["attacks.0.batch_size=null"]),
         (_name, "MC: Adam lr 1e-2, batch 16", ["attacks.0.lr=0.01"]),
         (_name, "MC: bottom frozen (head only), Adam lr 1e-3, batch 16", ["attacks.0.finetune_bottom=false"]),
     ]
-    EXTRA += [(_name, f"MC repeated on the same trained model, seed {k} (known labels, head init)", [f"seed={k}"])
-              for k in range(1, 5)]
-EXTRA.append(("vmask_table2_tabmnist_mlp3", "trained again with data.standardise false (pixels in [0, 1])",
-              ["data.standardise=false"]))
+    EXTRA += [
+        (_name, f"MC repeated on the same trained model, seed {k} (known labels, head init)", [f"seed={k}"])
+        for k in range(1, 5)
+    ]
+EXTRA.append(
+    (
+        "vmask_table2_tabmnist_mlp3",
+        "trained again with data.standardise false (pixels in [0, 1])",
+        ["data.standardise=false"],
+    )
+)
 
 
 def config_path(name: str) -> Path:
@@ -95,8 +108,9 @@ def config_path(name: str) -> Path:
     return REPRO / f"{name}.yaml"
 
 
-def run_one(path: Path, overrides: list[str], out: Path,
-            data_root: str | None) -> tuple[ExperimentConfig, dict[str, Any], dict[str, Any]]:
+def run_one(
+    path: Path, overrides: list[str], out: Path, data_root: str | None
+) -> tuple[ExperimentConfig, dict[str, Any], dict[str, Any]]:
     """Run (or load) one config; return it, its result.json and its wall-clock record."""
     cfg = load_config(path, overrides)
     run_dir = out / cfg.hash()
@@ -107,8 +121,12 @@ def run_one(path: Path, overrides: list[str], out: Path,
         print(f"[run ] {path.stem} {' '.join(overrides)} -> {run_dir}", flush=True)
         tic = time.perf_counter()
         run_experiment(cfg, out_dir=out, data_root=data_root)
-        wall = {"wall_seconds": time.perf_counter() - tic, "overrides": overrides,
-                "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg": os.getloadavg()}
+        wall = {
+            "wall_seconds": time.perf_counter() - tic,
+            "overrides": overrides,
+            "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "loadavg": os.getloadavg(),
+        }
         wall_file.write_text(json.dumps(wall, indent=2) + "\n")
     result = json.loads(result_file.read_text())
     wall = json.loads(wall_file.read_text()) if wall_file.is_file() else {}
@@ -121,8 +139,9 @@ def attack_only(overrides: list[str]) -> bool:
     return bool(overrides) and all(o.startswith(("attacks", "seed=")) for o in overrides)
 
 
-def reattack(path: Path, overrides: list[str], out: Path,
-             data_root: str | None, base_overrides: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
+def reattack(
+    path: Path, overrides: list[str], out: Path, data_root: str | None, base_overrides: Sequence[str] = ()
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run the attacks of ``path`` + ``base_overrides`` + ``overrides`` on the final checkpoint of the main run
     (``path`` + ``base_overrides``, e.g. a ``--dataset`` swap)."""
     if not attack_only(overrides):
@@ -153,14 +172,24 @@ def reattack(path: Path, overrides: list[str], out: Path,
         attacks, seconds = run_attacks(plan, TrainedRun(cfg, vd, fed, History(), 0.0))
     finally:
         torch.set_num_threads(previous)
-    result = dict(base, config_hash=cfg.hash(), attacks=[a.__dict__ for a in attacks],
-                  timing=dict(base["timing"], attack_seconds=seconds), reattacked_from=base["config_hash"])
+    result = dict(
+        base,
+        config_hash=cfg.hash(),
+        attacks=[a.__dict__ for a in attacks],
+        timing=dict(base["timing"], attack_seconds=seconds),
+        reattacked_from=base["config_hash"],
+    )
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(result_file, result)
     (run_dir / "config.yaml").write_text(cfg.to_yaml())
-    wall = {"wall_seconds": time.perf_counter() - tic, "overrides": overrides, "mode": "re-attack of checkpoint",
-            "reattacked_from": base["config_hash"], "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "loadavg": os.getloadavg()}
+    wall = {
+        "wall_seconds": time.perf_counter() - tic,
+        "overrides": overrides,
+        "mode": "re-attack of checkpoint",
+        "reattacked_from": base["config_hash"],
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "loadavg": os.getloadavg(),
+    }
     wall_file.write_text(json.dumps(wall, indent=2) + "\n")
     return result, wall
 
@@ -188,24 +217,33 @@ def rows_for(name: str, label: str, result: dict[str, Any], wall: dict[str, Any]
             f"| {a['name']} ({a['prior_name']}) | {fmt(pa.get('value'))} | {ours_v:.2f} | {fmt(pa.get('prior'))} "
             f"| {ours_p:.2f} | {fmt(pa.get('leakage'))} | {ours_l:.2f} | {fmt(gap)} "
             f"| {timing['train_seconds']:.0f} + {timing['attack_seconds'].get(a['name'], 0):.0f} "
-            f"| {fmt(seconds, 0)} |")
+            f"| {fmt(seconds, 0)} |"
+        )
     if not result["attacks"]:
-        out.append(f"| {name} | {label} | {util['metric']} | {fmt(paper['utility'])} | {final:.2f} / {best:.2f} "
-                   f"| – | | | | | | | | {timing['train_seconds']:.0f} | {fmt(seconds, 0)} |")
+        out.append(
+            f"| {name} | {label} | {util['metric']} | {fmt(paper['utility'])} | {final:.2f} / {best:.2f} "
+            f"| – | | | | | | | | {timing['train_seconds']:.0f} | {fmt(seconds, 0)} |"
+        )
     return out
 
 
-HEADER = ("| config | setting | metric | paper utility | ours final / best epoch | attack (prior) | paper value "
-          "| ours value | paper prior | ours prior | paper leakage | ours leakage | leakage gap "
-          "| train + attack s | run wall s |\n"
-          "|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+HEADER = (
+    "| config | setting | metric | paper utility | ours final / best epoch | attack (prior) | paper value "
+    "| ours value | paper prior | ours prior | paper leakage | ours leakage | leakage gap "
+    "| train + attack s | run wall s |\n"
+    "|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the reproductions and print the comparison table."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("configs", nargs="*", default=list(DEFAULT_CONFIGS),
-                   help="config names under configs/repro (or YAML paths); default: all three, fastest first")
+    p.add_argument(
+        "configs",
+        nargs="*",
+        default=list(DEFAULT_CONFIGS),
+        help="config names under configs/repro (or YAML paths); default: all three, fastest first",
+    )
     p.add_argument("--out", type=Path, default=Path("runs/repro"), help="run directory root")
     p.add_argument("--data-root", default=os.environ.get("VFLBENCH_DATA"))
     p.add_argument("--table", type=Path, help="also write the markdown table here")

@@ -69,13 +69,19 @@ class Experiment:
     train: dict[str, Any] = field(default_factory=dict)  # keys of the base config's train section replaced
 
 
-def _mnist(attack: str | None, defenses: list[dict[str, Any]] | None = None, paper: float | None = None,
-           paper_acc: float | None = None, **params: Any) -> Experiment:
+def _mnist(
+    attack: str | None,
+    defenses: list[dict[str, Any]] | None = None,
+    paper: float | None = None,
+    paper_acc: float | None = None,
+    **params: Any,
+) -> Experiment:
     return Experiment("dmavfl_mnist", attack, defenses or [], paper, paper_acc, params)
 
 
-def _credit(attack: str | None, defenses: list[dict[str, Any]] | None = None, paper: float | None = None,
-            **params: Any) -> Experiment:
+def _credit(
+    attack: str | None, defenses: list[dict[str, Any]] | None = None, paper: float | None = None, **params: Any
+) -> Experiment:
     return Experiment("dmavfl_credit", attack, defenses or [], paper, None, params)
 
 
@@ -108,9 +114,14 @@ EXPERIMENTS: dict[str, Experiment] = {
     "mnist_dmavfl_monitor": _mnist("dmavfl", [{**SG, "threshold": 0.0}, {**GS, "threshold": 0.0}], paper=0.0152),
     # URVFL's port of Gradients Scrutinizer (the DMAVFL authors' detector code), watching only: its score
     # and detection rule (mean of the last 5 scores below 0.7; DMAVFL 6.2 says 0.8) are applied afterwards
-    **{f"mnist_{who}_gs_urvfl_monitor": _mnist(attack, [{**GS, "variant": "urvfl", "threshold": 0.0, "window": 5}],
-                                               **(FSHA_PARAMS if attack == "fsha" else {}))
-       for who, attack in (("dmavfl", "dmavfl"), ("fsha", "fsha"), ("honest", None))},
+    **{
+        f"mnist_{who}_gs_urvfl_monitor": _mnist(
+            attack,
+            [{**GS, "variant": "urvfl", "threshold": 0.0, "window": 5}],
+            **(FSHA_PARAMS if attack == "fsha" else {}),
+        )
+        for who, attack in (("dmavfl", "dmavfl"), ("fsha", "fsha"), ("honest", None))
+    },
     # Table 1, Credit
     "credit_dmavfl": _credit("dmavfl", paper=0.4389),
     "credit_dmavfl_sync": _credit("dmavfl_sync", paper=0.4602),
@@ -122,17 +133,25 @@ EXPERIMENTS: dict[str, Experiment] = {
     "credit_honest_sg_gs": _credit(None, [SG, GS]),
     "credit_dmavfl_monitor": _credit("dmavfl", [{**SG, "threshold": 0.0}, {**GS, "threshold": 0.0}], paper=0.4389),
     # Tables 7-9 against DMAVFL and DMAVFL_sync, and honest accuracy under the same defenses
-    **{f"mnist_{attack}_{tag}": _mnist(attack, [defense], paper=papers[i], paper_acc=acc)
-       for tag, (defense, acc, *papers) in TABLES_7_9.items() for i, attack in enumerate(("dmavfl", "dmavfl_sync"))},
+    **{
+        f"mnist_{attack}_{tag}": _mnist(attack, [defense], paper=papers[i], paper_acc=acc)
+        for tag, (defense, acc, *papers) in TABLES_7_9.items()
+        for i, attack in enumerate(("dmavfl", "dmavfl_sync"))
+    },
     "mnist_honest": _mnist(None, paper_acc=99.11),
     **{f"mnist_honest_{tag}": _mnist(None, [defense], paper_acc=acc) for tag, (defense, acc, *_) in TABLES_7_9.items()},
     # seed spread (the rows above are seed 0): data subsample, aux draw, initialisation and batches all change
     **{f"mnist_dmavfl_seed{s}": Experiment("dmavfl_mnist", "dmavfl", [], 0.0152, None, {}, s) for s in (1, 2)},
-    **{f"mnist_dmavfl_dp_10_seed{s}": Experiment("dmavfl_mnist", "dmavfl",
-                                                 [{"name": "received_gradient_dp", "epsilon": 10.0}], 0.0122, 97.36,
-                                                 {}, s) for s in (1, 2)},
+    **{
+        f"mnist_dmavfl_dp_10_seed{s}": Experiment(
+            "dmavfl_mnist", "dmavfl", [{"name": "received_gradient_dp", "epsilon": 10.0}], 0.0122, 97.36, {}, s
+        )
+        for s in (1, 2)
+    },
     **{f"mnist_honest_seed{s}": Experiment("dmavfl_mnist", None, [], None, 99.11, {}, s) for s in (1, 2)},
 }
+
+
 def _targets(n: int) -> dict[str, Any]:
     """Table 6 on Credit: the passive half of the features (file columns 0-11, the victim's slice of
     the 2-party setup) split evenly among ``n`` target parties; the active attacker keeps 12-22."""
@@ -142,16 +161,29 @@ def _targets(n: int) -> dict[str, Any]:
 
 # DMAVFL Table 6 (number of target clients; the paper's rows are on IOT, not available here, so
 # no paper value is attached to these Credit runs: docs/notes/reproduction_dmavfl.md compares trends)
-EXPERIMENTS.update({
-    f"credit_{attack}_targets{n}": Experiment("dmavfl_credit", attack,
-                                              attack_params={"victim": [f"passive_{i + 1}" for i in range(n)]},
-                                              data=_targets(n))
-    for attack in ("dmavfl", "dmavfl_sync") for n in range(1, 6)})
-EXPERIMENTS.update({
-    f"credit_{attack}_targets{n}_seed{seed}": Experiment(
-        "dmavfl_credit", attack, attack_params={"victim": [f"passive_{i + 1}" for i in range(n)]}, seed=seed,
-        data=_targets(n))
-    for attack in ("dmavfl", "dmavfl_sync") for n in range(1, 6) for seed in (1, 2)})
+EXPERIMENTS.update(
+    {
+        f"credit_{attack}_targets{n}": Experiment(
+            "dmavfl_credit", attack, attack_params={"victim": [f"passive_{i + 1}" for i in range(n)]}, data=_targets(n)
+        )
+        for attack in ("dmavfl", "dmavfl_sync")
+        for n in range(1, 6)
+    }
+)
+EXPERIMENTS.update(
+    {
+        f"credit_{attack}_targets{n}_seed{seed}": Experiment(
+            "dmavfl_credit",
+            attack,
+            attack_params={"victim": [f"passive_{i + 1}" for i in range(n)]},
+            seed=seed,
+            data=_targets(n),
+        )
+        for attack in ("dmavfl", "dmavfl_sync")
+        for n in range(1, 6)
+        for seed in (1, 2)
+    }
+)
 # Table 1 at the paper's configuration (configs/repro/dmavfl_{mnist,credit}_paper.yaml: Table 10's data
 # sizes, Adam 1e-4, batch 128, 25 epochs, 20 pretraining epochs; MNIST with the tanh decoder and the CNN DAC).
 # The DMAVFL rows use URVFL's DAC update (L_D + L_M); the "_eq5" rows the paper's Eq. (5) alone.
@@ -161,87 +193,142 @@ GS_DMAVFL = {"name": "gradient_scrutinizer_dmavfl"}  # DMAVFL 6.2: URVFL's score
 FIG6_DETECTORS = [{**SG, "threshold": 0.0}, {**GS, "threshold": 0.0}, {**GS_DMAVFL, "threshold": 0.0}]
 FIG6_THRESHOLDS = {"splitguard": (0.9, 10), "gradient_scrutinizer": (0.5, 1), "gradient_scrutinizer_dmavfl": (0.8, 5)}
 FIG6_MIN_SCORES = {"gradient_scrutinizer_dmavfl": 6}  # the preset decides from its 6th score (URVFL)
-for _ds, _paper_values in (("mnist", {"dmavfl": 0.0152, "dmavfl_sync": 0.0137, "fsha": 0.0156, "agn": 0.0929}),
-                           ("credit", {"dmavfl": 0.4389, "dmavfl_sync": 0.4602, "fsha": 0.5152, "agn": 1.0934})):
+for _ds, _paper_values in (
+    ("mnist", {"dmavfl": 0.0152, "dmavfl_sync": 0.0137, "fsha": 0.0156, "agn": 0.0929}),
+    ("credit", {"dmavfl": 0.4389, "dmavfl_sync": 0.4602, "fsha": 0.5152, "agn": 1.0934}),
+):
     _base = f"dmavfl_{_ds}_paper"
     EXPERIMENTS.update({f"paper_{_ds}_{a}": Experiment(_base, a, paper=v) for a, v in _paper_values.items()})
     EXPERIMENTS[f"paper_{_ds}_dmavfl_sync"].attack_params = {"pretrain_epochs": 0}  # Algorithm 3: no pretraining
-    EXPERIMENTS[f"paper_{_ds}_dmavfl_eq5"] = Experiment(_base, "dmavfl", paper=_paper_values["dmavfl"],
-                                                          attack_params={"dac_update": "paper"})
-    EXPERIMENTS.update({f"paper_{_ds}_fig6_{who}": Experiment(_base, None if who == "honest" else who, FIG6_DETECTORS,
-                                                              attack_params={"pretrain_epochs": 0}
-                                                              if who == "dmavfl_sync" else {})
-                        for who in ("honest", "dmavfl", "dmavfl_sync", "fsha", "agn")})
+    EXPERIMENTS[f"paper_{_ds}_dmavfl_eq5"] = Experiment(
+        _base, "dmavfl", paper=_paper_values["dmavfl"], attack_params={"dac_update": "paper"}
+    )
+    EXPERIMENTS.update(
+        {
+            f"paper_{_ds}_fig6_{who}": Experiment(
+                _base,
+                None if who == "honest" else who,
+                FIG6_DETECTORS,
+                attack_params={"pretrain_epochs": 0} if who == "dmavfl_sync" else {},
+            )
+            for who in ("honest", "dmavfl", "dmavfl_sync", "fsha", "agn")
+        }
+    )
 # Cause of the MNIST gap (issue 14, comparison row 1): the same reduced setting as mnist_dmavfl, with URVFL's kind
 # of embedding (conv_map: a pixel-aligned 16 x 28 x 14 map, no pooling/Linear; map decoder; CNN DAC on the map)
 _CONVMAP = "dmavfl_mnist_convmap"
-EXPERIMENTS.update({
-    "cause_mnist_conv_map": Experiment(_CONVMAP, "dmavfl", paper=0.0152),
-    **{f"cause_mnist_conv_map_seed{s}": Experiment(_CONVMAP, "dmavfl", paper=0.0152, seed=s) for s in (1, 2)},
-    "cause_mnist_conv_map_honest": Experiment(_CONVMAP, None, paper_acc=99.11),
-    "cause_mnist_conv_map_sync": Experiment(_CONVMAP, "dmavfl_sync", paper=0.0137),
-    "cause_mnist_conv_map_mlp_dac": Experiment(_CONVMAP, "dmavfl", paper=0.0152,
-                                               attack_params={"dac": "mlp", "dac_map": None}),
-    "cause_mnist_conv_map_flat_decoder": Experiment(_CONVMAP, "dmavfl", paper=0.0152,
-                                                    attack_params={"decoder_map": None, "decoder_width": 64}),
-    "cause_mnist_conv2_cnn_dac": Experiment("dmavfl_mnist", "dmavfl", paper=0.0152,
-                                            attack_params={"dac": "cnn", "dac_map": [4, 4, 4]}),
-    # Figure 6 detectors (watching only) on the reduced setting, with each bottom
-    "cause_mnist_conv_map_fig6_dmavfl": Experiment(_CONVMAP, "dmavfl", FIG6_DETECTORS, paper=0.0152),
-    "cause_mnist_conv_map_fig6_honest": Experiment(_CONVMAP, None, FIG6_DETECTORS),
-    "cause_mnist_conv2_fig6_dmavfl": Experiment("dmavfl_mnist", "dmavfl", FIG6_DETECTORS, paper=0.0152),
-    "cause_mnist_conv2_fig6_honest": Experiment("dmavfl_mnist", None, FIG6_DETECTORS),
-    # conv2 with as wide an embedding as conv_map's (6,272 values through its Linear layer): width without alignment
-    "cause_mnist_conv2_wide": Experiment("dmavfl_mnist", "dmavfl", paper=0.0152, model={"embed_dim": 6272}),
-    # the paper's configuration with URVFL's kind of bottom (configs/repro/dmavfl_mnist_paper_convmap.yaml)
-    "paper_mnist_conv_map_dmavfl": Experiment("dmavfl_mnist_paper_convmap", "dmavfl", paper=0.0152),
-    "paper_mnist_conv_map_dmavfl_sync": Experiment("dmavfl_mnist_paper_convmap", "dmavfl_sync", paper=0.0137),
-    "paper_mnist_conv_map_honest": Experiment("dmavfl_mnist_paper_convmap", None, paper_acc=99.11),
-    **{f"paper_mnist_conv_map_{attack}_seed{s}": Experiment("dmavfl_mnist_paper_convmap", attack, paper=paper, seed=s)
-       for attack, paper in (("dmavfl", 0.0152), ("dmavfl_sync", 0.0137)) for s in (1, 2)},
-    # Figure 6 at the paper's scale with URVFL's kind of bottom: every detector watching only
-    **{f"paper_mnist_conv_map_fig6_{who}": Experiment("dmavfl_mnist_paper_convmap", None if who == "honest" else who,
-                                                      FIG6_DETECTORS)
-       for who in ("honest", "dmavfl", "dmavfl_sync", "fsha", "agn")},
-})
+EXPERIMENTS.update(
+    {
+        "cause_mnist_conv_map": Experiment(_CONVMAP, "dmavfl", paper=0.0152),
+        **{f"cause_mnist_conv_map_seed{s}": Experiment(_CONVMAP, "dmavfl", paper=0.0152, seed=s) for s in (1, 2)},
+        "cause_mnist_conv_map_honest": Experiment(_CONVMAP, None, paper_acc=99.11),
+        "cause_mnist_conv_map_sync": Experiment(_CONVMAP, "dmavfl_sync", paper=0.0137),
+        "cause_mnist_conv_map_mlp_dac": Experiment(
+            _CONVMAP, "dmavfl", paper=0.0152, attack_params={"dac": "mlp", "dac_map": None}
+        ),
+        "cause_mnist_conv_map_flat_decoder": Experiment(
+            _CONVMAP, "dmavfl", paper=0.0152, attack_params={"decoder_map": None, "decoder_width": 64}
+        ),
+        "cause_mnist_conv2_cnn_dac": Experiment(
+            "dmavfl_mnist", "dmavfl", paper=0.0152, attack_params={"dac": "cnn", "dac_map": [4, 4, 4]}
+        ),
+        # Figure 6 detectors (watching only) on the reduced setting, with each bottom
+        "cause_mnist_conv_map_fig6_dmavfl": Experiment(_CONVMAP, "dmavfl", FIG6_DETECTORS, paper=0.0152),
+        "cause_mnist_conv_map_fig6_honest": Experiment(_CONVMAP, None, FIG6_DETECTORS),
+        "cause_mnist_conv2_fig6_dmavfl": Experiment("dmavfl_mnist", "dmavfl", FIG6_DETECTORS, paper=0.0152),
+        "cause_mnist_conv2_fig6_honest": Experiment("dmavfl_mnist", None, FIG6_DETECTORS),
+        # conv2 with as wide an embedding as conv_map's (6,272 values through its Linear layer): width without alignment
+        "cause_mnist_conv2_wide": Experiment("dmavfl_mnist", "dmavfl", paper=0.0152, model={"embed_dim": 6272}),
+        # the paper's configuration with URVFL's kind of bottom (configs/repro/dmavfl_mnist_paper_convmap.yaml)
+        "paper_mnist_conv_map_dmavfl": Experiment("dmavfl_mnist_paper_convmap", "dmavfl", paper=0.0152),
+        "paper_mnist_conv_map_dmavfl_sync": Experiment("dmavfl_mnist_paper_convmap", "dmavfl_sync", paper=0.0137),
+        "paper_mnist_conv_map_honest": Experiment("dmavfl_mnist_paper_convmap", None, paper_acc=99.11),
+        **{
+            f"paper_mnist_conv_map_{attack}_seed{s}": Experiment(
+                "dmavfl_mnist_paper_convmap", attack, paper=paper, seed=s
+            )
+            for attack, paper in (("dmavfl", 0.0152), ("dmavfl_sync", 0.0137))
+            for s in (1, 2)
+        },
+        # Figure 6 at the paper's scale with URVFL's kind of bottom: every detector watching only
+        **{
+            f"paper_mnist_conv_map_fig6_{who}": Experiment(
+                "dmavfl_mnist_paper_convmap", None if who == "honest" else who, FIG6_DETECTORS
+            )
+            for who in ("honest", "dmavfl", "dmavfl_sync", "fsha", "agn")
+        },
+    }
+)
 # Gradients Scrutinizer on DMAVFL, cause (issue 14): GS alone watching, as in URVFL's detection runs (defense.py::
 # gradient_scru runs no SplitGuard beside it), in both configurations; then one change of the authors' detection
 # setup at a time: URVFL's DAC update (L_D + L_M), its detection runs' DAC (CLSDiscriminator2: BatchNorm, adaptive
 # pool), and (not the authors' setup, asked for) a victim trained honestly for 4 of the 12 epochs before the attack.
 GS_WATCH = [{**GS, "threshold": 0.0}, {**GS_DMAVFL, "threshold": 0.0}]
 _URVFL_UPDATE = {"dac_update": "urvfl"}
-EXPERIMENTS.update({
-    "cause_mnist_conv_map_gs_honest": Experiment(_CONVMAP, None, GS_WATCH),
-    "cause_mnist_conv_map_gs_dmavfl": Experiment(_CONVMAP, "dmavfl", GS_WATCH, paper=0.0152),
-    "cause_mnist_conv_map_gs_dmavfl_urvfl_update": Experiment(_CONVMAP, "dmavfl", GS_WATCH, paper=0.0152,
-                                                              attack_params=_URVFL_UPDATE),
-    "cause_mnist_conv_map_gs_dmavfl_cnn_bn": Experiment(_CONVMAP, "dmavfl", GS_WATCH, paper=0.0152,
-                                                        attack_params={**_URVFL_UPDATE, "dac": "cnn_bn"}),
-    "cause_mnist_conv_map_gs_dmavfl_cnn_bn_eq5": Experiment(_CONVMAP, "dmavfl", GS_WATCH, paper=0.0152,
-                                                            attack_params={"dac": "cnn_bn"}),
-    "cause_mnist_conv_map_gs_dmavfl_honest_first": Experiment(_CONVMAP, "dmavfl", GS_WATCH, paper=0.0152,
-                                                              attack_params={"honest_epochs": 4}),
-    # URVFL's detection runs leave the shadow f_e in training mode (its attack: eval mode); then all three together
-    "cause_mnist_conv_map_gs_dmavfl_shadow_train": Experiment(_CONVMAP, "dmavfl", GS_WATCH, paper=0.0152,
-                                                              attack_params={"shadow_mode": "train"}),
-    "cause_mnist_conv_map_gs_dmavfl_authors": Experiment(
-        _CONVMAP, "dmavfl", GS_WATCH, paper=0.0152,
-        attack_params={**_URVFL_UPDATE, "dac": "cnn_bn", "shadow_mode": "train"}),
-    # ... and with URVFL's learning rates (Adam 1e-4 for the victim and the DAC; the reduced setting has 5e-4, 1.5e-4)
-    "cause_mnist_conv_map_gs_dmavfl_authors_lr1e-4": Experiment(
-        _CONVMAP, "dmavfl", GS_WATCH, paper=0.0152, train={"lr": 1.0e-4},
-        attack_params={**_URVFL_UPDATE, "dac": "cnn_bn", "shadow_mode": "train", "disc_lr": 1.0e-4}),
-    "cause_mnist_conv_map_gs_dmavfl_cnn_bn_honest_first": Experiment(
-        _CONVMAP, "dmavfl", GS_WATCH, paper=0.0152,
-        attack_params={**_URVFL_UPDATE, "dac": "cnn_bn", "honest_epochs": 4}),
-})
+EXPERIMENTS.update(
+    {
+        "cause_mnist_conv_map_gs_honest": Experiment(_CONVMAP, None, GS_WATCH),
+        "cause_mnist_conv_map_gs_dmavfl": Experiment(_CONVMAP, "dmavfl", GS_WATCH, paper=0.0152),
+        "cause_mnist_conv_map_gs_dmavfl_urvfl_update": Experiment(
+            _CONVMAP, "dmavfl", GS_WATCH, paper=0.0152, attack_params=_URVFL_UPDATE
+        ),
+        "cause_mnist_conv_map_gs_dmavfl_cnn_bn": Experiment(
+            _CONVMAP, "dmavfl", GS_WATCH, paper=0.0152, attack_params={**_URVFL_UPDATE, "dac": "cnn_bn"}
+        ),
+        "cause_mnist_conv_map_gs_dmavfl_cnn_bn_eq5": Experiment(
+            _CONVMAP, "dmavfl", GS_WATCH, paper=0.0152, attack_params={"dac": "cnn_bn"}
+        ),
+        "cause_mnist_conv_map_gs_dmavfl_honest_first": Experiment(
+            _CONVMAP, "dmavfl", GS_WATCH, paper=0.0152, attack_params={"honest_epochs": 4}
+        ),
+        # URVFL's detection runs leave the shadow f_e in training mode (its attack: eval mode); then all three together
+        "cause_mnist_conv_map_gs_dmavfl_shadow_train": Experiment(
+            _CONVMAP, "dmavfl", GS_WATCH, paper=0.0152, attack_params={"shadow_mode": "train"}
+        ),
+        "cause_mnist_conv_map_gs_dmavfl_authors": Experiment(
+            _CONVMAP,
+            "dmavfl",
+            GS_WATCH,
+            paper=0.0152,
+            attack_params={**_URVFL_UPDATE, "dac": "cnn_bn", "shadow_mode": "train"},
+        ),
+        # ... and with URVFL's learning rates (Adam 1e-4 for the victim and the DAC;
+        # the reduced setting has 5e-4, 1.5e-4)
+        "cause_mnist_conv_map_gs_dmavfl_authors_lr1e-4": Experiment(
+            _CONVMAP,
+            "dmavfl",
+            GS_WATCH,
+            paper=0.0152,
+            train={"lr": 1.0e-4},
+            attack_params={**_URVFL_UPDATE, "dac": "cnn_bn", "shadow_mode": "train", "disc_lr": 1.0e-4},
+        ),
+        "cause_mnist_conv_map_gs_dmavfl_cnn_bn_honest_first": Experiment(
+            _CONVMAP,
+            "dmavfl",
+            GS_WATCH,
+            paper=0.0152,
+            attack_params={**_URVFL_UPDATE, "dac": "cnn_bn", "honest_epochs": 4},
+        ),
+    }
+)
 #: options only DMAVFL and DMAVFL_sync take (dropped when a config's attack is swapped for AGN or FSHA)
-DMAVFL_ONLY = ("pretrain_epochs", "decoder_output", "dac", "dac_map", "dac_update", "decoder_map", "honest_epochs",
-               "shadow_mode")
+DMAVFL_ONLY = (
+    "pretrain_epochs",
+    "decoder_output",
+    "dac",
+    "dac_map",
+    "dac_update",
+    "decoder_map",
+    "honest_epochs",
+    "shadow_mode",
+)
 
 #: Seed groups for the spread table: label -> the seed-0 experiment and its other seeds.
-SEED_GROUPS = {"DMAVFL, no defense": "mnist_dmavfl", "DMAVFL, DP epsilon 10": "mnist_dmavfl_dp_10",
-               "honest, no defense": "mnist_honest"}
+SEED_GROUPS = {
+    "DMAVFL, no defense": "mnist_dmavfl",
+    "DMAVFL, DP epsilon 10": "mnist_dmavfl_dp_10",
+    "honest, no defense": "mnist_honest",
+}
 
 
 def build(exp: Experiment, swapped: list[str] | None = None):
@@ -270,8 +357,9 @@ def build(exp: Experiment, swapped: list[str] | None = None):
     return build_config(raw, list(swapped or []))
 
 
-def run_one(name: str, exp: Experiment, data_root: str, out: Path, threads: int | None = None,
-            swapped: list[str] | None = None) -> dict[str, Any]:
+def run_one(
+    name: str, exp: Experiment, data_root: str, out: Path, threads: int | None = None, swapped: list[str] | None = None
+) -> dict[str, Any]:
     """Train, attack, score; keep detector scores and the first rows' reconstructions.
 
     ``threads`` replaces the config's ``train.threads`` (a wall-time setting only: every draw is the same);
@@ -285,36 +373,55 @@ def run_one(name: str, exp: Experiment, data_root: str, out: Path, threads: int 
     # train_run's steps, keeping the federation for the per-epoch (oracle) reconstruction curve
     names = [f"passive_{i + 1}" for i in range(len(vd.passive))]
     held_out = plan.held_out()  # the aux rows of DMAVFL & co.: disjoint from the training set
-    fed = build_federation(cfg, vd, defenses=plan_defenses(cfg, names), keep=plan.keep, extra_dims=plan.extra_dims(),
-                           held_out=held_out)
+    fed = build_federation(
+        cfg, vd, defenses=plan_defenses(cfg, names), keep=plan.keep, extra_dims=plan.extra_dims(), held_out=held_out
+    )
     plan.prepare(fed)
     curve: list[float | None] = []
 
     def epoch_end(epoch: int, record: dict[str, Any]) -> None:
         curve.append(epoch_mse(plan, fed, vd))
         # progress of a long row, kept if it is stopped (a finished row writes OUT/<name>.json instead)
-        partial = {"name": name, "epochs_done": epoch + 1, "mse_curve": curve,
-                   "test_accuracy": record.get("test_accuracy"), "seconds": time.perf_counter() - tic,
-                   "detectors": detector_record(fed)}
+        partial = {
+            "name": name,
+            "epochs_done": epoch + 1,
+            "mse_curve": curve,
+            "test_accuracy": record.get("test_accuracy"),
+            "seconds": time.perf_counter() - tic,
+            "detectors": detector_record(fed),
+        }
         write_atomic(out / f"{name}.partial.json", json.dumps(partial))
 
     started = time.perf_counter()
-    history = fed.fit(epochs=cfg.train.epochs, batch_size=cfg.train.batch_size,
-                      generator=generator(cfg.seed, "active", "batches"), y_test=vd.y_test,
-                      eval_every=cfg.train.eval_every, on_epoch_end=epoch_end)
+    history = fed.fit(
+        epochs=cfg.train.epochs,
+        batch_size=cfg.train.batch_size,
+        generator=generator(cfg.seed, "active", "batches"),
+        y_test=vd.y_test,
+        eval_every=cfg.train.eval_every,
+        on_epoch_end=epoch_end,
+    )
     run = TrainedRun(cfg, vd, fed, history, time.perf_counter() - started)
-    record: dict[str, Any] = {"name": name, "config": exp.config, "seed": cfg.seed, "attack": exp.attack,
-                              "defenses": exp.defenses,
-                              "paper": exp.paper, "paper_acc": exp.paper_acc,
-                              "accuracy": run.history.epochs[-1].get("test_accuracy"),
-                              "accuracy_curve": [r.get("test_accuracy") for r in run.history.epochs],
-                              "loss_curve": [r.get("loss") for r in run.history.epochs],
-                              "refused_updates": run.history.refused_updates,
-                              "train_seconds": run.train_seconds,
-                              # the rows the parties train on: the attacker's held-out aux rows are not among them
-                              "n_train": len(vd.y_train) - (0 if held_out is None else len(held_out)),
-                              "n_test": len(vd.y_test), "n_held_out": 0 if held_out is None else len(held_out),
-                              "mse_curve": curve, "swap": list(swapped or [])}
+    record: dict[str, Any] = {
+        "name": name,
+        "config": exp.config,
+        "seed": cfg.seed,
+        "attack": exp.attack,
+        "defenses": exp.defenses,
+        "paper": exp.paper,
+        "paper_acc": exp.paper_acc,
+        "accuracy": run.history.epochs[-1].get("test_accuracy"),
+        "accuracy_curve": [r.get("test_accuracy") for r in run.history.epochs],
+        "loss_curve": [r.get("loss") for r in run.history.epochs],
+        "refused_updates": run.history.refused_updates,
+        "train_seconds": run.train_seconds,
+        # the rows the parties train on: the attacker's held-out aux rows are not among them
+        "n_train": len(vd.y_train) - (0 if held_out is None else len(held_out)),
+        "n_test": len(vd.y_test),
+        "n_held_out": 0 if held_out is None else len(held_out),
+        "mse_curve": curve,
+        "swap": list(swapped or []),
+    }
     record["detectors"] = detector_record(run.federation)
     if plan.attacks:
         [planned] = plan.attacks
@@ -322,15 +429,25 @@ def run_one(name: str, exp: Experiment, data_root: str, out: Path, threads: int 
         view = _view(run, planned)
         inference = attack.infer(view)
         value, prior, details = score_features(inference, run, victims_of(attack), view.aux)
-        record.update(value=value, prior=prior, metric="mse", leakage=leakage_points("mse", value, prior),
-                      details=details,
-                      pretrain_losses=getattr(attack, "pretrain_losses_", None),
-                      shadow_bound=shadow_bound(attack, vd, inference.ids))
+        record.update(
+            value=value,
+            prior=prior,
+            metric="mse",
+            leakage=leakage_points("mse", value, prior),
+            details=details,
+            pretrain_losses=getattr(attack, "pretrain_losses_", None),
+            shadow_bound=shadow_bound(attack, vd, inference.ids),
+        )
         part = vd.passive[0]
         if part.kind == "image":
             rows = inference.ids[:GRID]
-            np.savez(out / f"{name}.npz", ids=rows.numpy(), victim=part.x_test[rows].cpu().numpy(),
-                     recon=inference.features[:GRID].detach().cpu().numpy(), own=vd.active.x_test[rows].cpu().numpy())
+            np.savez(
+                out / f"{name}.npz",
+                ids=rows.numpy(),
+                victim=part.x_test[rows].cpu().numpy(),
+                recon=inference.features[:GRID].detach().cpu().numpy(),
+                own=vd.active.x_test[rows].cpu().numpy(),
+            )
     record["seconds"] = time.perf_counter() - tic
     record["loadavg"] = os.getloadavg()
     return record
@@ -341,12 +458,21 @@ def detector_record(fed: Any) -> dict[str, Any]:
     detectors = {}
     for d in fed.passives[0].defenses:
         if hasattr(d, "scores_"):
-            detectors[d.name] = {"scores": list(d.scores_), "detected_step": d.detected_step_,
-                                 "detected_epoch": d.detected_epoch_, "threshold": d.threshold, "window": d.window,
-                                 "steps": d.count_}
+            detectors[d.name] = {
+                "scores": list(d.scores_),
+                "detected_step": d.detected_step_,
+                "detected_epoch": d.detected_epoch_,
+                "threshold": d.threshold,
+                "window": d.window,
+                "steps": d.count_,
+            }
             if hasattr(d, "same_mean_"):  # Gradients Scrutinizer: the per-step similarity means behind its score
-                detectors[d.name].update(same_mean=list(d.same_mean_), diff_mean=list(d.diff_mean_),
-                                         same_std=list(d.same_std_), diff_std=list(d.diff_std_))
+                detectors[d.name].update(
+                    same_mean=list(d.same_mean_),
+                    diff_mean=list(d.diff_mean_),
+                    same_std=list(d.same_std_),
+                    diff_std=list(d.diff_std_),
+                )
     return detectors
 
 
@@ -373,8 +499,9 @@ def epoch_mse(plan: Any, fed: Any, vd: Any, rows: int = 1000) -> float | None:
         m.eval()
     h = torch.cat([v.forward(ids, epoch=-1, step=-1, split="test", train=False) for v in victims], 1)
     own = vd.active.x_test[ids] if state.own is not None else None
-    recon = attack.decode({"bottom": state.own, "decoder": state.decoder} if own is not None
-                          else {"decoder": state.decoder}, own, h)
+    recon = attack.decode(
+        {"bottom": state.own, "decoder": state.decoder} if own is not None else {"decoder": state.decoder}, own, h
+    )
     for m, mode in zip(models, modes, strict=True):
         m.train(mode)
     return float(((recon - victim_features(vd, victims_of(attack), "test")[0][ids]) ** 2).mean())
@@ -417,18 +544,30 @@ NOT_RUN = "not run (time)"
 #: DMAVFL Table 1: (Emb MSE, Emb Cos) of the attacks that train a shadow of the victim's bottom
 #: (the "DMAVFL (GS/SG)" rows hold for our DMAVFL rows with and without a detector).
 PAPER_EMB: dict[str, tuple[float, float]] = {
-    "mnist_dmavfl": (0.0041, 0.0289), "mnist_dmavfl_sg": (0.0041, 0.0289), "mnist_dmavfl_gs": (0.0041, 0.0289),
-    "mnist_dmavfl_monitor": (0.0041, 0.0289), "mnist_dmavfl_sync": (0.0045, 0.0388),
-    "mnist_fsha": (0.0030, 0.0378), "mnist_fsha_bce": (0.0030, 0.0378), "mnist_fsha_sg": (0.0578, 0.2016),
+    "mnist_dmavfl": (0.0041, 0.0289),
+    "mnist_dmavfl_sg": (0.0041, 0.0289),
+    "mnist_dmavfl_gs": (0.0041, 0.0289),
+    "mnist_dmavfl_monitor": (0.0041, 0.0289),
+    "mnist_dmavfl_sync": (0.0045, 0.0388),
+    "mnist_fsha": (0.0030, 0.0378),
+    "mnist_fsha_bce": (0.0030, 0.0378),
+    "mnist_fsha_sg": (0.0578, 0.2016),
     "mnist_fsha_gs": (0.2879, 0.1760),
-    "credit_dmavfl": (0.2918, 0.1492), "credit_dmavfl_sg": (0.2918, 0.1492), "credit_dmavfl_monitor": (0.2918, 0.1492),
-    "credit_dmavfl_sync": (0.3010, 0.1529), "credit_fsha": (0.3468, 0.1524), "credit_fsha_sg": (0.5528, 0.4043),
+    "credit_dmavfl": (0.2918, 0.1492),
+    "credit_dmavfl_sg": (0.2918, 0.1492),
+    "credit_dmavfl_monitor": (0.2918, 0.1492),
+    "credit_dmavfl_sync": (0.3010, 0.1529),
+    "credit_fsha": (0.3468, 0.1524),
+    "credit_fsha_sg": (0.5528, 0.4043),
 }
 
 
 def _load(out: Path) -> dict[str, dict[str, Any]]:
-    return {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))
-            if not p.stem.endswith(".partial") and p.stem != "swap"}
+    return {
+        p.stem: json.loads(p.read_text())
+        for p in sorted(out.glob("*.json"))
+        if not p.stem.endswith(".partial") and p.stem != "swap"
+    }
 
 
 def _fmt(x: float | None, digits: int = 4) -> str:
@@ -440,8 +579,9 @@ def _pct(x: float | None) -> str:
 
 
 def _detected(r: dict[str, Any]) -> str:
-    flags = [f"{n} @ step {d['detected_step']}" for n, d in r.get("detectors", {}).items()
-             if d["detected_step"] is not None]
+    flags = [
+        f"{n} @ step {d['detected_step']}" for n, d in r.get("detectors", {}).items() if d["detected_step"] is not None
+    ]
     return ", ".join(flags) if flags else ("none" if r.get("detectors") else "")
 
 
@@ -459,10 +599,12 @@ def _paper(name: str, r: dict[str, Any] | None, key: str) -> float | None:
 
 def table(results: dict[str, dict[str, Any]]) -> str:
     """Markdown table: ours vs the paper, one row per experiment (missing ones say so)."""
-    lines = ["| experiment | paper recon MSE | ours recon MSE | ours x4 ([-1,1] units) | prior (aux mean) | "
-             "best epoch (oracle) | shadow bound | SSIM | paper Emb MSE / Cos | ours Emb MSE / Cos | test acc | "
-             "paper acc | detected | train s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    lines = [
+        "| experiment | paper recon MSE | ours recon MSE | ours x4 ([-1,1] units) | prior (aux mean) | "
+        "best epoch (oracle) | shadow bound | SSIM | paper Emb MSE / Cos | ours Emb MSE / Cos | test acc | "
+        "paper acc | detected | train s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
     for name in EXPERIMENTS:
         r = results.get(name)
         paper, paper_acc = _paper(name, r, "paper"), _paper(name, r, "paper_acc")
@@ -473,20 +615,24 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         mnist = r["config"].startswith("dmavfl_mnist")
         value = r.get("value")
         scaled = "–" if value is None else (_fmt(PIXEL_SCALE * value) if mnist else "(same)")
-        lines.append(f"| {name} | {_fmt(paper)} | {_fmt(value)} | {scaled} | {_fmt(r.get('prior'))} | "
-                     f"{_fmt(_best(r))} | {_fmt(r.get('shadow_bound'))} | {_fmt(d.get('ssim'), 3)} | "
-                     f"{' / '.join(_fmt(v) for v in PAPER_EMB.get(name, (None, None)))} | "
-                     f"{_fmt(d.get('emb_mse'))} / {_fmt(d.get('emb_cos'))} | "
-                     f"{_pct(r.get('accuracy'))} | {_fmt(paper_acc, 2)} | "
-                     f"{_detected(r)} | {r['train_seconds']:.0f} |")
+        lines.append(
+            f"| {name} | {_fmt(paper)} | {_fmt(value)} | {scaled} | {_fmt(r.get('prior'))} | "
+            f"{_fmt(_best(r))} | {_fmt(r.get('shadow_bound'))} | {_fmt(d.get('ssim'), 3)} | "
+            f"{' / '.join(_fmt(v) for v in PAPER_EMB.get(name, (None, None)))} | "
+            f"{_fmt(d.get('emb_mse'))} / {_fmt(d.get('emb_cos'))} | "
+            f"{_pct(r.get('accuracy'))} | {_fmt(paper_acc, 2)} | "
+            f"{_detected(r)} | {r['train_seconds']:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def defense_table(results: dict[str, dict[str, Any]]) -> str:
     """DMAVFL Tables 7-9 on MNIST: DMAVFL's and DMAVFL_sync's MSE and the honest accuracy per defense."""
-    lines = ["| table | defense | setting | attack | paper MSE | ours MSE | ours x4 ([-1,1] units) "
-             "| best epoch (oracle) | ours SSIM | paper honest acc | ours honest acc | ours acc under the attack |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| table | defense | setting | attack | paper MSE | ours MSE | ours x4 ([-1,1] units) "
+        "| best epoch (oracle) | ours SSIM | paper honest acc | ours honest acc | ours acc under the attack |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for tab, defense, setting, pattern, honest in DEFENSE_ROWS:
         for suffix, label in (("", "DMAVFL"), ("_sync", "DMAVFL_sync")):
             attacked = pattern.format(suffix)
@@ -496,19 +642,25 @@ def defense_table(results: dict[str, dict[str, Any]]) -> str:
                 mse = f"{NOT_RUN} | | | | "
             else:
                 v = a.get("value")
-                mse = (f"{_fmt(v)} | {_fmt(PIXEL_SCALE * v)} | {_fmt(_best(a))} | "
-                       f"{_fmt(a.get('details', {}).get('ssim'), 3)} | ")
+                mse = (
+                    f"{_fmt(v)} | {_fmt(PIXEL_SCALE * v)} | {_fmt(_best(a))} | "
+                    f"{_fmt(a.get('details', {}).get('ssim'), 3)} | "
+                )
             honest_acc = NOT_RUN if h is None else _pct(h.get("accuracy"))
             attacked_acc = "" if a is None else _pct(a.get("accuracy"))
-            lines.append(f"| {tab} | {defense} | {setting} | {label} | {_fmt(paper)} | {mse}{_fmt(paper_acc, 2)} | "
-                         f"{honest_acc} | {attacked_acc} |")
+            lines.append(
+                f"| {tab} | {defense} | {setting} | {label} | {_fmt(paper)} | {mse}{_fmt(paper_acc, 2)} | "
+                f"{honest_acc} | {attacked_acc} |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def seed_table(results: dict[str, dict[str, Any]]) -> str:
     """Recon MSE and test accuracy per seed (seed 0 is the main row) with mean and spread."""
-    lines = ["| experiment | seeds run | recon MSE per seed | mean ± sd | test acc per seed | mean ± sd |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| experiment | seeds run | recon MSE per seed | mean ± sd | test acc per seed | mean ± sd |",
+        "|---|---|---|---|---|---|",
+    ]
     for label, base in SEED_GROUPS.items():
         names = [base] + [n for n in EXPERIMENTS if n.startswith(f"{base}_seed")]
         runs = [results[n] for n in names if n in results]
@@ -519,8 +671,10 @@ def seed_table(results: dict[str, dict[str, Any]]) -> str:
         missing = [n for n in names if n not in results]
         seeds += f" ({len(missing)} {NOT_RUN})" if missing else ""
         cells = []
-        for values, digits, scale in (([r.get("value") for r in runs], 4, 1.0),
-                                      ([r.get("accuracy") for r in runs], 2, 100.0)):
+        for values, digits, scale in (
+            ([r.get("value") for r in runs], 4, 1.0),
+            ([r.get("accuracy") for r in runs], 2, 100.0),
+        ):
             v = np.array([x * scale for x in values if x is not None])
             cells.append(", ".join(_fmt(x, digits) for x in v) if len(v) else "–")
             cells.append(f"{v.mean():.{digits}f} ± {v.std(ddof=1):.{digits}f}" if len(v) > 1 else "–")
@@ -528,17 +682,35 @@ def seed_table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-GRID_ATTACKS = (("mnist_dmavfl", "DMAVFL"), ("mnist_dmavfl_sync", "DMAVFL_sync"), ("mnist_fsha", "FSHA"),
-                ("mnist_fsha_bce", "FSHA (BCE)"), ("mnist_agn", "AGN"), ("mnist_dmavfl_sg", "DMAVFL-SG"),
-                ("mnist_fsha_sg", "FSHA-SG"), ("mnist_agn_sg", "AGN-SG"), ("mnist_dmavfl_gs", "DMAVFL-GS"),
-                ("mnist_fsha_gs", "FSHA-GS"), ("mnist_agn_gs", "AGN-GS"))
-GRID_DEFENSES = (("mnist_dmavfl", "DMAVFL,\nno defense"), ("mnist_dmavfl_nopeek_0.95", "NoPeek\nalpha 0.95"),
-                 ("mnist_dmavfl_nopeek_1.0", "NoPeek\nalpha 1.0"), ("mnist_dmavfl_noise_0.5", "noise\nsigma 0.5"),
-                 ("mnist_dmavfl_dp_1", "DP eps 1"), ("mnist_dmavfl_dp_10", "DP eps 10"))
+GRID_ATTACKS = (
+    ("mnist_dmavfl", "DMAVFL"),
+    ("mnist_dmavfl_sync", "DMAVFL_sync"),
+    ("mnist_fsha", "FSHA"),
+    ("mnist_fsha_bce", "FSHA (BCE)"),
+    ("mnist_agn", "AGN"),
+    ("mnist_dmavfl_sg", "DMAVFL-SG"),
+    ("mnist_fsha_sg", "FSHA-SG"),
+    ("mnist_agn_sg", "AGN-SG"),
+    ("mnist_dmavfl_gs", "DMAVFL-GS"),
+    ("mnist_fsha_gs", "FSHA-GS"),
+    ("mnist_agn_gs", "AGN-GS"),
+)
+GRID_DEFENSES = (
+    ("mnist_dmavfl", "DMAVFL,\nno defense"),
+    ("mnist_dmavfl_nopeek_0.95", "NoPeek\nalpha 0.95"),
+    ("mnist_dmavfl_nopeek_1.0", "NoPeek\nalpha 1.0"),
+    ("mnist_dmavfl_noise_0.5", "noise\nsigma 0.5"),
+    ("mnist_dmavfl_dp_1", "DP eps 1"),
+    ("mnist_dmavfl_dp_10", "DP eps 10"),
+)
 
 
-def grid_png(out: Path, path: Path, which: tuple[tuple[str, str], ...] = GRID_ATTACKS,
-             title: str = "MNIST: left half reconstructed by the attacker, right half its own (true)") -> None:
+def grid_png(
+    out: Path,
+    path: Path,
+    which: tuple[tuple[str, str], ...] = GRID_ATTACKS,
+    title: str = "MNIST: left half reconstructed by the attacker, right half its own (true)",
+) -> None:
     """Originals and reconstructions (victim half reconstructed, attacker half true), one row each."""
     import matplotlib
 
@@ -567,8 +739,7 @@ def grid_png(out: Path, path: Path, which: tuple[tuple[str, str], ...] = GRID_AT
         r = results.get(name, {})
         flag = "\n(halted)" if _detected(r) not in ("", "none") else ""
         ax.imshow(strip(np.clip(data["recon"], 0, 1), data["own"]), cmap="gray", vmin=0, vmax=1)
-        ax.set_ylabel(f"{label}{flag}\nMSE {_fmt(r.get('value'), 3)}", rotation=0, ha="right", va="center",
-                      fontsize=9)
+        ax.set_ylabel(f"{label}{flag}\nMSE {_fmt(r.get('value'), 3)}", rotation=0, ha="right", va="center", fontsize=9)
     for ax in axes:
         ax.set_xticks([])
         ax.set_yticks([])
@@ -592,13 +763,27 @@ def detector_png(out: Path, path: Path, dataset: str = "mnist") -> None:
     import matplotlib.pyplot as plt
 
     results = _load(out)
-    runs = {"honest": f"{dataset}_honest_sg_gs", "DMAVFL": f"{dataset}_dmavfl_{{}}",
-            "DMAVFL_sync": f"{dataset}_dmavfl_sync_{{}}", "FSHA": f"{dataset}_fsha_{{}}", "AGN": f"{dataset}_agn_{{}}",
-            "DMAVFL, watched only (threshold 0)": f"{dataset}_dmavfl_monitor"}
-    colors = {"honest": "black", "DMAVFL": "tab:blue", "DMAVFL_sync": "tab:cyan", "FSHA": "tab:red",
-              "AGN": "tab:orange", "DMAVFL, watched only (threshold 0)": "tab:purple"}
-    panels = [(short, det, title) for short, det, title in DETECTORS
-              if any(det in (results.get(p.format(short)) or {}).get("detectors", {}) for p in runs.values())]
+    runs = {
+        "honest": f"{dataset}_honest_sg_gs",
+        "DMAVFL": f"{dataset}_dmavfl_{{}}",
+        "DMAVFL_sync": f"{dataset}_dmavfl_sync_{{}}",
+        "FSHA": f"{dataset}_fsha_{{}}",
+        "AGN": f"{dataset}_agn_{{}}",
+        "DMAVFL, watched only (threshold 0)": f"{dataset}_dmavfl_monitor",
+    }
+    colors = {
+        "honest": "black",
+        "DMAVFL": "tab:blue",
+        "DMAVFL_sync": "tab:cyan",
+        "FSHA": "tab:red",
+        "AGN": "tab:orange",
+        "DMAVFL, watched only (threshold 0)": "tab:purple",
+    }
+    panels = [
+        (short, det, title)
+        for short, det, title in DETECTORS
+        if any(det in (results.get(p.format(short)) or {}).get("detectors", {}) for p in runs.values())
+    ]
     if not panels:
         return
     fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 4.8), squeeze=False)
@@ -615,13 +800,20 @@ def detector_png(out: Path, path: Path, dataset: str = "mnist") -> None:
                 continue
             w = d["window"]
             full = np.arange(w - 1, len(scores))
-            stat = np.array([scores[i - w + 1: i + 1].mean() for i in full])
+            stat = np.array([scores[i - w + 1 : i + 1].mean() for i in full])
             halted = d["detected_step"] is not None
             if w > 1:
                 ax.plot(steps, scores, color=colors[label], alpha=0.25, lw=0.8)
-            ax.plot(steps[full], stat, color=colors[label], lw=1.8, marker="o", ms=2.5 if len(full) > 1 else 6,
-                    ls="--" if d["threshold"] == 0 else "-",
-                    label=label + (f" (halted @ {d['detected_step']})" if halted else ""))
+            ax.plot(
+                steps[full],
+                stat,
+                color=colors[label],
+                lw=1.8,
+                marker="o",
+                ms=2.5 if len(full) > 1 else 6,
+                ls="--" if d["threshold"] == 0 else "-",
+                label=label + (f" (halted @ {d['detected_step']})" if halted else ""),
+            )
             if d["threshold"]:
                 threshold = d["threshold"]
         if threshold is not None:
@@ -646,34 +838,52 @@ def figure6_png(out: Path, path: Path, dataset: str) -> None:
     results = _load(out)
     partial = {p.name.removesuffix(".partial.json"): json.loads(p.read_text()) for p in out.glob("*.partial.json")}
     labels = {"honest": "honest", "dmavfl": "DMAVFL", "dmavfl_sync": "DMAVFL_sync", "fsha": "FSHA", "agn": "AGN"}
-    runs = {label: results[f"paper_{dataset}_fig6_{who}"]["detectors"] for who, label in labels.items()
-            if f"paper_{dataset}_fig6_{who}" in results}
+    runs = {
+        label: results[f"paper_{dataset}_fig6_{who}"]["detectors"]
+        for who, label in labels.items()
+        if f"paper_{dataset}_fig6_{who}" in results
+    }
     # a row stopped before its end: its detector scores so far, labelled with the epochs it finished
-    runs.update({f"{label} ({partial[name]['epochs_done']} epochs)": partial[name]["detectors"]
-                 for who, label in labels.items() if label not in runs
-                 and (name := f"paper_{dataset}_fig6_{who}") in partial})
+    runs.update(
+        {
+            f"{label} ({partial[name]['epochs_done']} epochs)": partial[name]["detectors"]
+            for who, label in labels.items()
+            if label not in runs and (name := f"paper_{dataset}_fig6_{who}") in partial
+        }
+    )
     if not runs:
         return
-    titles = {"splitguard": "SplitGuard (mean of 10 < 0.9)", "gradient_scrutinizer": "GS, original (score < 0.5)",
-              "gradient_scrutinizer_dmavfl": "GS, DMAVFL's configuration (mean of 5 < 0.8)"}
-    panels = [Panel(det, titles[det], threshold, window, FIG6_MIN_SCORES.get(det, 0))
-              for det, (threshold, window) in FIG6_THRESHOLDS.items()]
+    titles = {
+        "splitguard": "SplitGuard (mean of 10 < 0.9)",
+        "gradient_scrutinizer": "GS, original (score < 0.5)",
+        "gradient_scrutinizer_dmavfl": "GS, DMAVFL's configuration (mean of 5 < 0.8)",
+    }
+    panels = [
+        Panel(det, titles[det], threshold, window, FIG6_MIN_SCORES.get(det, 0))
+        for det, (threshold, window) in FIG6_THRESHOLDS.items()
+    ]
     detector_scores(runs, panels, path, f"DMAVFL Figure 6 ({dataset}, paper configuration)")
 
 
 #: the rows of "Gradients Scrutinizer on DMAVFL: cause located?" (docs/notes/reproduction_dmavfl.md)
-GS_CAUSE_ROWS = ["cause_mnist_conv_map_gs_honest", "cause_mnist_conv_map_gs_dmavfl",
-                 "cause_mnist_conv_map_gs_dmavfl_urvfl_update", "cause_mnist_conv_map_gs_dmavfl_cnn_bn_eq5",
-                 "cause_mnist_conv_map_gs_dmavfl_cnn_bn", "cause_mnist_conv_map_gs_dmavfl_shadow_train",
-                 "cause_mnist_conv_map_gs_dmavfl_authors", "cause_mnist_conv_map_gs_dmavfl_authors_lr1e-4",
-                 "cause_mnist_conv_map_gs_dmavfl_honest_first",
-                 "cause_mnist_conv_map_gs_dmavfl_cnn_bn_honest_first"]
+GS_CAUSE_ROWS = [
+    "cause_mnist_conv_map_gs_honest",
+    "cause_mnist_conv_map_gs_dmavfl",
+    "cause_mnist_conv_map_gs_dmavfl_urvfl_update",
+    "cause_mnist_conv_map_gs_dmavfl_cnn_bn_eq5",
+    "cause_mnist_conv_map_gs_dmavfl_cnn_bn",
+    "cause_mnist_conv_map_gs_dmavfl_shadow_train",
+    "cause_mnist_conv_map_gs_dmavfl_authors",
+    "cause_mnist_conv_map_gs_dmavfl_authors_lr1e-4",
+    "cause_mnist_conv_map_gs_dmavfl_honest_first",
+    "cause_mnist_conv_map_gs_dmavfl_cnn_bn_honest_first",
+]
 
 
 def gs_decisions(scores: list[float], threshold: float, window: int, min_scores: int) -> tuple[int, int, float | None]:
     """(flagged, decisions, last decision value) of the rule "mean of the last ``window`` scores < ``threshold``",
     decided at every score from the ``min_scores``-th on."""
-    means = [float(np.mean(scores[i + 1 - window:i + 1])) for i in range(min_scores - 1, len(scores))]
+    means = [float(np.mean(scores[i + 1 - window : i + 1])) for i in range(min_scores - 1, len(scores))]
     return sum(m < threshold for m in means), len(means), (means[-1] if means else None)
 
 
@@ -684,10 +894,12 @@ def gs_terms(record: dict[str, Any], i: int) -> tuple[float, float, float]:
 
 def gs_cause_table(results: dict[str, dict[str, Any]]) -> str:
     """Recon MSE, GS verdicts in both configurations and the cosine means behind them, per GS-cause row."""
-    lines = ["| row | recon MSE [0, 1] | GS original: flagged / decisions | GS DMAVFL (URVFL schedule): flagged / "
-             "decisions (last mean of 5) | same 5 with decisions from the 5th score | mean cos same-label, first → "
-             "last quarter | mean cos different-label, first → last quarter | m_gap · m_err · m_iou, last record |",
-             "|---|---:|---|---|---|---|---|---|"]
+    lines = [
+        "| row | recon MSE [0, 1] | GS original: flagged / decisions | GS DMAVFL (URVFL schedule): flagged / "
+        "decisions (last mean of 5) | same 5 with decisions from the 5th score | mean cos same-label, first → "
+        "last quarter | mean cos different-label, first → last quarter | m_gap · m_err · m_iou, last record |",
+        "|---|---:|---|---|---|---|---|---|",
+    ]
     for name in GS_CAUSE_ROWS:
         r = results.get(name)
         if r is None:
@@ -704,7 +916,7 @@ def gs_cause_table(results: dict[str, dict[str, Any]]) -> str:
         attack_part = ""
         if honest:  # the decisions made once the attack has taken over (scores of the attack's epochs)
             epochs = [e for _, e, _ in dets["gradient_scrutinizer_dmavfl"]["scores"]][5:]
-            means = [float(np.mean(dm[i - 4:i + 1])) for i in range(5, len(dm))]
+            means = [float(np.mean(dm[i - 4 : i + 1])) for i in range(5, len(dm))]
             late = [m for m, e in zip(means, epochs, strict=True) if e >= honest]
             attack_part = f"; from epoch {honest} (attack): {sum(m < 0.8 for m in late)} / {len(late)}"
         cos = []
@@ -713,9 +925,12 @@ def gs_cause_table(results: dict[str, dict[str, Any]]) -> str:
             q = max(1, len(v) // 4)
             cos.append(f"{v[:q].mean():.2f} → {v[-q:].mean():.2f}")
         verdict = f"{f1} / {n1} ({_fmt(last, 2)}){attack_part}"
-        lines.append(f"| `{name}` | {_fmt(r.get('value'))} | {f0} / {n0} | {verdict} | "
-                     f"{f2} / {n2} | {cos[0]} | {cos[1]} | "
-                     + " · ".join(f"{t:.2f}" for t in gs_terms(gs, len(gs["same_mean"]) - 1)) + " |")
+        lines.append(
+            f"| `{name}` | {_fmt(r.get('value'))} | {f0} / {n0} | {verdict} | "
+            f"{f2} / {n2} | {cos[0]} | {cos[1]} | "
+            + " · ".join(f"{t:.2f}" for t in gs_terms(gs, len(gs["same_mean"]) - 1))
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -731,9 +946,11 @@ def detector_rates(out: Path, data_root: str, workers: int | None = None) -> str
         cfg = build_config(cfg.model_dump(mode="json"), [f"sweep.workers={workers}"])
     summary = run_sweep(cfg, out, resume=True, data_root=data_root)
     rows = detection.frame(summary)
-    lines = ["| detector | DMAVFL's convention | seeds | detection rate (%) [95% CI] | false alarms on honest "
-             "training (%) [95% CI] | verdict | DMAVFL leakage (points) [95% CI] | without detector |",
-             "|---|---|---:|---|---|---|---|---|"]
+    lines = [
+        "| detector | DMAVFL's convention | seeds | detection rate (%) [95% CI] | false alarms on honest "
+        "training (%) [95% CI] | verdict | DMAVFL leakage (points) [95% CI] | without detector |",
+        "|---|---|---:|---|---|---|---|---|",
+    ]
 
     def percent(r: Any, what: str) -> str:
         low, high = r[f"{what}_ci_low"], r[f"{what}_ci_high"]
@@ -741,15 +958,18 @@ def detector_rates(out: Path, data_root: str, workers: int | None = None) -> str
         return text + (f" [{100 * low:.1f}, {100 * high:.1f}]" if not (math.isnan(low) or math.isnan(high)) else "")
 
     def leakage(defense: str, setting: str) -> str:
-        at = summary[(summary["defense"] == defense) & (summary["setting"] == setting)
-                     & (summary["attack"] == "dmavfl")].iloc[0]
+        at = summary[
+            (summary["defense"] == defense) & (summary["setting"] == setting) & (summary["attack"] == "dmavfl")
+        ].iloc[0]
         return f"{at['leakage_mean']:.1f} [{at['leakage_ci_low']:.1f}, {at['leakage_ci_high']:.1f}]"
 
     for _, r in rows.sort_values(["detector", "setting"]).iterrows():
         convention = json.loads(r["setting"])["attacks.0.splitguard"] if r["setting"] else "–"
-        lines.append(f"| {r['detector']} | {convention} | {r['seeds']} | {percent(r, 'detection_rate')} | "
-                     f"{percent(r, 'false_alarm_rate')} | {r['detector_verdict'].split(': ', 1)[-1]} | "
-                     f"{leakage(r['defense'], r['setting'])} | {leakage('none', r['setting'])} |")
+        lines.append(
+            f"| {r['detector']} | {convention} | {r['seeds']} | {percent(r, 'detection_rate')} | "
+            f"{percent(r, 'false_alarm_rate')} | {r['detector_verdict'].split(': ', 1)[-1]} | "
+            f"{leakage(r['defense'], r['setting'])} | {leakage('none', r['setting'])} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -762,9 +982,12 @@ def main() -> None:
     parser.add_argument("--table", help="write the markdown tables here")
     parser.add_argument("--img", help="write the PNGs into this folder")
     parser.add_argument("--threads", type=int, help="torch threads per run (default: the config's train.threads)")
-    parser.add_argument("--detector-rates", action="store_true",
-                        help="run the detector-rates sweep (configs/repro/dmavfl_digits_detectors.yaml) into "
-                             "OUT/detector_rates and print its table")
+    parser.add_argument(
+        "--detector-rates",
+        action="store_true",
+        help="run the detector-rates sweep (configs/repro/dmavfl_digits_detectors.yaml) into "
+        "OUT/detector_rates and print its table",
+    )
     parser.add_argument("--workers", type=int, help="with --detector-rates: parallel sweep workers")
     swap.add_arguments(parser)
     args = parser.parse_args()
@@ -787,18 +1010,28 @@ def main() -> None:
             write_atomic(out / f"{name}.json", json.dumps(record, indent=1))
             (out / f"{name}.partial.json").unlink(missing_ok=True)
     results = _load(out)
-    text = ("DMAVFL Table 1 (MNIST, Credit) and the detector rows\n\n" + table(results)
-            + "\nDMAVFL Tables 7-9 (MNIST): DMAVFL against NoPeek, embedding noise and DP\n\n" + defense_table(results)
-            + "\nSeed spread (MNIST; every other row is seed 0)\n\n" + seed_table(results)
-            + "\nGradients Scrutinizer on DMAVFL (reduced MNIST setting, conv_map)\n\n" + gs_cause_table(results))
+    text = (
+        "DMAVFL Table 1 (MNIST, Credit) and the detector rows\n\n"
+        + table(results)
+        + "\nDMAVFL Tables 7-9 (MNIST): DMAVFL against NoPeek, embedding noise and DP\n\n"
+        + defense_table(results)
+        + "\nSeed spread (MNIST; every other row is seed 0)\n\n"
+        + seed_table(results)
+        + "\nGradients Scrutinizer on DMAVFL (reduced MNIST setting, conv_map)\n\n"
+        + gs_cause_table(results)
+    )
     if args.table:
         Path(args.table).write_text(text)
     if args.img:
         img = Path(args.img)
         img.mkdir(parents=True, exist_ok=True)
         grid_png(out, img / "dmavfl_mnist_reconstructions.png")
-        grid_png(out, img / "dmavfl_mnist_defenses.png", GRID_DEFENSES,
-                 "MNIST, DMAVFL under the passive party's defenses (Tables 7-9): left half reconstructed")
+        grid_png(
+            out,
+            img / "dmavfl_mnist_defenses.png",
+            GRID_DEFENSES,
+            "MNIST, DMAVFL under the passive party's defenses (Tables 7-9): left half reconstructed",
+        )
         detector_png(out, img / "dmavfl_mnist_detectors.png")
         detector_png(out, img / "dmavfl_credit_detectors.png", "credit")
         for dataset in ("mnist", "credit", "mnist_conv_map"):

@@ -44,14 +44,24 @@ DMAVFL: dict[str, dict[str, tuple[float, float | None, float | None]]] = {
 }
 #: Documented alternative settings, reported as extra rows (never in place of the main rows).
 EXTRA: list[tuple[str, str, list[str]]] = [
-    ("feature_dmavfl_mnist_gia", "GIA from the aux mean, clipped to [0, 1], Adam 1e-2, shadow Adam 1e-3",
-     ["attacks.0.init=aux_mean", "attacks.0.bounds=aux", "attacks.0.opt_lr=0.01", "attacks.0.shadow_lr=0.001"]),
-    ("feature_dmavfl_credit_sdar", "SDAR with 4 attack rounds per VFL step (16,500 iterations)",
-     ["attacks.0.attack_steps=4"]),
+    (
+        "feature_dmavfl_mnist_gia",
+        "GIA from the aux mean, clipped to [0, 1], Adam 1e-2, shadow Adam 1e-3",
+        ["attacks.0.init=aux_mean", "attacks.0.bounds=aux", "attacks.0.opt_lr=0.01", "attacks.0.shadow_lr=0.001"],
+    ),
+    (
+        "feature_dmavfl_credit_sdar",
+        "SDAR with 4 attack rounds per VFL step (16,500 iterations)",
+        ["attacks.0.attack_steps=4"],
+    ),
 ]
 #: Datasets whose paper MSE is in [-1, 1] pixel units while ours is in [0, 1].
-PIXEL_SCALE = {"feature_dmavfl_mnist_sdar", "feature_dmavfl_mnist_pcat", "feature_dmavfl_mnist_grna",
-               "feature_dmavfl_mnist_gia"}
+PIXEL_SCALE = {
+    "feature_dmavfl_mnist_sdar",
+    "feature_dmavfl_mnist_pcat",
+    "feature_dmavfl_mnist_grna",
+    "feature_dmavfl_mnist_gia",
+}
 
 #: Kang Table 16 (FMNIST): setting -> {algorithm: (epsilon_u in accuracy points, epsilon_p = SSIM)};
 #: "none" holds the unprotected accuracy in place of epsilon_u.
@@ -73,8 +83,9 @@ KANG_CONFIGS = {"vhnn": "feature_kang_mi_mnist_vhnn", "vsnn": "feature_kang_mi_m
 NOT_RUN = "not run (time)"
 
 
-def run_one(name: str, overrides: list[str], out: Path, data_root: str | None, *,
-            no_run: bool) -> tuple[dict[str, Any], dict[str, Any]] | None:
+def run_one(
+    name: str, overrides: list[str], out: Path, data_root: str | None, *, no_run: bool
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """Run (or load) one config; its result.json and wall-clock record (``None``: missing with --no-run)."""
     cfg = load_config(REPRO / f"{name}.yaml", overrides).resolved()
     run_dir = out / cfg.hash()
@@ -86,9 +97,18 @@ def run_one(name: str, overrides: list[str], out: Path, data_root: str | None, *
         print(f"[run ] {name} {' '.join(overrides)} -> {run_dir}", flush=True)
         tic = time.perf_counter()
         run_experiment(cfg, out_dir=out, data_root=data_root)
-        wall_file.write_text(json.dumps({"wall_seconds": time.perf_counter() - tic, "overrides": overrides,
-                                         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                         "loadavg": os.getloadavg()}, indent=2) + "\n")
+        wall_file.write_text(
+            json.dumps(
+                {
+                    "wall_seconds": time.perf_counter() - tic,
+                    "overrides": overrides,
+                    "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+                    "loadavg": os.getloadavg(),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     else:
         print(f"[skip] {name} {' '.join(overrides)}: {result_file} exists", flush=True)
     result = json.loads(result_file.read_text())
@@ -103,10 +123,12 @@ def fmt(x: float | None, digits: int = 4) -> str:
 
 def dmavfl_table(out: Path, data_root: str | None, no_run: bool, extra: bool, swapped: list[str] | None = None) -> str:
     """DMAVFL Table 1 rows: ours against the paper (and the EXTRA settings with ``extra``)."""
-    rows = ["| dataset | attack (setting) | paper recon MSE | ours MSE | ours MSE x4 ([-1,1] units) "
-            "| ours aux-mean prior (x4) | ours SSIM | paper emb MSE / cos | ours emb MSE / cos | test acc/AUC "
-            "| wall s |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| dataset | attack (setting) | paper recon MSE | ours MSE | ours MSE x4 ([-1,1] units) "
+        "| ours aux-mean prior (x4) | ours SSIM | paper emb MSE / cos | ours emb MSE / cos | test acc/AUC "
+        "| wall s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     jobs = [(name, "as configured", []) for name in DMAVFL]
     if extra:
         jobs += EXTRA
@@ -116,8 +138,10 @@ def dmavfl_table(out: Path, data_root: str | None, no_run: bool, extra: bool, sw
         dataset = ("MNIST" if "mnist" in name else "Credit") + swap.label(swapped or [])
         if loaded is None:
             for attack, paper in attacks.items():
-                rows.append(f"| {dataset} | {attack} ({label}) | {paper[0]:.4f} | {NOT_RUN} | | | | "
-                            f"{fmt(paper[1])} / {fmt(paper[2])} | | | |")
+                rows.append(
+                    f"| {dataset} | {attack} ({label}) | {paper[0]:.4f} | {NOT_RUN} | | | | "
+                    f"{fmt(paper[1])} / {fmt(paper[2])} | | | |"
+                )
             continue
         result, wall = loaded
         scale = 4.0 if name in PIXEL_SCALE else 1.0
@@ -128,19 +152,23 @@ def dmavfl_table(out: Path, data_root: str | None, no_run: bool, extra: bool, sw
             d = a["details"]
             scaled = f"{scale * a['value']:.4f}" if scale != 1.0 else "(same scale)"
             prior = f"{a['prior']:.4f}" + (f" ({scale * a['prior']:.4f})" if scale != 1.0 else "")
-            rows.append(f"| {dataset} | {a['name']} ({label}) | {paper[0]:.4f} | {a['value']:.4f} | {scaled} | {prior} "
-                        f"| {fmt(d.get('ssim'), 3)} | {fmt(paper[1])} / {fmt(paper[2])} "
-                        f"| {fmt(d.get('emb_mse'))} / {fmt(d.get('emb_cos'))} "
-                        f"| {result['utility']['value']:.4f} | {fmt(wall.get('wall_seconds'), 0)} |")
+            rows.append(
+                f"| {dataset} | {a['name']} ({label}) | {paper[0]:.4f} | {a['value']:.4f} | {scaled} | {prior} "
+                f"| {fmt(d.get('ssim'), 3)} | {fmt(paper[1])} / {fmt(paper[2])} "
+                f"| {fmt(d.get('emb_mse'))} / {fmt(d.get('emb_cos'))} "
+                f"| {result['utility']['value']:.4f} | {fmt(wall.get('wall_seconds'), 0)} |"
+            )
     return "\n".join(rows)
 
 
 def kang_table(out: Path, data_root: str | None, no_run: bool, swapped: list[str] | None = None) -> str:
     """Kang Table 16 rows: SSIM of model inversion and the accuracy drop, per defense and algorithm."""
-    rows = ["| algorithm | protection | paper eps_u | ours eps_u (acc pts) | paper eps_p (SSIM) "
-            "| ours SSIM query-free | ours SSIM black-box | ours MSE query-free / black-box (aux-mean prior) "
-            "| ours test acc | wall s |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| algorithm | protection | paper eps_u | ours eps_u (acc pts) | paper eps_p (SSIM) "
+        "| ours SSIM query-free | ours SSIM black-box | ours MSE query-free / black-box (aux-mean prior) "
+        "| ours test acc | wall s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for algorithm, name in KANG_CONFIGS.items():
         base_acc: float | None = None
         for setting, overrides in KANG_DEFENSES.items():
@@ -148,9 +176,11 @@ def kang_table(out: Path, data_root: str | None, no_run: bool, swapped: list[str
             paper_u, paper_p = KANG[setting][algorithm]
             if loaded is None:
                 paper_eps_u = f"({paper_u:.2f}) 0" if setting == "none" else f"{paper_u:.2f}"
-                rows.append(f"| {algorithm.upper()}{swap.label(swapped or [])} | {setting} | {paper_eps_u} | {NOT_RUN} "
-                            f"| {paper_p:.2f} "
-                            "| | | | | |")
+                rows.append(
+                    f"| {algorithm.upper()}{swap.label(swapped or [])} | {setting} | {paper_eps_u} | {NOT_RUN} "
+                    f"| {paper_p:.2f} "
+                    "| | | | | |"
+                )
                 continue
             result, wall = loaded
             acc = 100 * result["utility"]["value"]
@@ -162,11 +192,13 @@ def kang_table(out: Path, data_root: str | None, no_run: bool, swapped: list[str
             paper_eps_u = f"({paper_u:.2f}) 0" if setting == "none" else f"{paper_u:.2f}"
             mse = " / ".join(fmt(a["value"]) if a else "–" for a in (qf, bb))
             prior = fmt(qf["prior"] if qf else (bb["prior"] if bb else None))
-            rows.append(f"| {algorithm.upper()}{swap.label(swapped or [])} | {setting} | {paper_eps_u} | {eps_u} "
-                        f"| {paper_p:.2f} "
-                        f"| {fmt(qf['details'].get('ssim') if qf else None, 3)} "
-                        f"| {fmt(bb['details'].get('ssim') if bb else None, 3)} | {mse} ({prior}) "
-                        f"| {acc:.2f} | {fmt(wall.get('wall_seconds'), 0)} |")
+            rows.append(
+                f"| {algorithm.upper()}{swap.label(swapped or [])} | {setting} | {paper_eps_u} | {eps_u} "
+                f"| {paper_p:.2f} "
+                f"| {fmt(qf['details'].get('ssim') if qf else None, 3)} "
+                f"| {fmt(bb['details'].get('ssim') if bb else None, 3)} | {mse} ({prior}) "
+                f"| {acc:.2f} | {fmt(wall.get('wall_seconds'), 0)} |"
+            )
     return "\n".join(rows)
 
 
@@ -186,12 +218,15 @@ def main(argv: list[str] | None = None) -> int:
         swap.check(REPRO / f"{KANG_CONFIGS['vhnn'] if args.only == 'kang' else next(iter(DMAVFL))}.yaml", swapped)
     parts = []
     if args.only in (None, "dmavfl"):
-        parts.append("DMAVFL Table 1 (honest-but-curious baselines)\n\n" + dmavfl_table(args.out, args.data_root,
-                                                                                      args.no_run, args.extra,
-                                                                                      swapped))
+        parts.append(
+            "DMAVFL Table 1 (honest-but-curious baselines)\n\n"
+            + dmavfl_table(args.out, args.data_root, args.no_run, args.extra, swapped)
+        )
     if args.only in (None, "kang"):
-        parts.append("Kang et al. Table 16 on MNIST (model inversion vs MixUp and PRECODE)\n\n"
-                     + kang_table(args.out, args.data_root, args.no_run, swapped))
+        parts.append(
+            "Kang et al. Table 16 on MNIST (model inversion vs MixUp and PRECODE)\n\n"
+            + kang_table(args.out, args.data_root, args.no_run, swapped)
+        )
     text = "\n\n".join(parts)
     print(text)
     if args.table:

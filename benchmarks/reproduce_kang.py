@@ -31,24 +31,45 @@ from vflbench.metrics.scores import pu_score
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {
-    "setting1": ("configs/kang/setting1_vlr_credit_ns_ds_dl.yaml", "Table 10 (NS, DS, DL on d^B)",
-                 ["norm_scoring", "direction_scoring", "direct_label_inference"]),
-    "setting2": ("configs/kang/setting2_vlr_credit_rr_gi.yaml", "Table 11 (RR, GI on grad theta^B)",
-                 ["residue_reconstruction", "gradient_inversion"]),
+    "setting1": (
+        "configs/kang/setting1_vlr_credit_ns_ds_dl.yaml",
+        "Table 10 (NS, DS, DL on d^B)",
+        ["norm_scoring", "direction_scoring", "direct_label_inference"],
+    ),
+    "setting2": (
+        "configs/kang/setting2_vlr_credit_rr_gi.yaml",
+        "Table 11 (RR, GI on grad theta^B)",
+        ["residue_reconstruction", "gradient_inversion"],
+    ),
     "setting3": ("configs/kang/setting3_vlr_credit_mc.yaml", "Table 12 (MC on f^B)", ["model_completion"]),
 }
-SHORT = {"norm_scoring": "NS", "direction_scoring": "DS", "direct_label_inference": "DL",
-         "residue_reconstruction": "RR", "gradient_inversion": "GI", "model_completion": "MC"}
-NAMES = {"none": "No Protect", "gradient_compression": "GC", "discrete_sgd": "D-SGD", "max_norm": "MN",
-         "dp_laplace": "DP-L", "isotropic_noise": "ISO"}
+SHORT = {
+    "norm_scoring": "NS",
+    "direction_scoring": "DS",
+    "direct_label_inference": "DL",
+    "residue_reconstruction": "RR",
+    "gradient_inversion": "GI",
+    "model_completion": "MC",
+}
+NAMES = {
+    "none": "No Protect",
+    "gradient_compression": "GC",
+    "discrete_sgd": "D-SGD",
+    "max_norm": "MN",
+    "dp_laplace": "DP-L",
+    "isotropic_noise": "ISO",
+}
 ORDER = ["none", "gradient_compression", "discrete_sgd", "max_norm", "dp_laplace", "isotropic_noise"]
 
 #: Kang et al., Credit columns: protection -> (ε_u, {attack: ε_p}, S*_PU); utility 73.2 without protection.
 PAPER: dict[str, dict[str, tuple[float, dict[str, float], int]]] = {
     "setting1": {
         "none": (0.0, {"norm_scoring": 46.9, "direction_scoring": 50.0, "direct_label_inference": 50.0}, 0),
-        "gradient_compression": (11.2, {"norm_scoring": 10.1, "direction_scoring": 3.3,
-                                        "direct_label_inference": 11.6}, 0),
+        "gradient_compression": (
+            11.2,
+            {"norm_scoring": 10.1, "direction_scoring": 3.3, "direct_label_inference": 11.6},
+            0,
+        ),
         "discrete_sgd": (7.5, {"norm_scoring": 25.9, "direction_scoring": 24.6, "direct_label_inference": 33.1}, 0),
         "max_norm": (0.1, {"norm_scoring": 6.2, "direction_scoring": 18.1, "direct_label_inference": 19.8}, 2),
         "dp_laplace": (0.9, {"norm_scoring": 1.1, "direction_scoring": 2.6, "direct_label_inference": 3.7}, 4),
@@ -108,8 +129,9 @@ def load(directory: Path, utility: str, seeds: list[int] | None = None) -> tuple
     summary = summary.copy()
     summary["utility"] = summary["config_hash"].map(best)
     vanilla = summary[summary["defense"] == "none"].groupby("seed")["utility"].first()
-    summary["utility_loss"] = [100.0 * (vanilla[s] - u) for s, u in zip(summary["seed"], summary["utility"],
-                                                                         strict=True)]
+    summary["utility_loss"] = [
+        100.0 * (vanilla[s] - u) for s, u in zip(summary["seed"], summary["utility"], strict=True)
+    ]
     summary["pu_score"] = [pu_score(p, u) for p, u in zip(summary["leakage"], summary["utility_loss"], strict=True)]
     return summary, scores_table(summary)
 
@@ -153,18 +175,25 @@ def table(name: str, directory: Path, utility: str = "final", seeds: list[int] |
     base = summary[summary["defense"] == "none"]
     util = 100 * base.groupby("seed")["utility"].first().mean()
     util_std = 100 * base.groupby("seed")["utility"].first().std()
-    which = {"final": "utility of the final epoch (as `vflbench sweep` reports it)",
-             "best": "utility of the best epoch (test AUC, max over epochs: a test-set oracle)"}[utility]
-    lines = [f"### {title}, {which}" + (f", seed {', '.join(map(str, seeds))} only" if seeds else ""), "",
-             f"Ours: {n_seeds} seed(s) × up to {repeats} attack repeat(s); utility without protection {util:.1f}"
-             + (f" ± {util_std:.1f} (sd over seeds)" if n_seeds > 1 else "")
-             + f" AUC (paper {PAPER_UTILITY}). ε_p: ours as mean [95% interval over seeds × repeats] / the paper's; "
-             "bold = the paper's value lies outside our interval and more than 5 points from our mean. A protection "
-             "gets S*_PU only over the strengths where it lowers the worst attack measurably; one that never does "
-             "is shown at its strongest strength with verdict 'none measurable'.", "",
-             "| protection | verdict | strength (ours) | ε_u | " + " | ".join(f"ε_p {SHORT[a]}" for a in attacks)
-             + " | S*_PU (ours / paper) |",
-             "|---|---|---:|---:|" + "---|" * len(attacks) + "---:|"]
+    which = {
+        "final": "utility of the final epoch (as `vflbench sweep` reports it)",
+        "best": "utility of the best epoch (test AUC, max over epochs: a test-set oracle)",
+    }[utility]
+    lines = [
+        f"### {title}, {which}" + (f", seed {', '.join(map(str, seeds))} only" if seeds else ""),
+        "",
+        f"Ours: {n_seeds} seed(s) × up to {repeats} attack repeat(s); utility without protection {util:.1f}"
+        + (f" ± {util_std:.1f} (sd over seeds)" if n_seeds > 1 else "")
+        + f" AUC (paper {PAPER_UTILITY}). ε_p: ours as mean [95% interval over seeds × repeats] / the paper's; "
+        "bold = the paper's value lies outside our interval and more than 5 points from our mean. A protection "
+        "gets S*_PU only over the strengths where it lowers the worst attack measurably; one that never does "
+        "is shown at its strongest strength with verdict 'none measurable'.",
+        "",
+        "| protection | verdict | strength (ours) | ε_u | "
+        + " | ".join(f"ε_p {SHORT[a]}" for a in attacks)
+        + " | S*_PU (ours / paper) |",
+        "|---|---|---:|---:|" + "---|" * len(attacks) + "---:|",
+    ]
     attacked = summary.dropna(subset=["attack"])
     for defense in ORDER:
         row = scores[scores["defense"] == defense]
@@ -175,8 +204,12 @@ def table(name: str, directory: Path, utility: str = "final", seeds: list[int] |
         strength = _shown_strength(r, summary, defense)
         at = _at(attacked, defense, strength)
         loss = float(at["utility_loss"].mean()) if not at.empty else math.nan
-        verdict = {"protects": "protects", "no measurable protection": "none measurable",
-                   "no protection (baseline)": "–", "not scored": "not scored"}.get(str(r.get("verdict")), "")
+        verdict = {
+            "protects": "protects",
+            "no measurable protection": "none measurable",
+            "no protection (baseline)": "–",
+            "not scored": "not scored",
+        }.get(str(r.get("verdict")), "")
         cells = [NAMES[defense], verdict, _strength(strength), _pair(loss, p_u)]
         for a in attacks:
             group = at[at["attack"] == a]
@@ -192,10 +225,16 @@ def table(name: str, directory: Path, utility: str = "final", seeds: list[int] |
         s_pu = "–" if pd.isna(r.get("s_pu")) else str(int(r["s_pu"]))
         cells.append(f"{s_pu} / {p_s}")
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Every strength (ε_p: mean [95% interval]; change: the interval of ε_p − ε_p(undefended) of the "
-              "worst attack lies below 0 = lower):", "",
-              "| protection | strength | ε_u | " + " | ".join(f"ε_p {SHORT[a]}" for a in attacks)
-              + " | worst attack's change | PU |", "|---|---:|---:|" + "---|" * len(attacks) + "---|---:|"]
+    lines += [
+        "",
+        "Every strength (ε_p: mean [95% interval]; change: the interval of ε_p − ε_p(undefended) of the "
+        "worst attack lies below 0 = lower):",
+        "",
+        "| protection | strength | ε_u | "
+        + " | ".join(f"ε_p {SHORT[a]}" for a in attacks)
+        + " | worst attack's change | PU |",
+        "|---|---:|---:|" + "---|" * len(attacks) + "---|---:|",
+    ]
     for defense in ORDER:
         d = attacked[attacked["defense"] == defense]
         for strength, group in d.groupby("strength", dropna=False):
@@ -231,9 +270,13 @@ def mc_logit_check(directory: Path, out: Path, data_root: str | None) -> list[st
 
     summary = pd.read_csv(directory / "summary.csv")
     flat = summary[(summary["attack"] == "model_completion") & (summary["attack_value"] == 0.5)]
-    lines = ["### Setting 3: MC points with AUC exactly 0.5, scored by the attacker's logits", "",
-             "| protection | strength | seed | MC AUC (sigmoid, vflbench) | MC AUC (logits) | prior (J_loc) "
-             "| ε_p (logits) | passive bias |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "### Setting 3: MC points with AUC exactly 0.5, scored by the attacker's logits",
+        "",
+        "| protection | strength | seed | MC AUC (sigmoid, vflbench) | MC AUC (logits) | prior (J_loc) "
+        "| ε_p (logits) | passive bias |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for _, row in flat.sort_values(["defense", "strength", "seed"]).iterrows():
         raw = json.loads((directory / RUNS / row["config_hash"] / "result.json").read_text())
         config = yaml.safe_load((directory / RUNS / row["config_hash"] / "config.yaml").read_text())
@@ -249,9 +292,11 @@ def mc_logit_check(directory: Path, out: Path, data_root: str | None) -> list[st
         logits = (vd.passive[0].x_test.flatten(1) @ weight.T + bias).squeeze(1)
         auc = roc_auc_score(vd.y_test.cpu().numpy(), logits.double().cpu().numpy())
         prior = raw["attacks"][0]["prior"]
-        lines.append(f"| {NAMES[row['defense']]} | {_strength(row['strength'])} | {row['seed']} | "
-                     f"{100 * row['attack_value']:.1f} | {100 * auc:.1f} | {100 * prior:.1f} | "
-                     f"{100 * (auc - prior):.1f} | {float(bias[0]):+.1f} |")
+        lines.append(
+            f"| {NAMES[row['defense']]} | {_strength(row['strength'])} | {row['seed']} | "
+            f"{100 * row['attack_value']:.1f} | {100 * auc:.1f} | {100 * prior:.1f} | "
+            f"{100 * (auc - prior):.1f} | {float(bias[0]):+.1f} |"
+        )
     return lines + [""]
 
 
@@ -263,12 +308,21 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--data-root", default=None)
     ap.add_argument("--table", type=Path, help="write the markdown here")
-    ap.add_argument("--utility", nargs="+", choices=["final", "best"], default=["final"],
-                    help="utility of the final epoch (vflbench's; the default) and/or of the best epoch (the "
-                         "test-set maximum: an oracle, only to compare with a paper that reports it)")
+    ap.add_argument(
+        "--utility",
+        nargs="+",
+        choices=["final", "best"],
+        default=["final"],
+        help="utility of the final epoch (vflbench's; the default) and/or of the best epoch (the "
+        "test-set maximum: an oracle, only to compare with a paper that reports it)",
+    )
     ap.add_argument("--seeds", type=int, nargs="+", help="keep only these seeds (default: all)")
-    ap.add_argument("--mc-logits", type=Path, metavar="DIR",
-                    help="re-run setting-3 points whose MC AUC is 0.5 into DIR and score them by logits")
+    ap.add_argument(
+        "--mc-logits",
+        type=Path,
+        metavar="DIR",
+        help="re-run setting-3 points whose MC AUC is 0.5 into DIR and score them by logits",
+    )
     ap.add_argument("--only", nargs="+", choices=sorted(SETTINGS), default=sorted(SETTINGS))
     swap.add_arguments(ap)
     args = ap.parse_args()
@@ -279,8 +333,13 @@ def main() -> None:
         if swapped:
             out.append(f"{name} with{swap.label(swapped)} (the paper's columns are for its Credit data)")
         if args.run:
-            run_sweep(swap.check(ROOT / SETTINGS[name][0], swapped), directory, resume=True, workers=args.workers,
-                      data_root=args.data_root)
+            run_sweep(
+                swap.check(ROOT / SETTINGS[name][0], swapped),
+                directory,
+                resume=True,
+                workers=args.workers,
+                data_root=args.data_root,
+            )
         if not (directory / "scores.csv").is_file():
             print(f"{directory}: no scores.csv (run the sweep first, or pass --run)")
             continue

@@ -44,9 +44,12 @@ def load() -> float:
 
 def vmask_small(repeat: int) -> dict[str, Any]:
     """VMask vs vanilla on digits (MLP3, batch 64, 10 epochs), alternating runs in this process."""
-    raw = {"data": {"name": "digits", "parties": 2, "aux_pool": 200}, "model": {"bottom": "mlp3", "top": "mlp2"},
-           "train": {"algorithm": "vhnn", "epochs": 10, "batch_size": 64, "lr": 0.1, "threads": 1,
-                     "checkpoint": "none"}, "seed": 0}
+    raw = {
+        "data": {"name": "digits", "parties": 2, "aux_pool": 200},
+        "model": {"bottom": "mlp3", "top": "mlp2"},
+        "train": {"algorithm": "vhnn", "epochs": 10, "batch_size": 64, "lr": 0.1, "threads": 1, "checkpoint": "none"},
+        "seed": 0,
+    }
     seconds: dict[str, list[float]] = {"vanilla": [], "vmask": []}
     before = load()
     with tempfile.TemporaryDirectory() as out:
@@ -56,8 +59,13 @@ def vmask_small(repeat: int) -> dict[str, Any]:
                 result = run_experiment(build_config({**raw, "defenses": defenses}), out_dir=out)
                 seconds[name].append(result.timing.train_seconds)
     med = {k: statistics.median(v) for k, v in seconds.items()}
-    return {"row": "vmask_small", "seconds": seconds, "ratio": med["vmask"] / med["vanilla"], "target": "<= 3",
-            "load": [before, load()]}
+    return {
+        "row": "vmask_small",
+        "seconds": seconds,
+        "ratio": med["vmask"] / med["vanilla"],
+        "target": "<= 3",
+        "load": [before, load()],
+    }
 
 
 def vmask_large(data_root: str) -> dict[str, Any]:
@@ -79,9 +87,14 @@ def kang_attacks(data_root: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as out:
         result = run_experiment(cfg, out_dir=out)
     attacks = result.timing.attack_seconds
-    return {"row": "kang_attacks", "train_seconds": result.timing.train_seconds, "attack_seconds": attacks,
-            "ratio": sum(attacks.values()) / result.timing.train_seconds, "target": "<= 2",
-            "load": [before, load()]}
+    return {
+        "row": "kang_attacks",
+        "train_seconds": result.timing.train_seconds,
+        "attack_seconds": attacks,
+        "ratio": sum(attacks.values()) / result.timing.train_seconds,
+        "target": "<= 2",
+        "load": [before, load()],
+    }
 
 
 def sweep_workers(epochs: int, runs: int = 8) -> dict[str, Any]:
@@ -97,8 +110,17 @@ def sweep_workers(epochs: int, runs: int = 8) -> dict[str, Any]:
     startup = sw.startup_seconds()
     one = sw.measure(raw, 1, "cli")
     two = sw.measure(raw, 2, "cli")
-    return {"row": "sweep_workers", "epochs": epochs, "runs": runs, "startup_s": startup, "one": one, "two": two,
-            "ratio": one["wall_s"] / two["wall_s"], "target": ">= 1.85", "load": [before, load()]}
+    return {
+        "row": "sweep_workers",
+        "epochs": epochs,
+        "runs": runs,
+        "startup_s": startup,
+        "one": one,
+        "two": two,
+        "ratio": one["wall_s"] / two["wall_s"],
+        "target": ">= 1.85",
+        "load": [before, load()],
+    }
 
 
 def main() -> None:
@@ -108,8 +130,12 @@ def main() -> None:
     ap.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
     ap.add_argument("--repeat", type=int, default=3, help="alternating repeats of the vmask_small pair")
     ap.add_argument("--sweep-epochs", type=int, default=400, help="epochs of each sweep run (sets the run length)")
-    ap.add_argument("--sweep-runs", type=int, default=8,
-                    help="runs in the sweep (a multiple of 4: baseline + 3 defenses, times seeds)")
+    ap.add_argument(
+        "--sweep-runs",
+        type=int,
+        default=8,
+        help="runs in the sweep (a multiple of 4: baseline + 3 defenses, times seeds)",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -125,11 +151,14 @@ def main() -> None:
             results.append(kang_attacks(args.data_root))
         else:
             results.append(sweep_workers(args.sweep_epochs, args.sweep_runs))
-        print(f"{row}: ratio {results[-1]['ratio']} (target {results[-1]['target']}), "
-              f"load {results[-1]['load']}", flush=True)
+        print(
+            f"{row}: ratio {results[-1]['ratio']} (target {results[-1]['target']}), load {results[-1]['load']}",
+            flush=True,
+        )
     if args.json:
-        args.json.write_text(json.dumps({"cpus": os.cpu_count(), "torch": torch.__version__, "rows": results},
-                                        indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({"cpus": os.cpu_count(), "torch": torch.__version__, "rows": results}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

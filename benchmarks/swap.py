@@ -30,12 +30,23 @@ from vflbench.experiment.config import ExperimentConfig, build_config, check_com
 
 def add_arguments(parser: argparse.ArgumentParser, *, dataset_flag: str = "--dataset") -> None:
     """Add ``--dataset`` (or ``dataset_flag``) and ``--set`` to ``parser`` (read back with :func:`overrides`)."""
-    parser.add_argument(dataset_flag, dest="swap_dataset", metavar="NAME", default=None,
-                        help="run every config on this registered dataset instead (data.name=NAME; the config's "
-                             "data.options and data.columns are dropped and data.split is auto: give NAME's own "
-                             "with --set data.options.KEY=V)")
-    parser.add_argument("--set", dest="swap_set", metavar="KEY=VALUE", action="append", default=[],
-                        help="override every config, as `vflbench run --set` (repeatable; after --dataset)")
+    parser.add_argument(
+        dataset_flag,
+        dest="swap_dataset",
+        metavar="NAME",
+        default=None,
+        help="run every config on this registered dataset instead (data.name=NAME; the config's "
+        "data.options and data.columns are dropped and data.split is auto: give NAME's own "
+        "with --set data.options.KEY=V)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="swap_set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="override every config, as `vflbench run --set` (repeatable; after --dataset)",
+    )
 
 
 def overrides(args: argparse.Namespace) -> list[str]:

@@ -68,12 +68,29 @@ def sleep_point(config: dict[str, Any], runs_dir: str, data_root: str | None) ->
     time.sleep(float(os.environ[SLEEP_ENV]))
     cfg = ExperimentConfig.model_validate(config)
     digest = cfg.hash()
-    attacks = [{"name": a.name, "target": "labels", "metric": "auc", "direction": "higher", "value": 0.8,
-                "prior": 0.5, "prior_name": "random guess", "leakage": 30.0, "undefended_leakage": 30.0,
-                "leaks_without_defense": True} for a in cfg.attacks]
-    result = {"config_hash": digest, "seed": cfg.seed, "utility": {"metric": "auc", "value": 0.95},
-              "defense": [{"name": d.name, "params": d.params()} for d in cfg.defenses], "attacks": attacks,
-              "timing": {"train_seconds": 1.0, "epoch_seconds": [1.0], "attack_seconds": {}}}
+    attacks = [
+        {
+            "name": a.name,
+            "target": "labels",
+            "metric": "auc",
+            "direction": "higher",
+            "value": 0.8,
+            "prior": 0.5,
+            "prior_name": "random guess",
+            "leakage": 30.0,
+            "undefended_leakage": 30.0,
+            "leaks_without_defense": True,
+        }
+        for a in cfg.attacks
+    ]
+    result = {
+        "config_hash": digest,
+        "seed": cfg.seed,
+        "utility": {"metric": "auc", "value": 0.95},
+        "defense": [{"name": d.name, "params": d.params()} for d in cfg.defenses],
+        "attacks": attacks,
+        "timing": {"train_seconds": 1.0, "epoch_seconds": [1.0], "attack_seconds": {}},
+    }
     run_dir = Path(runs_dir) / digest
     run_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(run_dir / "result.json", json.dumps(result))
@@ -112,25 +129,47 @@ def child(out: Path, workers: int, seeds: int) -> None:
         cfg = load_config(EXAMPLE, overrides)
     announced: list[float] = []
     done: list[float] = []
-    table = sweep.run_sweep(cfg, out, workers=workers, runner=sleep_point,
-                      on_start=lambda to_run, total: announced.append(time.time()),
-                      on_done=lambda point: done.append(time.time()))
-    (out / "child.json").write_text(json.dumps({"started": STARTED, "imported": imported, "announced": announced[0],
-                                                "reported": done, "returned": time.time(), "rows": len(table)}))
+    table = sweep.run_sweep(
+        cfg,
+        out,
+        workers=workers,
+        runner=sleep_point,
+        on_start=lambda to_run, total: announced.append(time.time()),
+        on_done=lambda point: done.append(time.time()),
+    )
+    (out / "child.json").write_text(
+        json.dumps(
+            {
+                "started": STARTED,
+                "imported": imported,
+                "announced": announced[0],
+                "reported": done,
+                "returned": time.time(),
+                "rows": len(table),
+            }
+        )
+    )
 
 
-def measure(workers: int, seeds: int, sleep: float, source: str | None = None,
-            first_run_imports: bool = False) -> dict[str, Any]:
+def measure(
+    workers: int, seeds: int, sleep: float, source: str | None = None, first_run_imports: bool = False
+) -> dict[str, Any]:
     """Run one child sweep (with ``source`` first on its PYTHONPATH: another version's ``src``); its wall time and
     the timeline's decomposition."""
     out = Path(tempfile.mkdtemp(prefix=f"sweep_overhead_{workers}_"))
     try:
         load = os.getloadavg()[0]
         tic = time.time()
-        subprocess.run([sys.executable, __file__, "--child", str(out), "--workers", str(workers), "--seeds",
-                        str(seeds)], check=True,
-                       env={**os.environ, SLEEP_ENV: str(sleep), IMPORTS_ENV: "1" if first_run_imports else "",
-                            **({"PYTHONPATH": source} if source else {})})
+        subprocess.run(
+            [sys.executable, __file__, "--child", str(out), "--workers", str(workers), "--seeds", str(seeds)],
+            check=True,
+            env={
+                **os.environ,
+                SLEEP_ENV: str(sleep),
+                IMPORTS_ENV: "1" if first_run_imports else "",
+                **({"PYTHONPATH": source} if source else {}),
+            },
+        )
         wall = time.time() - tic
         own = json.loads((out / "child.json").read_text())
         points = [json.loads(p.read_text()) for p in (out / "timeline").glob("*.json")]
@@ -141,15 +180,30 @@ def measure(workers: int, seeds: int, sleep: float, source: str | None = None,
         phase = last - first
         starts = sorted(p["start"] - tic for p in points)
         busy = starts[min(workers, n) - 1]  # every worker has started a run
-        return {"source": source or "", "workers": workers, "runs": n, "rounds": rounds, "sleep": sleep, "wall": wall,
-                "imports": own["imported"] - tic, "announced": own["announced"] - tic, "first": first,
-                "phase": phase, "tail": wall - last, "returned": own["returned"] - tic, "ideal": rounds * sleep,
-                "per_run": (phase - rounds * sleep) / rounds, "busy": busy,
-                "per_run_busy": (last - busy - rounds * sleep) / rounds, "pids": len({p["pid"] for p in points}),
-                "starts": [round(t, 3) for t in starts],
-                "ends": sorted(round(p["end"] - tic, 3) for p in points),
-                "reported": [round(t - tic, 3) for t in own["reported"]], "load_before": load,
-                "load_after": os.getloadavg()[0]}
+        return {
+            "source": source or "",
+            "workers": workers,
+            "runs": n,
+            "rounds": rounds,
+            "sleep": sleep,
+            "wall": wall,
+            "imports": own["imported"] - tic,
+            "announced": own["announced"] - tic,
+            "first": first,
+            "phase": phase,
+            "tail": wall - last,
+            "returned": own["returned"] - tic,
+            "ideal": rounds * sleep,
+            "per_run": (phase - rounds * sleep) / rounds,
+            "busy": busy,
+            "per_run_busy": (last - busy - rounds * sleep) / rounds,
+            "pids": len({p["pid"] for p in points}),
+            "starts": [round(t, 3) for t in starts],
+            "ends": sorted(round(p["end"] - tic, 3) for p in points),
+            "reported": [round(t - tic, 3) for t in own["reported"]],
+            "load_before": load,
+            "load_after": os.getloadavg()[0],
+        }
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
@@ -167,17 +221,29 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--sleep", type=float, default=1.0, help="seconds each run sleeps")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[4, 8],
-                    help="seeds of sweep_demo.yaml (7 points each): one sweep per value; two values give a fit")
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[4, 8],
+        help="seeds of sweep_demo.yaml (7 points each): one sweep per value; two values give a fit",
+    )
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--sources", nargs="+", default=[None],
-                    help="source trees to compare (each one's src is put first on the child's PYTHONPATH), "
-                         "measured alternately; default: this environment's vflbench")
-    ap.add_argument("--first-run-imports", action="store_true",
-                    help="each run first imports what a process's first real run imports on its own (torch._dynamo, "
-                         "scikit-learn's datasets: ~0.8 s of CPU once per process unless its fork server preloaded "
-                         "them), then sleeps")
+    ap.add_argument(
+        "--sources",
+        nargs="+",
+        default=[None],
+        help="source trees to compare (each one's src is put first on the child's PYTHONPATH), "
+        "measured alternately; default: this environment's vflbench",
+    )
+    ap.add_argument(
+        "--first-run-imports",
+        action="store_true",
+        help="each run first imports what a process's first real run imports on its own (torch._dynamo, "
+        "scikit-learn's datasets: ~0.8 s of CPU once per process unless its fork server preloaded "
+        "them), then sleeps",
+    )
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
@@ -190,18 +256,25 @@ def main() -> None:
                 for source in args.sources if rep % 2 == 0 else list(reversed(args.sources)):
                     r = {"repeat": rep, **measure(w, seeds, args.sleep, source, args.first_run_imports)}
                     results.append(r)
-                    print(f"{r['source']} workers {w}, {r['runs']} runs: wall {r['wall']:.2f} s (ideal "
-                          f"{r['ideal']:.0f} s), imports {r['imports']:.2f} s, announced {r['announced']:.2f} s, "
-                          f"first run {r['first']:.2f} s, every worker busy {r['busy']:.2f} s, tail {r['tail']:.2f} s "
-                          f"(run_sweep returned {r['returned'] - r['first'] - r['phase']:.2f} s after the last run), "
-                          f"{r['pids']} processes ran points, load {r['load_before']:.2f}", flush=True)
+                    print(
+                        f"{r['source']} workers {w}, {r['runs']} runs: wall {r['wall']:.2f} s (ideal "
+                        f"{r['ideal']:.0f} s), imports {r['imports']:.2f} s, announced {r['announced']:.2f} s, "
+                        f"first run {r['first']:.2f} s, every worker busy {r['busy']:.2f} s, tail {r['tail']:.2f} s "
+                        f"(run_sweep returned {r['returned'] - r['first'] - r['phase']:.2f} s after the last run), "
+                        f"{r['pids']} processes ran points, load {r['load_before']:.2f}",
+                        flush=True,
+                    )
     print()
-    print("| source | workers | runs | rounds | wall s | rounds x sleep s | first run starts s | every worker busy (S) "
-          "s | executor per run (c) s | tail (t) s |")
+    print(
+        "| source | workers | runs | rounds | wall s | rounds x sleep s | first run starts s | every worker busy (S) "
+        "s | executor per run (c) s | tail (t) s |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['source']} | {r['workers']} | {r['runs']} | {r['rounds']} | {r['wall']:.2f} | {r['ideal']:.0f} | "
-              f"{r['first']:.2f} | {r['busy']:.2f} | {r['per_run_busy']:.3f} | {r['tail']:.2f} |")
+        print(
+            f"| {r['source']} | {r['workers']} | {r['runs']} | {r['rounds']} | {r['wall']:.2f} | {r['ideal']:.0f} | "
+            f"{r['first']:.2f} | {r['busy']:.2f} | {r['per_run_busy']:.3f} | {r['tail']:.2f} |"
+        )
     fits = []
     sizes = sorted({r["runs"] for r in results})
     if len(sizes) == 2:
@@ -211,8 +284,14 @@ def main() -> None:
         for rep in range(args.repeat):
             for source in args.sources:
                 for w in args.workers:
-                    small, large = (next(r for r in results if (r["repeat"], r["source"], r["workers"], r["runs"])
-                                         == (rep, source or "", w, n)) for n in sizes)
+                    small, large = (
+                        next(
+                            r
+                            for r in results
+                            if (r["repeat"], r["source"], r["workers"], r["runs"]) == (rep, source or "", w, n)
+                        )
+                        for n in sizes
+                    )
                     fits.append({"repeat": rep, "source": source or "", "workers": w, **fit(small, large)})
                     print(f"| {source or ''} | {rep} | {w} | {fits[-1]['serial']:.2f} | {fits[-1]['per_run']:.3f} |")
     if args.json:

@@ -65,8 +65,16 @@ def sweep_config(runs: int, epochs: int, batch_size: int) -> dict[str, Any]:
     return {
         "data": {"name": "breast_cancer", "parties": 2},
         "model": {"bottom": "mlp2", "top": "mlp2"},
-        "train": {"algorithm": "vhnn", "epochs": epochs, "batch_size": batch_size, "lr": 0.05, "momentum": 0.0,
-                  "metric": "auc", "threads": 1, "checkpoint": "none"},
+        "train": {
+            "algorithm": "vhnn",
+            "epochs": epochs,
+            "batch_size": batch_size,
+            "lr": 0.05,
+            "momentum": 0.0,
+            "metric": "auc",
+            "threads": 1,
+            "checkpoint": "none",
+        },
         "attacks": [{"name": "norm_scoring"}],
         "seed": 0,
         "sweep": {"seeds": list(range(runs // 4)), "defenses": DEFENSES, "baseline": True},
@@ -97,8 +105,11 @@ def measure(raw: dict[str, Any], workers: int, mode: str) -> dict[str, Any]:
             config = out / "sweep.yaml.in"
             config.write_text(yaml.safe_dump(raw, sort_keys=False))
             tic = time.perf_counter()
-            done = subprocess.run([str(VFLBENCH), "sweep", str(config), "--out", str(out), "--workers", str(workers)],
-                                  capture_output=True, text=True)
+            done = subprocess.run(
+                [str(VFLBENCH), "sweep", str(config), "--out", str(out), "--workers", str(workers)],
+                capture_output=True,
+                text=True,
+            )
             if done.returncode:
                 raise SystemExit(f"vflbench sweep failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
             wall = time.perf_counter() - tic
@@ -108,14 +119,23 @@ def measure(raw: dict[str, Any], workers: int, mode: str) -> dict[str, Any]:
             wall = time.perf_counter() - tic
         after = loadavg()
         n, own = _own_seconds(out)
-        return {"mode": mode, "workers": workers, "wall_s": round(wall, 2), "runs": n, "sum_run_s": round(own, 2),
-                "load_before": before, "load_after": after}
+        return {
+            "mode": mode,
+            "workers": workers,
+            "wall_s": round(wall, 2),
+            "runs": n,
+            "sum_run_s": round(own, 2),
+            "load_before": before,
+            "load_after": after,
+        }
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
 
-STARTUP = ("import torch, vflbench.experiment.run, vflbench.attacks, vflbench.defenses; "
-           "torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)")
+STARTUP = (
+    "import torch, vflbench.experiment.run, vflbench.attacks, vflbench.defenses; "
+    "torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)"
+)
 
 
 def startup_seconds() -> float:
@@ -151,9 +171,16 @@ def main() -> None:
 
     raw = sweep_config(args.runs, args.epochs, args.batch_size)
     n_points = len(expand(build_config(raw)))
-    info = {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "platform": platform.platform(),
-            "python": platform.python_version(), "torch": torch.__version__, "runs": n_points,
-            "epochs": args.epochs, "batch_size": args.batch_size}
+    info = {
+        "cpus": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "runs": n_points,
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+    }
     print(f"machine: {info['cpus']} CPUs ({info['affinity']} usable), {info['platform']}, torch {info['torch']}")
     print(f"sweep: {n_points} runs (breast_cancer VHNN, {args.epochs} epochs, batch {args.batch_size}, norm scoring)")
     if "api" in args.modes:
@@ -162,18 +189,22 @@ def main() -> None:
     startups = []
     for rep in range(args.repeat):
         startups.append(startup_seconds())
-        print(f"repeat {rep}: start-up of one fresh worker process {startups[-1]:.1f} s (load {loadavg()})",
-              flush=True)
+        print(f"repeat {rep}: start-up of one fresh worker process {startups[-1]:.1f} s (load {loadavg()})", flush=True)
         for mode in args.modes:
             order = args.workers if rep % 2 == 0 else list(reversed(args.workers))
             for w in order:
                 r = {"repeat": rep, **measure(raw, w, mode)}
                 results.append(r)
-                print(f"repeat {rep} {mode} workers {w}: wall {r['wall_s']:.1f} s, sum of run times "
-                      f"{r['sum_run_s']:.1f} s, load {r['load_before']} -> {r['load_after']}", flush=True)
+                print(
+                    f"repeat {rep} {mode} workers {w}: wall {r['wall_s']:.1f} s, sum of run times "
+                    f"{r['sum_run_s']:.1f} s, load {r['load_before']} -> {r['load_after']}",
+                    flush=True,
+                )
     print()
-    print("| repeat | mode | workers | wall s | ratio to 1 worker | speed-up | sum of run times s "
-          "| load 1-min before / after |")
+    print(
+        "| repeat | mode | workers | wall s | ratio to 1 worker | speed-up | sum of run times s "
+        "| load 1-min before / after |"
+    )
     print("|---:|---|---:|---:|---:|---:|---:|---|")
     for rep in range(args.repeat):
         for mode in args.modes:
@@ -182,8 +213,10 @@ def main() -> None:
             for r in sorted(rows, key=lambda r: r["workers"]):
                 ratio = f"{r['wall_s'] / base:.2f}" if base else "-"
                 speed = f"{base / r['wall_s']:.2f}x" if base else "-"
-                print(f"| {rep} | {mode} | {r['workers']} | {r['wall_s']:.1f} | {ratio} | {speed} | "
-                      f"{r['sum_run_s']:.1f} | {r['load_before'][0]} / {r['load_after'][0]} |")
+                print(
+                    f"| {rep} | {mode} | {r['workers']} | {r['wall_s']:.1f} | {ratio} | {speed} | "
+                    f"{r['sum_run_s']:.1f} | {r['load_before'][0]} / {r['load_after'][0]} |"
+                )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"machine": info, "startup_s": startups, "results": results}, indent=2))

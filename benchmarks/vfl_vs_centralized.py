@@ -56,16 +56,25 @@ class Centralized(nn.Module):
         return self.top(torch.cat(parts, 1))
 
 
-def make_case(bottom: str, dataset: str, data_root: str | None, batch: int, lr: float,
-              momentum: float, seed: int) -> tuple[Federation, Centralized, torch.optim.Optimizer, int]:
+def make_case(
+    bottom: str, dataset: str, data_root: str | None, batch: int, lr: float, momentum: float, seed: int
+) -> tuple[Federation, Centralized, torch.optim.Optimizer, int]:
     """The federation, its centralized twin with its optimizer, and the number of training rows."""
-    cfg = build_config({
-        "data": {"name": dataset, "parties": 2},
-        "model": {"bottom": bottom, "top": "mlp2"},
-        "train": {"algorithm": "vhnn", "aggregation": "concat", "batch_size": batch, "lr": lr,
-                  "momentum": momentum, "optimizer": "sgd"},
-        "seed": seed,
-    })
+    cfg = build_config(
+        {
+            "data": {"name": dataset, "parties": 2},
+            "model": {"bottom": bottom, "top": "mlp2"},
+            "train": {
+                "algorithm": "vhnn",
+                "aggregation": "concat",
+                "batch_size": batch,
+                "lr": lr,
+                "momentum": momentum,
+                "optimizer": "sgd",
+            },
+            "seed": seed,
+        }
+    )
     vd = load_vertical_data(cfg, data_root)
     fed = build_federation(cfg, vd)
     central = Centralized(fed)
@@ -85,19 +94,23 @@ def batches(n: int, batch: int, count: int, seed: int) -> list[Tensor]:
 
 def vfl_stepper(fed: Federation) -> Callable[[int, Tensor], None]:
     """One ``Federation.train_step`` per call."""
+
     def step(i: int, ids: Tensor) -> None:
         fed.train_step(ids, epoch=0, step=i)
+
     return step
 
 
 def central_stepper(model: Centralized, opt: torch.optim.Optimizer) -> Callable[[int, Tensor], None]:
     """One SGD step of the centralized model per call."""
+
     def step(i: int, ids: Tensor) -> None:
         model.train()
         loss = F.cross_entropy(model(ids), model.targets[ids])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+
     return step
 
 
@@ -111,8 +124,9 @@ def timed_block(step: Callable[[int, Tensor], None], ids: list[Tensor], threads:
     return (time.perf_counter() - tic) / len(ids)
 
 
-def interleave(a: Callable[[list[Tensor]], float], b: Callable[[list[Tensor]], float],
-               ids: list[Tensor], blocks: int, steps: int) -> tuple[list[float], list[float]]:
+def interleave(
+    a: Callable[[list[Tensor]], float], b: Callable[[list[Tensor]], float], ids: list[Tensor], blocks: int, steps: int
+) -> tuple[list[float], list[float]]:
     """Alternate timed blocks of ``a`` and ``b`` (ABBA order), each on the same batches."""
     ta, tb = [], []
     for k in range(blocks):
@@ -130,30 +144,35 @@ def summary(name_a: str, ta: list[float], name_b: str, tb: list[float]) -> dict[
     """Medians in milliseconds, the ratio of medians, and the median of per-block ratios."""
     med_a, med_b = statistics.median(ta), statistics.median(tb)
     return {
-        f"{name_a}_ms": 1e3 * med_a, f"{name_b}_ms": 1e3 * med_b,
+        f"{name_a}_ms": 1e3 * med_a,
+        f"{name_b}_ms": 1e3 * med_b,
         "ratio": med_a / med_b,
         "ratio_blockwise_median": statistics.median(x / y for x, y in zip(ta, tb, strict=True)),
-        f"{name_a}_blocks_ms": [1e3 * t for t in ta], f"{name_b}_blocks_ms": [1e3 * t for t in tb],
+        f"{name_a}_blocks_ms": [1e3 * t for t in ta],
+        f"{name_b}_blocks_ms": [1e3 * t for t in tb],
     }
 
 
 def run_case(bottom: str, dataset: str, args: argparse.Namespace) -> dict[str, Any]:
     """Both experiments for one (bottom, dataset) pair."""
     torch.set_num_threads(1)
-    fed, central, opt, n = make_case(bottom, dataset, args.data_root, args.batch_size, args.lr,
-                                     args.momentum, args.seed)
+    fed, central, opt, n = make_case(
+        bottom, dataset, args.data_root, args.batch_size, args.lr, args.momentum, args.seed
+    )
     need = args.warmup + 2 * args.blocks * args.steps
     ids = batches(n, args.batch_size, need, args.seed)
     vfl, cen = vfl_stepper(fed), central_stepper(central, opt)
     timed_block(vfl, ids[: args.warmup])
     timed_block(cen, ids[: args.warmup])
     rest = ids[args.warmup :]
-    ta, tb = interleave(lambda c: timed_block(vfl, c, 1), lambda c: timed_block(cen, c, 1),
-                        rest, args.blocks, args.steps)
+    ta, tb = interleave(
+        lambda c: timed_block(vfl, c, 1), lambda c: timed_block(cen, c, 1), rest, args.blocks, args.steps
+    )
     out = {"bottom": bottom, "dataset": dataset, "vs_centralized": summary("vfl", ta, "centralized", tb)}
     rest = rest[args.blocks * args.steps :]
-    t1, t2 = interleave(lambda c: timed_block(vfl, c, 1), lambda c: timed_block(vfl, c, 2),
-                        rest, args.blocks, args.steps)
+    t1, t2 = interleave(
+        lambda c: timed_block(vfl, c, 1), lambda c: timed_block(vfl, c, 2), rest, args.blocks, args.steps
+    )
     out["vfl_threads"] = summary("threads1", t1, "threads2", t2)
     torch.set_num_threads(1)
     return out
@@ -161,14 +180,18 @@ def run_case(bottom: str, dataset: str, args: argparse.Namespace) -> dict[str, A
 
 def markdown(results: list[dict[str, Any]]) -> str:
     """The results as a markdown table."""
-    lines = ["| bottom, dataset | VFL ms/step (1 thread) | centralized ms/step (1 thread) | ratio VFL/centralized "
-             "| per-block ratio (median) | VFL ms/step, 2 threads | 1 vs 2 threads (t1/t2) |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| bottom, dataset | VFL ms/step (1 thread) | centralized ms/step (1 thread) | ratio VFL/centralized "
+        "| per-block ratio (median) | VFL ms/step, 2 threads | 1 vs 2 threads (t1/t2) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
         c, t = r["vs_centralized"], r["vfl_threads"]
-        lines.append(f"| {r['bottom']}, {r['dataset']} | {c['vfl_ms']:.2f} | {c['centralized_ms']:.2f} "
-                     f"| {c['ratio']:.2f}x | {c['ratio_blockwise_median']:.2f}x | {t['threads2_ms']:.2f} "
-                     f"| {t['ratio']:.2f} |")
+        lines.append(
+            f"| {r['bottom']}, {r['dataset']} | {c['vfl_ms']:.2f} | {c['centralized_ms']:.2f} "
+            f"| {c['ratio']:.2f}x | {c['ratio_blockwise_median']:.2f}x | {t['threads2_ms']:.2f} "
+            f"| {t['ratio']:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -184,8 +207,12 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cases", nargs="*", default=[f"{b}:{d}" for b, d in CASES],
-                   help="bottom:dataset pairs (default: mlp3:tabmnist lenet5:mnist)")
+    p.add_argument(
+        "--cases",
+        nargs="*",
+        default=[f"{b}:{d}" for b, d in CASES],
+        help="bottom:dataset pairs (default: mlp3:tabmnist lenet5:mnist)",
+    )
     args = p.parse_args()
     load_start = os.getloadavg()
     tic = time.perf_counter()
@@ -199,10 +226,15 @@ def main() -> None:
     payload = {
         "results": results,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "environment": {"torch": torch.__version__, "python": platform.python_version(),
-                        "platform": platform.platform(), "cpu_count": os.cpu_count(),
-                        "processor": platform.processor(),
-                        "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
+        "environment": {
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "processor": platform.processor(),
+            "loadavg_start": load_start,
+            "loadavg_end": os.getloadavg(),
+        },
         "seconds": time.perf_counter() - tic,
         "table": table,
     }

@@ -45,8 +45,10 @@ from vflbench.experiment.sweep import RUNS, _run_point, run_sweep
 from vflbench.metrics.stats import difference_interval, mean_interval
 
 ROOT = Path(__file__).resolve().parents[1]
-PAIRS = {"tabmnist_mlp3": "configs/repro/vmask_sigma_tabmnist_mlp3.yaml",
-         "mnist_lenet5": "configs/repro/vmask_sigma_mnist_lenet5.yaml"}
+PAIRS = {
+    "tabmnist_mlp3": "configs/repro/vmask_sigma_tabmnist_mlp3.yaml",
+    "mnist_lenet5": "configs/repro/vmask_sigma_mnist_lenet5.yaml",
+}
 ATTACKS = ("model_completion", "vmask_own_record", "vmask_weight_recovery")
 SHORT = {"model_completion": "reinit (paper)", "vmask_own_record": "own record", "vmask_weight_recovery": "solve"}
 GRID_KEY = "defenses.0.sigma"
@@ -86,8 +88,10 @@ def runner(retry: bool):
             sigma = cfg.defenses[0].params().get("sigma") if cfg.defenses else None
             log.warning("point %s (sigma %s, seed %d) failed: %s", cfg.hash(), sigma, cfg.seed, exc)
             failed.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(failed, json.dumps({"sigma": sigma, "seed": cfg.seed, "error": type(exc).__name__,
-                                             "message": str(exc)}) + "\n")
+            write_atomic(
+                failed,
+                json.dumps({"sigma": sigma, "seed": cfg.seed, "error": type(exc).__name__, "message": str(exc)}) + "\n",
+            )
             return cfg.hash()
 
     return run
@@ -95,8 +99,14 @@ def runner(retry: bool):
 
 def failures(directory: Path) -> list[dict[str, Any]]:
     """The failed points recorded under ``directory`` (their σ, seed and error)."""
-    return sorted((json.loads(f.read_text()) for f in (directory / RUNS).glob(f"*/{FAILED}")
-                   if not (f.parent / "result.json").is_file()), key=lambda r: (r["sigma"], r["seed"]))
+    return sorted(
+        (
+            json.loads(f.read_text())
+            for f in (directory / RUNS).glob(f"*/{FAILED}")
+            if not (f.parent / "result.json").is_file()
+        ),
+        key=lambda r: (r["sigma"], r["seed"]),
+    )
 
 
 def _interval(mean: float, low: float, high: float) -> dict[str, float]:
@@ -114,17 +124,24 @@ def summarise(summary: pd.DataFrame, failed: list[dict[str, Any]]) -> list[dict[
         sigma = None if defense == "none" else float(str(defense).split("sigma=")[1].rstrip("]"))
         own = {int(r.seed): [100.0 * float(r.utility)] for r in group.drop_duplicates("config_hash").itertuples()}
         utility = mean_interval(own)
-        loss = difference_interval({s: [vanilla[s]] for s in own if s in vanilla},
-                                   {s: v for s, v in own.items() if s in vanilla})
-        record: dict[str, Any] = {"sigma": sigma, "seeds": sorted(own), "utility": _interval(
-            utility.mean, utility.low, utility.high), "utility_loss": _interval(loss.mean, loss.low, loss.high)}
+        loss = difference_interval(
+            {s: [vanilla[s]] for s in own if s in vanilla}, {s: v for s, v in own.items() if s in vanilla}
+        )
+        record: dict[str, Any] = {
+            "sigma": sigma,
+            "seeds": sorted(own),
+            "utility": _interval(utility.mean, utility.low, utility.high),
+            "utility_loss": _interval(loss.mean, loss.low, loss.high),
+        }
         record["cost_under_2_points"] = {"mean": bool(loss.mean < COST), "ci": bool(loss.high < COST)}
         for attack, rows in group.groupby("attack"):
             first = rows.iloc[0]
             entry: dict[str, Any] = {
                 "attack_accuracy": round(100.0 * float(rows["attack_value"].mean()), 2),
-                "prior": round(100.0 * float(rows["prior"].mean()), 2), "repeats": int(first["repeats"]),
-                "leakage": _interval(first["leakage_mean"], first["leakage_ci_low"], first["leakage_ci_high"])}
+                "prior": round(100.0 * float(rows["prior"].mean()), 2),
+                "repeats": int(first["repeats"]),
+                "leakage": _interval(first["leakage_mean"], first["leakage_ci_low"], first["leakage_ci_high"]),
+            }
             if sigma is not None:
                 entry["delta"] = _interval(first["delta_leakage"], first["delta_ci_low"], first["delta_ci_high"])
                 entry["protects"] = bool(first["delta_ci_high"] < 0)
@@ -148,8 +165,11 @@ def _cell(entry: dict[str, float], sign: bool = False) -> str:
 
 def table(records: list[dict[str, Any]]) -> str:
     """The markdown table of docs/notes/reproduction.md for one pair."""
-    head = ["σ", "main acc. (%)", "acc. loss (points)"] + [f"{SHORT[a]}: leakage" for a in ATTACKS] + [
-        f"{SHORT[a]}: vs undefended" for a in ATTACKS]
+    head = (
+        ["σ", "main acc. (%)", "acc. loss (points)"]
+        + [f"{SHORT[a]}: leakage" for a in ATTACKS]
+        + [f"{SHORT[a]}: vs undefended" for a in ATTACKS]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for r in records:
         sigma = "none" if r["sigma"] is None else f"{r['sigma']:g}"
@@ -172,8 +192,13 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=ROOT / "docs" / "data", help="where the summaries go")
     parser.add_argument("--data-root", default=None, help="datasets root (else $VFLBENCH_DATA)")
     parser.add_argument("--pairs", nargs="+", choices=sorted(PAIRS), default=list(PAIRS))
-    parser.add_argument("--sigmas", nargs="+", type=float, default=None,
-                        help="the σ grid (default: the config's); a sweep started with another grid is continued")
+    parser.add_argument(
+        "--sigmas",
+        nargs="+",
+        type=float,
+        default=None,
+        help="the σ grid (default: the config's); a sweep started with another grid is continued",
+    )
     parser.add_argument("--summarise-only", action="store_true", help="run nothing; summarise the finished points")
     parser.add_argument("--retry-failed", action="store_true", help="run points whose training failed before again")
     swap.add_arguments(parser)
@@ -188,27 +213,46 @@ def main() -> None:
         if args.summarise_only:
             summary = pd.read_csv(directory / "summary.csv")
         else:
-            summary = run_sweep(cfg, directory, resume=(directory / "sweep.yaml").is_file(), force=True,
-                                data_root=args.data_root, workers=1, runner=runner(args.retry_failed),
-                                on_done=lambda point: log.info("done: %s", point.coords))
+            summary = run_sweep(
+                cfg,
+                directory,
+                resume=(directory / "sweep.yaml").is_file(),
+                force=True,
+                data_root=args.data_root,
+                workers=1,
+                runner=runner(args.retry_failed),
+                on_done=lambda point: log.info("done: %s", point.coords),
+            )
         failed = failures(directory)
         records = summarise(summary, failed)
-        everything[pair + suffix] = {"config": PAIRS[pair], "overrides": overrides, "records": records,
-                                     "failed": failed}
+        everything[pair + suffix] = {
+            "config": PAIRS[pair],
+            "overrides": overrides,
+            "records": records,
+            "failed": failed,
+        }
         rows = []
         for r in records:
             for attack in ATTACKS:
                 if attack not in r:
                     continue
                 e = r[attack]
-                rows.append({"sigma": r["sigma"], "attack": attack, "seeds": len(r["seeds"]), "repeats": e["repeats"],
-                             **{f"utility_{k}": v for k, v in r["utility"].items()},
-                             **{f"utility_loss_{k}": v for k, v in r["utility_loss"].items()},
-                             "attack_accuracy": e["attack_accuracy"], "prior": e["prior"],
-                             **{f"leakage_{k}": v for k, v in e["leakage"].items()},
-                             **{f"delta_{k}": v for k, v in e.get("delta", {}).items()},
-                             "protects": e.get("protects"),
-                             "failed_seeds": " ".join(map(str, r.get("failed_seeds", [])))})
+                rows.append(
+                    {
+                        "sigma": r["sigma"],
+                        "attack": attack,
+                        "seeds": len(r["seeds"]),
+                        "repeats": e["repeats"],
+                        **{f"utility_{k}": v for k, v in r["utility"].items()},
+                        **{f"utility_loss_{k}": v for k, v in r["utility_loss"].items()},
+                        "attack_accuracy": e["attack_accuracy"],
+                        "prior": e["prior"],
+                        **{f"leakage_{k}": v for k, v in e["leakage"].items()},
+                        **{f"delta_{k}": v for k, v in e.get("delta", {}).items()},
+                        "protects": e.get("protects"),
+                        "failed_seeds": " ".join(map(str, r.get("failed_seeds", []))),
+                    }
+                )
         args.data.mkdir(parents=True, exist_ok=True)
         write_atomic(args.data / f"vmask_sigma_{pair}{suffix}.csv", pd.DataFrame(rows).to_csv(index=False))
         print(f"\n{pair}{swap.label(overrides)}\n\n{table(records)}")

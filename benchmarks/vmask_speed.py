@@ -26,8 +26,11 @@ from vflbench.experiment.scenario import build_federation, load_vertical_data, p
 from vflbench.mpc import dealer as dealer_module
 
 CASES = [("tabmnist", "mlp3"), ("mnist", "lenet5")]
-VARIANTS = {"vanilla": [], "vmask (layer 1 masked)": [{"name": "vmask"}],
-            "vmask_alls (all masked)": [{"name": "vmask_alls"}]}
+VARIANTS = {
+    "vanilla": [],
+    "vmask (layer 1 masked)": [{"name": "vmask"}],
+    "vmask_alls (all masked)": [{"name": "vmask_alls"}],
+}
 POOL = 640  # rows held out of every variant's training: VMask's auxiliary set (its paper's 640)
 
 
@@ -54,10 +57,14 @@ class DealerClock:
 
 
 def build(dataset: str, bottom: str, defenses: list, data_root: str, rows: int):
-    cfg = build_config({"data": {"name": dataset, "root": data_root, "train_size": rows, "aux_pool": POOL},
-                        "model": {"bottom": bottom, "top": "mlp2"},
-                        "train": {"epochs": 2, "batch_size": 128, "lr": 0.1, "momentum": 0.0},
-                        "defenses": defenses})
+    cfg = build_config(
+        {
+            "data": {"name": dataset, "root": data_root, "train_size": rows, "aux_pool": POOL},
+            "model": {"bottom": bottom, "top": "mlp2"},
+            "train": {"epochs": 2, "batch_size": 128, "lr": 0.1, "momentum": 0.0},
+            "defenses": defenses,
+        }
+    )
     vd = load_vertical_data(cfg)
     return build_federation(cfg, vd, defenses=plan_defenses(cfg, ["passive_1"]))
 
@@ -70,13 +77,13 @@ def measure(dataset: str, bottom: str, data_root: str, blocks: int, steps: int, 
     dealer = dict.fromkeys(feds, 0.0)
     for f in feds.values():  # warm-up
         for s in range(3):
-            f.train_step(ids[s * 128:(s + 1) * 128], epoch=0, step=s)
+            f.train_step(ids[s * 128 : (s + 1) * 128], epoch=0, step=s)
     for _ in range(blocks):
         for name, f in feds.items():
             before = clock.seconds
             tic = time.perf_counter()
             for s in range(steps):
-                f.train_step(ids[s * 128:(s + 1) * 128], epoch=0, step=s)
+                f.train_step(ids[s * 128 : (s + 1) * 128], epoch=0, step=s)
             times[name].append((time.perf_counter() - tic) / steps)
             dealer[name] += clock.seconds - before
     per_step = {n: statistics.median(t) for n, t in times.items()}
@@ -87,13 +94,21 @@ def measure(dataset: str, bottom: str, data_root: str, blocks: int, steps: int, 
     defense.on_epoch_end(0)  # shadow update + layer selection (+ re-masking) once
     epoch_end = time.perf_counter() - tic
     steps_per_epoch = 60000 // 128 + 1
-    out = {"dataset": dataset, "bottom": bottom, "per_step_ms": {n: 1000 * v for n, v in per_step.items()},
-           "dealer_ms_per_step": {n: 1000 * v for n, v in dealer_step.items()}, "epoch_end_seconds": epoch_end}
+    out = {
+        "dataset": dataset,
+        "bottom": bottom,
+        "per_step_ms": {n: 1000 * v for n, v in per_step.items()},
+        "dealer_ms_per_step": {n: 1000 * v for n, v in dealer_step.items()},
+        "epoch_end_seconds": epoch_end,
+    }
     base = per_step["vanilla"] * steps_per_epoch
-    out["per_epoch_ratio"] = {n: (per_step[n] * steps_per_epoch + (epoch_end if n != "vanilla" else 0)) / base
-                              for n in per_step}
-    out["online_per_epoch_ratio"] = {n: ((per_step[n] - dealer_step[n]) * steps_per_epoch
-                                         + (epoch_end if n != "vanilla" else 0)) / base for n in per_step}
+    out["per_epoch_ratio"] = {
+        n: (per_step[n] * steps_per_epoch + (epoch_end if n != "vanilla" else 0)) / base for n in per_step
+    }
+    out["online_per_epoch_ratio"] = {
+        n: ((per_step[n] - dealer_step[n]) * steps_per_epoch + (epoch_end if n != "vanilla" else 0)) / base
+        for n in per_step
+    }
     return out
 
 
@@ -114,9 +129,11 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for r in results:
         for n in VARIANTS:
-            print(f"| {r['bottom']}, {r['dataset']} | {n} | {r['per_step_ms'][n]:.1f} "
-                  f"| {r['dealer_ms_per_step'][n]:.1f} "
-                  f"| {r['per_epoch_ratio'][n]:.2f} | {r['online_per_epoch_ratio'][n]:.2f} |")
+            print(
+                f"| {r['bottom']}, {r['dataset']} | {n} | {r['per_step_ms'][n]:.1f} "
+                f"| {r['dealer_ms_per_step'][n]:.1f} "
+                f"| {r['per_epoch_ratio'][n]:.2f} | {r['online_per_epoch_ratio'][n]:.2f} |"
+            )
         print(f"| {r['bottom']}, {r['dataset']} | VMask end-of-epoch work | {r['epoch_end_seconds']:.1f} s | | | |")
 
 

@@ -33,8 +33,10 @@ from vflbench.experiment.sweep import RUNS
 from vflbench.metrics.stats import Interval, difference_interval, mean_interval
 
 ROOT = Path(__file__).resolve().parents[1]
-PAIRS = {"tabmnist_mlp3": ("TabMNIST, MLP3", "configs/repro/vmask_table2_seeds_tabmnist_mlp3.yaml"),
-         "mnist_lenet5": ("MNIST, LeNet5", "configs/repro/vmask_table2_seeds_mnist_lenet5.yaml")}
+PAIRS = {
+    "tabmnist_mlp3": ("TabMNIST, MLP3", "configs/repro/vmask_table2_seeds_tabmnist_mlp3.yaml"),
+    "mnist_lenet5": ("MNIST, LeNet5", "configs/repro/vmask_table2_seeds_mnist_lenet5.yaml"),
+}
 ROWS = {"none": "Vanilla", "vmask": "VMask", "vmask_as": "VMask-AS", "vmask_rs": "VMask-RS", "vmask_alls": "VMask-ALLS"}
 REINIT, ADAPTIVE = "model_completion", "vmask_weight_recovery"
 
@@ -42,10 +44,26 @@ REINIT, ADAPTIVE = "model_completion", "vmask_weight_recovery"
 #: history): pair -> (scratch attack accuracy, {row: (main accuracy, MC attack accuracy)}). MLP3: the TM column;
 #: LeNet5: the M column.
 PAPER: dict[str, tuple[float, dict[str, tuple[float, float]]]] = {
-    "tabmnist_mlp3": (41.35, {"none": (99.02, 80.72), "vmask": (99.00, 42.85), "vmask_as": (99.01, 43.44),
-                              "vmask_rs": (98.95, 43.81), "vmask_alls": (99.02, 42.60)}),
-    "mnist_lenet5": (37.67, {"none": (98.72, 79.44), "vmask": (98.66, 38.64), "vmask_as": (98.72, 37.95),
-                             "vmask_rs": (98.70, 41.84), "vmask_alls": (98.69, 38.27)}),
+    "tabmnist_mlp3": (
+        41.35,
+        {
+            "none": (99.02, 80.72),
+            "vmask": (99.00, 42.85),
+            "vmask_as": (99.01, 43.44),
+            "vmask_rs": (98.95, 43.81),
+            "vmask_alls": (99.02, 42.60),
+        },
+    ),
+    "mnist_lenet5": (
+        37.67,
+        {
+            "none": (98.72, 79.44),
+            "vmask": (98.66, 38.64),
+            "vmask_as": (98.72, 37.95),
+            "vmask_rs": (98.70, 41.84),
+            "vmask_alls": (98.69, 38.27),
+        },
+    ),
 }
 
 
@@ -107,37 +125,55 @@ def table(pair: str, directory: Path) -> str:
     repeats = sorted({len(a.values) for results in rows.values() for r in results for a in r.attacks})
     rules = selections(rows)
     vanilla = rows.get("none", [])
-    lines = [f"### {title} (`{config}`)", "",
-             f"Ours: seeds {seeds} × {'/'.join(map(str, repeats))} attack repeat(s) per trained model; every cell is "
-             "the mean over seeds [95% Student-t interval over the per-seed means, "
-             f"{len(seeds) - 1} degrees of freedom] (vflbench.metrics.stats), accuracies in %, leakages in points "
-             "(attack − scratch prior, larger = more leakage). Change vs Vanilla: the leakage minus Vanilla's, paired "
-             "by seed; 'lower' when its interval lies below 0. Selection rule (the attacks' `select`, read from "
-             "result.json): " + "; ".join(f"{a}: {', '.join(sorted(s))}" for a, s in sorted(rules.items()))
-             + " (the library's default; no epoch is selected on the test split). The paper: Table II, the average "
-             "of 3 trainings × 5 attack runs on the best model of the training history, no interval.", "",
-             "| row | main acc. | paper main | paper's attacker (reinit) acc. | paper attack | scratch prior | paper "
-             "scratch | leakage, reinit | paper leakage | change vs Vanilla, reinit | leakage, adaptive (solve) | "
-             "change vs Vanilla, adaptive | mask ratio |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"### {title} (`{config}`)",
+        "",
+        f"Ours: seeds {seeds} × {'/'.join(map(str, repeats))} attack repeat(s) per trained model; every cell is "
+        "the mean over seeds [95% Student-t interval over the per-seed means, "
+        f"{len(seeds) - 1} degrees of freedom] (vflbench.metrics.stats), accuracies in %, leakages in points "
+        "(attack − scratch prior, larger = more leakage). Change vs Vanilla: the leakage minus Vanilla's, paired "
+        "by seed; 'lower' when its interval lies below 0. Selection rule (the attacks' `select`, read from "
+        "result.json): "
+        + "; ".join(f"{a}: {', '.join(sorted(s))}" for a, s in sorted(rules.items()))
+        + " (the library's default; no epoch is selected on the test split). The paper: Table II, the average "
+        "of 3 trainings × 5 attack runs on the best model of the training history, no interval.",
+        "",
+        "| row | main acc. | paper main | paper's attacker (reinit) acc. | paper attack | scratch prior | paper "
+        "scratch | leakage, reinit | paper leakage | change vs Vanilla, reinit | leakage, adaptive (solve) | "
+        "change vs Vanilla, adaptive | mask ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for key, name in ROWS.items():
         results = rows.get(key)
         if not results:
             continue
         main = mean_interval({r.seed: [100.0 * r.utility.value] for r in results})
-        cells = [name, _show(main), f"{paper[key][0]:.2f}",
-                 _show(mean_interval(per_seed(results, REINIT, "values"))), f"{paper[key][1]:.2f}",
-                 _show(mean_interval(per_seed(results, REINIT, "priors"))), f"{scratch:.2f}",
-                 _show(mean_interval(per_seed(results, REINIT, "leakages")), "+"),
-                 f"{paper[key][1] - scratch:+.2f}"]
-        cells += [change(key, results, vanilla, REINIT),
-                  _show(mean_interval(per_seed(results, ADAPTIVE, "leakages")), "+"),
-                  change(key, results, vanilla, ADAPTIVE)]
+        cells = [
+            name,
+            _show(main),
+            f"{paper[key][0]:.2f}",
+            _show(mean_interval(per_seed(results, REINIT, "values"))),
+            f"{paper[key][1]:.2f}",
+            _show(mean_interval(per_seed(results, REINIT, "priors"))),
+            f"{scratch:.2f}",
+            _show(mean_interval(per_seed(results, REINIT, "leakages")), "+"),
+            f"{paper[key][1] - scratch:+.2f}",
+        ]
+        cells += [
+            change(key, results, vanilla, REINIT),
+            _show(mean_interval(per_seed(results, ADAPTIVE, "leakages")), "+"),
+            change(key, results, vanilla, ADAPTIVE),
+        ]
         cells.append("–" if key == "none" else f"{masks.get(key, float('nan')):.2f}")
         lines.append("| " + " | ".join(cells) + " |")
-    per = {name: ", ".join(f"{100.0 * next(a for a in r.attacks if a.name == REINIT).value:.2f}"
-                           for r in sorted(rows.get(key, []), key=lambda r: r.seed))
-           for key, name in ROWS.items() if rows.get(key)}
+    per = {
+        name: ", ".join(
+            f"{100.0 * next(a for a in r.attacks if a.name == REINIT).value:.2f}"
+            for r in sorted(rows.get(key, []), key=lambda r: r.seed)
+        )
+        for key, name in ROWS.items()
+        if rows.get(key)
+    }
     lines += ["", "Per seed, paper's attacker (%): " + "; ".join(f"{n} {v}" for n, v in per.items()) + ".", ""]
     return "\n".join(lines)
 

@@ -29,8 +29,10 @@ from vflbench.mpc.dealer import Dealer
 from vflbench.mpc.layers import mask_layer, mask_submodule
 from vflbench.mpc.parties import local_session
 
-MODELS = {"mlp3_tabmnist": (lambda: mlp3(input_shape=(392,), out_dim=16), (392,)),
-          "lenet5_mnist": (lambda: lenet5(input_shape=(1, 28, 14), out_dim=16), (1, 28, 14))}
+MODELS = {
+    "mlp3_tabmnist": (lambda: mlp3(input_shape=(392,), out_dim=16), (392,)),
+    "lenet5_mnist": (lambda: lenet5(input_shape=(1, 28, 14), out_dim=16), (1, 28, 14)),
+}
 
 
 def protocols() -> list[str]:
@@ -45,8 +47,12 @@ def one_step(model_name: str, layer_name: str, protocol: str, batch: int, first:
     torch.manual_seed(0)
     model = build()
     session = local_session(Dealer(1), noise=torch.Generator().manual_seed(2))
-    kwargs = {"link": session.passive, "generator_passive": torch.Generator().manual_seed(3), "sigma": 0.01,
-              "phase": "setup"}
+    kwargs = {
+        "link": session.passive,
+        "generator_passive": torch.Generator().manual_seed(3),
+        "sigma": 0.01,
+        "phase": "setup",
+    }
     if "protocol" in inspect.signature(mask_layer).parameters:
         kwargs["protocol"] = protocol
     mask_submodule(model, layer_name, **kwargs)
@@ -58,9 +64,16 @@ def one_step(model_name: str, layer_name: str, protocol: str, batch: int, first:
     rounds = sum(d.get("rounds", 0) for v in by_kind.values() for d in v.values())
     if "rounds" not in train:  # a counter without rounds (before issue 26): every request is one round trip
         rounds = sum(d["messages"] for v in by_kind.values() for d in v.values()) // 2
-    return {"model": model_name, "layer": layer_name, "protocol": protocol, "first": first,
-            "bytes": train["bytes_up"] + train["bytes_down"], "messages": train["messages"], "rounds": rounds,
-            "by_kind": by_kind}
+    return {
+        "model": model_name,
+        "layer": layer_name,
+        "protocol": protocol,
+        "first": first,
+        "bytes": train["bytes_up"] + train["bytes_down"],
+        "messages": train["messages"],
+        "rounds": rounds,
+        "by_kind": by_kind,
+    }
 
 
 def measure(batch: int, wanted: list[str]) -> list[dict]:
@@ -91,8 +104,10 @@ def main() -> None:
     print("| model | layer | protocol | kB/step | messages/step | rounds/step |")
     print("|---|---|---|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['model']} | {r['layer']}{' (forward only)' if r['first'] else ''} | {r['protocol']} "
-              f"| {r['bytes'] / 1e3:,.1f} | {r['messages']} | {r['rounds']} |")
+        print(
+            f"| {r['model']} | {r['layer']}{' (forward only)' if r['first'] else ''} | {r['protocol']} "
+            f"| {r['bytes'] / 1e3:,.1f} | {r['messages']} | {r['rounds']} |"
+        )
 
 
 if __name__ == "__main__":

@@ -42,8 +42,12 @@ def unwritable(tmp_path) -> Path:
 def _truncated_mnist(root: Path) -> None:
     folder = root / "mnist"
     folder.mkdir(parents=True)
-    for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-                 "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+    for name in (
+        "train-images-idx3-ubyte.gz",
+        "train-labels-idx1-ubyte.gz",
+        "t10k-images-idx3-ubyte.gz",
+        "t10k-labels-idx1-ubyte.gz",
+    ):
         whole = gzip.compress(bytes(4) + os.urandom(4000))
         (folder / name).write_bytes(whole[: len(whole) // 2])
 
@@ -51,67 +55,114 @@ def _truncated_mnist(root: Path) -> None:
 # (config sections, --set overrides, expected message). Every row was accepted or crashed before.
 CONFIG_CASES = {
     # ran as select: last
-    "literal choice": ({"attacks": [{**MC, "select": "worst"}]}, [],
-                       "attack 'model_completion': parameter 'select' = 'worst' is not valid; expected one of "
-                       "'last', 'validation', 'test_oracle'."),
+    "literal choice": (
+        {"attacks": [{**MC, "select": "worst"}]},
+        [],
+        "attack 'model_completion': parameter 'select' = 'worst' is not valid; expected one of "
+        "'last', 'validation', 'test_oracle'.",
+    ),
     # ran SGD
-    "literal with suggestion": ({"attacks": [{**MC, "optimizer": "adamw"}]}, [],
-                                "parameter 'optimizer' = 'adamw' is not valid; expected one of 'adam', 'sgd'. "
-                                "Did you mean 'adam'?"),
+    "literal with suggestion": (
+        {"attacks": [{**MC, "optimizer": "adamw"}]},
+        [],
+        "parameter 'optimizer' = 'adamw' is not valid; expected one of 'adam', 'sgd'. Did you mean 'adam'?",
+    ),
     # TypeError after the whole training
-    "wrong type after training": ({"attacks": [{**MC, "lr": "fast"}]}, [],
-                                  "parameter 'lr' = 'fast' is not valid; expected a finite number."),
-    "infinite attack lr": ({"attacks": [{**MC, "lr": float("inf")}]}, [],
-                           "parameter 'lr' = .inf is not valid; expected a finite number."),
+    "wrong type after training": (
+        {"attacks": [{**MC, "lr": "fast"}]},
+        [],
+        "parameter 'lr' = 'fast' is not valid; expected a finite number.",
+    ),
+    "infinite attack lr": (
+        {"attacks": [{**MC, "lr": float("inf")}]},
+        [],
+        "parameter 'lr' = .inf is not valid; expected a finite number.",
+    ),
     "negative lr": ({"attacks": [{**MC, "lr": -0.1}]}, [], "parameter 'lr' = -0.1 is not valid; it must be > 0."),
-    "negative epochs": ({"attacks": [{**MC, "epochs": -2}]}, [],
-                        "parameter 'epochs' = -2 is not valid; it must be >= 1."),
+    "negative epochs": (
+        {"attacks": [{**MC, "epochs": -2}]},
+        [],
+        "parameter 'epochs' = -2 is not valid; it must be >= 1.",
+    ),
     # train.lr: .inf trained on NaN
     "infinite train lr": ({}, ["train.lr=.inf"], "train.lr: Input should be a finite number"),
     # strength: true ran as 1.0
-    "bool strength": ({"defenses": [{"name": "isotropic_noise", "strength": True}]}, [],
-                      "defense 'isotropic_noise': parameter 'strength' = true is not valid; expected a finite "
-                      "number."),
+    "bool strength": (
+        {"defenses": [{"name": "isotropic_noise", "strength": True}]},
+        [],
+        "defense 'isotropic_noise': parameter 'strength' = true is not valid; expected a finite number.",
+    ),
     # Python's TypeError text
-    "string strength": ({"defenses": [{"name": "isotropic_noise", "strength": "high"}]}, [],
-                        "defense 'isotropic_noise': parameter 'strength' = 'high' is not valid; expected a finite "
-                        "number."),
-    "defense parameter name": ({"defenses": [{"name": "isotropic_noise", "alpah": 1.0}]}, [],
-                               "defense 'isotropic_noise' has no parameter 'alpah'; valid parameters are: alpha, "
-                               "strength. Did you mean 'alpha'?"),
-    "defense name": ({"defenses": [{"name": "isotropic_nois"}]}, [],
-                     "unknown defense 'isotropic_nois'; valid defense names are: "),
-    "defense literal": ({"defenses": [{"name": "discrete_sgd", "mode": "fun"}]}, [],
-                        "defense 'discrete_sgd': parameter 'mode' = 'fun' is not valid; expected one of 'kang', "
-                        "'fu'."),
+    "string strength": (
+        {"defenses": [{"name": "isotropic_noise", "strength": "high"}]},
+        [],
+        "defense 'isotropic_noise': parameter 'strength' = 'high' is not valid; expected a finite number.",
+    ),
+    "defense parameter name": (
+        {"defenses": [{"name": "isotropic_noise", "alpah": 1.0}]},
+        [],
+        "defense 'isotropic_noise' has no parameter 'alpah'; valid parameters are: alpha, "
+        "strength. Did you mean 'alpha'?",
+    ),
+    "defense name": (
+        {"defenses": [{"name": "isotropic_nois"}]},
+        [],
+        "unknown defense 'isotropic_nois'; valid defense names are: ",
+    ),
+    "defense literal": (
+        {"defenses": [{"name": "discrete_sgd", "mode": "fun"}]},
+        [],
+        "defense 'discrete_sgd': parameter 'mode' = 'fun' is not valid; expected one of 'kang', 'fu'.",
+    ),
     "attack parameter name": ({"attacks": [{**MC, "selct": "best"}]}, [], "Did you mean 'select'?"),
-    "model option": ({"model": {"bottom": "mlp2", "bottom_options": {"hiden": 8}}}, [],
-                     "model 'mlp2' has no option 'hiden'; valid options are: hidden. Did you mean 'hidden'?"),
-    "dataset option type": ({"data": {"name": "synthetic", "options": {"n_samples": "many"}}}, [],
-                            "dataset 'synthetic': option 'n_samples' = 'many' is not valid; expected an "
-                            "integer."),
+    "model option": (
+        {"model": {"bottom": "mlp2", "bottom_options": {"hiden": 8}}},
+        [],
+        "model 'mlp2' has no option 'hiden'; valid options are: hidden. Did you mean 'hidden'?",
+    ),
+    "dataset option type": (
+        {"data": {"name": "synthetic", "options": {"n_samples": "many"}}},
+        [],
+        "dataset 'synthetic': option 'n_samples' = 'many' is not valid; expected an integer.",
+    ),
     # ignored
-    "columns on images": ({"data": {"columns": [[0, 1], [2, 3]]}}, [],
-                          "digits is a image dataset: data.columns applies to tabular datasets only"),
+    "columns on images": (
+        {"data": {"columns": [[0, 1], [2, 3]]}},
+        [],
+        "digits is a image dataset: data.columns applies to tabular datasets only",
+    ),
     # refused after the run directory was made
     "marvell on 10 classes": ({"defenses": [{"name": "marvell"}]}, [], "needs binary labels"),
     # refused after the training, when the attack drew its labelled rows
-    "known labels per class": ({"attacks": [{**MC, "known_per_class": 1000}]}, [],
-                               "attack 'model_completion': known_per_class 1000 is more than the smallest class"),
+    "known labels per class": (
+        {"attacks": [{**MC, "known_per_class": 1000}]},
+        [],
+        "attack 'model_completion': known_per_class 1000 is more than the smallest class",
+    ),
     # refused after the training
-    "auc on 10 classes": ({"train": {"metric": "auc"}}, [],
-                          "train.metric 'auc' needs a binary task, but digits has 10 classes"),
+    "auc on 10 classes": (
+        {"train": {"metric": "auc"}},
+        [],
+        "train.metric 'auc' needs a binary task, but digits has 10 classes",
+    ),
     # hidden behind "Input should be a valid list"
-    "yaml syntax in --set": ({}, ["attacks=[{name: x}"],
-                             "--set 'attacks=[{name: x}': the value '[{name: x}' is not valid YAML"),
+    "yaml syntax in --set": (
+        {},
+        ["attacks=[{name: x}"],
+        "--set 'attacks=[{name: x}': the value '[{name: x}' is not valid YAML",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(CONFIG_CASES))
 def test_bad_config_is_one_line_and_writes_nothing(tmp_path, cli, case):
     sections, overrides, expected = CONFIG_CASES[case]
-    cfg = _write(tmp_path / "exp.yaml", minimal(train={"epochs": 1}, **sections) if "train" not in sections
-                 else minimal(**{**sections, "train": {"epochs": 1, **sections["train"]}}))
+    cfg = _write(
+        tmp_path / "exp.yaml",
+        minimal(train={"epochs": 1}, **sections)
+        if "train" not in sections
+        else minimal(**{**sections, "train": {"epochs": 1, **sections["train"]}}),
+    )
     args = ["run", str(cfg), "--out", str(tmp_path / "runs")]
     for o in overrides:
         args += ["--set", o]
@@ -154,8 +205,12 @@ def test_bad_paths_are_one_line_and_write_nothing(tmp_path, cli, unwritable):
 def test_truncated_gz_without_verification(tmp_path, cli):
     """A truncated download read with `verify: false` was an EOFError traceback."""
     _truncated_mnist(tmp_path / "data")
-    cfg = _write(tmp_path / "exp.yaml", minimal(data={"name": "mnist", "root": str(tmp_path / "data"),
-                                                      "options": {"verify": False}}, train={"epochs": 1}))
+    cfg = _write(
+        tmp_path / "exp.yaml",
+        minimal(
+            data={"name": "mnist", "root": str(tmp_path / "data"), "options": {"verify": False}}, train={"epochs": 1}
+        ),
+    )
     _assert_one_line_error(cli("run", str(cfg), "--out", str(tmp_path / "runs")), "is truncated or corrupt")
     assert not (tmp_path / "runs").exists()
 
@@ -169,8 +224,11 @@ def test_datasets_verify_exits_non_zero_on_a_corrupt_file(tmp_path, cli):
 
 def test_a_sweep_point_the_data_refuses_fails_before_any_point_runs(tmp_path, cli):
     """A known_per_class above the smallest class in one grid value failed only when that point ran."""
-    cfg = _write(tmp_path / "sweep.yaml", minimal(train={"epochs": 1}, attacks=[MC],
-                                                  sweep={"grid": {"attacks.0.known_per_class": [2, 1000]}}))
-    _assert_one_line_error(cli("sweep", str(cfg), "--out", str(tmp_path / "s")),
-                           "known_per_class 1000 is more than the smallest class")
+    cfg = _write(
+        tmp_path / "sweep.yaml",
+        minimal(train={"epochs": 1}, attacks=[MC], sweep={"grid": {"attacks.0.known_per_class": [2, 1000]}}),
+    )
+    _assert_one_line_error(
+        cli("sweep", str(cfg), "--out", str(tmp_path / "s")), "known_per_class 1000 is more than the smallest class"
+    )
     assert not (tmp_path / "s").exists()

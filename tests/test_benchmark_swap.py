@@ -39,13 +39,16 @@ def test_dataset_and_set_become_overrides_and_a_tag():
     # a script whose --dataset named one of its settings: it still does; another name is a swap
     named = _args("--dataset", "credit", setting=True)
     assert swap.setting_and_overrides(named, ["credit", "x"], "x") == ("credit", [])
-    assert swap.setting_and_overrides(_args("--dataset", "wine", setting=True), ["credit"], "credit") == \
-        ("credit", ["data.name=wine", "data.options={}", "data.columns=null", "data.split=auto"])
+    assert swap.setting_and_overrides(_args("--dataset", "wine", setting=True), ["credit"], "credit") == (
+        "credit",
+        ["data.name=wine", "data.options={}", "data.columns=null", "data.split=auto"],
+    )
 
 
 def test_reproduce_runs_its_configs_on_the_swapped_dataset(tmp_path, capsys):
-    reproduce.main(["kang_credit_vlr", "--dataset", "breast_cancer", "--set", "train.epochs=1", "--no-run",
-                    "--out", str(tmp_path)])
+    reproduce.main(
+        ["kang_credit_vlr", "--dataset", "breast_cancer", "--set", "train.epochs=1", "--no-run", "--out", str(tmp_path)]
+    )
     swapped = load_config(reproduce.config_path("kang_credit_vlr"), [*BREAST, "train.epochs=1"])
     assert swapped.data.name == "breast_cancer"
     missing = capsys.readouterr().err
@@ -55,8 +58,9 @@ def test_reproduce_runs_its_configs_on_the_swapped_dataset(tmp_path, capsys):
 def test_a_bad_swap_is_one_line_before_anything_runs(tmp_path):
     with pytest.raises(SystemExit) as info:
         reproduce.main(["kang_credit_vlr", "--dataset", "imagenet", "--out", str(tmp_path)])
-    assert str(info.value).startswith("error: kang_credit_vlr.yaml with data.name=imagenet") \
-        and "unknown dataset 'imagenet'" in str(info.value)
+    assert str(info.value).startswith(
+        "error: kang_credit_vlr.yaml with data.name=imagenet"
+    ) and "unknown dataset 'imagenet'" in str(info.value)
     assert not tmp_path.joinpath("x").exists() and list(tmp_path.iterdir()) == []
 
 
@@ -68,8 +72,14 @@ def test_reproduce_labobf_run_one_returns_the_trained_run(tmp_path, monkeypatch)
     tiny = {"known_per_class": 5, "epochs": 1, "batch_size": 8, "prior": "local"}
     monkeypatch.setitem(reproduce_labobf.FLAVOURS, "mm", (MixMatchCompletion, {**tiny, "val_iteration": 2}))
     monkeypatch.setitem(reproduce_labobf.FLAVOURS, "mc", (ModelCompletion, tiny))
-    small = (*BREAST, "train.epochs=1", "attacks.0.known_per_class=5", "attacks.0.epochs=1",
-             "attacks.0.val_iteration=2", "attacks.0.batch_size=8")
+    small = (
+        *BREAST,
+        "train.epochs=1",
+        "attacks.0.known_per_class=5",
+        "attacks.0.epochs=1",
+        "attacks.0.val_iteration=2",
+        "attacks.0.batch_size=8",
+    )
     done = reproduce_labobf.run_one("labobf_epsilon_like_raw", 0, tmp_path, None, small)
     assert isinstance(done.run, TrainedRun) and done.run.config.data.name == "breast_cancer"
     assert done.record["n_train"] == len(done.run.data.y_train) and "mm_attack_acc" in done.record
@@ -93,9 +103,19 @@ def test_reproduce_labobf_refuses_a_score_selected_on_the_test_split():
 
 def test_reproduce_labobf_tables_show_t_intervals_over_seeds_and_paired_gaps():
     """Before: mean ± sd over seeds and no interval on LabObf − R_lower."""
+
     def record(seed: int, attack: float, prior: float) -> dict:
-        return {"seed": seed, "mm_attack_acc": attack, "mm_prior_acc": prior, "mm_selection": "last",
-                "selection": "last", "n_train": 10, "n_test": 5, "n_balanced_test": 5, "majority": 50.0}
+        return {
+            "seed": seed,
+            "mm_attack_acc": attack,
+            "mm_prior_acc": prior,
+            "mm_selection": "last",
+            "selection": "last",
+            "n_train": 10,
+            "n_test": 5,
+            "n_balanced_test": 5,
+            "majority": 50.0,
+        }
 
     raw = [record(0, 60.0, 55.0), record(1, 62.0, 56.0), record(2, 64.0, 60.0)]
     obf = [record(0, 57.0, 50.0), record(1, 57.0, 50.0), record(2, 60.0, 50.0)]
@@ -112,8 +132,9 @@ def test_reproduce_dmavfl_stores_leakage_in_points_and_counts_only_trained_rows(
     from vflbench.metrics.scores import leakage_points
 
     small = [*BREAST, "train.epochs=1", "attacks.0.pretrain_epochs=1"]
-    record = reproduce_dmavfl.run_one("credit_dmavfl", reproduce_dmavfl.EXPERIMENTS["credit_dmavfl"], None,
-                                      tmp_path, 1, small)
+    record = reproduce_dmavfl.run_one(
+        "credit_dmavfl", reproduce_dmavfl.EXPERIMENTS["credit_dmavfl"], None, tmp_path, 1, small
+    )
     assert record["leakage"] == pytest.approx(leakage_points("mse", record["value"], record["prior"]))
     assert record["leakage"] == pytest.approx(100 * (1 - record["value"] / record["prior"]))
     assert record["n_held_out"] > 0
@@ -132,30 +153,54 @@ def test_vmask_table2_reads_the_sweep_and_pairs_the_change_by_seed(tmp_path):
     from vflbench.experiment.results import AttackResult, RunResult, Timing, UtilityResult, write_atomic
 
     def attack(name: str, value: float, prior: float) -> AttackResult:
-        return AttackResult(name=name, target="labels", metric="accuracy", direction="higher", value=value,
-                            prior=prior, prior_name="scratch", leakage=100 * (value - prior), values=[value],
-                            priors=[prior], leakages=[100 * (value - prior)], details={"selection": "last"})
+        return AttackResult(
+            name=name,
+            target="labels",
+            metric="accuracy",
+            direction="higher",
+            value=value,
+            prior=prior,
+            prior_name="scratch",
+            leakage=100 * (value - prior),
+            values=[value],
+            priors=[prior],
+            leakages=[100 * (value - prior)],
+            details={"selection": "last"},
+        )
 
     directory = tmp_path / "vmask_seeds_tabmnist_mlp3"
     rows = []
     for defense, values in (("none", (0.66, 0.68, 0.70)), ("vmask", (0.50, 0.51, 0.55))):
         for seed, value in enumerate(values):
             run_hash = f"{defense}{seed}"
-            result = RunResult(config_hash=run_hash, seed=seed, data={}, utility=UtilityResult("accuracy", 0.97),
-                               defense=[] if defense == "none" else [{"name": defense, "params": {}}],
-                               attacks=[attack(vmask_table2.REINIT, value, 0.48),
-                                        attack(vmask_table2.ADAPTIVE, 0.7, 0.48)],
-                               timing=Timing(1.0, [1.0]), comm={})
+            result = RunResult(
+                config_hash=run_hash,
+                seed=seed,
+                data={},
+                utility=UtilityResult("accuracy", 0.97),
+                defense=[] if defense == "none" else [{"name": defense, "params": {}}],
+                attacks=[attack(vmask_table2.REINIT, value, 0.48), attack(vmask_table2.ADAPTIVE, 0.7, 0.48)],
+                timing=Timing(1.0, [1.0]),
+                comm={},
+            )
             write_atomic(directory / "runs" / run_hash / "result.json", json.dumps(result.to_dict()))
-            rows.append({"defense": defense if defense == "none" else f'{defense} [name="{defense}"]',
-                         "seed": seed, "config_hash": run_hash, "mask_ratio": None if defense == "none" else 0.5})
+            rows.append(
+                {
+                    "defense": defense if defense == "none" else f'{defense} [name="{defense}"]',
+                    "seed": seed,
+                    "config_hash": run_hash,
+                    "mask_ratio": None if defense == "none" else 0.5,
+                }
+            )
     import pandas as pd
 
     pd.DataFrame(rows).to_csv(directory / "summary.csv", index=False)
     text = vmask_table2.table("tabmnist_mlp3", directory)
     # Vanilla reinit leakage 18, 20, 22 points: mean 20, sd 2 -> half-width 4.3027 * 2 / sqrt(3) = 4.97
-    assert ("| Vanilla | 97.00 [97.00, 97.00] | 99.02 | 68.00 [63.03, 72.97] | 80.72 | 48.00 [48.00, 48.00] | 41.35 | "
-            "+20.00 [+15.03, +24.97] | +39.37 | – |") in text
+    assert (
+        "| Vanilla | 97.00 [97.00, 97.00] | 99.02 | 68.00 [63.03, 72.97] | 80.72 | 48.00 [48.00, 48.00] | 41.35 | "
+        "+20.00 [+15.03, +24.97] | +39.37 | – |"
+    ) in text
     # VMask minus Vanilla by seed: -16, -17, -15 -> mean -16, sd 1, half-width 2.48: lower
     assert "-16.00 [-18.48, -13.52] lower" in text and "| 0.50 |" in text
     assert "model_completion: last; vmask_weight_recovery: last" in text

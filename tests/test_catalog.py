@@ -27,14 +27,18 @@ def test_the_checked_in_catalog_is_the_live_registries():
 
 
 def test_the_catalog_holds_every_component_with_its_parameters_and_threat_model():
-    live = {"datasets": DATASETS, "models": MODELS, "top models": TOP_MODELS, "attacks": ATTACKS,
-            "defenses": DEFENSES}
+    live = {"datasets": DATASETS, "models": MODELS, "top models": TOP_MODELS, "attacks": ATTACKS, "defenses": DEFENSES}
     for kind, registry in live.items():
         assert [e["name"] for e in catalog.entries(kind)] == registry.names()
     [vmask] = [e for e in catalog.entries("defenses") if e["name"] == "vmask"]
     budget = next(p for p in vmask["parameters"] if p["name"] == "budget")
-    assert budget == {"name": "budget", "default": "0.25", "annotation": "float", "allowed": "a finite number",
-                      "meaning": DEFENSES.get("vmask").constraints["budget"].meaning}
+    assert budget == {
+        "name": "budget",
+        "default": "0.25",
+        "annotation": "float",
+        "allowed": "a finite number",
+        "meaning": DEFENSES.get("vmask").constraints["budget"].meaning,
+    }
     sigma = next(p for p in vmask["parameters"] if p["name"] == "sigma")
     assert sigma["allowed"] == "a finite number >= 0" and sigma["meaning"].startswith("standard deviation")
     assert vmask["attributes"]["paper"] == DEFENSES.get("vmask").factory.paper
@@ -56,9 +60,18 @@ def test_verify_from_the_catalog_equals_verify_from_the_registry(tmp_path: Path)
     assert verify_datasets(tmp_path, infos=catalog.infos("datasets")) == verify_datasets(tmp_path)
 
 
-COMMANDS = [["--help"], ["--version"], ["list", "models"], ["list", "defenses"], ["describe", "vmask"],
-            ["describe", "mnist"], ["datasets", "verify"], ["datasets", "verify", "digits"], ["init", "{tmp}"],
-            ["datasets", "--help"]]
+COMMANDS = [
+    ["--help"],
+    ["--version"],
+    ["list", "models"],
+    ["list", "defenses"],
+    ["describe", "vmask"],
+    ["describe", "mnist"],
+    ["datasets", "verify"],
+    ["datasets", "verify", "digits"],
+    ["init", "{tmp}"],
+    ["datasets", "--help"],
+]
 #: What takes seconds to import and none of these commands needs (torch alone is 1-4 s of CPU).
 HEAVY = ("torch", "scipy", "sklearn", "pandas")
 PROBE = f"""
@@ -86,6 +99,10 @@ def test_the_probe_sees_torch_where_a_command_imports_it(tmp_path):
     """The probe above can fail: `vflbench run` imports torch."""
     config = tmp_path / "bad.yaml"
     config.write_text("data: {name: digits}\ntrain: {epochs: 0}\n")
-    proc = subprocess.run([sys.executable, "-c", PROBE, "run", str(config), "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, "run", str(config), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "torch" in proc.stderr.splitlines()[-1].split(), proc.stderr

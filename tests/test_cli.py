@@ -19,8 +19,9 @@ from conftest import minimal
 
 def vflbench(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the console script in a fresh process (what a user runs)."""
-    return subprocess.run([sys.executable, "-m", "vflbench.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "vflbench.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
+    )
 
 
 def write(tmp_path: Path, raw: dict) -> Path:
@@ -42,25 +43,40 @@ def test_run_prints_a_table_and_writes_the_run_directory(tmp_path):
     assert "epoch 2/2" in proc.stderr  # plain progress lines when not a terminal
 
 
-@pytest.mark.parametrize(("raw", "overrides", "expected"), [
-    (minimal(data={"name": "digitz"}), [], "unknown dataset 'digitz'; valid dataset names are: "),
-    (minimal(model={"bottom": "mlp9"}), [], "unknown model 'mlp9'; valid model names are: "),
-    (minimal(attacks=[{"name": "nope"}]), [], "unknown attack 'nope'; valid attack names are: "),
-    (minimal(defenses=[{"name": "nope"}]), [], "unknown defense 'nope'; valid defense names are: "),
-    (minimal(data={"parties": 9}), [], "cannot split 8 pixel columns among 9 feature-holding parties"),
-    (minimal(data={"name": "synthetic", "parties": 6, "options": {"n_features": 5, "n_informative": 3}}), [],
-     "cannot split 5 features among 6 feature-holding parties"),
-    (minimal(train={"algorithm": "vlr", "aggregation": "concat"}, model={"bottom": "logreg", "top": "identity"}),
-     [], "aggregation 'concat' is not allowed with vlr; vlr allows: sum"),
-    (minimal(model={"bottom": "lenet5"}), [], "model 'lenet5' does not fit a party's input of shape (1, 8, 4)"),
-    (minimal(train={"epochz": 1}), [], "unknown key 'train.epochz'; valid keys here are: algorithm"),
-    (minimal(), ["train.epochs=0"], "train.epochs: Input should be greater than or equal to 1"),
-    (minimal(data={"name": "mnist", "root": "/nonexistent"}), [],
-     "missing train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz"),
-    (minimal(attacks=[{"name": "norm_scoring"}]), [], "needs binary labels, but the task has 10 classes"),
-    (minimal(attacks=[{"name": "model_completion", "epoch": 3}]), [],
-     "attack 'model_completion' has no parameter 'epoch'; valid parameters are: party, known_per_class, epochs"),
-])
+@pytest.mark.parametrize(
+    ("raw", "overrides", "expected"),
+    [
+        (minimal(data={"name": "digitz"}), [], "unknown dataset 'digitz'; valid dataset names are: "),
+        (minimal(model={"bottom": "mlp9"}), [], "unknown model 'mlp9'; valid model names are: "),
+        (minimal(attacks=[{"name": "nope"}]), [], "unknown attack 'nope'; valid attack names are: "),
+        (minimal(defenses=[{"name": "nope"}]), [], "unknown defense 'nope'; valid defense names are: "),
+        (minimal(data={"parties": 9}), [], "cannot split 8 pixel columns among 9 feature-holding parties"),
+        (
+            minimal(data={"name": "synthetic", "parties": 6, "options": {"n_features": 5, "n_informative": 3}}),
+            [],
+            "cannot split 5 features among 6 feature-holding parties",
+        ),
+        (
+            minimal(train={"algorithm": "vlr", "aggregation": "concat"}, model={"bottom": "logreg", "top": "identity"}),
+            [],
+            "aggregation 'concat' is not allowed with vlr; vlr allows: sum",
+        ),
+        (minimal(model={"bottom": "lenet5"}), [], "model 'lenet5' does not fit a party's input of shape (1, 8, 4)"),
+        (minimal(train={"epochz": 1}), [], "unknown key 'train.epochz'; valid keys here are: algorithm"),
+        (minimal(), ["train.epochs=0"], "train.epochs: Input should be greater than or equal to 1"),
+        (
+            minimal(data={"name": "mnist", "root": "/nonexistent"}),
+            [],
+            "missing train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz",
+        ),
+        (minimal(attacks=[{"name": "norm_scoring"}]), [], "needs binary labels, but the task has 10 classes"),
+        (
+            minimal(attacks=[{"name": "model_completion", "epoch": 3}]),
+            [],
+            "attack 'model_completion' has no parameter 'epoch'; valid parameters are: party, known_per_class, epochs",
+        ),
+    ],
+)
 def test_bad_input_gives_one_paragraph_and_exit_code_2(tmp_path, cli, raw, overrides, expected):
     cfg = write(tmp_path, raw)
     args = ["run", str(cfg), "--out", str(tmp_path / "runs")]
@@ -98,10 +114,13 @@ def test_list_and_describe(cli):
 
 # --- interruption: a real `vflbench sweep` process stopped by a signal -------------------------------------------
 
+
 def _slow_sweep(tmp_path: Path, points: int) -> Path:
     """A sweep of ``points`` runs of about half a second each (unloaded) on the embedded digits."""
-    raw = minimal(train={"epochs": 2, "batch_size": 16},
-                  sweep={"grid": {"train.lr": [0.01 * (i + 1) for i in range(points)]}, "baseline": False})
+    raw = minimal(
+        train={"epochs": 2, "batch_size": 16},
+        sweep={"grid": {"train.lr": [0.01 * (i + 1) for i in range(points)]}, "baseline": False},
+    )
     return write(tmp_path, raw)
 
 
@@ -113,8 +132,12 @@ class Sweeps:
         self.workers: set[int] = set()
 
     def start(self, cfg: Path, out: Path, *extra: str) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-m", "vflbench.cli", "sweep", str(cfg), "--out", str(out), *extra],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vflbench.cli", "sweep", str(cfg), "--out", str(out), *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.started.append(proc)
         return proc
 
@@ -167,7 +190,7 @@ def _alive_children(pid: int) -> set[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+        state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
         if int(ppid) == pid and state != "Z":
             found.add(int(entry.name))
     return found
@@ -265,8 +288,12 @@ def test_output_files_follow_the_umask(tmp_path, umask, mode):
 def test_sigint_during_run_exits_130(tmp_path, sweeps):
     """Old behaviour: Ctrl-C on `vflbench run` exited 0."""
     cfg = write(tmp_path, minimal(train={"epochs": 200, "batch_size": 16}))
-    proc = subprocess.Popen([sys.executable, "-m", "vflbench.cli", "run", str(cfg), "--out", str(tmp_path / "runs")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vflbench.cli", "run", str(cfg), "--out", str(tmp_path / "runs")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     sweeps.started.append(proc)
     deadline = time.monotonic() + 60
     while not list((tmp_path / "runs").glob("*/metrics.jsonl")):
@@ -297,7 +324,8 @@ def test_the_parent_watchdog_alone_ends_an_orphaned_worker(tmp_path, method):
         "    queue = context.Queue()\n"
         "    context.Process(target=work, args=(queue,)).start()\n"
         "    print(queue.get(), flush=True)\n"
-        "    time.sleep(60)\n")
+        "    time.sleep(60)\n"
+    )
     proc = subprocess.Popen([sys.executable, str(child)], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
     worker = None
     try:
@@ -309,5 +337,3 @@ def test_the_parent_watchdog_alone_ends_an_orphaned_worker(tmp_path, method):
         proc.wait(timeout=10)
         if worker is not None and _alive(worker):
             os.kill(worker, signal.SIGKILL)
-
-

@@ -59,8 +59,12 @@ def test_bad_override_syntax_and_index():
 def test_aggregation_not_allowed_by_algorithm(algorithm, aggregation):
     message = f"aggregation '{aggregation}' is not allowed with {algorithm}; {algorithm} allows: sum"
     with pytest.raises(ConfigError, match=message):
-        build_config(minimal(train={"algorithm": algorithm, "aggregation": aggregation},
-                             model={"bottom": "logreg", "top": "identity"}))
+        build_config(
+            minimal(
+                train={"algorithm": algorithm, "aggregation": aggregation},
+                model={"bottom": "logreg", "top": "identity"},
+            )
+        )
 
 
 def test_vlr_rejects_neural_bottoms():

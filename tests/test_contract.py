@@ -59,9 +59,25 @@ def test_factories_take_keyword_only_options(registry):
 
 
 def test_canonical_names_are_registered():
-    datasets = {"digits", "breast_cancer", "wine", "synthetic", "mnist", "fashion_mnist", "tabmnist", "tabfmnist",
-                "cifar10", "cifar100", "credit_default", "bank_marketing", "rt_iot2022", "trec", "ag_news", "criteo",
-                "csv"}
+    datasets = {
+        "digits",
+        "breast_cancer",
+        "wine",
+        "synthetic",
+        "mnist",
+        "fashion_mnist",
+        "tabmnist",
+        "tabfmnist",
+        "cifar10",
+        "cifar100",
+        "credit_default",
+        "bank_marketing",
+        "rt_iot2022",
+        "trec",
+        "ag_news",
+        "criteo",
+        "csv",
+    }
     models = {"logreg", "mlp2", "mlp3", "lenet5", "vgg13", "resnet18", "conv2", "emb_mlp", "text_cnn"}
     assert datasets <= set(DATASETS.names())
     assert models <= set(MODELS.names())
@@ -82,16 +98,22 @@ def _outside(constraint) -> float | None:
     return None
 
 
-@pytest.mark.parametrize("registry", [DATASETS, MODELS, TOP_MODELS, ATTACKS, DEFENSES],
-                         ids=["datasets", "models", "top", "attacks", "defenses"])
+@pytest.mark.parametrize(
+    "registry",
+    [DATASETS, MODELS, TOP_MODELS, ATTACKS, DEFENSES],
+    ids=["datasets", "models", "top", "attacks", "defenses"],
+)
 def test_parameter_constraints_hold_for_defaults_and_refuse_values_outside(registry):
     """scikit-learn's check_param_validation: every default passes the one check (types from the annotation,
     bounds from the declared constraints), and a number outside a declared bound is refused with a one-line
     error naming the parameter, the value and the bound."""
     checked = 0
     for entry in registry:
-        defaults = {p.name: p.default for p in inspect.signature(entry.factory).parameters.values()
-                    if p.default is not inspect.Parameter.empty and p.name != "root"}
+        defaults = {
+            p.name: p.default
+            for p in inspect.signature(entry.factory).parameters.values()
+            if p.default is not inspect.Parameter.empty and p.name != "root"
+        }
         registry.check(entry.name, defaults)
         for name, constraint in entry.constraints.items():
             assert name in inspect.signature(entry.factory).parameters
@@ -100,8 +122,7 @@ def test_parameter_constraints_hold_for_defaults_and_refuse_values_outside(regis
                 continue
             annotation = annotations_of(entry.factory)[name]
             # the number as the annotation takes it: an integer for an integer knob, in a list for a list
-            value = next(v for v in (int(value), value, [int(value)], [value])
-                         if conforms(v, annotation))
+            value = next(v for v in (int(value), value, [int(value)], [value]) if conforms(v, annotation))
             with pytest.raises(Exception) as info:  # ConfigError, DataError for datasets
                 registry.check(entry.name, {name: value})
             message = str(info.value)

@@ -21,20 +21,31 @@ from vflbench.errors import CompatibilityError
 pytestmark = pytest.mark.slow
 
 SCENARIOS = [
-    {"data": {"name": "digits", "parties": 2, "train_size": 240, "test_size": 80, "aux_pool": 60},
-     "train": {"algorithm": "vhnn", "epochs": 1, "batch_size": 64, "checkpoint": "none"}},
-    {"data": {"name": "breast_cancer", "parties": 2, "train_size": 240, "test_size": 80, "aux_pool": 60},
-     "train": {"algorithm": "vlr", "epochs": 1, "batch_size": 64, "checkpoint": "none"}},
-    {"data": {"name": "digits", "parties": 3, "train_size": 240, "test_size": 80, "aux_pool": 60},
-     "train": {"algorithm": "vhnn", "epochs": 1, "batch_size": 64, "checkpoint": "none"}},
+    {
+        "data": {"name": "digits", "parties": 2, "train_size": 240, "test_size": 80, "aux_pool": 60},
+        "train": {"algorithm": "vhnn", "epochs": 1, "batch_size": 64, "checkpoint": "none"},
+    },
+    {
+        "data": {"name": "breast_cancer", "parties": 2, "train_size": 240, "test_size": 80, "aux_pool": 60},
+        "train": {"algorithm": "vlr", "epochs": 1, "batch_size": 64, "checkpoint": "none"},
+    },
+    {
+        "data": {"name": "digits", "parties": 3, "train_size": 240, "test_size": 80, "aux_pool": 60},
+        "train": {"algorithm": "vhnn", "epochs": 1, "batch_size": 64, "checkpoint": "none"},
+    },
 ]
 #: Parameters that keep a component's one step small (the rest are its defaults).
-SMALL = {"paillier_he": {"key_bits": 512}, "labobf_adaptive_mixmatch": {"epochs": 1, "val_iteration": 8},
-         "coae": {"samples": 500, "epochs": 2},
-         "model_completion_mixmatch": {"epochs": 1, "val_iteration": 8},
-         "embedding_extension": {"known_per_class": 4, "inner_steps": 2, "epochs": 2},
-         # a recipe of their own: at their defaults they refuse a training shorter than 25 epochs (issue 25)
-         "dmavfl": {"lr": 1e-3}, "dmavfl_sync": {"lr": 1e-3}, "fsha": {"lr": 1e-4}}
+SMALL = {
+    "paillier_he": {"key_bits": 512},
+    "labobf_adaptive_mixmatch": {"epochs": 1, "val_iteration": 8},
+    "coae": {"samples": 500, "epochs": 2},
+    "model_completion_mixmatch": {"epochs": 1, "val_iteration": 8},
+    "embedding_extension": {"known_per_class": 4, "inner_steps": 2, "epochs": 2},
+    # a recipe of their own: at their defaults they refuse a training shorter than 25 epochs (issue 25)
+    "dmavfl": {"lr": 1e-3},
+    "dmavfl_sync": {"lr": 1e-3},
+    "fsha": {"lr": 1e-4},
+}
 
 
 def _first_run(defenses: list[dict], attacks: list[dict]):

@@ -38,8 +38,13 @@ META = torch.device("meta")
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """The console script in a fresh process with no GPU visible (as on a machine without CUDA)."""
-    return subprocess.run([sys.executable, "-m", "vflbench.cli", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "vflbench.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})},
+    )
 
 
 def test_device_choices_are_checked_with_a_clear_message():
@@ -88,8 +93,18 @@ def test_a_cpu_run_equals_the_default_run_bit_for_bit(tmp_path):
 
 
 def test_the_cli_runs_on_the_cpu_when_asked(tmp_path):
-    proc = cli("run", "configs/demo.yaml", "--device", "cpu", "--set", "train.epochs=1", "--set", "baselines=[]",
-               "--out", str(tmp_path))
+    proc = cli(
+        "run",
+        "configs/demo.yaml",
+        "--device",
+        "cpu",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "baselines=[]",
+        "--out",
+        str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stderr
     [run_dir] = tmp_path.iterdir()
     assert json.loads((run_dir / "result.json").read_text())["device"] == "cpu"
@@ -108,14 +123,18 @@ def _tensors_of(fed) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("defenses", [
-    [],
-    [{"name": "fedpass"}, {"name": "dp_laplace"}, {"name": "embedding_noise"}, {"name": "splitguard"}],
-    [{"name": "mid", "weight": 0.1}, {"name": "dcor"}, {"name": "received_gradient_dp"}],
-    [{"name": "precode"}, {"name": "nopeek"}, {"name": "gradient_compression"}, {"name": "discrete_sgd"}],
-    [{"name": "gradient_scrutinizer"}, {"name": "mixup"}, {"name": "isotropic_noise"}, {"name": "max_norm"}],
-    [{"name": "marvell"}],
-], ids=["vanilla", "fedpass", "mid", "precode", "mixup", "marvell"])
+@pytest.mark.parametrize(
+    "defenses",
+    [
+        [],
+        [{"name": "fedpass"}, {"name": "dp_laplace"}, {"name": "embedding_noise"}, {"name": "splitguard"}],
+        [{"name": "mid", "weight": 0.1}, {"name": "dcor"}, {"name": "received_gradient_dp"}],
+        [{"name": "precode"}, {"name": "nopeek"}, {"name": "gradient_compression"}, {"name": "discrete_sgd"}],
+        [{"name": "gradient_scrutinizer"}, {"name": "mixup"}, {"name": "isotropic_noise"}, {"name": "max_norm"}],
+        [{"name": "marvell"}],
+    ],
+    ids=["vanilla", "fedpass", "mid", "precode", "mixup", "marvell"],
+)
 def test_a_federation_built_on_a_device_holds_everything_there(defenses):
     """Built on ``meta``: every model (the defenses' own layers too), buffer, data slice and target is there.
 
@@ -172,8 +191,14 @@ def test_models_are_seeded_on_the_cpu_whatever_their_device():
 
 
 def test_received_tensors_land_on_the_party_device_but_ids_and_bytes_stay():
-    message = Message("embedding", "passive_1", "active", torch.ones(2, 3), torch.tensor([4, 5]),
-                      extra=(torch.zeros(2, dtype=torch.int64), torch.zeros(4, dtype=torch.uint8)))
+    message = Message(
+        "embedding",
+        "passive_1",
+        "active",
+        torch.ones(2, 3),
+        torch.tensor([4, 5]),
+        extra=(torch.zeros(2, dtype=torch.int64), torch.zeros(4, dtype=torch.uint8)),
+    )
     placed = _placed(message, "meta")
     assert placed.payload.device == META and placed.extra[0].device == META
     assert placed.ids.device.type == "cpu" and placed.extra[1].device.type == "cpu"
@@ -212,16 +237,19 @@ def test_generators_and_draws_stay_on_the_cpu(tmp_path):
 
 @CUDA
 def test_a_cuda_run_starts_from_the_cpu_run_weights_and_ends_close_to_it(tmp_path):
-    runs = {d: run_experiment(build_config(minimal(train={"epochs": 3, "device": d})), out_dir=tmp_path / d)
-            for d in ("cpu", "cuda")}
+    runs = {
+        d: run_experiment(build_config(minimal(train={"epochs": 3, "device": d})), out_dir=tmp_path / d)
+        for d in ("cpu", "cuda")
+    }
     assert runs["cuda"].device.startswith("cuda") and runs["cpu"].device == "cpu"
     assert runs["cuda"].config_hash == runs["cpu"].config_hash
     cfg = build_config(minimal(train={"device": "cuda"})).resolved()
     vd = load_vertical_data(cfg)
     assert vd.device.type == "cuda"
     on_gpu = build_federation(cfg, vd)
-    on_cpu = build_federation(cfg.model_copy(update={"train": cfg.train.model_copy(update={"device": "cpu"})}),
-                              vd.to("cpu"))
+    on_cpu = build_federation(
+        cfg.model_copy(update={"train": cfg.train.model_copy(update={"device": "cpu"})}), vd.to("cpu")
+    )
     for a, b in zip(_tensors_of(on_gpu).values(), _tensors_of(on_cpu).values(), strict=True):
         assert a.device.type == "cuda" and torch.equal(a.cpu(), b)  # the same draws, data and initial weights
     assert abs(runs["cuda"].utility.value - runs["cpu"].utility.value) < 0.05
@@ -229,9 +257,14 @@ def test_a_cuda_run_starts_from_the_cpu_run_weights_and_ends_close_to_it(tmp_pat
 
 @CUDA
 def test_vmask_trains_on_cuda_as_on_the_cpu(tmp_path):
-    raw = minimal(data={"aux_pool": 64}, train={"epochs": 2, "batch_size": 32},  # VMask's shadow set: held out
-                  defenses=[{"name": "vmask", "aux_size": 64, "mc_epochs": 2}])
-    runs = {d: run_experiment(build_config({**raw, "train": {**raw["train"], "device": d}}), out_dir=tmp_path / d)
-            for d in ("cpu", "cuda")}
+    raw = minimal(
+        data={"aux_pool": 64},
+        train={"epochs": 2, "batch_size": 32},  # VMask's shadow set: held out
+        defenses=[{"name": "vmask", "aux_size": 64, "mc_epochs": 2}],
+    )
+    runs = {
+        d: run_experiment(build_config({**raw, "train": {**raw["train"], "device": d}}), out_dir=tmp_path / d)
+        for d in ("cpu", "cuda")
+    }
     assert abs(runs["cuda"].utility.value - runs["cpu"].utility.value) < 0.05
     assert runs["cuda"].comm == runs["cpu"].comm  # the same protocol, message for message, byte for byte

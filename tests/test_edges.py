@@ -35,17 +35,26 @@ def _one_line_error(proc: subprocess.CompletedProcess, expected: str) -> str:
 
 # --- tracebacks before ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("override", "expected"), [
-    # numpy's SeedSequence traceback
-    ("seed=-1", "seed = -1 is out of range; valid values are 0 to 4294967295"),
-    ("seed=4294967296", "seed = 4294967296 is out of range; valid values are 0 to 4294967295"),
-    # the allocator's traceback (100 TB asked for)
-    ("model.embed_dim=100000000000", "model.embed_dim = 100000000000 is out of range; valid values are 1 to 1048576"),
-    ("model.embed_dim=0", "model.embed_dim = 0 is out of range"),
-    ("model.bottom_options.hidden=100000000000",
-     "option 'hidden' = 100000000000 is not valid; it must be >= 1 and <= 1048576."),
-    ("model.top_options.hidden=[100000000000]", "option 'hidden' = [100000000000] is not valid"),
-])
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        # numpy's SeedSequence traceback
+        ("seed=-1", "seed = -1 is out of range; valid values are 0 to 4294967295"),
+        ("seed=4294967296", "seed = 4294967296 is out of range; valid values are 0 to 4294967295"),
+        # the allocator's traceback (100 TB asked for)
+        (
+            "model.embed_dim=100000000000",
+            "model.embed_dim = 100000000000 is out of range; valid values are 1 to 1048576",
+        ),
+        ("model.embed_dim=0", "model.embed_dim = 0 is out of range"),
+        (
+            "model.bottom_options.hidden=100000000000",
+            "option 'hidden' = 100000000000 is not valid; it must be >= 1 and <= 1048576.",
+        ),
+        ("model.top_options.hidden=[100000000000]", "option 'hidden' = [100000000000] is not valid"),
+    ],
+)
 def test_out_of_range_sizes_and_seeds_are_one_line(tmp_path, cli, override, expected):
     cfg = _write(tmp_path / "exp.yaml", minimal(train={"epochs": 1}))
     _one_line_error(cli("run", str(cfg), "--out", str(tmp_path / "runs"), "--set", override), expected)
@@ -63,13 +72,16 @@ def test_running_out_of_memory_is_one_line(tmp_path, cli, monkeypatch):
     from vflbench.experiment import run as run_module
 
     def no_memory(*args, **kwargs):
-        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
-                           "you tried to allocate 25600000000000 bytes. Error code 12 (Cannot allocate memory)")
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+            "you tried to allocate 25600000000000 bytes. Error code 12 (Cannot allocate memory)"
+        )
 
     monkeypatch.setattr(run_module, "train_run", no_memory)  # the test's stand-in for an allocation that fails
     cfg = _write(tmp_path / "exp.yaml", minimal(train={"epochs": 1}))
-    line = _one_line_error(cli("run", str(cfg), "--out", str(tmp_path / "runs")),
-                           "out of memory (25,600.0 GB asked for)")
+    line = _one_line_error(
+        cli("run", str(cfg), "--out", str(tmp_path / "runs")), "out of memory (25,600.0 GB asked for)"
+    )
     assert "model.embed_dim" in line and "train.batch_size" in line
 
 
@@ -107,8 +119,10 @@ def test_a_full_disk_during_run_is_one_line_and_leaves_nothing(tmp_path, cli, mo
     """Before: a 63-line torch.save traceback, a 0-byte .tmp and a run directory without result.json."""
     cfg = _write(tmp_path / "exp.yaml", minimal(train={"epochs": 2}))
     monkeypatch.setattr(os, "write", _FullDisk(target))  # the test's full disk; the library writes through os.write
-    line = _one_line_error(cli("run", str(cfg), "--out", str(tmp_path / "runs")),
-                           "No space left on device while writing " + str(tmp_path / "runs"))
+    line = _one_line_error(
+        cli("run", str(cfg), "--out", str(tmp_path / "runs")),
+        "No space left on device while writing " + str(tmp_path / "runs"),
+    )
     assert target in line
     assert "the unfinished run directory" in line and "was removed; free some space and run again" in line
     assert list((tmp_path / "runs").iterdir()) == []  # no run directory, no temporary file
@@ -141,11 +155,14 @@ def test_a_full_disk_leaves_an_earlier_run_directory_in_place(tmp_path, cli, mon
 
 # --- accepted silently before ----------------------------------------------------------------------------------------
 
+
 def test_a_key_given_twice_is_refused_with_its_lines(tmp_path, cli):
     cfg = tmp_path / "exp.yaml"
     cfg.write_text("data: {name: digits}\ntrain:\n  epochs: 1\n  lr: 0.1\n  epochs: 3\n")
-    _one_line_error(cli("run", str(cfg), "--out", str(tmp_path / "runs")),
-                    f"{cfg}: the key 'epochs' is given twice in one section (lines 3 and 5)")
+    _one_line_error(
+        cli("run", str(cfg), "--out", str(tmp_path / "runs")),
+        f"{cfg}: the key 'epochs' is given twice in one section (lines 3 and 5)",
+    )
     clean = _write(tmp_path / "clean.yaml", minimal(train={"epochs": 1}))
     _one_line_error(cli("run", str(clean), "--set", "data={name: a, name: b}"), "the key 'name' is given twice")
 
@@ -154,32 +171,42 @@ def test_the_same_key_in_different_sections_and_merge_keys_are_fine():
     from vflbench.experiment.config import load_yaml
 
     text = "base: &b {epochs: 1, lr: 0.1}\ntrain:\n  <<: *b\n  lr: 0.2\nmodel: {lr: 3}\n"
-    assert load_yaml(text, "x.yaml") == {"base": {"epochs": 1, "lr": 0.1}, "train": {"epochs": 1, "lr": 0.2},
-                                         "model": {"lr": 3}}
+    assert load_yaml(text, "x.yaml") == {
+        "base": {"epochs": 1, "lr": 0.1},
+        "train": {"epochs": 1, "lr": 0.2},
+        "model": {"lr": 3},
+    }
 
 
 def test_run_refuses_a_config_with_a_sweep_section(tmp_path, cli):
     """Before: it ran the base config and said nothing."""
     cfg = _write(tmp_path / "sweep.yaml", minimal(train={"epochs": 1}, sweep={"seeds": [0, 1]}))
-    _one_line_error(cli("run", str(cfg), "--out", str(tmp_path / "runs")),
-                    f"{cfg} has a sweep: section, and `vflbench run` runs one experiment; run the sweep with: "
-                    f"vflbench sweep {cfg} --out DIR")
+    _one_line_error(
+        cli("run", str(cfg), "--out", str(tmp_path / "runs")),
+        f"{cfg} has a sweep: section, and `vflbench run` runs one experiment; run the sweep with: "
+        f"vflbench sweep {cfg} --out DIR",
+    )
     assert not (tmp_path / "runs").exists()
 
 
 def _csv_config(tmp_path: Path, text: str) -> Path:
     (tmp_path / "data.csv").write_text(text)
-    return _write(tmp_path / "exp.yaml", minimal(data={"name": "csv", "options": {"path": str(tmp_path / "data.csv"),
-                                                                                  "label": "y"}},
-                                                 train={"epochs": 1}))
+    return _write(
+        tmp_path / "exp.yaml",
+        minimal(
+            data={"name": "csv", "options": {"path": str(tmp_path / "data.csv"), "label": "y"}}, train={"epochs": 1}
+        ),
+    )
 
 
 def test_a_label_column_with_one_class_is_refused(tmp_path, cli):
     """Before: it trained and reported accuracy 1.0000."""
     cfg = _csv_config(tmp_path, "a,b,y\n" + "".join(f"{i},{i * 2},yes\n" for i in range(20)))
-    _one_line_error(cli("run", str(cfg), "--out", str(tmp_path / "runs")),
-                    "the label column 'y' of " + str(tmp_path / "data.csv") + " holds one class ('yes') in all 20 "
-                    "rows; a classifier needs at least two classes")
+    _one_line_error(
+        cli("run", str(cfg), "--out", str(tmp_path / "runs")),
+        "the label column 'y' of " + str(tmp_path / "data.csv") + " holds one class ('yes') in all 20 "
+        "rows; a classifier needs at least two classes",
+    )
     assert not (tmp_path / "runs").exists()
 
 
@@ -187,18 +214,23 @@ def test_training_rows_of_one_class_are_refused(tmp_path, cli):
     """Any dataset, not only a CSV: training rows of one class trained a constant classifier."""
     data = {"name": "synthetic", "options": {"n_samples": 60, "n_classes": 1}}
     cfg = _write(tmp_path / "exp.yaml", minimal(data=data, train={"epochs": 1}))
-    _one_line_error(cli("run", str(cfg), "--out", str(tmp_path / "runs")),
-                    "training rows of synthetic hold only class 0; a classifier needs at least two classes")
+    _one_line_error(
+        cli("run", str(cfg), "--out", str(tmp_path / "runs")),
+        "training rows of synthetic hold only class 0; a classifier needs at least two classes",
+    )
     assert not (tmp_path / "runs").exists()
 
 
 # --- unclear before --------------------------------------------------------------------------------------------------
 
+
 def test_a_csv_with_a_header_and_no_rows_says_so_first(tmp_path, cli):
     """Before: 'string columns ... encoded as ordinal codes', then 'the class counts are []'."""
     cfg = _csv_config(tmp_path, "a,b,y\n")
-    line = _one_line_error(cli("run", str(cfg), "--out", str(tmp_path / "runs")),
-                           f"csv: {tmp_path / 'data.csv'} has no rows: only a header (columns ['a', 'b', 'y'])")
+    line = _one_line_error(
+        cli("run", str(cfg), "--out", str(tmp_path / "runs")),
+        f"csv: {tmp_path / 'data.csv'} has no rows: only a header (columns ['a', 'b', 'y'])",
+    )
     assert "ordinal" not in line and "class counts" not in line
 
 
@@ -221,6 +253,7 @@ def test_other_yaml_errors_are_one_line_with_their_place(tmp_path):
 
 # --- set-up ----------------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_the_readme_demo_table_is_what_the_demo_prints(tmp_path):
     """The README showed 3 of the table's 6 columns."""
@@ -236,27 +269,35 @@ def test_the_readme_demo_table_is_what_the_demo_prints(tmp_path):
     table = _result_table(result)
     header = next(line for line in block.splitlines() if line.startswith("┃"))
     assert [c.strip() for c in header.strip("┃").split("┃")] == [str(c.header) for c in table.columns]
-    rows = {cells[0]: cells[1:] for line in block.splitlines() if line.startswith("│")
-            for cells in [[c.strip() for c in line.strip("│").split("│")]]}
-    printed = {str(table.columns[0]._cells[i]): [str(c._cells[i]) for c in table.columns[1:]]
-               for i in range(table.row_count)}
+    rows = {
+        cells[0]: cells[1:]
+        for line in block.splitlines()
+        if line.startswith("│")
+        for cells in [[c.strip() for c in line.strip("│").split("│")]]
+    }
+    printed = {
+        str(table.columns[0]._cells[i]): [str(c._cells[i]) for c in table.columns[1:]] for i in range(table.row_count)
+    }
     assert rows == printed
     assert re.search(rf"run {result.config_hash} \(seed 0\)", block)
 
 
-@pytest.mark.skipif(not any((Path(d) / "make").is_file() for d in os.environ.get("PATH", "").split(os.pathsep)),
-                    reason="needs make")
+@pytest.mark.skipif(
+    not any((Path(d) / "make").is_file() for d in os.environ.get("PATH", "").split(os.pathsep)), reason="needs make"
+)
 def test_make_demo_says_what_it_is_doing_before_each_long_step(tmp_path):
     """`make demo` was silent for minutes while pip installed torch."""
     root = Path(__file__).resolve().parents[1]
-    plan = subprocess.run(["make", "-n", "demo", f"VENV={tmp_path / 'venv'}"], cwd=root, capture_output=True,
-                          text=True, timeout=60).stdout.splitlines()
+    plan = subprocess.run(
+        ["make", "-n", "demo", f"VENV={tmp_path / 'venv'}"], cwd=root, capture_output=True, text=True, timeout=60
+    ).stdout.splitlines()
     torch = next(i for i, line in enumerate(plan) if "pip install" in line and "torch==" in line)
     assert any(line.startswith('echo "==> [2/3] installing torch') for line in plan[:torch])
     assert any(line.startswith('echo "==> training the demo') for line in plan)
 
 
 # --- swapping in a dataset: LabObf's attribute scaling -------------------------------------------------------------
+
 
 def test_labobf_warns_when_its_attribute_scaling_is_left_to_the_library_default(caplog):
     """The reproduction configs append Algorithm 2's raw integer, the library's default rescales it: silently."""
@@ -278,12 +319,17 @@ def test_labobf_warns_when_its_attribute_scaling_is_left_to_the_library_default(
 
 def test_every_labobf_config_says_how_it_scales_the_attribute():
     root = Path(__file__).resolve().parents[1] / "configs"
-    specs = [(path.name, d) for path in sorted(root.rglob("*.yaml"))
-             for d in (yaml.safe_load(path.read_text()) or {}).get("defenses") or [] if d.get("name") == "labobf"]
+    specs = [
+        (path.name, d)
+        for path in sorted(root.rglob("*.yaml"))
+        for d in (yaml.safe_load(path.read_text()) or {}).get("defenses") or []
+        if d.get("name") == "labobf"
+    ]
     assert specs and all("normalise" in d for _, d in specs), [name for name, d in specs if "normalise" not in d]
 
 
 # --- package habits -------------------------------------------------------------------------------------------------
+
 
 def test_the_package_ships_py_typed():
     from importlib.resources import files

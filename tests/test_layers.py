@@ -17,15 +17,27 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "vflbench"
 LAYERS: dict[str, int] = {
-    "errors": 0, "rng": 0, "registry": 0, "_version": 0, "devices": 0,
-    "data": 1, "metrics": 1,
+    "errors": 0,
+    "rng": 0,
+    "registry": 0,
+    "_version": 0,
+    "devices": 0,
+    "data": 1,
+    "metrics": 1,
     "models": 2,
     "protocol": 3,
-    "mpc": 4, "he": 4, "net": 4,
-    "defenses": 5, "attacks": 5,
+    "mpc": 4,
+    "he": 4,
+    "net": 4,
+    "defenses": 5,
+    "attacks": 5,
     "experiment": 6,
     "report": 7,
-    "api": 8, "cli": 8, "catalog": 8, "__init__": 8, "examples": 8,
+    "api": 8,
+    "cli": 8,
+    "catalog": 8,
+    "__init__": 8,
+    "examples": 8,
 }
 
 
@@ -46,8 +58,15 @@ def _imports(path: Path) -> list[tuple[int, str]]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vflbench") and not node.level:
             if node.module == "vflbench":  # a submodule, or a name of the package itself (the top layer)
-                out += [(node.lineno, f"vflbench.{a.name}" if (SRC / a.name).exists() or (SRC / f"{a.name}.py").exists()
-                         else "vflbench") for a in node.names]
+                out += [
+                    (
+                        node.lineno,
+                        f"vflbench.{a.name}"
+                        if (SRC / a.name).exists() or (SRC / f"{a.name}.py").exists()
+                        else "vflbench",
+                    )
+                    for a in node.names
+                ]
             else:
                 out.append((node.lineno, node.module))
         elif isinstance(node, ast.Import):
@@ -65,8 +84,9 @@ def _upward_imports() -> list[str]:
             other = _component(module)
             assert other in LAYERS, f"{rel}:{line} imports {module}, whose package has no layer"
             if LAYERS[other] > LAYERS[own]:
-                bad.append(f"{rel}:{line} ({own}, layer {LAYERS[own]}) imports {module} "
-                           f"({other}, layer {LAYERS[other]})")
+                bad.append(
+                    f"{rel}:{line} ({own}, layer {LAYERS[own]}) imports {module} ({other}, layer {LAYERS[other]})"
+                )
     return bad
 
 
@@ -79,8 +99,10 @@ def _circles() -> list[list[str]]:
         imported = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                imported |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
-                             for a in node.names}
+                imported |= {
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                    for a in node.names
+                }
             elif isinstance(node, ast.Import):
                 imported |= {a.name for a in node.names}
         graph[name] = {m for m in imported if m in modules and m != name and m.rsplit(".", 1)[0] == package}
@@ -124,8 +146,9 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
     (fake / "attacks").mkdir(parents=True)
     (fake / "attacks" / "bad.py").write_text("def f():\n    from vflbench.experiment.run import train_run\n")
     monkeypatch.setattr(__import__(__name__), "SRC", fake)
-    assert _upward_imports() == ["attacks/bad.py:2 (attacks, layer 5) imports vflbench.experiment.run "
-                                 "(experiment, layer 6)"]
+    assert _upward_imports() == [
+        "attacks/bad.py:2 (attacks, layer 5) imports vflbench.experiment.run (experiment, layer 6)"
+    ]
 
 
 def test_no_import_circle_between_modules_of_one_package():
@@ -139,7 +162,8 @@ def test_the_check_sees_a_type_only_circle(tmp_path, monkeypatch):
     (fake / "experiment" / "__init__.py").write_text("")
     (fake / "experiment" / "run.py").write_text("from vflbench.experiment.scoring import run_attacks\n")
     (fake / "experiment" / "scoring.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from vflbench.experiment import run\n")
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from vflbench.experiment import run\n"
+    )
     (fake / "experiment" / "plan.py").write_text("from vflbench.experiment.scoring import run_attacks\n")
     monkeypatch.setattr(__import__(__name__), "SRC", fake)
     assert _circles() == [["vflbench.experiment.run", "vflbench.experiment.scoring"]]

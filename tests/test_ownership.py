@@ -26,8 +26,26 @@ def reachable_modules(*roots: object) -> set[int]:
     stack = list(roots)
     while stack:
         obj = stack.pop()
-        if id(obj) in seen or obj is None or isinstance(obj, (str, bytes, int, float, bool, type, types.ModuleType,
-                                                              torch.Generator, torch.dtype, torch.device, Endpoint)):
+        if (
+            id(obj) in seen
+            or obj is None
+            or isinstance(
+                obj,
+                (
+                    str,
+                    bytes,
+                    int,
+                    float,
+                    bool,
+                    type,
+                    types.ModuleType,
+                    torch.Generator,
+                    torch.dtype,
+                    torch.device,
+                    Endpoint,
+                ),
+            )
+        ):
             continue
         seen.add(id(obj))
         if isinstance(obj, (nn.Module, nn.Parameter)):
@@ -52,9 +70,13 @@ def owned(models: dict[str, nn.Module]) -> set[int]:
 
 
 def test_no_party_holds_another_partys_model_object():
-    cfg = build_config(minimal(data={"name": "digits", "parties": 3, "train_size": 300, "test_size": 60,
-                                     "aux_pool": 60},
-                               model={"bottom": "mlp2", "top": "mlp2"}, defenses=DEFENSES)).resolved()
+    cfg = build_config(
+        minimal(
+            data={"name": "digits", "parties": 3, "train_size": 300, "test_size": 60, "aux_pool": 60},
+            model={"bottom": "mlp2", "top": "mlp2"},
+            defenses=DEFENSES,
+        )
+    ).resolved()
     vd = load_vertical_data(cfg)
     fed = build_federation(cfg, vd, defenses=plan_defenses(cfg, ["passive_1", "passive_2"]))
     active, passives = fed.active, fed.passives
@@ -83,11 +105,16 @@ class Looking(Defense):
 
 
 def test_the_active_partys_defenses_are_shown_architectures_never_a_passive_partys_model():
-    cfg = build_config(minimal(data={"name": "digits", "parties": 3, "train_size": 200, "test_size": 40},
-                               model={"bottom": "mlp2", "top": "mlp2"})).resolved()
+    cfg = build_config(
+        minimal(
+            data={"name": "digits", "parties": 3, "train_size": 200, "test_size": 40},
+            model={"bottom": "mlp2", "top": "mlp2"},
+        )
+    ).resolved()
     looking = Looking()
-    fed = build_federation(cfg, load_vertical_data(cfg),
-                           defenses=DefensePlan([looking], {"passive_1": [], "passive_2": []}))
+    fed = build_federation(
+        cfg, load_vertical_data(cfg), defenses=DefensePlan([looking], {"passive_1": [], "passive_2": []})
+    )
     shown = dict(looking.shown)
     assert shown.keys() == {"passive_1", "passive_2", "active"}
     for party in fed.passives:

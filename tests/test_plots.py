@@ -11,18 +11,41 @@ from vflbench.report.plots import tradeoff, tradeoff_figure
 
 
 def _summary(points: dict[str, list[tuple[float, float, float]]]) -> pd.DataFrame:
-    rows = [{"dataset": "credit_default", "attack": "norm_scoring", "attack_metric": "auc", "defense": defense,
-             "strength": strength, "utility_loss": eps_u, "leakage": eps_p}
-            for defense, series in points.items() for strength, eps_u, eps_p in series]
-    rows.append({"dataset": "credit_default", "attack": "norm_scoring", "attack_metric": "auc", "defense": "none",
-                 "strength": None, "utility_loss": 0.0, "leakage": 32.0})
+    rows = [
+        {
+            "dataset": "credit_default",
+            "attack": "norm_scoring",
+            "attack_metric": "auc",
+            "defense": defense,
+            "strength": strength,
+            "utility_loss": eps_u,
+            "leakage": eps_p,
+        }
+        for defense, series in points.items()
+        for strength, eps_u, eps_p in series
+    ]
+    rows.append(
+        {
+            "dataset": "credit_default",
+            "attack": "norm_scoring",
+            "attack_metric": "auc",
+            "defense": "none",
+            "strength": None,
+            "utility_loss": 0.0,
+            "leakage": 32.0,
+        }
+    )
     return pd.DataFrame(rows)
 
 
 def test_labels_of_neighbouring_points_do_not_overlap(tmp_path):
     """Before: the labels of strengths 1 and 5 at neighbouring points printed as one "15"."""
-    summary = _summary({"isotropic_noise": [(1, 0.50, 30.0), (5, 0.62, 30.0), (10, 5, 20), (50, 40, 5)],
-                        "marvell": [(0.1, 0.2, 31), (1, 0.4, 30.5), (4, 12, 8)]})
+    summary = _summary(
+        {
+            "isotropic_noise": [(1, 0.50, 30.0), (5, 0.62, 30.0), (10, 5, 20), (50, 40, 5)],
+            "marvell": [(0.1, 0.2, 31), (1, 0.4, 30.5), (4, 12, 8)],
+        }
+    )
     fig = tradeoff_figure(summary, "norm_scoring")
     ax = fig.axes[0]
     renderer = fig.canvas.get_renderer()

@@ -149,8 +149,10 @@ def test_requests_replies_and_mailboxes_are_counted_per_kind_and_direction():
     assert torch.equal(passive.take("demo.labels", "active").payload, torch.arange(4))
     train, setup = channel.stats["train"].as_dict(), channel.stats["setup"].as_dict()
     # the request (up) is the round trip; its reply (down) is a message of its own, no second round
-    assert train["by_kind"]["demo.double"] == {"down": {"messages": 1, "bytes": 12, "rounds": 0},
-                                               "up": {"messages": 1, "bytes": 12, "rounds": 1}}
+    assert train["by_kind"]["demo.double"] == {
+        "down": {"messages": 1, "bytes": 12, "rounds": 0},
+        "up": {"messages": 1, "bytes": 12, "rounds": 1},
+    }
     assert (train["messages"], train["bytes_up"], train["bytes_down"]) == (2, 12, 12)
     assert (train["rounds"], train["rounds_up"], train["rounds_down"]) == (1, 1, 0)
     # a posted (one-way) message is a message, not a round trip

@@ -24,11 +24,22 @@ class _Child(_Base):
     """A component that extends its base's constraints and drops one of its parameters."""
 
     name = "child"
-    constraints: ClassVar[Mapping[str, Param]] = {"sizes": Param("widths", ge=1, le=8),
-                                                  "mode": Param("how"), "budget": Param(ge=0, inf=True)}
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "sizes": Param("widths", ge=1, le=8),
+        "mode": Param("how"),
+        "budget": Param(ge=0, inf=True),
+    }
 
-    def __init__(self, *, lr: float = 0.1, sizes: Sequence[int] = (2, 3), mode: Literal["a", "b"] = "a",
-                 shape: tuple[int, int] | None = None, budget: float = 1.0, step: int = 8) -> None:
+    def __init__(
+        self,
+        *,
+        lr: float = 0.1,
+        sizes: Sequence[int] = (2, 3),
+        mode: Literal["a", "b"] = "a",
+        shape: tuple[int, int] | None = None,
+        budget: float = 1.0,
+        step: int = 8,
+    ) -> None:
         self.lr = lr
         self.sizes = sizes
         self.mode = mode
@@ -48,21 +59,27 @@ def test_constraints_are_inherited_extended_and_limited_to_the_parameters_taken(
     assert _registry().get("child").constraints["lr"].meaning == "learning rate"
 
 
-@pytest.mark.parametrize(("params", "message"), [
-    ({"lr": 0.0}, "widget 'child': parameter 'lr' = 0.0 is not valid; it must be > 0."),
-    ({"sizes": [1, 9]}, "parameter 'sizes' = [1, 9] is not valid; it must be >= 1 and <= 8."),
-    ({"sizes": "ab"}, "parameter 'sizes' = 'ab' is not valid; expected a list of integers."),
-    ({"lr": True}, "parameter 'lr' = true is not valid; expected a finite number."),
-    ({"lr": math.nan}, "parameter 'lr' = .nan is not valid; expected a finite number."),
-    ({"step": "8"}, "parameter 'step' = '8' is not valid; expected an integer."),
-    ({"step": 8.0}, "parameter 'step' = 8.0 is not valid; expected an integer."),
-    ({"mode": "c"}, "parameter 'mode' = 'c' is not valid; expected one of 'a', 'b'."),
-    ({"shape": [1, 2, 3]}, "parameter 'shape' = [1, 2, 3] is not valid"),
-    ({"budget": -math.inf}, "parameter 'budget' = -.inf is not valid; it must be >= 0."),
-    ({"budget": math.nan}, "parameter 'budget' = .nan is not valid; it must be >= 0."),
-    ({"modes": "a"}, "widget 'child' has no parameter 'modes'; valid parameters are: lr, sizes, mode, shape, "
-                     "budget, step. Did you mean 'mode'?"),
-])
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"lr": 0.0}, "widget 'child': parameter 'lr' = 0.0 is not valid; it must be > 0."),
+        ({"sizes": [1, 9]}, "parameter 'sizes' = [1, 9] is not valid; it must be >= 1 and <= 8."),
+        ({"sizes": "ab"}, "parameter 'sizes' = 'ab' is not valid; expected a list of integers."),
+        ({"lr": True}, "parameter 'lr' = true is not valid; expected a finite number."),
+        ({"lr": math.nan}, "parameter 'lr' = .nan is not valid; expected a finite number."),
+        ({"step": "8"}, "parameter 'step' = '8' is not valid; expected an integer."),
+        ({"step": 8.0}, "parameter 'step' = 8.0 is not valid; expected an integer."),
+        ({"mode": "c"}, "parameter 'mode' = 'c' is not valid; expected one of 'a', 'b'."),
+        ({"shape": [1, 2, 3]}, "parameter 'shape' = [1, 2, 3] is not valid"),
+        ({"budget": -math.inf}, "parameter 'budget' = -.inf is not valid; it must be >= 0."),
+        ({"budget": math.nan}, "parameter 'budget' = .nan is not valid; it must be >= 0."),
+        (
+            {"modes": "a"},
+            "widget 'child' has no parameter 'modes'; valid parameters are: lr, sizes, mode, shape, "
+            "budget, step. Did you mean 'mode'?",
+        ),
+    ],
+)
 def test_bad_values_are_refused_in_one_line_naming_what_is_valid(params, message):
     with pytest.raises(ConfigError) as info:
         _registry().check("child", params)
@@ -70,8 +87,7 @@ def test_bad_values_are_refused_in_one_line_naming_what_is_valid(params, message
 
 
 def test_good_values_pass_as_yaml_gives_them():
-    _registry().check("child", {"lr": 1, "sizes": [1, 8], "mode": "b", "shape": [1, 2], "budget": math.inf,
-                                "step": 3})
+    _registry().check("child", {"lr": 1, "sizes": [1, 8], "mode": "b", "shape": [1, 2], "budget": math.inf, "step": 3})
 
 
 def test_conforms_is_strict_about_types():

@@ -30,8 +30,11 @@ def test_different_seeds_give_different_runs():
 
 
 def test_vlr_on_breast_cancer():
-    cfg = build_config(minimal(data={"name": "breast_cancer"}, model={"bottom": "logreg", "top": "identity"},
-                             train={"algorithm": "vlr"}))
+    cfg = build_config(
+        minimal(
+            data={"name": "breast_cancer"}, model={"bottom": "logreg", "top": "identity"}, train={"algorithm": "vlr"}
+        )
+    )
     assert run_experiment(cfg).utility.value >= 0.8
 
 
@@ -62,13 +65,21 @@ def test_run_directory_follows_the_results_contract(tmp_path):
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
     assert (run_dir / "config.yaml").is_file()
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
-        "active.bottom.final.pt", "active.top.final.pt", "passive_1.bottom.final.pt"]
+        "active.bottom.final.pt",
+        "active.top.final.pt",
+        "passive_1.bottom.final.pt",
+    ]
 
 
 @pytest.mark.slow
 def test_mnist_lenet5_one_epoch(real_data_root):
-    cfg = build_config(minimal(data={"name": "mnist"}, model={"bottom": "lenet5", "top": "mlp2"},
-                               train={"epochs": 1, "batch_size": 128, "threads": 1}))
+    cfg = build_config(
+        minimal(
+            data={"name": "mnist"},
+            model={"bottom": "lenet5", "top": "mlp2"},
+            train={"epochs": 1, "batch_size": 128, "threads": 1},
+        )
+    )
     result = run_experiment(cfg, data_root=real_data_root)
     assert result.utility.value >= 0.9
     assert result.data["slice_shapes"] == [[1, 28, 14], [1, 28, 14]]

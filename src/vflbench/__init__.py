@@ -15,11 +15,19 @@ from typing import TYPE_CHECKING, Any
 from vflbench._version import __version__
 
 #: Each public name and the module that defines it.
-_API = {"make_config": "vflbench.api", "run": "vflbench.api", "sweep": "vflbench.api", "load_result": "vflbench.api",
-        "load_sweep": "vflbench.api", "ExperimentConfig": "vflbench.experiment.config",
-        "RunResult": "vflbench.experiment.results", "AttackResult": "vflbench.experiment.results",
-        "UtilityResult": "vflbench.experiment.results",
-        "VFLBenchError": "vflbench.errors", "ConfigError": "vflbench.errors"}
+_API = {
+    "make_config": "vflbench.api",
+    "run": "vflbench.api",
+    "sweep": "vflbench.api",
+    "load_result": "vflbench.api",
+    "load_sweep": "vflbench.api",
+    "ExperimentConfig": "vflbench.experiment.config",
+    "RunResult": "vflbench.experiment.results",
+    "AttackResult": "vflbench.experiment.results",
+    "UtilityResult": "vflbench.experiment.results",
+    "VFLBenchError": "vflbench.errors",
+    "ConfigError": "vflbench.errors",
+}
 
 if TYPE_CHECKING:
     from vflbench.api import load_result, load_sweep, make_config, run, sweep
@@ -41,5 +49,17 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_API])
 
 
-__all__ = ["AttackResult", "ConfigError", "ExperimentConfig", "RunResult", "UtilityResult", "VFLBenchError",
-           "__version__", "load_result", "load_sweep", "make_config", "run", "sweep"]
+__all__ = [
+    "AttackResult",
+    "ConfigError",
+    "ExperimentConfig",
+    "RunResult",
+    "UtilityResult",
+    "VFLBenchError",
+    "__version__",
+    "load_result",
+    "load_sweep",
+    "make_config",
+    "run",
+    "sweep",
+]

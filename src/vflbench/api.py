@@ -55,8 +55,14 @@ def run(source: ConfigLike, *, out: str | Path | None = None, data_root: str | P
     return run_experiment(make_config(source), out_dir=out, data_root=data_root)
 
 
-def sweep(source: ConfigLike, *, out: str | Path, resume: bool = False, workers: int | None = None,
-          data_root: str | Path | None = None) -> pd.DataFrame:
+def sweep(
+    source: ConfigLike,
+    *,
+    out: str | Path,
+    resume: bool = False,
+    workers: int | None = None,
+    data_root: str | Path | None = None,
+) -> pd.DataFrame:
     """Run every point of the config's ``sweep`` section into ``out``; the tidy summary table.
 
     ``resume=True`` skips points whose results are already in ``out``.
@@ -66,8 +72,7 @@ def sweep(source: ConfigLike, *, out: str | Path, resume: bool = False, workers:
         raise ConfigError("this config has no 'sweep' section; use vflbench.run for a single experiment")
     if workers is not None and workers < 1:
         raise ConfigError(f"workers must be at least 1, got {workers}")
-    return run_sweep(cfg, out, resume=resume, data_root=None if data_root is None else str(data_root),
-                     workers=workers)
+    return run_sweep(cfg, out, resume=resume, data_root=None if data_root is None else str(data_root), workers=workers)
 
 
 def load_result(path: str | Path) -> RunResult:

@@ -25,8 +25,21 @@ from typing import Any
 #: Kinds of component, in the order ``describe`` searches them (``models`` are bottom models).
 KINDS = ("datasets", "models", "top models", "attacks", "defenses")
 #: Class attributes of attacks and defenses that describe them (the threat model and its parts).
-ATTRIBUTES = ("paper", "threat", "target", "reads", "phase", "requirements", "side", "strength_param",
-              "strength_direction", "protects", "adaptive_attacks", "adaptive_settings", "search_space")
+ATTRIBUTES = (
+    "paper",
+    "threat",
+    "target",
+    "reads",
+    "phase",
+    "requirements",
+    "side",
+    "strength_param",
+    "strength_direction",
+    "protects",
+    "adaptive_attacks",
+    "adaptive_settings",
+    "search_space",
+)
 FILE = "catalog.json"
 FORMAT = 2
 
@@ -49,11 +62,19 @@ def _parameters(entry: Any) -> list[dict[str, Any]]:
             continue
         annotation = p.annotation
         constraint = entry.constraints.get(p.name, Param())
-        params.append({"name": p.name,
-                       "default": None if p.default is inspect.Parameter.empty else repr(p.default),
-                       "annotation": None if annotation is inspect.Parameter.empty
-                       else annotation if isinstance(annotation, str) else inspect.formatannotation(annotation),
-                       "allowed": allowed(hints.get(p.name, Any), constraint), "meaning": constraint.meaning})
+        params.append(
+            {
+                "name": p.name,
+                "default": None if p.default is inspect.Parameter.empty else repr(p.default),
+                "annotation": None
+                if annotation is inspect.Parameter.empty
+                else annotation
+                if isinstance(annotation, str)
+                else inspect.formatannotation(annotation),
+                "allowed": allowed(hints.get(p.name, Any), constraint),
+                "meaning": constraint.meaning,
+            }
+        )
     return params
 
 
@@ -63,10 +84,19 @@ def describe_entries(entries: Iterable[Any]) -> list[dict[str, Any]]:
     for entry in entries:
         attributes = {a: getattr(entry.factory, a) for a in ATTRIBUTES if getattr(entry.factory, a, None) is not None}
         if "search_space" in attributes:  # its values may be objects (a factor of the configured value): as shown
-            attributes["search_space"] = {k: [f"{v:g}" if isinstance(v, float) else str(v) for v in values]
-                                          for k, values in attributes["search_space"].items()}
-        rows.append({"name": entry.name, "summary": entry.summary, "info": _jsonable(entry.info),
-                     "attributes": _jsonable(attributes), "parameters": _parameters(entry)})
+            attributes["search_space"] = {
+                k: [f"{v:g}" if isinstance(v, float) else str(v) for v in values]
+                for k, values in attributes["search_space"].items()
+            }
+        rows.append(
+            {
+                "name": entry.name,
+                "summary": entry.summary,
+                "info": _jsonable(entry.info),
+                "attributes": _jsonable(attributes),
+                "parameters": _parameters(entry),
+            }
+        )
     return rows
 
 
@@ -77,8 +107,13 @@ def build() -> dict[str, Any]:
     from vflbench.defenses import DEFENSES
     from vflbench.models import MODELS, TOP_MODELS
 
-    registries: dict[str, Iterable[Any]] = {"datasets": DATASETS, "models": MODELS, "top models": TOP_MODELS,
-                                            "attacks": ATTACKS, "defenses": DEFENSES}
+    registries: dict[str, Iterable[Any]] = {
+        "datasets": DATASETS,
+        "models": MODELS,
+        "top models": TOP_MODELS,
+        "attacks": ATTACKS,
+        "defenses": DEFENSES,
+    }
     return {"format": FORMAT, "kinds": {kind: describe_entries(registries[kind]) for kind in KINDS}}
 
 

@@ -36,9 +36,13 @@ from vflbench import catalog
 from vflbench._version import __version__
 from vflbench.errors import VFLBenchError
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  context_settings={"help_option_names": ["-h", "--help"]},
-                  help="Train, attack, defend and evaluate vertical federated learning.")
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Train, attack, defend and evaluate vertical federated learning.",
+)
 datasets_app = typer.Typer(no_args_is_help=True, help="Dataset utilities.")
 app.add_typer(datasets_app, name="datasets")
 net_app = typer.Typer(no_args_is_help=True, help="Parties across processes and machines (the `net` extra).")
@@ -56,8 +60,11 @@ def _print_version(value: bool) -> None:
 
 
 @app.callback()
-def _options(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
-                                                   help="Print the version and exit.")] = False) -> None:
+def _options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
     """Train, attack, defend and evaluate vertical federated learning."""
 
 
@@ -88,9 +95,15 @@ class RichProgress:
     def start(self, epochs: int, steps_per_epoch: int) -> None:  # noqa: D102
         self.epochs = epochs
         if self.console.is_terminal:
-            self.bar = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), TextColumn("{task.description}"),
-                                console=self.console, transient=True)
+            self.bar = Progress(
+                TextColumn("training"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+                console=self.console,
+                transient=True,
+            )
             self.bar.start()
             self.task = self.bar.add_task("", total=epochs * steps_per_epoch)
 
@@ -159,21 +172,26 @@ def _result_table(result: Any) -> Table:
         if a.undefended_leakage is None:
             undefended = "unknown"
         else:
-            verdict = {True: "leaks", False: "no measurable leak: nothing to defend",
-                       None: "unknown: no interval"}[a.leaks_without_defense]
+            verdict = {True: "leaks", False: "no measurable leak: nothing to defend", None: "unknown: no interval"}[
+                a.leaks_without_defense
+            ]
             undefended = f"{a.undefended_leakage:.2f} ({verdict})"
-        table.add_row(f"attack {a.name}", metric, f"{a.value:.4f}", f"{a.prior:.4f} ({a.prior_name})", leakage,
-                      undefended)
+        table.add_row(
+            f"attack {a.name}", metric, f"{a.value:.4f}", f"{a.prior:.4f} ({a.prior_name})", leakage, undefended
+        )
         _searched_row(table, a)
     if result.attacks:
         repeats = max(len(a.leakages) for a in result.attacks)
-        table.caption = (f"leakage: mean over {repeats} repeat(s) of each attack on this trained model"
-                         + (" with its 95% interval [low, high] over the attack's randomness" if repeats > 1 else
-                            "; set evaluation.repeats >= 2 for intervals, and sweep seeds for the training's "
-                            "randomness"))
+        table.caption = f"leakage: mean over {repeats} repeat(s) of each attack on this trained model" + (
+            " with its 95% interval [low, high] over the attack's randomness"
+            if repeats > 1
+            else "; set evaluation.repeats >= 2 for intervals, and sweep seeds for the training's randomness"
+        )
         if any(a.details.get("search") for a in result.attacks):
-            table.caption += ("; searched: the attacker's setting its own validation rows selected "
-                              "(evaluation.attacker_search), never the test rows")
+            table.caption += (
+                "; searched: the attacker's setting its own validation rows selected "
+                "(evaluation.attacker_search), never the test rows"
+            )
     return table
 
 
@@ -182,13 +200,20 @@ def _searched_row(table: Table, a: Any) -> None:
     leakage), or "default attacker only" for an attack whose settings cannot be searched."""
     search = a.details.get("search") or {}
     if a.leakage_worst is not None:
-        setting = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                            for k, v in (a.attacker_setting or {}).items())
+        setting = ", ".join(
+            f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in (a.attacker_setting or {}).items()
+        )
         ci = a.leakage_worst_ci
         leakage = f"{a.leakage_worst:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
         undefended = "unknown" if a.undefended_leakage_worst is None else f"{a.undefended_leakage_worst:.2f}"
-        table.add_row(f"  searched: {setting}" + (" (the default)" if search.get("chosen_is_default") else ""), "",
-                      f"{a.value_worst:.4f}", f"{a.prior_worst:.4f}", leakage, undefended)
+        table.add_row(
+            f"  searched: {setting}" + (" (the default)" if search.get("chosen_is_default") else ""),
+            "",
+            f"{a.value_worst:.4f}",
+            f"{a.prior_worst:.4f}",
+            leakage,
+            undefended,
+        )
     elif search.get("status") == "default attacker only":
         table.add_row("  searched", "", "default attacker only", "", "", "")
 
@@ -216,10 +241,17 @@ def detector_table(result: Any) -> Table | None:
         honest = _share(ref.get("flagged"), ref.get("decisions")) + (" (this run)" if ref.get("same_run") else "")
         first = [p["first_flag_step"] for p in own.get("parties", {}).values() if p.get("first_flag_step") is not None]
         halted = any(p.get("halted") for p in own.get("parties", {}).values())
-        table.add_row(d["name"], _share(own.get("flagged"), own.get("decisions")), honest,
-                      str(min(first)) if first else "-", "yes" if halted else "no")
-    table.caption = ("a detector that flags honest training about as often as the attack detects nothing; rates over "
-                     "seeds with intervals: vflbench sweep")
+        table.add_row(
+            d["name"],
+            _share(own.get("flagged"), own.get("decisions")),
+            honest,
+            str(min(first)) if first else "-",
+            "yes" if halted else "no",
+        )
+    table.caption = (
+        "a detector that flags honest training about as often as the attack detects nothing; rates over "
+        "seeds with intervals: vflbench sweep"
+    )
     return table
 
 
@@ -244,9 +276,11 @@ def run(
 
         cfg = load_config(config, set_ or [])
     if cfg.sweep is not None:
-        raise VFLBenchError(f"{config} has a sweep: section, and `vflbench run` runs one experiment; run the sweep "
-                            f"with: vflbench sweep {config} --out DIR (or remove the sweep: section to run the base "
-                            "config alone)")
+        raise VFLBenchError(
+            f"{config} has a sweep: section, and `vflbench run` runs one experiment; run the sweep "
+            f"with: vflbench sweep {config} --out DIR (or remove the sweep: section to run the base "
+            "config alone)"
+        )
     check_out_dir(out_dir)
     result = run_experiment(cfg, out_dir=out_dir, data_root=data_root, progress=RichProgress(err))
     out.print(_result_table(result))
@@ -270,8 +304,16 @@ class SweepProgress:
     def start(self, to_run: int, total: int) -> None:  # noqa: D102
         self.total, self.done, self.started = to_run, 0, time.monotonic()
         if self.console.is_terminal and to_run:
-            self.bar = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=True)
+            self.bar = Progress(
+                TextColumn("sweep"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=True,
+            )
             self.bar.start()
             self.task = self.bar.add_task("", total=to_run)
 
@@ -284,8 +326,9 @@ class SweepProgress:
             return
         elapsed = time.monotonic() - self.started
         eta = elapsed / self.done * (self.total - self.done)
-        logging.getLogger("vflbench").info("sweep: point %d/%d done (%s), %.0f s elapsed, ETA %.0f s",
-                                           self.done, self.total, point.hash, elapsed, eta)
+        logging.getLogger("vflbench").info(
+            "sweep: point %d/%d done (%s), %.0f s elapsed, ETA %.0f s", self.done, self.total, point.hash, elapsed, eta
+        )
 
     def stop(self) -> None:  # noqa: D102
         if self.bar is not None:
@@ -301,8 +344,12 @@ def sweep(
     resume: Annotated[bool, typer.Option("--resume", help="skip runs whose result.json exists")] = False,
     workers: Annotated[int | None, typer.Option("--workers", help="parallel local processes")] = None,
     data_root: Annotated[Path | None, typer.Option("--data-root", help="datasets root")] = None,
-    force: Annotated[bool, typer.Option("--force", help="with --resume: continue even though the sweep's "
-                                                        "definition changed since it started")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="with --resume: continue even though the sweep's definition changed since it started"
+        ),
+    ] = False,
     device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N (train.device)")] = None,
 ) -> None:
     """Run every point of a sweep into OUT/runs/<config hash>/ and write summary.csv and scores.csv; every point is
@@ -326,21 +373,43 @@ def sweep(
         check_components(cfg)
     progress = SweepProgress(err)
     try:
-        table = run_sweep(cfg, out_dir, resume=resume, workers=workers,
-                          data_root=str(data_root) if data_root else None,
-                          on_start=progress.start, on_done=progress.point_done, force=force)
+        table = run_sweep(
+            cfg,
+            out_dir,
+            resume=resume,
+            workers=workers,
+            data_root=str(data_root) if data_root else None,
+            on_start=progress.start,
+            on_done=progress.point_done,
+            force=force,
+        )
     except (Interrupted, KeyboardInterrupt):
         progress.stop()
-        again = shlex.join(["vflbench", "sweep", str(config), "--out", str(out_dir), "--resume",
-                            *(a for s in set_ or [] for a in ("--set", s)),
-                            *(["--workers", str(workers)] if workers else []), *(["--force"] if force else [])])
-        err.print(f"sweep interrupted; finished points are summarised in {out_dir / 'summary.csv'}. "
-                  f"Resume with: {again}", highlight=False, soft_wrap=True)
+        again = shlex.join(
+            [
+                "vflbench",
+                "sweep",
+                str(config),
+                "--out",
+                str(out_dir),
+                "--resume",
+                *(a for s in set_ or [] for a in ("--set", s)),
+                *(["--workers", str(workers)] if workers else []),
+                *(["--force"] if force else []),
+            ]
+        )
+        err.print(
+            f"sweep interrupted; finished points are summarised in {out_dir / 'summary.csv'}. Resume with: {again}",
+            highlight=False,
+            soft_wrap=True,
+        )
         raise
     finally:
         progress.stop()
-    out.print(f"{table['config_hash'].nunique() if not table.empty else 0} runs; "
-              f"summary in {out_dir / 'summary.csv'}, scores in {out_dir / 'scores.csv'}")
+    out.print(
+        f"{table['config_hash'].nunique() if not table.empty else 0} runs; "
+        f"summary in {out_dir / 'summary.csv'}, scores in {out_dir / 'scores.csv'}"
+    )
 
 
 @app.command()
@@ -369,17 +438,27 @@ def tune(
 
     cfg = load_config(config, set_ or [])
     check_out_dir(out_dir)
-    result = run_tune(cfg, out_dir, budget=budget, low=low, high=high, steps=steps,
-                      data_root=str(data_root) if data_root else None)
-    table = Table("strength", "worst attack", "worst ε_p", "ε_u", "meets",
-                  title=f"tune {result.defense} (ε_p ≤ {budget})")
+    result = run_tune(
+        cfg, out_dir, budget=budget, low=low, high=high, steps=steps, data_root=str(data_root) if data_root else None
+    )
+    table = Table(
+        "strength", "worst attack", "worst ε_p", "ε_u", "meets", title=f"tune {result.defense} (ε_p ≤ {budget})"
+    )
     for t in result.trace:
-        table.add_row(f"{t['strength']:g}", t.get("worst_attack", ""), f"{t['worst_leakage']:.2f}",
-                      f"{t['utility_loss']:.2f}", "yes" if t["meets"] else "no")
+        table.add_row(
+            f"{t['strength']:g}",
+            t.get("worst_attack", ""),
+            f"{t['worst_leakage']:.2f}",
+            f"{t['utility_loss']:.2f}",
+            "yes" if t["meets"] else "no",
+        )
     out.print(table)
     seeds = f"means over seeds {result.seeds}"
-    out.print(f"chosen strength: {result.chosen['strength']:g} ({seeds})" if result.chosen
-              else f"no strength met the budget ({seeds})")
+    out.print(
+        f"chosen strength: {result.chosen['strength']:g} ({seeds})"
+        if result.chosen
+        else f"no strength met the budget ({seeds})"
+    )
 
 
 @app.command()
@@ -392,8 +471,9 @@ def init(
 
     from vflbench.experiment.results import write_atomic
 
-    examples = sorted((p for p in (files("vflbench") / "examples").iterdir() if p.name.endswith(".yaml")),
-                      key=lambda p: p.name)
+    examples = sorted(
+        (p for p in (files("vflbench") / "examples").iterdir() if p.name.endswith(".yaml")), key=lambda p: p.name
+    )
     if directory.exists() and not directory.is_dir():
         raise VFLBenchError(f"{directory} is a file; give a directory to write the example configs into")
     clash = [p.name for p in examples if (directory / p.name).exists()]
@@ -432,10 +512,12 @@ def _describe_attacks_against(defense: dict[str, Any]) -> None:
     attacks = catalog.entries("attacks")
     against = [e["name"] for e in attacks if e["attributes"].get("target") in protects]
     registered = {e["name"] for e in attacks}
-    adaptive = [a if a in registered else f"{a} (not registered in this build)"
-                for a in defense.get("adaptive_attacks", ())]
-    adaptive += [f"the defense with {param}: {json.dumps(value)}"
-                 for param, value in defense.get("adaptive_settings", ())]
+    adaptive = [
+        a if a in registered else f"{a} (not registered in this build)" for a in defense.get("adaptive_attacks", ())
+    ]
+    adaptive += [
+        f"the defense with {param}: {json.dumps(value)}" for param, value in defense.get("adaptive_settings", ())
+    ]
     out.print(f"  attacks on what it protects: {', '.join(against) or '(none registered)'}")
     out.print(f"  adaptive attacks: {', '.join(adaptive) or '(none known)'}")
 
@@ -452,8 +534,10 @@ def describe(name: Annotated[str, typer.Argument(help="a dataset, model, attack 
             found = True
             out.print(f"[bold]{name}[/bold] ({kind.rstrip('s')}): {entry['summary']}")
             attributes = entry["attributes"]
-            facts = {**entry["info"], **{k: v for k, v in attributes.items()
-                                         if v and not k.startswith("adaptive") and k != "search_space"}}
+            facts = {
+                **entry["info"],
+                **{k: v for k, v in attributes.items() if v and not k.startswith("adaptive") and k != "search_space"},
+            }
             for key, value in facts.items():
                 if value in (None, (), [], "", {}):
                     continue
@@ -472,8 +556,9 @@ def describe(name: Annotated[str, typer.Argument(help="a dataset, model, attack 
             if params:
                 table = Table("parameter", "default", "allowed values", "meaning", title="parameters")
                 for p in params:
-                    table.add_row(p["name"], "required" if p["default"] is None else p["default"], p["allowed"],
-                                  p["meaning"])
+                    table.add_row(
+                        p["name"], "required" if p["default"] is None else p["default"], p["allowed"], p["meaning"]
+                    )
                 out.print(table)
     if not found:
         raise VFLBenchError(f"unknown component {name!r}; valid names are: {', '.join(catalog.names())}.")
@@ -492,8 +577,9 @@ def datasets_verify(
     statuses = verify_datasets(resolve_root(data_root), names or None, infos=catalog.infos("datasets"))
     table = Table("dataset", "status", "details")
     for s in statuses:
-        style = {"ok": "green", "unverified": "yellow", "embedded": "cyan", "missing": "yellow",
-                 "corrupt": "red"}.get(s.status, "")
+        style = {"ok": "green", "unverified": "yellow", "embedded": "cyan", "missing": "yellow", "corrupt": "red"}.get(
+            s.status, ""
+        )
         table.add_row(s.name, f"[{style}]{s.status}[/{style}]", s.message)
     out.print(table)
     failed = [f"{s.name} is {s.status}" for s in statuses if s.status == "corrupt" or (names and s.status == "missing")]
@@ -513,41 +599,65 @@ def net_provision(
     try:
         from vflbench.net.provision import provision
     except ImportError as exc:
-        raise VFLBenchError(f"`vflbench net` needs the net extra ({exc.name} is missing): "
-                            "pip install 'vflbench[net]'") from None
+        raise VFLBenchError(
+            f"`vflbench net` needs the net extra ({exc.name} is missing): pip install 'vflbench[net]'"
+        ) from None
     names = [p.strip() for p in parties.split(",") if p.strip()]
     provision(directory, names, project=project, days=days)
-    out.print(f"wrote the CA of project {project!r} to {directory / 'ca.pem'} (its key, ca-key.pem, stays with you) "
-              f"and one directory per party: {', '.join(str(directory / n) for n in names)}; give each party only "
-              "its own directory", soft_wrap=True)
+    out.print(
+        f"wrote the CA of project {project!r} to {directory / 'ca.pem'} (its key, ca-key.pem, stays with you) "
+        f"and one directory per party: {', '.join(str(directory / n) for n in names)}; give each party only "
+        "its own directory",
+        soft_wrap=True,
+    )
 
 
 @party_app.command("run")
 def party_run(
     config: Annotated[Path, typer.Argument(help="experiment YAML (the same file for every party)")],
     party: Annotated[str, typer.Option("--party", help="this process's party: active, passive_<k> or dealer")],
-    address: Annotated[list[str], typer.Option("--address", help="NAME=HOST:PORT of a listening party (the active "
-                                                                 "party's own listening address on its side)")],
+    address: Annotated[
+        list[str],
+        typer.Option(
+            "--address",
+            help="NAME=HOST:PORT of a listening party (the active party's own listening address on its side)",
+        ),
+    ],
     certs: Annotated[Path | None, typer.Option("--certs", help="this party's directory from `net provision`")] = None,
     insecure: Annotated[bool, typer.Option("--insecure", help="no TLS (loopback addresses only)")] = False,
     set_: Annotated[list[str] | None, typer.Option("--set", help="override, e.g. train.epochs=5")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="where to write <party>.json and checkpoints")] = None,
     data_root: Annotated[Path | None, typer.Option("--data-root", help="datasets root")] = None,
     start_timeout: Annotated[float, typer.Option("--start-timeout", help="seconds to wait for the peers")] = 60.0,
-    receive_timeout: Annotated[float, typer.Option("--receive-timeout", help="seconds a wait may go without "
-                                                                             "progress")] = 120.0,
-    resume: Annotated[bool, typer.Option("--resume", help="continue from the last epoch every party "
-                                                          "committed")] = False,
-    stop_after: Annotated[int | None, typer.Option("--stop-after", help="(active party) stop once this many epochs "
-                                                                        "are committed, to resume later")] = None,
-    shape: Annotated[str | None, typer.Option("--shape", help="shape every link this party sends on: lan (836 "
-                                                              "Mbit/s, 0.1 ms) or wan (100 Mbit/s, 50 ms)")] = None,
-    bandwidth_mbit: Annotated[float | None, typer.Option("--bandwidth-mbit", help="shape the links to this bandwidth "
-                                                                               "(Mbit/s)")] = None,
+    receive_timeout: Annotated[
+        float, typer.Option("--receive-timeout", help="seconds a wait may go without progress")
+    ] = 120.0,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="continue from the last epoch every party committed")
+    ] = False,
+    stop_after: Annotated[
+        int | None,
+        typer.Option("--stop-after", help="(active party) stop once this many epochs are committed, to resume later"),
+    ] = None,
+    shape: Annotated[
+        str | None,
+        typer.Option(
+            "--shape", help="shape every link this party sends on: lan (836 Mbit/s, 0.1 ms) or wan (100 Mbit/s, 50 ms)"
+        ),
+    ] = None,
+    bandwidth_mbit: Annotated[
+        float | None, typer.Option("--bandwidth-mbit", help="shape the links to this bandwidth (Mbit/s)")
+    ] = None,
     latency_ms: Annotated[float | None, typer.Option("--latency-ms", help="and this one-way delay (ms)")] = None,
-    refuse_grants: Annotated[bool, typer.Option("--refuse-grants", help="(passive party) refuse the evaluation-only "
-                                                                        "queries of this party's bottom model that the "
-                                                                        "run's plan grants the scorer")] = False,
+    refuse_grants: Annotated[
+        bool,
+        typer.Option(
+            "--refuse-grants",
+            help="(passive party) refuse the evaluation-only "
+            "queries of this party's bottom model that the "
+            "run's plan grants the scorer",
+        ),
+    ] = False,
     device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N (train.device)")] = None,
 ) -> None:
     """Run one party of an experiment (or VMask's dealer: --party dealer), talking to the others over mutual-TLS
@@ -558,8 +668,9 @@ def party_run(
             from vflbench.net import Credentials, NetChannel, NetError, NetOptions
             from vflbench.net.linkmodel import shape_profile
         except ImportError as exc:
-            raise VFLBenchError(f"`vflbench party` needs the net extra ({exc.name} is missing): "
-                                "pip install 'vflbench[net]'") from None
+            raise VFLBenchError(
+                f"`vflbench party` needs the net extra ({exc.name} is missing): pip install 'vflbench[net]'"
+            ) from None
         from vflbench.experiment.config import load_config
 
         cfg = load_config(config, with_device(set_, device)).resolved()
@@ -570,21 +681,42 @@ def party_run(
         if not sep or not where:
             raise VFLBenchError(f"--address takes NAME=HOST:PORT, got {item!r}")
         addresses[name.strip()] = where.strip()
-    channel = NetChannel(name=party, run=cfg.hash(), parties=party_names(cfg), addresses=addresses,
-                         credentials=Credentials.load(certs) if certs is not None else None, insecure=insecure,
-                         policy=party_policy(), options=NetOptions(
-                             start_timeout=start_timeout, receive_timeout=receive_timeout,
-                             shape=shape_profile(shape, bandwidth_mbit=bandwidth_mbit, latency_ms=latency_ms)))
+    channel = NetChannel(
+        name=party,
+        run=cfg.hash(),
+        parties=party_names(cfg),
+        addresses=addresses,
+        credentials=Credentials.load(certs) if certs is not None else None,
+        insecure=insecure,
+        policy=party_policy(),
+        options=NetOptions(
+            start_timeout=start_timeout,
+            receive_timeout=receive_timeout,
+            shape=shape_profile(shape, bandwidth_mbit=bandwidth_mbit, latency_ms=latency_ms),
+        ),
+    )
     try:
-        summary = run_party(cfg, party=party, channel=channel, out_dir=out_dir, data_root=data_root, resume=resume,
-                            stop_after=stop_after, refuse_grants=refuse_grants)
+        summary = run_party(
+            cfg,
+            party=party,
+            channel=channel,
+            out_dir=out_dir,
+            data_root=data_root,
+            resume=resume,
+            stop_after=stop_after,
+            refuse_grants=refuse_grants,
+        )
     except NetError as exc:
         err.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(3) from None
     if "utility" in summary:
         out.print(f"{party}: test {summary['utility']['metric']} {summary['utility']['value']:.4f}")
-    out.print(f"{party}: done; frames per link: " + ", ".join(
-        f"{k} {v['frames_sent']} sent / {v['frames_received']} received" for k, v in summary["net"]["wire"].items()))
+    out.print(
+        f"{party}: done; frames per link: "
+        + ", ".join(
+            f"{k} {v['frames_sent']} sent / {v['frames_received']} received" for k, v in summary["net"]["wire"].items()
+        )
+    )
 
 
 @app.command()
@@ -592,21 +724,35 @@ def launch(
     config: Annotated[Path, typer.Argument(help="experiment YAML")],
     set_: Annotated[list[str] | None, typer.Option("--set", help="override, e.g. train.epochs=5")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="directory for run directories")] = Path("runs"),
-    certs: Annotated[Path | None, typer.Option("--certs", help="a `net provision` directory with one subdirectory "
-                                                               "per party (default: a temporary CA)")] = None,
+    certs: Annotated[
+        Path | None,
+        typer.Option(
+            "--certs", help="a `net provision` directory with one subdirectory per party (default: a temporary CA)"
+        ),
+    ] = None,
     insecure: Annotated[bool, typer.Option("--insecure-localhost", help="no TLS between the local processes")] = False,
     data_root: Annotated[Path | None, typer.Option("--data-root", help="datasets root")] = None,
     timeout: Annotated[float | None, typer.Option("--timeout", help="seconds for the whole run")] = None,
-    receive_timeout: Annotated[float, typer.Option("--receive-timeout", help="seconds a party may wait without "
-                                                                             "progress")] = 120.0,
-    resume: Annotated[bool, typer.Option("--resume", help="continue from the last epoch every party committed "
-                                                          "(OUT/<hash>/checkpoints)")] = False,
-    stop_after: Annotated[int | None, typer.Option("--stop-after", help="stop once this many epochs are committed, "
-                                                                        "to continue later with --resume")] = None,
-    shape: Annotated[str | None, typer.Option("--shape", help="shape every link this party sends on: lan (836 "
-                                                              "Mbit/s, 0.1 ms) or wan (100 Mbit/s, 50 ms)")] = None,
-    bandwidth_mbit: Annotated[float | None, typer.Option("--bandwidth-mbit", help="shape the links to this bandwidth "
-                                                                               "(Mbit/s)")] = None,
+    receive_timeout: Annotated[
+        float, typer.Option("--receive-timeout", help="seconds a party may wait without progress")
+    ] = 120.0,
+    resume: Annotated[
+        bool,
+        typer.Option("--resume", help="continue from the last epoch every party committed (OUT/<hash>/checkpoints)"),
+    ] = False,
+    stop_after: Annotated[
+        int | None,
+        typer.Option("--stop-after", help="stop once this many epochs are committed, to continue later with --resume"),
+    ] = None,
+    shape: Annotated[
+        str | None,
+        typer.Option(
+            "--shape", help="shape every link this party sends on: lan (836 Mbit/s, 0.1 ms) or wan (100 Mbit/s, 50 ms)"
+        ),
+    ] = None,
+    bandwidth_mbit: Annotated[
+        float | None, typer.Option("--bandwidth-mbit", help="shape the links to this bandwidth (Mbit/s)")
+    ] = None,
     latency_ms: Annotated[float | None, typer.Option("--latency-ms", help="and this one-way delay (ms)")] = None,
     device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N (train.device)")] = None,
 ) -> None:
@@ -621,8 +767,9 @@ def launch(
         try:
             import vflbench.experiment.party  # noqa: F401  (the net extra)
         except ImportError as exc:
-            raise VFLBenchError(f"`vflbench launch` needs the net extra ({exc.name} is missing): "
-                                "pip install 'vflbench[net]'") from None
+            raise VFLBenchError(
+                f"`vflbench launch` needs the net extra ({exc.name} is missing): pip install 'vflbench[net]'"
+            ) from None
         from vflbench.experiment.config import load_config
         from vflbench.experiment.results import RunResult
 
@@ -631,9 +778,18 @@ def launch(
         raise VFLBenchError("give --certs or --insecure-localhost, not both")
     from vflbench.net.linkmodel import shape_profile
 
-    done = launch_run(cfg, out_dir=out_dir, certs=certs, insecure=insecure, data_root=data_root, timeout=timeout,
-                      receive_timeout=receive_timeout, resume=resume, stop_after=stop_after,
-                      shape=shape_profile(shape, bandwidth_mbit=bandwidth_mbit, latency_ms=latency_ms))
+    done = launch_run(
+        cfg,
+        out_dir=out_dir,
+        certs=certs,
+        insecure=insecure,
+        data_root=data_root,
+        timeout=timeout,
+        receive_timeout=receive_timeout,
+        resume=resume,
+        stop_after=stop_after,
+        shape=shape_profile(shape, bandwidth_mbit=bandwidth_mbit, latency_ms=latency_ms),
+    )
     if done.stopped_after is not None:
         out.print(f"stopped after {done.stopped_after} committed epochs in {done.run_dir}; continue with --resume")
         return
@@ -652,8 +808,13 @@ def _net_table(net: dict[str, Any]) -> Table:
     table.add_column("MB on the wire")
     for e, seconds in enumerate(net["epoch_seconds"]):
         frames, nbytes = net["wire_per_epoch"]["frames"], net["wire_per_epoch"]["bytes"]
-        table.add_row(str(e), f"{seconds:.3f}", *(f"{p['epoch_seconds'][e]:.3f}" for p in net["projected"].values()),
-                      str(frames[e]) if e < len(frames) else "", f"{nbytes[e] / 1e6:.3f}" if e < len(nbytes) else "")
+        table.add_row(
+            str(e),
+            f"{seconds:.3f}",
+            *(f"{p['epoch_seconds'][e]:.3f}" for p in net["projected"].values()),
+            str(frames[e]) if e < len(frames) else "",
+            f"{nbytes[e] / 1e6:.3f}" if e < len(nbytes) else "",
+        )
     return table
 
 
@@ -678,16 +839,22 @@ def _out_of_memory(exc: BaseException) -> str:
         return ""
     asked = re.search(r"tried to allocate (\d+) bytes", text)
     size = f" ({int(asked.group(1)) / 1e9:,.1f} GB asked for)" if asked else ""
-    return (f"out of memory{size}; make the model smaller (model.embed_dim, the models' widths), the batches "
-            "(train.batch_size) or the data (data.train_size)")
+    return (
+        f"out of memory{size}; make the model smaller (model.embed_dim, the models' widths), the batches "
+        "(train.batch_size) or the data (data.train_size)"
+    )
 
 
 def main() -> None:
     """Console-script entry point: user errors print one paragraph and exit with status 2;
     SIGINT and SIGTERM exit with 130 and 143 after the command has stopped cleanly."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s",
-                        handlers=[RichHandler(console=err, show_path=False, show_time=False)]
-                        if err.is_terminal else [logging.StreamHandler(sys.stderr)])
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(message)s",
+        handlers=[RichHandler(console=err, show_path=False, show_time=False)]
+        if err.is_terminal
+        else [logging.StreamHandler(sys.stderr)],
+    )
     previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     # at exit, the collector's last passes over torch's objects take 0.5-1 s; frozen, they are skipped (the
     # objects are freed with the process all the same)

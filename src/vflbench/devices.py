@@ -49,8 +49,10 @@ def resolve_device(spec: str) -> torch.device:
         env = os.environ.get(DEVICE_ENV, "").strip()
         if env:
             if env == "auto" or not _SPEC.match(env):
-                raise ConfigError(f"${DEVICE_ENV} must be cpu, cuda or cuda:N when set (it is what train.device "
-                                  f"'auto' picks), got {env!r}")
+                raise ConfigError(
+                    f"${DEVICE_ENV} must be cpu, cuda or cuda:N when set (it is what train.device "
+                    f"'auto' picks), got {env!r}"
+                )
             spec, where = env, f"${DEVICE_ENV} (train.device 'auto')"
         elif torch.cuda.is_available():
             spec = "cuda"
@@ -59,15 +61,19 @@ def resolve_device(spec: str) -> torch.device:
     if spec == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ConfigError(f"{where} {spec!r} asks for a CUDA GPU, but torch.cuda.is_available() is False here "
-                          f"(torch {torch.__version__}); use cpu or auto")
+        raise ConfigError(
+            f"{where} {spec!r} asks for a CUDA GPU, but torch.cuda.is_available() is False here "
+            f"(torch {torch.__version__}); use cpu or auto"
+        )
     device = torch.device(spec)
     count = torch.cuda.device_count()
     if device.index is None:  # indexed, as a tensor's device is (cuda:0 == cuda is False in torch)
         return torch.device("cuda", torch.cuda.current_device())
     if device.index >= count:
-        raise ConfigError(f"{where} {spec!r}: this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1}); "
-                          "use one of them, cuda or auto")
+        raise ConfigError(
+            f"{where} {spec!r}: this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1}); "
+            "use one of them, cuda or auto"
+        )
     return device
 
 

@@ -64,8 +64,7 @@ class Registry(Generic[T]):
         self._entries: dict[str, Entry[T]] = {}
 
     def register(
-        self, name: str | None = None, *, summary: str = "", constraints: Mapping[str, Param] | None = None,
-        **info: Any
+        self, name: str | None = None, *, summary: str = "", constraints: Mapping[str, Param] | None = None, **info: Any
     ) -> Callable[[Callable[..., T]], Callable[..., T]]:
         """Register ``factory`` under ``name`` (default: the class attribute ``name`` of a class, so that
         an attack or defense states its name once); the decorator returns it unchanged. ``constraints``
@@ -74,21 +73,27 @@ class Registry(Generic[T]):
         def decorator(factory: Callable[..., T]) -> Callable[..., T]:
             key = name if name is not None else getattr(factory, "name", None)
             if not isinstance(key, str) or not key:
-                raise VFLBenchError(f"a {self.kind} registered without a name needs a non-empty class attribute "
-                                    f"'name' ({factory!r})")
-            own = {**vars(factory).get("constraints", {}), **(constraints or {})} if isinstance(factory, type) \
+                raise VFLBenchError(
+                    f"a {self.kind} registered without a name needs a non-empty class attribute 'name' ({factory!r})"
+                )
+            own = (
+                {**vars(factory).get("constraints", {}), **(constraints or {})}
+                if isinstance(factory, type)
                 else dict(constraints or {})
+            )
             unknown = set(own) - set(inspect.signature(factory).parameters)
             if unknown:
-                raise VFLBenchError(f"{self.kind} {key!r} declares constraints on {', '.join(sorted(unknown))}, "
-                                    "which it does not take")
+                raise VFLBenchError(
+                    f"{self.kind} {key!r} declares constraints on {', '.join(sorted(unknown))}, which it does not take"
+                )
             self._register(key, factory, summary, info, {**constraints_of(factory), **(constraints or {})})
             return factory
 
         return decorator
 
-    def _register(self, name: str, factory: Callable[..., T], summary: str, info: dict[str, Any],
-                  constraints: dict[str, Param]) -> None:
+    def _register(
+        self, name: str, factory: Callable[..., T], summary: str, info: dict[str, Any], constraints: dict[str, Param]
+    ) -> None:
         if name in self._entries:
             raise VFLBenchError(f"{self.kind} {name!r} is already registered")
         doc = (factory.__doc__ or "").strip().splitlines()
@@ -103,12 +108,27 @@ class Registry(Generic[T]):
             hint = closest(name, self._entries)
             raise type(error)(f"{error}{hint}") from None
 
-    def check(self, name: str, params: Mapping[str, Any], *, reserved: Collection[str] = (),
-              noun: str = "parameter", error: type[VFLBenchError] = ConfigError) -> None:
+    def check(
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        *,
+        reserved: Collection[str] = (),
+        noun: str = "parameter",
+        error: type[VFLBenchError] = ConfigError,
+    ) -> None:
         """Check ``params`` of the component ``name`` (see :func:`check_params`)."""
         entry = self.get(name)
-        check_params(self.kind, name, entry.factory, params, constraints=entry.constraints, reserved=reserved,
-                     noun=noun, error=error)
+        check_params(
+            self.kind,
+            name,
+            entry.factory,
+            params,
+            constraints=entry.constraints,
+            reserved=reserved,
+            noun=noun,
+            error=error,
+        )
 
     def create(self, name: str, /, **kwargs: Any) -> T:
         """Build the component registered as ``name`` with keyword arguments."""
@@ -150,8 +170,11 @@ class Param:
 
     def bounds(self) -> str:
         """The bounds in words (``"> 0"``, ``">= 1 and <= 1048576"``; ``""`` when there are none)."""
-        parts = [f"{op} {_number(x)}" for op, x in ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt))
-                 if x is not None]
+        parts = [
+            f"{op} {_number(x)}"
+            for op, x in ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt))
+            if x is not None
+        ]
         if self.multiple_of is not None:
             parts.insert(0, f"a multiple of {self.multiple_of}")
         return " and ".join(parts)
@@ -159,8 +182,12 @@ class Param:
     def admits(self, value: Any) -> bool:
         """Whether every number in ``value`` lies within the bounds (NaN and -inf never do)."""
         for x in _numbers(value):
-            outside = (self.ge is not None and x < self.ge) or (self.gt is not None and x <= self.gt) \
-                or (self.le is not None and x > self.le) or (self.lt is not None and x >= self.lt)
+            outside = (
+                (self.ge is not None and x < self.ge)
+                or (self.gt is not None and x <= self.gt)
+                or (self.le is not None and x > self.le)
+                or (self.lt is not None and x >= self.lt)
+            )
             if math.isnan(x) or x == -math.inf or outside or (self.multiple_of is not None and x % self.multiple_of):
                 return False
         return True
@@ -210,10 +237,18 @@ def show(value: Any) -> str:
     return repr(value)
 
 
-def check_params(kind: str, name: str, factory: Callable[..., Any], params: Mapping[str, Any], *,
-                 constraints: Mapping[str, Param] | None = None, reserved: Collection[str] = (),
-                 noun: str = "parameter", aliases: Mapping[str, str] | None = None,
-                 error: type[VFLBenchError] = ConfigError) -> None:
+def check_params(
+    kind: str,
+    name: str,
+    factory: Callable[..., Any],
+    params: Mapping[str, Any],
+    *,
+    constraints: Mapping[str, Param] | None = None,
+    reserved: Collection[str] = (),
+    noun: str = "parameter",
+    aliases: Mapping[str, str] | None = None,
+    error: type[VFLBenchError] = ConfigError,
+) -> None:
     """Check keyword ``params`` against ``factory``'s signature and ``constraints`` before anything is built.
 
     Raises ``error`` (:class:`~vflbench.errors.ConfigError` unless told), naming the parameter, the
@@ -228,15 +263,21 @@ def check_params(kind: str, name: str, factory: Callable[..., Any], params: Mapp
     aliases = dict(aliases or {})
     declared = constraints_of(factory) if constraints is None else constraints
     signature = inspect.signature(factory)
-    accepted = {p.name: p for p in signature.parameters.values()
-                if p.name not in reserved and p.name != "self"
-                and p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)}
+    accepted = {
+        p.name: p
+        for p in signature.parameters.values()
+        if p.name not in reserved
+        and p.name != "self"
+        and p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+    }
     open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values())
     valid = [*accepted, *aliases]
     for key in params:
         if key not in valid and not open_ended:
-            raise error(f"{kind} {name!r} has no {noun} {key!r}; valid {noun}s are: "
-                              f"{', '.join(valid) or '(none)'}.{closest(key, valid)}")
+            raise error(
+                f"{kind} {name!r} has no {noun} {key!r}; valid {noun}s are: "
+                f"{', '.join(valid) or '(none)'}.{closest(key, valid)}"
+            )
     hints = annotations_of(factory)
     for key, value in params.items():
         target = aliases.get(key, key)
@@ -248,11 +289,14 @@ def check_params(kind: str, name: str, factory: Callable[..., Any], params: Mapp
         checked = int(value) if key in aliases and isinstance(value, float) and value.is_integer() else value
         if not conforms(checked, annotation, allow_inf=constraint.inf):
             hint = closest(value, typing.get_args(annotation)) if isinstance(value, str) else ""
-            raise error(f"{kind} {name!r}: {noun} {key!r} = {show(value)} is not valid; expected "
-                        f"{_describe(annotation)}.{hint}")
+            raise error(
+                f"{kind} {name!r}: {noun} {key!r} = {show(value)} is not valid; expected {_describe(annotation)}.{hint}"
+            )
         if not constraint.admits(value):
-            raise error(f"{kind} {name!r}: {noun} {key!r} = {show(value)} is not valid; it must be "
-                        f"{constraint.bounds() or 'a number other than .nan and -.inf'}.")
+            raise error(
+                f"{kind} {name!r}: {noun} {key!r} = {show(value)} is not valid; it must be "
+                f"{constraint.bounds() or 'a number other than .nan and -.inf'}."
+            )
 
 
 def allowed(annotation: Any, constraint: Param) -> str:
@@ -268,8 +312,11 @@ def allowed(annotation: Any, constraint: Param) -> str:
         text = text.replace("a finite number", "a number (.inf allowed)")
     bounds = constraint.bounds()
     if bounds:
-        text = f"{text}, each {bounds}" if text.startswith("a list") else (
-            f"{text}; numbers {bounds}" if len(kinds) > 1 else f"{text} {bounds}")
+        text = (
+            f"{text}, each {bounds}"
+            if text.startswith("a list")
+            else (f"{text}; numbers {bounds}" if len(kinds) > 1 else f"{text} {bounds}")
+        )
     return f"{text}, or null" if nullable else text
 
 
@@ -343,9 +390,13 @@ def _describe(annotation: Any, plural: bool = False) -> str:
         return " or ".join(kinds) + (", or null" if type(None) in args else "")
     if origin is typing.Annotated:
         return _describe(args[0], plural)
-    names = {bool: ("true or false", "booleans"), int: ("an integer", "integers"),
-             float: ("a finite number", "finite numbers"), str: ("a string", "strings"),
-             dict: ("a mapping", "mappings")}
+    names = {
+        bool: ("true or false", "booleans"),
+        int: ("an integer", "integers"),
+        float: ("a finite number", "finite numbers"),
+        str: ("a string", "strings"),
+        dict: ("a mapping", "mappings"),
+    }
     if annotation in names:
         return names[annotation][plural]
     if origin in (dict, collections.abc.Mapping):

@@ -27,8 +27,7 @@ from vflbench.protocol import BindContext, Channel, StepState
 PARTIES = ("active", "passive_1")
 
 DATA = {"name": "digits", "parties": 2, "aux_pool": 200}  # DMAVFL's aux rows: held out of training
-SMALL = {"name": "dmavfl", "aux_batch_size": 200, "lr": 1e-3, "disc_lr": 3e-4,
-         "pretrain_epochs": 1}
+SMALL = {"name": "dmavfl", "aux_batch_size": 200, "lr": 1e-3, "disc_lr": 3e-4, "pretrain_epochs": 1}
 TRAIN = {"epochs": 1, "batch_size": 64, "optimizer": "adam", "lr": 1e-3}
 
 
@@ -66,13 +65,16 @@ def test_dmavfl_decodes_with_tanh_by_default_and_builds_a_cnn_dac_on_the_embeddi
     assert len(convs) == 2 and all(c.stride == (2, 2) for c in convs)  # Table 10: "CNN layer * 2"
 
 
-@pytest.mark.parametrize(("params", "message"), [
-    ({"dac": "cnn"}, "needs dac_map"),
-    ({"dac_map": [2, 4, 4]}, "holds 32 values"),
-    ({"dac_map": [4, 4]}, "three positive sizes"),
-    ({"dac_update": "both"}, "dac_update.*expected one of"),
-    ({"decoder_output": "relu"}, "decoder_output.*expected one of"),
-])
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"dac": "cnn"}, "needs dac_map"),
+        ({"dac_map": [2, 4, 4]}, "holds 32 values"),
+        ({"dac_map": [4, 4]}, "three positive sizes"),
+        ({"dac_update": "both"}, "dac_update.*expected one of"),
+        ({"decoder_output": "relu"}, "decoder_output.*expected one of"),
+    ],
+)
 def test_bad_dmavfl_fidelity_options_fail_early(params, message):
     with pytest.raises(ConfigError, match=message):
         _attack(**params)
@@ -100,8 +102,12 @@ def test_dac_steps_on_eq5_or_on_eq5_plus_the_malicious_loss_like_urvfl(update):
 
 
 CONV_MAP = {"bottom": "conv_map", "top": "mlp2", "embed_dim": 64, "bottom_options": {"channels": [4, 2]}}
-MAP_ATTACK = {"shadow_options": {"channels": [4, 2]}, "decoder_map": [2, 8, 4], "dac_map": [2, 8, 4],
-              "decoder_width": 8}
+MAP_ATTACK = {
+    "shadow_options": {"channels": [4, 2]},
+    "decoder_map": [2, 8, 4],
+    "dac_map": [2, 8, 4],
+    "decoder_width": 8,
+}
 
 
 def test_pixel_aligned_maps_get_urvfls_local_map_decoder_and_a_cnn_dac():
@@ -129,11 +135,14 @@ def test_pixel_aligned_maps_get_urvfls_local_map_decoder_and_a_cnn_dac():
     assert moved[:, :, 4:, :].sum() > 0 and moved[:, :, :4, :].sum() == 0
 
 
-@pytest.mark.parametrize(("model", "params", "message"), [
-    (CONV_MAP, {**MAP_ATTACK, "decoder_map": [2, 4, 8]}, "aligned with the victim's 8x4 strip"),
-    (CONV_MAP, {**MAP_ATTACK, "decoder_map": [1, 8, 4]}, "holds 32 values"),
-    ({}, {"decoder_map": [1, 4, 4]}, "aligned with the victim's 8x4 strip"),
-])
+@pytest.mark.parametrize(
+    ("model", "params", "message"),
+    [
+        (CONV_MAP, {**MAP_ATTACK, "decoder_map": [2, 4, 8]}, "aligned with the victim's 8x4 strip"),
+        (CONV_MAP, {**MAP_ATTACK, "decoder_map": [1, 8, 4]}, "holds 32 values"),
+        ({}, {"decoder_map": [1, 4, 4]}, "aligned with the victim's 8x4 strip"),
+    ],
+)
 def test_bad_decoder_maps_fail_early(model, params, message):
     cfg = build_config(minimal(data=DATA, model=model, train=TRAIN, attacks=[{**SMALL, **params}]))
     vd = load_vertical_data(cfg)
@@ -147,8 +156,17 @@ def test_bad_decoder_maps_fail_early(model, params, message):
 def _passive(defense):
     channel = Channel(PARTIES)
     channel.endpoint("active").post("gradient_scrutinizer.labels", "passive_1", torch.zeros(4, dtype=torch.long))
-    defense.bind(BindContext("passive_1", "vhnn", 10, 2, torch.Generator().manual_seed(0),
-                             torch.Generator().manual_seed(0), link=channel.endpoint("passive_1")))
+    defense.bind(
+        BindContext(
+            "passive_1",
+            "vhnn",
+            10,
+            2,
+            torch.Generator().manual_seed(0),
+            torch.Generator().manual_seed(0),
+            link=channel.endpoint("passive_1"),
+        )
+    )
     return defense
 
 
@@ -161,8 +179,16 @@ def _detects(defense, scores) -> bool:
 def test_gradient_scrutinizer_dmavfl_preset_averages_five_scores_against_0_8():
     preset = create_defense("gradient_scrutinizer_dmavfl")
     assert isinstance(preset, GradientScrutinizerDMAVFL)
-    assert preset.get_params() == {"every": 50, "start": 50, "threshold": 0.8, "window": 5, "variant": "urvfl",
-                                   "lag": 49, "min_scores": 6, "halt": True}
+    assert preset.get_params() == {
+        "every": 50,
+        "start": 50,
+        "threshold": 0.8,
+        "window": 5,
+        "variant": "urvfl",
+        "lag": 49,
+        "min_scores": 6,
+        "halt": True,
+    }
     # a lone low score after high ones: the original rule (each score against 0.5) flags it, the average does not
     assert _detects(_passive(GradientScrutinizer()), [0.95, 0.95, 0.95, 0.95, 0.4])
     assert not _detects(_passive(create_defense("gradient_scrutinizer_dmavfl")), [0.95, 0.95, 0.95, 0.95, 0.4])
@@ -176,8 +202,17 @@ def test_gradient_scrutinizer_dmavfl_preset_averages_five_scores_against_0_8():
 def _labelled_passive(defense, y):
     channel = Channel(PARTIES)
     channel.endpoint("active").post("gradient_scrutinizer.labels", "passive_1", y)
-    defense.bind(BindContext("passive_1", "vhnn", 10, 2, torch.Generator().manual_seed(0),
-                             torch.Generator().manual_seed(0), link=channel.endpoint("passive_1")))
+    defense.bind(
+        BindContext(
+            "passive_1",
+            "vhnn",
+            10,
+            2,
+            torch.Generator().manual_seed(0),
+            torch.Generator().manual_seed(0),
+            link=channel.endpoint("passive_1"),
+        )
+    )
     return defense
 
 
@@ -225,8 +260,11 @@ def test_figure6_decision_curve_is_the_detectors_rule_and_the_plot_is_written(tm
     at, stat = decision_points([50 * (i + 1) for i in range(6)], scores, Panel("g", "GS", 0.8, 5, min_scores=6))
     assert at.tolist() == [300] and stat.tolist() == pytest.approx([0.79])
     record = {"scores": [(50 * (i + 1), 0, s) for i, s in enumerate(scores)]}
-    path = detector_scores({"honest": {"gradient_scrutinizer_dmavfl": record}, "FSHA": {}},
-                           [Panel("gradient_scrutinizer_dmavfl", "GS (DMAVFL)", 0.8, 5)], tmp_path / "fig6.png")
+    path = detector_scores(
+        {"honest": {"gradient_scrutinizer_dmavfl": record}, "FSHA": {}},
+        [Panel("gradient_scrutinizer_dmavfl", "GS (DMAVFL)", 0.8, 5)],
+        tmp_path / "fig6.png",
+    )
     assert path.exists() and path.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -252,8 +290,9 @@ def test_cnn_bn_dac_is_urvfls_clsdiscriminator2_normalising_each_pass_by_its_own
 
 @pytest.mark.parametrize("honest_epochs", [0, 1])
 def test_honest_epochs_train_the_victim_honestly_before_the_attack_takes_over(honest_epochs):
-    cfg = build_config(minimal(data=DATA, train={**TRAIN, "epochs": 2},
-                               attacks=[{**SMALL, "honest_epochs": honest_epochs}]))
+    cfg = build_config(
+        minimal(data=DATA, train={**TRAIN, "epochs": 2}, attacks=[{**SMALL, "honest_epochs": honest_epochs}])
+    )
     vd = load_vertical_data(cfg)
     plan = validate_attacks(cfg, vd)
     run = train_run(cfg, vd, attacks=plan)
@@ -277,8 +316,9 @@ def test_negative_honest_epochs_fail_early():
 def test_shadow_mode_train_embeds_the_aux_batch_with_its_own_batchnorm_statistics(mode):
     """URVFL's detection runs leave f_e in training mode (its attack puts it in eval mode): the DAC's
     "real" embeddings are then normalised by each aux batch's statistics, like the victim's."""
-    cfg = build_config(minimal(data=DATA, model=CONV_MAP, train=TRAIN,
-                               attacks=[{**SMALL, **MAP_ATTACK, "shadow_mode": mode}]))
+    cfg = build_config(
+        minimal(data=DATA, model=CONV_MAP, train=TRAIN, attacks=[{**SMALL, **MAP_ATTACK, "shadow_mode": mode}])
+    )
     vd = load_vertical_data(cfg)
     plan = validate_attacks(cfg, vd)
     train_run(cfg, vd, attacks=plan)

@@ -36,8 +36,7 @@ DATA = {"name": "digits", "parties": 2, "aux_pool": 300}  # the aux rows: 300 he
 
 
 def _cfg(attack: dict, train: dict | None = None, defenses: list | None = None):
-    return build_config(minimal(data=DATA, train={**TRAIN, **(train or {})}, attacks=[attack],
-                                defenses=defenses or []))
+    return build_config(minimal(data=DATA, train={**TRAIN, **(train or {})}, attacks=[attack], defenses=defenses or []))
 
 
 @pytest.fixture(scope="module")
@@ -171,9 +170,14 @@ def test_reproduction_builds_pure_algorithm_3_sync_rows(monkeypatch):
     monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     rows = [exp for exp in module.EXPERIMENTS.values() if exp.attack == "dmavfl_sync"]
-    assert {exp.config for exp in rows} == {"dmavfl_mnist", "dmavfl_credit", "dmavfl_mnist_paper",
-                                            "dmavfl_credit_paper", "dmavfl_mnist_convmap",
-                                            "dmavfl_mnist_paper_convmap"}
+    assert {exp.config for exp in rows} == {
+        "dmavfl_mnist",
+        "dmavfl_credit",
+        "dmavfl_mnist_paper",
+        "dmavfl_credit_paper",
+        "dmavfl_mnist_convmap",
+        "dmavfl_mnist_paper_convmap",
+    }
     for exp in rows:
         [attack] = module.build(exp).attacks
         assert attack.params().get("pretrain_epochs", 0) == 0 and not attack.params().get("hybrid", False)
@@ -182,9 +186,14 @@ def test_reproduction_builds_pure_algorithm_3_sync_rows(monkeypatch):
 
 
 def test_dmavfl_refuses_a_single_logit_objective_before_training():
-    cfg = build_config(minimal(data={"name": "breast_cancer", "parties": 2, "aux_pool": 100},
-                               train={"algorithm": "vlr"},
-                               model={"bottom": "logreg", "top": "identity"}, attacks=[{"name": "dmavfl", **SMALL}]))
+    cfg = build_config(
+        minimal(
+            data={"name": "breast_cancer", "parties": 2, "aux_pool": 100},
+            train={"algorithm": "vlr"},
+            model={"bottom": "logreg", "top": "identity"},
+            attacks=[{"name": "dmavfl", **SMALL}],
+        )
+    )
     with pytest.raises(CompatibilityError, match="one logit"):
         validate_attacks(cfg, load_vertical_data(cfg))
 
@@ -234,10 +243,13 @@ def test_aux_size_takes_precedence_over_fraction():
     assert len(aux_data(plan.attacks[0].attack, vd, None, 0, plan.pool).ids) == 50
 
 
-@pytest.mark.parametrize(("attack", "error", "message"), [
-    ({"name": "dmavfl", "victim": "passive_2"}, ConfigError, "victim 'passive_2' must be a passive party"),
-    ({"name": "dmavfl", "prior": "scratch"}, ConfigError, "no parameter 'prior'"),
-])
+@pytest.mark.parametrize(
+    ("attack", "error", "message"),
+    [
+        ({"name": "dmavfl", "victim": "passive_2"}, ConfigError, "victim 'passive_2' must be a passive party"),
+        ({"name": "dmavfl", "prior": "scratch"}, ConfigError, "no parameter 'prior'"),
+    ],
+)
 def test_bad_feature_attack_configs_fail_before_training(attack, error, message):
     cfg = _cfg(attack)
     with pytest.raises(error, match=message):
@@ -313,8 +325,9 @@ def test_cosine_distance():
 
 
 def _three_parties(attack: dict, name: str = "digits", train: dict | None = None, pool: int = 300):
-    return build_config(minimal(data={"name": name, "parties": 3, "aux_pool": pool}, train={**TRAIN, **(train or {})},
-                                attacks=[attack]))
+    return build_config(
+        minimal(data={"name": name, "parties": 3, "aux_pool": pool}, train={**TRAIN, **(train or {})}, attacks=[attack])
+    )
 
 
 # the aux rows are held out of training: digits keeps 1,137 training rows (8 epochs: about the steps 6 epochs
@@ -322,8 +335,9 @@ def _three_parties(attack: dict, name: str = "digits", train: dict | None = None
 @pytest.mark.slow
 @pytest.mark.parametrize(("dataset", "pool", "train"), [("digits", 300, {"epochs": 8}), ("breast_cancer", 100, {})])
 def test_dmavfl_attacks_two_target_parties_at_once(dataset, pool, train):
-    cfg = _three_parties({"name": "dmavfl", **SMALL, "pretrain_epochs": 10,
-                          "victim": ["passive_1", "passive_2"]}, dataset, train, pool)
+    cfg = _three_parties(
+        {"name": "dmavfl", **SMALL, "pretrain_epochs": 10, "victim": ["passive_1", "passive_2"]}, dataset, train, pool
+    )
     vd = load_vertical_data(cfg)
     plan = validate_attacks(cfg, vd)
     run = train_run(cfg, vd, attacks=plan)
@@ -345,9 +359,13 @@ def test_dmavfl_attacks_two_target_parties_at_once(dataset, pool, train):
 def _moved(run, cfg, vd) -> list[bool]:
     """Whether each passive party's bottom model differs from its initialisation after ``run``."""
     fresh = build_federation(cfg, vd)
-    return [any(bool((a.detach() != b.detach()).any()) for a, b in zip(party.bottom.parameters(),
-                                                                        untouched.bottom.parameters(), strict=True))
-            for party, untouched in zip(run.federation.passives, fresh.passives, strict=True)]
+    return [
+        any(
+            bool((a.detach() != b.detach()).any())
+            for a, b in zip(party.bottom.parameters(), untouched.bottom.parameters(), strict=True)
+        )
+        for party, untouched in zip(run.federation.passives, fresh.passives, strict=True)
+    ]
 
 
 def test_a_party_that_is_not_a_target_gets_zero_gradients():
@@ -357,12 +375,18 @@ def test_a_party_that_is_not_a_target_gets_zero_gradients():
     assert _moved(run, cfg, vd) == [False, True]
 
 
-@pytest.mark.parametrize(("attack", "message"), [
-    ({"name": "agn", **SMALL, "victim": ["passive_1", "passive_2"]}, "'victim' = .* is not valid; expected a string"),
-    ({"name": "agn", **SMALL, "victim": ["passive_1"]}, "'victim' = .* is not valid; expected a string"),
-    ({"name": "dmavfl", **SMALL, "victim": ["passive_1", "passive_1"]}, "name a party twice"),
-    ({"name": "dmavfl", **SMALL, "victim": ["passive_1", "passive_3"]}, "victim 'passive_3' must be a passive"),
-])
+@pytest.mark.parametrize(
+    ("attack", "message"),
+    [
+        (
+            {"name": "agn", **SMALL, "victim": ["passive_1", "passive_2"]},
+            "'victim' = .* is not valid; expected a string",
+        ),
+        ({"name": "agn", **SMALL, "victim": ["passive_1"]}, "'victim' = .* is not valid; expected a string"),
+        ({"name": "dmavfl", **SMALL, "victim": ["passive_1", "passive_1"]}, "name a party twice"),
+        ({"name": "dmavfl", **SMALL, "victim": ["passive_1", "passive_3"]}, "victim 'passive_3' must be a passive"),
+    ],
+)
 def test_bad_victim_lists_fail_before_training(attack, message):
     cfg = _three_parties(attack)
     with pytest.raises(ConfigError, match=message):

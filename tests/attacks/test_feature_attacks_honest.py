@@ -31,19 +31,53 @@ AUX = {"aux_fraction": 0.2}
 DATA = {"name": "digits", "parties": 2, "aux_pool": 0.2}
 #: Test-sized settings: larger learning rates and fewer epochs than the papers' defaults.
 ATTACKS = {
-    "pcat": {"name": "pcat", "aux_batch_size": 64, "lr": 1e-3, "decoder_lr": 1e-3, "decoder_epochs": 20,
-             "hidden": 64, "decoder_width": 16},
+    "pcat": {
+        "name": "pcat",
+        "aux_batch_size": 64,
+        "lr": 1e-3,
+        "decoder_lr": 1e-3,
+        "decoder_epochs": 20,
+        "hidden": 64,
+        "decoder_width": 16,
+    },
     "sdar": {"name": "sdar", "aux_batch_size": 64, "hidden": 64, "decoder_width": 16},
     # GIA from the aux mean, clipped to the data range, few steps (URVFL's 50 steps of 1e-3 from 0
     # leave x^ near 0, far worse than the mean guess; see the module docstring).
-    "gia": {"name": "gia", **AUX, "shadow_lr": 1e-3, "opt_steps": 50, "opt_lr": 0.01, "init": "aux_mean",
-            "bounds": "aux", "n_targets": 200},
-    "grna": {"name": "grna", **AUX, "epochs": 30, "lr": 1e-3, "hidden": [128, 64, 32], "shadow_epochs": 30,
-             "n_targets": 100},
-    "mi_black_box": {"name": "model_inversion", **AUX, "mode": "black_box", "inverse_epochs": 20, "hidden": 64,
-                     "decoder_width": 16},
-    "mi_query_free": {"name": "model_inversion", **AUX, "mode": "query_free", "shadow_epochs": 20, "steps": 100,
-                      "n_targets": 100},
+    "gia": {
+        "name": "gia",
+        **AUX,
+        "shadow_lr": 1e-3,
+        "opt_steps": 50,
+        "opt_lr": 0.01,
+        "init": "aux_mean",
+        "bounds": "aux",
+        "n_targets": 200,
+    },
+    "grna": {
+        "name": "grna",
+        **AUX,
+        "epochs": 30,
+        "lr": 1e-3,
+        "hidden": [128, 64, 32],
+        "shadow_epochs": 30,
+        "n_targets": 100,
+    },
+    "mi_black_box": {
+        "name": "model_inversion",
+        **AUX,
+        "mode": "black_box",
+        "inverse_epochs": 20,
+        "hidden": 64,
+        "decoder_width": 16,
+    },
+    "mi_query_free": {
+        "name": "model_inversion",
+        **AUX,
+        "mode": "query_free",
+        "shadow_epochs": 20,
+        "steps": 100,
+        "n_targets": 100,
+    },
 }
 
 
@@ -116,8 +150,18 @@ def test_inversion_through_the_true_victim_model_recovers_structure(suite):
     view = _view(run, planned)
     received = view.received[0]
     truth = run.data.passive[0].x_test[received.ids]
-    x = invert_embeddings(copy.deepcopy(run.federation.passives[0].bottom), received.embeddings, truth.shape[1:],
-                          steps=300, lr=0.1, tv_weight=0.0, l2_weight=0.0, bounds=(0.0, 1.0), eps=1e-3, amsgrad=True)
+    x = invert_embeddings(
+        copy.deepcopy(run.federation.passives[0].bottom),
+        received.embeddings,
+        truth.shape[1:],
+        steps=300,
+        lr=0.1,
+        tv_weight=0.0,
+        l2_weight=0.0,
+        bounds=(0.0, 1.0),
+        eps=1e-3,
+        amsgrad=True,
+    )
     mean_guess = view.aux.victim.mean(0, keepdim=True).expand_as(truth)
     assert float(ssim(x, truth).mean()) > float(ssim(mean_guess, truth).mean()) + 0.05
 
@@ -147,8 +191,7 @@ def test_views_carry_nothing_of_the_victim_beyond_the_threat_model(suite):
     for run, planned, _ in suite.values():
         victim = run.federation.passives[0]
         part = run.data.passive[0]
-        forbidden = [part.x_train, part.x_test, run.data.y_test, *victim.bottom.parameters(),
-                     *victim.bottom.buffers()]
+        forbidden = [part.x_train, part.x_test, run.data.y_test, *victim.bottom.parameters(), *victim.bottom.buffers()]
         view = _view(run, planned)
         assert view.party == "active"
         assert view.aux is not None and torch.equal(view.aux.victim, part.x_train[view.aux.ids])  # the grant

@@ -34,10 +34,15 @@ CASES = [(name, seed) for name in ("digits", "breast_cancer") for seed in (0, 1)
 
 
 def _attack(dataset, seed, attacks, epochs, pool):
-    cfg = build_config({"data": {"name": dataset, "parties": 2, "aux_pool": pool},
-                        "model": {"bottom": "mlp2", "top": "mlp2"},
-                        "train": {"algorithm": "vhnn", "epochs": epochs, "checkpoint": "none"},
-                        "attacks": attacks, "seed": seed})
+    cfg = build_config(
+        {
+            "data": {"name": dataset, "parties": 2, "aux_pool": pool},
+            "model": {"bottom": "mlp2", "top": "mlp2"},
+            "train": {"algorithm": "vhnn", "epochs": epochs, "checkpoint": "none"},
+            "attacks": attacks,
+            "seed": seed,
+        }
+    )
     vd = load_vertical_data(cfg)
     plan = validate_attacks(cfg, vd)
     run = train_run(cfg, vd, attacks=plan)
@@ -66,8 +71,7 @@ def test_sdar_and_model_inversion_defaults_beat_the_mean_guess(dataset, seed):
     """Catches query-free MI as the default (MSE 0.127 vs 0.068 on digits, 4.89 vs 0.87 on breast_cancer)
     and SDAR's former 10% aux set on breast_cancer (46 held-out rows; in this run MSE 1.51 vs 0.85 at seed 0).
     """
-    run, plan, results = _attack(dataset, seed, [{"name": "sdar"}, {"name": "model_inversion"}], epochs=10,
-                                  pool=0.5)
+    run, plan, results = _attack(dataset, seed, [{"name": "sdar"}, {"name": "model_inversion"}], epochs=10, pool=0.5)
     for planned, result in zip(plan.attacks, results, strict=True):
         _assert_beats_the_prior(run, planned, result)
     assert results[0].details["aux_rows"] > 0.45 * len(run.data.y_train)  # |D_aux| = |D_train|: the whole pool

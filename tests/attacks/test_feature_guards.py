@@ -24,8 +24,17 @@ from vflbench.experiment.scoring import OUT_OF_RANGE_FLAG, out_of_range_share, s
 #: default recipe needs), ``beats`` (the mean guess on both), ``method`` (worse than the mean guess on digits by its
 #: method, as in DMAVFL Table 1, also after 25 epochs: reported with negative leakage), ``ties`` (within 3% of the
 #: mean guess: AGN's generator learns nothing in 10 epochs; after 25 it blows up on breast_cancer, which is flagged).
-AT_DEFAULT_EPOCHS = {"dmavfl": "refuses", "dmavfl_sync": "refuses", "fsha": "refuses", "sdar": "beats",
-                     "model_inversion": "beats", "pcat": "method", "gia": "method", "grna": "method", "agn": "ties"}
+AT_DEFAULT_EPOCHS = {
+    "dmavfl": "refuses",
+    "dmavfl_sync": "refuses",
+    "fsha": "refuses",
+    "sdar": "beats",
+    "model_inversion": "beats",
+    "pcat": "method",
+    "gia": "method",
+    "grna": "method",
+    "agn": "ties",
+}
 
 
 def test_every_feature_attack_has_a_measured_verdict_at_the_default_epochs():
@@ -40,9 +49,14 @@ def test_every_feature_attack_has_a_measured_verdict_at_the_default_epochs():
 
 
 def _plan(dataset, attack, **train):
-    cfg = build_config({"data": {"name": dataset, "parties": 2, "aux_pool": 0.0909},
-                        "model": {"bottom": "mlp2", "top": "mlp2"},
-                        "train": {"algorithm": "vhnn", "checkpoint": "none", **train}, "attacks": [attack]})
+    cfg = build_config(
+        {
+            "data": {"name": dataset, "parties": 2, "aux_pool": 0.0909},
+            "model": {"bottom": "mlp2", "top": "mlp2"},
+            "train": {"algorithm": "vhnn", "checkpoint": "none", **train},
+            "attacks": [attack],
+        }
+    )
     return validate_attacks(cfg, load_vertical_data(cfg))
 
 
@@ -74,8 +88,9 @@ def test_enough_training_steps_satisfy_the_minimum_too():
     short = Scenario("vhnn", "concat", 10, 2, "mlp2", "mlp2", 16, False, epochs=23, steps_per_epoch=21)
     with pytest.raises(CompatibilityError, match=r"attacks for 23 epochs of 21 steps \(483 steps\)"):
         require_training(DMAVFL(), short)
-    require_training(DMAVFL(), Scenario("vhnn", "concat", 10, 2, "mlp2", "mlp2", 16, False, epochs=24,
-                                        steps_per_epoch=21))  # 504 steps
+    require_training(
+        DMAVFL(), Scenario("vhnn", "concat", 10, 2, "mlp2", "mlp2", 16, False, epochs=24, steps_per_epoch=21)
+    )  # 504 steps
     honest = Scenario("vhnn", "concat", 10, 2, "mlp2", "mlp2", 16, False, epochs=30, steps_per_epoch=21)
     require_training(DMAVFL(), honest)
     with pytest.raises(CompatibilityError, match=r"needs train.epochs >= 35,.*less 10 honest epochs"):

@@ -17,8 +17,14 @@ from vflbench.experiment.views import _view
 
 
 def _vlr(attacks, **train):
-    return build_config(minimal(data={"name": "breast_cancer"}, model={"bottom": "logreg", "top": "identity"},
-                                train={"algorithm": "vlr", "batch_size": 32, **train}, attacks=attacks))
+    return build_config(
+        minimal(
+            data={"name": "breast_cancer"},
+            model={"bottom": "logreg", "top": "identity"},
+            train={"algorithm": "vlr", "batch_size": 32, **train},
+            attacks=attacks,
+        )
+    )
 
 
 def test_model_completion_beats_its_scratch_prior_on_digits():
@@ -36,9 +42,13 @@ def test_model_completion_in_vlr_needs_no_training_and_beats_local_prior():
 
 
 def test_norm_and_direction_scoring_on_breast_cancer():
-    cfg = build_config(minimal(data={"name": "breast_cancer"}, train={"batch_size": 32},
-                               attacks=[{"name": "norm_scoring", "epochs": [0]},
-                                        {"name": "direction_scoring", "epochs": [0]}]))
+    cfg = build_config(
+        minimal(
+            data={"name": "breast_cancer"},
+            train={"batch_size": 32},
+            attacks=[{"name": "norm_scoring", "epochs": [0]}, {"name": "direction_scoring", "epochs": [0]}],
+        )
+    )
     ns, ds = run_experiment(cfg).attacks
     assert ns.value >= 0.75 and ds.value >= 0.75
     assert ns.details["batches_scored"] > 5
@@ -46,8 +56,13 @@ def test_norm_and_direction_scoring_on_breast_cancer():
 
 
 def test_the_same_attack_twice_keeps_both_timings():
-    cfg = build_config(minimal(data={"name": "breast_cancer"}, train={"epochs": 1, "batch_size": 32},
-                               attacks=[{"name": "norm_scoring", "epochs": [0]}, {"name": "norm_scoring"}]))
+    cfg = build_config(
+        minimal(
+            data={"name": "breast_cancer"},
+            train={"epochs": 1, "batch_size": 32},
+            attacks=[{"name": "norm_scoring", "epochs": [0]}, {"name": "norm_scoring"}],
+        )
+    )
     result = run_experiment(cfg)
     assert len(result.attacks) == 2 and set(result.timing.attack_seconds) == {"norm_scoring", "norm_scoring#2"}
 
@@ -64,12 +79,17 @@ def test_direct_label_inference_is_exact_without_defense():
     assert dl.value == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize(("config", "message"), [
-    (minimal(attacks=[{"name": "norm_scoring"}]), "needs binary labels, but the task has 10 classes"),
-    (minimal(data={"name": "breast_cancer"}, attacks=[{"name": "residue_reconstruction"}]), "needs VLR"),
-    (minimal(data={"name": "breast_cancer"}, attacks=[{"name": "direct_label_inference"}]),
-     "model.top: identity with train.aggregation: sum"),
-])
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (minimal(attacks=[{"name": "norm_scoring"}]), "needs binary labels, but the task has 10 classes"),
+        (minimal(data={"name": "breast_cancer"}, attacks=[{"name": "residue_reconstruction"}]), "needs VLR"),
+        (
+            minimal(data={"name": "breast_cancer"}, attacks=[{"name": "direct_label_inference"}]),
+            "model.top: identity with train.aggregation: sum",
+        ),
+    ],
+)
 def test_incompatible_attacks_fail_before_training(config, message):
     cfg = build_config(config)
     with pytest.raises(CompatibilityError, match=message):
@@ -108,14 +128,25 @@ def _assert_holds_none_of(reachable, forbidden):
 
 
 def test_attacker_view_carries_no_other_party_state():
-    cfg = build_config(minimal(data={"name": "breast_cancer"}, train={"epochs": 1},
-                               attacks=[{"name": "norm_scoring"}, {"name": "model_completion", "epochs": 1}]))
+    cfg = build_config(
+        minimal(
+            data={"name": "breast_cancer"},
+            train={"epochs": 1},
+            attacks=[{"name": "norm_scoring"}, {"name": "model_completion", "epochs": 1}],
+        )
+    )
     vd = load_vertical_data(cfg)
     plan = validate_attacks(cfg, vd)
     run = train_run(cfg, vd, attacks=plan)
     active = run.federation.active
-    forbidden = [vd.y_train, vd.y_test, vd.active.x_train, vd.active.x_test,
-                 *active.top.parameters(), *active.bottom.parameters()]
+    forbidden = [
+        vd.y_train,
+        vd.y_test,
+        vd.active.x_train,
+        vd.active.x_test,
+        *active.top.parameters(),
+        *active.bottom.parameters(),
+    ]
     for planned in plan.attacks:
         view = _view(run, planned)
         assert set(view.models) == {"bottom"}
@@ -138,8 +169,13 @@ def test_every_registered_attack_declares_its_threat_model():
 
 
 def _binary_mc(**params):
-    return build_config(minimal(data={"name": "breast_cancer"}, train={"epochs": 3, "batch_size": 32},
-                                attacks=[{"name": "model_completion", "known_per_class": 8, "epochs": 3, **params}]))
+    return build_config(
+        minimal(
+            data={"name": "breast_cancer"},
+            train={"epochs": 3, "batch_size": 32},
+            attacks=[{"name": "model_completion", "known_per_class": 8, "epochs": 3, **params}],
+        )
+    )
 
 
 @pytest.mark.parametrize("prior", ["random", "local"])
@@ -172,8 +208,11 @@ def test_metric_auc_can_be_asked_for_explicitly_and_equals_auto_on_a_binary_task
 
 @pytest.mark.parametrize("name", ["model_completion", "model_completion_mixmatch", "embedding_extension"])
 def test_metric_is_validated(name):
-    with pytest.raises(ConfigError, match="parameter 'metric' = 'top1' is not valid; expected one of 'auto', "
-                                          "'accuracy', 'balanced_accuracy', 'auc'"):
+    with pytest.raises(
+        ConfigError,
+        match="parameter 'metric' = 'top1' is not valid; expected one of 'auto', "
+        "'accuracy', 'balanced_accuracy', 'auc'",
+    ):
         create_attack(name, metric="top1")
     cfg = build_config(minimal(attacks=[{"name": name, "metric": "auc", "batch_size": 4}]))  # digits: 10 classes
     with pytest.raises(CompatibilityError, match="metric 'auc' needs binary labels"):

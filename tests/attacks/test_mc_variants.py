@@ -26,8 +26,12 @@ def test_mixmatch_completion_beats_random_on_digits_with_a_curve():
 
 
 def test_mixmatch_completion_refuses_vlr_and_large_batches():
-    vlr = minimal(data={"name": "breast_cancer"}, model={"bottom": "logreg", "top": "identity"},
-                  train={"algorithm": "vlr"}, attacks=[{"name": "model_completion_mixmatch"}])
+    vlr = minimal(
+        data={"name": "breast_cancer"},
+        model={"bottom": "logreg", "top": "identity"},
+        train={"algorithm": "vlr"},
+        attacks=[{"name": "model_completion_mixmatch"}],
+    )
     cfg = build_config(vlr)
     with pytest.raises(CompatibilityError, match="use model_completion"):
         validate_attacks(cfg, load_vertical_data(cfg))
@@ -59,8 +63,9 @@ def test_active_model_completion_trains_a_different_bottom_model():
 
 
 def test_active_model_completion_keeps_the_schedule():
-    _, party = _attacker_bottom({"name": "active_model_completion", "epochs": 1},
-                                schedule="multistep", milestones=[1], weight_decay=5e-4)
+    _, party = _attacker_bottom(
+        {"name": "active_model_completion", "epochs": 1}, schedule="multistep", milestones=[1], weight_decay=5e-4
+    )
     assert isinstance(party.optimizer, MaliciousSGD) and party.scheduler.optimizer is party.optimizer
     assert party.optimizer.param_groups[0]["weight_decay"] == 5e-4
     assert party.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.1)  # stepped past milestone 1
@@ -75,8 +80,7 @@ def test_active_model_completion_end_to_end():
 
 
 def test_active_model_completion_refuses_adam():
-    cfg = build_config(minimal(train={"optimizer": "adam", "lr": 1e-3},
-                               attacks=[{"name": "active_model_completion"}]))
+    cfg = build_config(minimal(train={"optimizer": "adam", "lr": 1e-3}, attacks=[{"name": "active_model_completion"}]))
     vd = load_vertical_data(cfg)
     with pytest.raises(CompatibilityError, match="train.optimizer: sgd"):
         train_run(cfg, vd, attacks=validate_attacks(cfg, vd))
@@ -165,8 +169,8 @@ def _trajectory(make, set_to_none: bool) -> torch.Tensor:
 def test_malicious_sgd_matches_fu_code_under_both_zero_grad_semantics(legacy, fu_set_to_none):
     """``legacy_zero_grad`` reproduces Fu's code run with PyTorch 1.x's ``zero_grad()`` (which zeroed
     the aliased buffer in place); without it, Fu's code run with ``zero_grad(set_to_none=True)``."""
-    ours = _trajectory(lambda ps: MaliciousSGD(ps, lr=0.1, momentum=0.9, weight_decay=5e-4,
-                                               legacy_zero_grad=legacy), set_to_none=True)
-    fu = _trajectory(lambda ps: _FuAsWritten(ps, lr=0.1, momentum=0.9, weight_decay=5e-4),
-                     set_to_none=fu_set_to_none)
+    ours = _trajectory(
+        lambda ps: MaliciousSGD(ps, lr=0.1, momentum=0.9, weight_decay=5e-4, legacy_zero_grad=legacy), set_to_none=True
+    )
+    fu = _trajectory(lambda ps: _FuAsWritten(ps, lr=0.1, momentum=0.9, weight_decay=5e-4), set_to_none=fu_set_to_none)
     assert torch.allclose(ours, fu, atol=1e-6)

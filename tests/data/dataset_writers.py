@@ -34,20 +34,26 @@ CREDIT_HEADER = (
     '"PAY_AMT2","PAY_AMT3","PAY_AMT4","PAY_AMT5","PAY_AMT6","default.payment.next.month"'
 )
 
-BANK_HEADER = ('"age";"job";"marital";"education";"default";"balance";"housing";"loan";"contact";'
-               '"day";"month";"duration";"campaign";"pdays";"previous";"poutcome";"y"')
+BANK_HEADER = (
+    '"age";"job";"marital";"education";"default";"balance";"housing";"loan";"contact";'
+    '"day";"month";"duration";"campaign";"pdays";"previous";"poutcome";"y"'
+)
 
 
-def write_cifar_batch(path: Path, images: np.ndarray, labels: Sequence[int], *,
-                      label_key: bytes, legacy_numpy_name: bool = True) -> None:
+def write_cifar_batch(
+    path: Path, images: np.ndarray, labels: Sequence[int], *, label_key: bytes, legacy_numpy_name: bool = True
+) -> None:
     """A CIFAR python pickle: dict with bytes keys, uint8 rows of 3072, a list of labels.
 
     The published files are Python 2 pickles (protocol 2) that name ``numpy.core.multiarray``;
     ``legacy_numpy_name`` rewrites the global to that name as in the real files.
     """
-    batch = {b"batch_label": b"testing batch 1 of 1", label_key: list(map(int, labels)),
-             b"data": images.reshape(len(images), -1).astype(np.uint8),
-             b"filenames": [f"img_{i}.png".encode() for i in range(len(images))]}
+    batch = {
+        b"batch_label": b"testing batch 1 of 1",
+        label_key: list(map(int, labels)),
+        b"data": images.reshape(len(images), -1).astype(np.uint8),
+        b"filenames": [f"img_{i}.png".encode() for i in range(len(images))],
+    }
     if label_key == b"fine_labels":
         batch[b"coarse_labels"] = [int(v) // 5 for v in labels]
     blob = pickle.dumps(batch, protocol=2)

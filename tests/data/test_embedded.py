@@ -32,10 +32,17 @@ def test_feature_scale_standardises_on_train_rows_then_scales() -> None:
 def test_scaled_stand_in_is_the_standardised_one_times_the_scale() -> None:
     """What the Epsilon-scale reproduction relies on: the same parties' inputs, only smaller."""
     columns = [[0, 1, 2], [3, 4, 5, 6, 7]]
-    standardised = partition(load_dataset("synthetic", **SHAPE), parties=2, active_has_features=True,
-                             split="columns", columns=columns)
-    scaled = partition(load_dataset("synthetic", **SHAPE, feature_scale=EPSILON), parties=2,
-                       active_has_features=True, split="columns", columns=columns, standardise=False)
+    standardised = partition(
+        load_dataset("synthetic", **SHAPE), parties=2, active_has_features=True, split="columns", columns=columns
+    )
+    scaled = partition(
+        load_dataset("synthetic", **SHAPE, feature_scale=EPSILON),
+        parties=2,
+        active_has_features=True,
+        split="columns",
+        columns=columns,
+        standardise=False,
+    )
     for a, b in ((standardised.passive[0], scaled.passive[0]), (standardised.active, scaled.active)):
         assert a is not None and b is not None
         assert torch.allclose(b.x_train, a.x_train * EPSILON, atol=1e-6)

@@ -134,8 +134,7 @@ def test_cifar_refuses_foreign_pickles(tmp_path: Path) -> None:
     (folder / "data_batch_2").write_bytes(b"not a pickle")
     with pytest.raises(DataError, match="data_batch_2"):
         load_dataset("cifar10", root=tmp_path)
-    write_cifar_batch(folder / "data_batch_2", np.zeros((1, 3, 32, 32), np.uint8), [1],
-                      label_key=b"fine_labels")
+    write_cifar_batch(folder / "data_batch_2", np.zeros((1, 3, 32, 32), np.uint8), [1], label_key=b"fine_labels")
     with pytest.raises(DataError, match="b'labels'"):
         load_dataset("cifar10", root=tmp_path)
 
@@ -153,8 +152,7 @@ def test_credit_default(tmp_path: Path) -> None:
     assert len(ds.feature_names) == 23 and "ID" not in ds.feature_names
     assert int(ds.y_train.sum()) == 4 and int(ds.y_test.sum()) == 1  # stratified
     by_key = {int(r[1]): r for r in rows}
-    for x, y in zip(torch.cat([ds.x_train, ds.x_test]), torch.cat([ds.y_train, ds.y_test]),
-                    strict=True):
+    for x, y in zip(torch.cat([ds.x_train, ds.x_test]), torch.cat([ds.y_train, ds.y_test]), strict=True):
         row = by_key[int(x[0])]
         assert x.tolist() == row[1:24].astype(float).tolist() and int(y) == row[24]
     again = load_dataset("credit_default", root=tmp_path, verify=False)
@@ -187,11 +185,27 @@ _MONTHS = ["may", "jun", "jul", "aug", "oct", "nov", "dec", "jan", "feb", "mar",
 def _write_bank(root: Path, n: int = 24) -> list[list[object]]:
     rows = []
     for i in range(n):
-        rows.append([30 + i, _JOBS[i % 6], ["married", "single", "divorced"][i % 3],
-                     ["tertiary", "secondary", "unknown", "primary"][i % 4], ["no", "yes"][i % 5 == 0],
-                     1000 + i, ["yes", "no"][i % 2], "no", ["unknown", "cellular", "telephone"][i % 3],
-                     1 + i % 28, _MONTHS[i % 12], 100 + i, 1 + i % 3, -1 if i % 2 else 90, i % 4,
-                     ["unknown", "failure", "other", "success"][i % 4], ["no", "yes"][i % 3 == 0]])
+        rows.append(
+            [
+                30 + i,
+                _JOBS[i % 6],
+                ["married", "single", "divorced"][i % 3],
+                ["tertiary", "secondary", "unknown", "primary"][i % 4],
+                ["no", "yes"][i % 5 == 0],
+                1000 + i,
+                ["yes", "no"][i % 2],
+                "no",
+                ["unknown", "cellular", "telephone"][i % 3],
+                1 + i % 28,
+                _MONTHS[i % 12],
+                100 + i,
+                1 + i % 3,
+                -1 if i % 2 else 90,
+                i % 4,
+                ["unknown", "failure", "other", "success"][i % 4],
+                ["no", "yes"][i % 3 == 0],
+            ]
+        )
     lines = [BANK_HEADER]
     for r in rows:
         lines.append(";".join(f'"{v}"' if isinstance(v, str) else str(v) for v in r))
@@ -206,18 +220,31 @@ def test_bank_marketing(tmp_path: Path) -> None:
     ds = load_dataset("bank_marketing", root=tmp_path)
     assert ds.x_train.shape == (19, 16) and ds.x_test.shape == (5, 16)
     assert ds.x_train.dtype == torch.float32 and ds.num_classes == 2
-    assert ds.feature_names == ("age", "job", "marital", "education", "default", "balance",
-                                "housing", "loan", "contact", "day", "month", "duration",
-                                "campaign", "pdays", "previous", "poutcome")
+    assert ds.feature_names == (
+        "age",
+        "job",
+        "marital",
+        "education",
+        "default",
+        "balance",
+        "housing",
+        "loan",
+        "contact",
+        "day",
+        "month",
+        "duration",
+        "campaign",
+        "pdays",
+        "previous",
+        "poutcome",
+    )
     cats = ds.meta["categories"]
-    assert set(cats) == {"job", "marital", "education", "default", "housing", "loan", "contact",
-                         "month", "poutcome"}
+    assert set(cats) == {"job", "marital", "education", "default", "housing", "loan", "contact", "month", "poutcome"}
     assert cats["job"] == tuple(sorted(_JOBS)) and cats["month"][0] == "apr"
     assert cats["default"] == ("no", "yes")
     by_balance = {r[5]: r for r in rows}
     names = ds.feature_names
-    for x, y in zip(torch.cat([ds.x_train, ds.x_test]), torch.cat([ds.y_train, ds.y_test]),
-                    strict=True):
+    for x, y in zip(torch.cat([ds.x_train, ds.x_test]), torch.cat([ds.y_train, ds.y_test]), strict=True):
         row = by_balance[int(x[5])]
         for j, name in enumerate(names):
             want = cats[name].index(row[j]) if name in cats else row[j]
@@ -269,11 +296,9 @@ def test_rt_iot2022(tmp_path: Path) -> None:
     assert ds.x_train.dtype == torch.float32 and ds.num_classes == 4
     assert ds.feature_names == tuple(RT_IOT_COLUMNS)
     assert ds.meta["classes"] == ("ARP_poisioning", "DOS_SYN_Hping", "MQTT_Publish", "Thing_Speak")
-    assert ds.meta["categories"] == {"proto": ("icmp", "tcp", "udp"),
-                                     "service": ("-", "dns", "http", "mqtt")}
+    assert ds.meta["categories"] == {"proto": ("icmp", "tcp", "udp"), "service": ("-", "dns", "http", "mqtt")}
     proto, service = RT_IOT_COLUMNS.index("proto"), RT_IOT_COLUMNS.index("service")
-    for x, y in zip(torch.cat([ds.x_train, ds.x_test]), torch.cat([ds.y_train, ds.y_test]),
-                    strict=True):
+    for x, y in zip(torch.cat([ds.x_train, ds.x_test]), torch.cat([ds.y_train, ds.y_test]), strict=True):
         i = int(x[0]) - 40000
         assert ds.meta["classes"][int(y)] == _ATTACKS[i % 4]
         assert ds.meta["categories"]["proto"][int(x[proto])] == ["tcp", "udp", "icmp"][i % 3]
@@ -379,8 +404,7 @@ def _write_csv(path: Path, sep: str = ",") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [sep.join(["id", "colour", "size", "kind"])]
     for i in range(20):
-        lines.append(sep.join([str(i), ["red", "blue", "green"][i % 3], f"{i * 0.5}",
-                               ["cat", "dog"][i % 2]]))
+        lines.append(sep.join([str(i), ["red", "blue", "green"][i % 3], f"{i * 0.5}", ["cat", "dog"][i % 2]]))
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -391,26 +415,22 @@ def test_csv(tmp_path: Path) -> None:
     assert ds.feature_names == ("id", "colour", "size") and ds.num_classes == 2
     assert ds.meta["classes"] == ("cat", "dog")
     assert ds.meta["categories"] == {"colour": ("blue", "green", "red")}
-    for x, y in zip(torch.cat([ds.x_train, ds.x_test]), torch.cat([ds.y_train, ds.y_test]),
-                    strict=True):
+    for x, y in zip(torch.cat([ds.x_train, ds.x_test]), torch.cat([ds.y_train, ds.y_test]), strict=True):
         i = int(x[0])
         assert ds.meta["categories"]["colour"][int(x[1])] == ["red", "blue", "green"][i % 3]
         assert x[2].item() == i * 0.5 and int(y) == i % 2
-    sub = load_dataset("csv", root=tmp_path, path=str(tmp_path / "mine" / "pets.csv"),
-                       label="kind", features=["size"])
+    sub = load_dataset("csv", root=tmp_path, path=str(tmp_path / "mine" / "pets.csv"), label="kind", features=["size"])
     assert sub.feature_names == ("size",) and sub.x_train.shape == (16, 1)
 
 
 def test_csv_separator_and_errors(tmp_path: Path) -> None:
     _write_csv(tmp_path / "pets.csv", sep=";")
-    ds = load_dataset("csv", root=tmp_path, path="pets.csv", label="kind", sep=";",
-                      test_fraction=0.5)
+    ds = load_dataset("csv", root=tmp_path, path="pets.csv", label="kind", sep=";", test_fraction=0.5)
     assert ds.x_train.shape == (10, 3)
     with pytest.raises(DataError, match=r"no label column 'species'.*\['id', 'colour', 'size', 'kind'\]"):
         load_dataset("csv", root=tmp_path, path="pets.csv", label="species", sep=";")
     with pytest.raises(DataError, match="no columns \\['weight'\\]"):
-        load_dataset("csv", root=tmp_path, path="pets.csv", label="kind", sep=";",
-                     features=["weight"])
+        load_dataset("csv", root=tmp_path, path="pets.csv", label="kind", sep=";", features=["weight"])
     with pytest.raises(DataError, match="needs the options path"):
         load_dataset("csv", root=tmp_path)
     with pytest.raises(DataError, match="no file") as exc:
@@ -471,8 +491,7 @@ def test_trec_options(tmp_path: Path) -> None:
     assert fine.num_classes == 7 and fine.meta["classes"][0] == "ABBR:exp"
     assert fine.meta["classes"][fine.y_test.item()] == "HUM:desc"
     assert fine.x_train.shape == (7, 4) and fine.x_test.shape == (1, 4)
-    assert set(fine.meta["vocab"][2:]) == {"what", "who", "was", "the", "popeye", "russia", "did",
-                                           "in"}
+    assert set(fine.meta["vocab"][2:]) == {"what", "who", "was", "the", "popeye", "russia", "did", "in"}
     with pytest.raises(DataError, match="'labels' = 'medium' is not valid; expected one of 'coarse', 'fine'"):
         load_dataset("trec", root=tmp_path, verify=False, labels="medium")
     with pytest.raises(DataError, match="max_len"):
@@ -500,8 +519,7 @@ def test_trec_checksum_and_format(tmp_path: Path) -> None:
 
 
 def test_tokenize() -> None:
-    assert tokenize("Who's the U.S. café-owner_1 ?") == ["who", "s", "the", "u", "s", "café",
-                                                         "owner", "1"]
+    assert tokenize("Who's the U.S. café-owner_1 ?") == ["who", "s", "the", "u", "s", "café", "owner", "1"]
 
 
 # --------------------------------------------------------------------------- AG News
@@ -512,7 +530,7 @@ def _write_ag_news(root: Path) -> None:
     folder.mkdir(parents=True)
     train = [
         '"3","Wall St. Bears Claw Back Into the Black (Reuters)","Reuters - Short-sellers, '
-        'Wall Street\'s dwindling\\band of ultra-cynics, are seeing green again."',
+        "Wall Street's dwindling\\band of ultra-cynics, are seeing green again.\"",
         '"2","Phelps wins ""gold"" again","ATHENS - Michael Phelps won, again."',
         '"1","Talks resume","Diplomats met in Geneva on Monday."',
         '"4","New chip","A faster chip, says Intel."',

@@ -67,8 +67,11 @@ def test_trec_real() -> None:
 
 
 def test_verify_real() -> None:
-    present = [n for n, folder in (("mnist", "mnist"), ("credit_default", "uci_credit_default"),
-                                   ("trec", "trec")) if (ROOT / folder).is_dir()]
+    present = [
+        n
+        for n, folder in (("mnist", "mnist"), ("credit_default", "uci_credit_default"), ("trec", "trec"))
+        if (ROOT / folder).is_dir()
+    ]
     if not present:
         pytest.skip(f"no shared datasets under {ROOT}")
     statuses = verify_datasets(ROOT, present)

@@ -25,8 +25,10 @@ def test_verify_reports_each_status(tmp_path: Path) -> None:
     assert statuses["digits"].status == "embedded"
     # cifar10 publishes no per-file checksums: present, but not verified, and the message names each file
     assert statuses["cifar10"].status == "unverified"
-    assert ("no published checksum for data_batch_1, data_batch_2, data_batch_3, data_batch_4, data_batch_5, "
-            "test_batch, so only their presence was checked") in statuses["cifar10"].message
+    assert (
+        "no published checksum for data_batch_1, data_batch_2, data_batch_3, data_batch_4, data_batch_5, "
+        "test_batch, so only their presence was checked"
+    ) in statuses["cifar10"].message
     assert statuses["trec"].status == "corrupt"
     assert "sha256" in statuses["trec"].message and "train_5500.label" in statuses["trec"].message
     credit = statuses["credit_default"]
@@ -38,8 +40,7 @@ def test_verify_reports_each_status(tmp_path: Path) -> None:
 def test_verify_selected_names(tmp_path: Path) -> None:
     write_credit(tmp_path / "uci_credit_default" / "UCI_Credit_Card.csv")
     statuses = verify_datasets(tmp_path, ["credit_default", "wine"])
-    assert [(s.name, s.status) for s in statuses] == [("credit_default", "corrupt"),
-                                                      ("wine", "embedded")]
+    assert [(s.name, s.status) for s in statuses] == [("credit_default", "corrupt"), ("wine", "embedded")]
     with pytest.raises(DataError, match="no fixed files"):
         verify_datasets(tmp_path, ["csv"])
     with pytest.raises(VFLBenchError, match="valid dataset names"):
@@ -70,8 +71,10 @@ def test_verify_names_each_missing_file_once(tmp_path: Path) -> None:
     (tmp_path / "cifar-10-batches-py" / "data_batch_3").unlink()
     status = verify_datasets(tmp_path, ["cifar10"])[0]
     assert status.status == "missing"
-    assert status.message.startswith(f"missing data_batch_3 in {tmp_path / 'cifar-10-batches-py'}/ (present: "
-                                     "data_batch_1, data_batch_2, data_batch_4, data_batch_5, test_batch)")
+    assert status.message.startswith(
+        f"missing data_batch_3 in {tmp_path / 'cifar-10-batches-py'}/ (present: "
+        "data_batch_1, data_batch_2, data_batch_4, data_batch_5, test_batch)"
+    )
     assert all(status.message.count(f) == 1 for f in ("data_batch_1", "data_batch_3", "test_batch"))
     mnist = verify_datasets(tmp_path, ["mnist"])[0].message
     assert mnist.count("train-images-idx3-ubyte.gz") == 1 and str(tmp_path / "mnist") in mnist

@@ -45,8 +45,15 @@ TRAIN = {"epochs": 25, "batch_size": 32, "optimizer": "adam", "lr": 1e-3}
 
 
 def _config(attack: dict | None, defenses: list[dict], *, seed: int = 0, train: dict | None = None):
-    return build_config(minimal(data=DATA, train={**TRAIN, **(train or {})}, defenses=defenses,
-                                attacks=[attack] if attack else [], seed=seed))
+    return build_config(
+        minimal(
+            data=DATA,
+            train={**TRAIN, **(train or {})},
+            defenses=defenses,
+            attacks=[attack] if attack else [],
+            seed=seed,
+        )
+    )
 
 
 def _rates(entry: dict) -> tuple[float, float]:
@@ -59,8 +66,10 @@ def test_splitguard_at_the_papers_settings_flags_dmavfl_unless_the_attacker_answ
     """Seed 0. Cooperative DMAVFL (training SplitGuard's fake batches on their randomised labels) is flagged at most
     decisions from early on, which halts the victim and spoils the reconstruction; the aware attacker passes like
     honest training and reconstructs. The honest reference is one run, shared by both."""
-    results = {mode: run_experiment(_config({"name": "dmavfl", "splitguard": mode}, [SG]), out_dir=tmp_path)
-               for mode in ("cooperative", "aware")}
+    results = {
+        mode: run_experiment(_config({"name": "dmavfl", "splitguard": mode}, [SG]), out_dir=tmp_path)
+        for mode in ("cooperative", "aware")
+    }
     coop, aware = (results[m].defense[0] for m in ("cooperative", "aware"))
     assert coop["honest_reference"] == aware["honest_reference"]
     assert coop["honest_reference"]["decisions"] == coop["details"]["decisions"] >= 60
@@ -133,8 +142,11 @@ class _RecordingDMAVFL(DMAVFL):
 
 @pytest.mark.parametrize("mode", ["cooperative", "aware"])
 def test_an_aware_dmavfl_never_applies_the_malicious_loss_on_a_fake_batch(mode):
-    cfg = _config({"name": "dmavfl", "pretrain_epochs": 1, "splitguard": mode},
-                  [{**SG, "p_fake": 0.3, "halt": False}], train={"epochs": 2})
+    cfg = _config(
+        {"name": "dmavfl", "pretrain_epochs": 1, "splitguard": mode},
+        [{**SG, "p_fake": 0.3, "halt": False}],
+        train={"epochs": 2},
+    )
     vd = load_vertical_data(cfg)
     plan = validate_attacks(cfg, vd)
     attack = _RecordingDMAVFL(pretrain_epochs=1, splitguard=mode)
@@ -167,8 +179,9 @@ def test_a_detector_counts_its_decisions_and_keeps_deciding_after_it_halts():
     assert (details["decisions"], details["flagged"], details["rate"]) == (5, 1, 0.2)  # 0.5 is not below 0.5
     assert details["first_flag_step"] == 1 and details["halted"]
     assert sg.on_received_gradient(g, state) is None  # halted: every update refused, the scoring goes on
-    watcher = _bind(SplitGuard(window=1, threshold=0.5, start=0, p_fake=0.0, vector="embedding", halt=False),
-                    "passive_1")
+    watcher = _bind(
+        SplitGuard(window=1, threshold=0.5, start=0, p_fake=0.0, vector="embedding", halt=False), "passive_1"
+    )
     watcher.record(state, 0.1)
     assert watcher.details()["flagged"] == 1 and not watcher.halted and watcher.on_received_gradient(g, state) is g
     assert _bind(SplitGuard(), "active").details() == {}  # the active instance only coordinates
@@ -181,32 +194,49 @@ def test_result_json_gives_both_rates_and_the_honest_reference_is_the_same_scena
     result = run_experiment(cfg, out_dir=tmp_path)
     honest, resolved = honest_config(cfg), cfg.resolved()
     assert honest.attacks == [] and (honest.seed, honest.data, honest.defenses, honest.train, honest.model) == (
-        resolved.seed, resolved.data, resolved.defenses, resolved.train, resolved.model)
+        resolved.seed,
+        resolved.data,
+        resolved.defenses,
+        resolved.train,
+        resolved.model,
+    )
     reference = json.loads((tmp_path / honest.hash() / "result.json").read_text())  # a run of its own, kept
     saved = json.loads((tmp_path / cfg.hash() / "result.json").read_text())
     assert saved["defense"] == [dict(d) for d in result.defense]
     for entry, theirs in zip(saved["defense"], reference["defense"], strict=True):
         own, ref = entry["details"], entry["honest_reference"]
         assert own["decisions"] >= 1 and own["rate"] == own["flagged"] / own["decisions"]
-        assert ref == {"config_hash": honest.hash(), "same_run": False, "without": ["dmavfl"],
-                       **{k: theirs["details"][k] for k in ("decisions", "flagged", "rate")}}
+        assert ref == {
+            "config_hash": honest.hash(),
+            "same_run": False,
+            "without": ["dmavfl"],
+            **{k: theirs["details"][k] for k in ("decisions", "flagged", "rate")},
+        }
         assert theirs["honest_reference"]["same_run"] and theirs["honest_reference"]["config_hash"] == honest.hash()
     # the same scenario: the same rows held out (the pool) and trained on
     vd = load_vertical_data(cfg)
     assert torch.equal(pool_rows(honest, vd.y_train), pool_rows(cfg, vd.y_train))
-    rows = [build_federation(c, vd, defenses=plan_defenses(c, ["passive_1"]),
-                             held_out=validate_attacks(c, vd).held_out()).train_rows for c in (cfg, honest)]
+    rows = [
+        build_federation(
+            c, vd, defenses=plan_defenses(c, ["passive_1"]), held_out=validate_attacks(c, vd).held_out()
+        ).train_rows
+        for c in (cfg, honest)
+    ]
     assert torch.equal(rows[0], rows[1])
     # an observer attack leaves the training as it is: that run is its own honest reference, with the same numbers
-    observed = run_experiment(build_config({**cfg.model_dump(mode="json", exclude={"sweep"}),
-                                            "attacks": [{"name": "model_completion"}]}), out_dir=tmp_path)
+    observed = run_experiment(
+        build_config({**cfg.model_dump(mode="json", exclude={"sweep"}), "attacks": [{"name": "model_completion"}]}),
+        out_dir=tmp_path,
+    )
     for entry, theirs in zip(observed.defense, reference["defense"], strict=True):
         assert entry["honest_reference"]["same_run"] and entry["details"]["decisions"] == theirs["details"]["decisions"]
         assert entry["details"]["flagged"] == theirs["details"]["flagged"]
     # a second attacked config of the same scenario reuses the honest run
     stamp = (tmp_path / honest.hash() / "result.json").stat().st_mtime_ns
-    aware = run_experiment(_config({"name": "dmavfl", "pretrain_epochs": 1, "splitguard": "aware"}, detectors,
-                                   train={"epochs": 3}), out_dir=tmp_path)
+    aware = run_experiment(
+        _config({"name": "dmavfl", "pretrain_epochs": 1, "splitguard": "aware"}, detectors, train={"epochs": 3}),
+        out_dir=tmp_path,
+    )
     assert (tmp_path / honest.hash() / "result.json").stat().st_mtime_ns == stamp
     assert aware.defense[0]["honest_reference"] == result.defense[0]["honest_reference"]
     # the CLI's table names both rates
@@ -226,8 +256,17 @@ def test_result_json_gives_both_rates_and_the_honest_reference_is_the_same_scena
 def _bind(defense, party: str, num_classes: int = 10, seed: int = 0, shared: Channel | None = None):
     """Bind ``defense`` at ``party``; ``shared`` is the federation's channel every instance talks through."""
     channel = Channel(PARTIES) if shared is None else shared
-    defense.bind(BindContext(party, "vhnn", num_classes, 2, torch.Generator().manual_seed(seed + hash(party) % 97),
-                             torch.Generator().manual_seed(seed), link=channel.endpoint(party)))
+    defense.bind(
+        BindContext(
+            party,
+            "vhnn",
+            num_classes,
+            2,
+            torch.Generator().manual_seed(seed + hash(party) % 97),
+            torch.Generator().manual_seed(seed),
+            link=channel.endpoint(party),
+        )
+    )
     return defense
 
 
@@ -270,10 +309,12 @@ def test_gradient_scrutinizer_federations_built_interleaved_keep_their_own_label
     y_a, y_b = torch.arange(30) % 3, (torch.arange(30) + 1) % 3
     shared_a = Channel(PARTIES)
     shared_b = Channel(PARTIES)
-    _bind(GradientScrutinizer(), "active", shared=shared_a).transform_labels(default_objective(y_a, 3,
-                                                                                                single_logit=False))
-    _bind(GradientScrutinizer(), "active", shared=shared_b).transform_labels(default_objective(y_b, 3,
-                                                                                                single_logit=False))
+    _bind(GradientScrutinizer(), "active", shared=shared_a).transform_labels(
+        default_objective(y_a, 3, single_logit=False)
+    )
+    _bind(GradientScrutinizer(), "active", shared=shared_b).transform_labels(
+        default_objective(y_b, 3, single_logit=False)
+    )
     passive_a = _bind(GradientScrutinizer(), "passive_1", shared=shared_a)
     passive_b = _bind(GradientScrutinizer(), "passive_1", shared=shared_b)
     assert torch.equal(passive_a.labels_, y_a) and torch.equal(passive_b.labels_, y_b)
@@ -334,7 +375,7 @@ def test_scrutinizer_score_separates_a_label_gap_from_none():
     gap = scrutinizer_score(steady, [0.9] * n, [0.05] * n, [0.05] * n, 50)
     none = scrutinizer_score(steady, [0.5] * n, [0.05] * n, [0.05] * n, 50)
     # gap 0.286 -> m_gap 0.606, err 0 -> m_err 2, disjoint -> m_iou 1: sigmoid(5 (1.21 - 0.7))
-    assert gap == pytest.approx(1 / (1 + math.exp(-5 * (0.2857 ** 0.4 * 2 - 0.7))), rel=1e-3)
+    assert gap == pytest.approx(1 / (1 + math.exp(-5 * (0.2857**0.4 * 2 - 0.7))), rel=1e-3)
     assert gap > 0.9 and none < 0.05
 
 

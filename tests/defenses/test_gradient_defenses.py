@@ -23,8 +23,11 @@ NAMES = ["dp_laplace", "isotropic_noise", "max_norm", "marvell", "gradient_compr
 
 def bound(name: str, seed: int = 0, num_classes: int = 2, **params):
     d = create_defense(name, **params)
-    d.bind(BindContext("active", "vhnn", num_classes, 2, torch.Generator().manual_seed(seed),
-                       torch.Generator().manual_seed(999)))
+    d.bind(
+        BindContext(
+            "active", "vhnn", num_classes, 2, torch.Generator().manual_seed(seed), torch.Generator().manual_seed(999)
+        )
+    )
     return d
 
 
@@ -62,10 +65,16 @@ def test_strength_alias_and_parameter_validation():
     assert create_defense("discrete_sgd").get_params() == {"bins": 6, "mode": "kang", "bound": 3e-2}
     with pytest.raises(ConfigError, match="has no parameter 'strength'"):
         create_defense("max_norm", strength=1.0)
-    for name, params in [("gradient_compression", {"ratio": 0}), ("gradient_compression", {"ratio": 1.5}),
-                         ("discrete_sgd", {"bins": 0}), ("discrete_sgd", {"bins": 2.5}),
-                         ("discrete_sgd", {"mode": "other"}), ("dp_laplace", {"scale": -1}),
-                         ("isotropic_noise", {"alpha": -1}), ("marvell", {"init_scale": -1})]:
+    for name, params in [
+        ("gradient_compression", {"ratio": 0}),
+        ("gradient_compression", {"ratio": 1.5}),
+        ("discrete_sgd", {"bins": 0}),
+        ("discrete_sgd", {"bins": 2.5}),
+        ("discrete_sgd", {"mode": "other"}),
+        ("dp_laplace", {"scale": -1}),
+        ("isotropic_noise", {"alpha": -1}),
+        ("marvell", {"init_scale": -1}),
+    ]:
         with pytest.raises(ConfigError, match=name):
             create_defense(name, **params)
 
@@ -73,8 +82,15 @@ def test_strength_alias_and_parameter_validation():
 # ------------------------------------------------------------------------------------ identity
 
 
-@pytest.mark.parametrize(("name", "params"), [("dp_laplace", {"scale": 0}), ("isotropic_noise", {"alpha": 0}),
-                                              ("marvell", {"init_scale": 0}), ("gradient_compression", {"ratio": 1.0})])
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("dp_laplace", {"scale": 0}),
+        ("isotropic_noise", {"alpha": 0}),
+        ("marvell", {"init_scale": 0}),
+        ("gradient_compression", {"ratio": 1.0}),
+    ],
+)
 def test_neutral_strength_is_the_identity(name, params):
     g = gradient()
     y = (torch.arange(64) % 3 == 0).long()
@@ -144,11 +160,19 @@ def _feasible(p: float, d: int, P: float, weights: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # SLSQP probing where the objective is infinite
-@pytest.mark.parametrize(("u", "v", "G", "p", "d", "P"), [
-    (1.0, 2.0, 3.0, 0.3, 16, 3.0), (2.0, 1.0, 3.0, 0.3, 16, 3.0), (0.0, 0.0, 1.0, 0.4, 8, 2.0),
-    (1e-9, 5e-9, 1e-6, 0.5, 1, 1e-6), (0.0, 1.0, 1.0, 0.5, 4, 10.0), (0.3, 0.0, 2.0, 0.7, 128, 24.0),
-    (4e-8, 3e-8, 2e-7, 0.2, 16, 8e-7), (1.0, 1.0, 0.5, 0.5, 2, 0.05),
-])
+@pytest.mark.parametrize(
+    ("u", "v", "G", "p", "d", "P"),
+    [
+        (1.0, 2.0, 3.0, 0.3, 16, 3.0),
+        (2.0, 1.0, 3.0, 0.3, 16, 3.0),
+        (0.0, 0.0, 1.0, 0.4, 8, 2.0),
+        (1e-9, 5e-9, 1e-6, 0.5, 1, 1e-6),
+        (0.0, 1.0, 1.0, 0.5, 4, 10.0),
+        (0.3, 0.0, 2.0, 0.7, 128, 24.0),
+        (4e-8, 3e-8, 2e-7, 0.2, 16, 8e-7),
+        (1.0, 1.0, 0.5, 0.5, 2, 0.05),
+    ],
+)
 def test_marvell_solver_is_feasible_and_beats_simple_points(u, v, G, p, d, P):
     lam = marvell_solve(u, v, G, p, d, P)
     assert min(lam) >= 0
@@ -164,8 +188,13 @@ def test_marvell_solver_is_feasible_and_beats_simple_points(u, v, G, p, d, P):
     candidates += [_feasible(p, d, P, rng.dirichlet(np.ones(4))) for _ in range(500)]
     coef = np.array([1 - p, (1 - p) * (d - 1), p, p * (d - 1)])
     for x0 in candidates[:25]:  # a generic local solver over all four variances, from many starts
-        r = minimize(objective, x0, method="SLSQP", bounds=[(0, None)] * 4,
-                     constraints=[{"type": "eq", "fun": lambda x: (coef @ x - P) / P}])
+        r = minimize(
+            objective,
+            x0,
+            method="SLSQP",
+            bounds=[(0, None)] * 4,
+            constraints=[{"type": "eq", "fun": lambda x: (coef @ x - P) / P}],
+        )
         if r.success and abs(coef @ r.x - P) <= 1e-8 * P:
             candidates.append(np.clip(r.x, 0, None))
     assert all(marvell_power(*x, p=p, d=d) == pytest.approx(P, rel=1e-6) for x in candidates)
@@ -268,15 +297,26 @@ def test_discrete_sgd_fu_mode_rounds_to_the_grid_without_clipping():
 
 
 def _vhnn(defenses):
-    return build_config(minimal(data={"name": "breast_cancer"}, train={"batch_size": 32, "epochs": 2},
-                                defenses=defenses, attacks=[{"name": "norm_scoring", "epochs": [0]},
-                                                            {"name": "direction_scoring", "epochs": [0]}]))
+    return build_config(
+        minimal(
+            data={"name": "breast_cancer"},
+            train={"batch_size": 32, "epochs": 2},
+            defenses=defenses,
+            attacks=[{"name": "norm_scoring", "epochs": [0]}, {"name": "direction_scoring", "epochs": [0]}],
+        )
+    )
 
 
 def _vlr(defenses):
-    return build_config(minimal(data={"name": "breast_cancer"}, model={"bottom": "logreg", "top": "identity"},
-                                train={"algorithm": "vlr", "batch_size": 32, "epochs": 2}, defenses=defenses,
-                                attacks=[{"name": "direct_label_inference"}]))
+    return build_config(
+        minimal(
+            data={"name": "breast_cancer"},
+            model={"bottom": "logreg", "top": "identity"},
+            train={"algorithm": "vlr", "batch_size": 32, "epochs": 2},
+            defenses=defenses,
+            attacks=[{"name": "direct_label_inference"}],
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -298,9 +338,10 @@ def test_isotropic_noise_lowers_direction_scoring(vhnn_baseline):
     assert abs(ds.value - 0.5) < 0.5 * abs(vhnn_baseline[1] - 0.5)
 
 
-@pytest.mark.parametrize(("name", "params"), [("dp_laplace", {"scale": 0.1}),
-                                              ("gradient_compression", {"ratio": 0.1}),
-                                              ("discrete_sgd", {"bins": 2})])
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [("dp_laplace", {"scale": 0.1}), ("gradient_compression", {"ratio": 0.1}), ("discrete_sgd", {"bins": 2})],
+)
 def test_vlr_defenses_lower_direct_label_inference(name, params):
     [dl] = run_experiment(_vlr([{"name": name, **params}])).attacks
     assert dl.value < 0.75  # 1.0 without defense (tests/attacks/test_label_attacks.py)

@@ -30,8 +30,9 @@ NAMES = ("label_dp", "kdk", "coae", "mixup")
 
 
 def _bind(defense, num_classes, party=ACTIVE, seed=0):
-    defense.bind(BindContext(party, "vhnn", num_classes, 2, generator(seed, "t", "private"),
-                             generator(seed, "t", "shared")))
+    defense.bind(
+        BindContext(party, "vhnn", num_classes, 2, generator(seed, "t", "private"), generator(seed, "t", "shared"))
+    )
     return defense
 
 
@@ -49,14 +50,16 @@ def test_label_defenses_are_registered_with_their_threat_model():
     assert DEFENSES.get("label_dp").factory.strength_direction == "smaller is stronger"
     with pytest.raises(ConfigError, match="'epsilon' = -1 is not valid; it must be >= 0"):
         create_defense("label_dp", epsilon=-1)
-    mixed = _bind(create_defense("mixup"), 10).transform_labels(default_objective(torch.arange(10), 10,
-                                                                                  single_logit=False))
+    mixed = _bind(create_defense("mixup"), 10).transform_labels(
+        default_objective(torch.arange(10), 10, single_logit=False)
+    )
     with pytest.raises(ConfigError, match="list 'mixup' after it"):
         _bind(create_defense("kdk"), 10).transform_labels(mixed)
 
 
-@pytest.mark.parametrize("spec", [{"name": "label_dp", "epsilon": math.inf}, {"name": "mixup", "n_mix": 1},
-                                  {"name": "kdk", "epsilon": 0.0}])
+@pytest.mark.parametrize(
+    "spec", [{"name": "label_dp", "epsilon": math.inf}, {"name": "mixup", "n_mix": 1}, {"name": "kdk", "epsilon": 0.0}]
+)
 def test_neutral_value_is_the_identity(spec):
     train = {"epochs": 2}
     plain = run_experiment(build_config(minimal(train=train)))
@@ -151,13 +154,20 @@ def test_coae_decodes_its_own_confusing_codes(coae_objective):
     assert torch.allclose(obj.scores(codes.log()).sum(1), torch.ones(10))
     # ... while the codes themselves point at other classes
     assert (codes.argmax(1) != torch.arange(10)).double().mean() >= 0.5
-    assert coae.on_epoch_end(0) == {"decode_accuracy": coae.decode_accuracy_,
-                                    "confused_classes": coae.confused_classes_}
+    assert coae.on_epoch_end(0) == {
+        "decode_accuracy": coae.decode_accuracy_,
+        "confused_classes": coae.confused_classes_,
+    }
 
 
 def _mixup_federation(algorithm, n_mix=3, parties=3):
-    cfg = build_config(minimal(data={"parties": parties}, train={"algorithm": algorithm},
-                               defenses=[{"name": "mixup", "n_mix": n_mix, "alpha": 0.5}]))
+    cfg = build_config(
+        minimal(
+            data={"parties": parties},
+            train={"algorithm": algorithm},
+            defenses=[{"name": "mixup", "n_mix": n_mix, "alpha": 0.5}],
+        )
+    )
     vd = load_vertical_data(cfg)
     names = [f"passive_{i + 1}" for i in range(len(vd.passive))]
     return build_federation(cfg, vd, defenses=plan_defenses(cfg, names)), vd
@@ -224,8 +234,9 @@ def test_training_with_mixup_still_learns_digits():
 @pytest.mark.slow
 def test_label_dp_at_small_epsilon_reduces_model_completion():
     def mc(defenses):
-        cfg = build_config(minimal(train={"epochs": 10}, defenses=defenses,
-                                   attacks=[{"name": "model_completion", "prior": "random"}]))
+        cfg = build_config(
+            minimal(train={"epochs": 10}, defenses=defenses, attacks=[{"name": "model_completion", "prior": "random"}])
+        )
         result = run_experiment(cfg)
         return result.attacks[0].value, result.utility.value
 

@@ -35,8 +35,11 @@ FAST = {"epochs": 20, "batch_size": 64, "lr": 0.01, "optimizer": "adam"}
 
 
 def _bound(defense: LabObf, num_classes: int, party: str = ACTIVE, parties: int = 2) -> LabObf:
-    defense.bind(BindContext(party, "vhnn", num_classes, parties, torch.Generator().manual_seed(1),
-                             torch.Generator().manual_seed(2)))
+    defense.bind(
+        BindContext(
+            party, "vhnn", num_classes, parties, torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
+        )
+    )
     return defense
 
 
@@ -77,15 +80,18 @@ def test_two_party_binning_is_the_papers_threshold_rule():
         assert torch.allclose(cut, torch.arange(1, bins, dtype=torch.float64) / bins, atol=0.01)
 
 
-@pytest.mark.parametrize(("soft", "message"), [
-    ([[0.0, 0.5], [0.5, 1.0]], "appears in classes 0 and 1"),
-    ([[0.0, 0.0], [0.5, 1.0]], "twice in the same class"),
-    ([[0.0, 0.6], []], r"soft_labels\[1\] must be a non-empty list"),
-    ([0.0, 1.0], r"'soft_labels' = \[0.0, 1.0\] is not valid; expected a list of lists of finite numbers, or null"),
-    ([[0.0, float("nan")], [1.0]], "finite numbers"),
-    ([[0.0, "a"], [1.0]], "finite numbers"),
-    ([], "one list of soft labels per class"),
-])
+@pytest.mark.parametrize(
+    ("soft", "message"),
+    [
+        ([[0.0, 0.5], [0.5, 1.0]], "appears in classes 0 and 1"),
+        ([[0.0, 0.0], [0.5, 1.0]], "twice in the same class"),
+        ([[0.0, 0.6], []], r"soft_labels\[1\] must be a non-empty list"),
+        ([0.0, 1.0], r"'soft_labels' = \[0.0, 1.0\] is not valid; expected a list of lists of finite numbers, or null"),
+        ([[0.0, float("nan")], [1.0]], "finite numbers"),
+        ([[0.0, "a"], [1.0]], "finite numbers"),
+        ([], "one list of soft labels per class"),
+    ],
+)
 def test_user_soft_labels_are_validated(soft, message):
     with pytest.raises(ConfigError, match=message):
         create_defense("labobf", soft_labels=soft)
@@ -170,8 +176,9 @@ def test_image_slices_are_refused():
 
 
 def _run(defenses, attacks=(), train=FAST, **data):
-    return run_experiment(build_config(minimal(data={**SYNTH, **data}, train=train, defenses=list(defenses),
-                                               attacks=list(attacks))))
+    return run_experiment(
+        build_config(minimal(data={**SYNTH, **data}, train=train, defenses=list(defenses), attacks=list(attacks)))
+    )
 
 
 @pytest.mark.slow
@@ -227,9 +234,14 @@ def test_embedding_extension_defeats_dcor(one_thread):
 
 @pytest.mark.parametrize("inner_steps", [0, 5])
 def test_generator_is_trained_only_by_the_attackers_inner_loop(inner_steps, one_thread):
-    cfg = build_config(minimal(data=SYNTH, model={"embed_dim": 10}, defenses=[{"name": "dcor", "weight": 1.0}],
-                               attacks=[{"name": "embedding_extension", "known_per_class": 20,
-                                         "inner_steps": inner_steps}]))
+    cfg = build_config(
+        minimal(
+            data=SYNTH,
+            model={"embed_dim": 10},
+            defenses=[{"name": "dcor", "weight": 1.0}],
+            attacks=[{"name": "embedding_extension", "known_per_class": 20, "inner_steps": inner_steps}],
+        )
+    )
     vd = load_vertical_data(cfg)
     plan = validate_attacks(cfg, vd)
     fed = build_federation(cfg, vd, defenses=plan_defenses(cfg, ["passive_1"]), extra_dims=plan.extra_dims())
@@ -253,8 +265,7 @@ def test_generator_is_trained_only_by_the_attackers_inner_loop(inner_steps, one_
 
 
 def test_embedding_extension_needs_concat():
-    cfg = build_config(minimal(data=SYNTH, train={"aggregation": "sum"},
-                               attacks=[{"name": "embedding_extension"}]))
+    cfg = build_config(minimal(data=SYNTH, train={"aggregation": "sum"}, attacks=[{"name": "embedding_extension"}]))
     with pytest.raises(CompatibilityError, match="concat"):
         validate_attacks(cfg, load_vertical_data(cfg))
 
@@ -265,9 +276,14 @@ def test_embedding_extension_needs_concat():
 def _mixmatch_pair(defenses):
     """Plain and adaptive MixMatch installed side by side in one run (tiny budget)."""
     small = {"epochs": 2, "val_iteration": 8, "known_per_class": 20}
-    cfg = build_config(minimal(data=SYNTH, train={**FAST, "epochs": 3}, defenses=defenses,
-                               attacks=[{"name": "model_completion_mixmatch", **small},
-                                        {"name": "labobf_adaptive_mixmatch", **small}]))
+    cfg = build_config(
+        minimal(
+            data=SYNTH,
+            train={**FAST, "epochs": 3},
+            defenses=defenses,
+            attacks=[{"name": "model_completion_mixmatch", **small}, {"name": "labobf_adaptive_mixmatch", **small}],
+        )
+    )
     vd = load_vertical_data(cfg)
     plan = validate_attacks(cfg, vd)
     run = train_run(cfg, vd, attacks=plan)
@@ -291,9 +307,15 @@ def _mixmatch_values(defenses, seed):
     """Plain and adaptive MixMatch (shared draws) on one trained run at a small but working budget: the attack
     reaches AUC 0.7 on the undefended model."""
     small = {"epochs": 5, "val_iteration": 100, "known_per_class": 20, "prior": "random"}
-    cfg = build_config(minimal(data=SYNTH, train=FAST, defenses=defenses, seed=seed,
-                               attacks=[{"name": "model_completion_mixmatch", **small},
-                                        {"name": "labobf_adaptive_mixmatch", **small}]))
+    cfg = build_config(
+        minimal(
+            data=SYNTH,
+            train=FAST,
+            defenses=defenses,
+            seed=seed,
+            attacks=[{"name": "model_completion_mixmatch", **small}, {"name": "labobf_adaptive_mixmatch", **small}],
+        )
+    )
     vd = load_vertical_data(cfg)
     plan = validate_attacks(cfg, vd)
     plain, adaptive = run_attacks(plan, train_run(cfg, vd, attacks=plan))[0]

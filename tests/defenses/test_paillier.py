@@ -44,9 +44,14 @@ ROWS, BATCH = 64, 16
 
 
 def _federation(defenses, *, train=None, model=None, data=None, keep=None):
-    cfg = build_config(minimal(data={"train_size": ROWS, "test_size": 32, **(data or {})},
-                               model=model or {"bottom": "logreg", "embed_dim": 4},
-                               train={"momentum": 0.0, "batch_size": BATCH, **(train or {})}, defenses=defenses))
+    cfg = build_config(
+        minimal(
+            data={"train_size": ROWS, "test_size": 32, **(data or {})},
+            model=model or {"bottom": "logreg", "embed_dim": 4},
+            train={"momentum": 0.0, "batch_size": BATCH, **(train or {})},
+            defenses=defenses,
+        )
+    )
     vd = load_vertical_data(cfg)
     names = [f"passive_{i + 1}" for i in range(len(vd.passive))]
     return build_federation(cfg, vd, defenses=plan_defenses(cfg, names), keep=keep), vd
@@ -95,9 +100,11 @@ def test_registered_with_parameters_and_validation():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("train", [{}, {"momentum": 0.9, "weight_decay": 0.01}, {"lr": 0.05, "schedule": "step",
-                                                                                 "step_size": 1, "gamma": 0.5}],
-                         ids=["sgd", "momentum_wd_rescaling", "lr_schedule"])
+@pytest.mark.parametrize(
+    "train",
+    [{}, {"momentum": 0.9, "weight_decay": 0.01}, {"lr": 0.05, "schedule": "step", "step_size": 1, "gamma": 0.5}],
+    ids=["sgd", "momentum_wd_rescaling", "lr_schedule"],
+)
 def test_encrypted_training_equals_plaintext_sgd(train):
     plain, vd = _federation([], train=train)
     he, _ = _federation([HE], train=train)
@@ -244,8 +251,14 @@ def test_checkpoint_state_and_end_to_end_run(tmp_path):
     restored, original = clone[-1].params["weight"].cts, layer.params["weight"].cts
     assert [int(c) for c in restored.ravel()] == [int(c) for c in original.ravel()]
     assert clone[-1].link is layer.link  # a copy talks to the same key holder; it never holds the key
-    cfg = build_config(minimal(data={"train_size": ROWS, "test_size": 32}, model={"bottom": "logreg", "embed_dim": 4},
-                               train={"momentum": 0.0, "batch_size": 32, "epochs": 1}, defenses=[HE]))
+    cfg = build_config(
+        minimal(
+            data={"train_size": ROWS, "test_size": 32},
+            model={"bottom": "logreg", "embed_dim": 4},
+            train={"momentum": 0.0, "batch_size": 32, "epochs": 1},
+            defenses=[HE],
+        )
+    )
     result = run_experiment(cfg, out_dir=tmp_path)
     assert result is not None
     assert (tmp_path / cfg.hash() / "metrics.jsonl").read_text().count("paillier_he.side_bytes_up") == 1
@@ -300,8 +313,9 @@ def test_the_passive_half_holds_no_private_key_and_no_active_object():
     he, _ = _federation([HE], train={"momentum": 0.9, "weight_decay": 0.01})
     _train(he, 6)
     passive = he.passives[0]
-    active_objects = {id(o) for o in (*he.active.defenses, he.active.defenses[0].holder_, he.active.top,
-                                      *he.active.top.modules())}
+    active_objects = {
+        id(o) for o in (*he.active.defenses, he.active.defenses[0].holder_, he.active.top, *he.active.top.modules())
+    }
     for root in (*passive.defenses, passive.bottom):
         reachable = _reachable(root)
         assert not [o for o in reachable if isinstance(o, phe_paillier.PaillierPrivateKey | PaillierKeyHolder)]
@@ -339,9 +353,14 @@ def test_setup_sends_the_public_key_as_a_message_and_the_holder_checks_its_reque
 
 def test_paillier_traffic_reaches_result_json_comm(tmp_path):
     """Old design: the side exchanges were counted by a private HEComm that never reached result.json."""
-    cfg = build_config(minimal(data={"train_size": ROWS, "test_size": 16}, model={"bottom": "logreg", "embed_dim": 4},
-                               train={"momentum": 0.9, "weight_decay": 0.01, "batch_size": BATCH, "epochs": 2},
-                               defenses=[HE]))
+    cfg = build_config(
+        minimal(
+            data={"train_size": ROWS, "test_size": 16},
+            model={"bottom": "logreg", "embed_dim": 4},
+            train={"momentum": 0.9, "weight_decay": 0.01, "batch_size": BATCH, "epochs": 2},
+            defenses=[HE],
+        )
+    )
     run_experiment(cfg, out_dir=tmp_path)
     result = json.loads((tmp_path / cfg.hash() / "result.json").read_text())
     by_kind = result["comm"]["by_kind"]

@@ -70,8 +70,9 @@ def test_distance_correlation_gradient_is_exact_and_finite_at_coincident_rows():
     assert torch.isfinite(h.grad).all()
 
 
-@pytest.mark.parametrize("spec", [{"name": "dcor", "weight": 0}, {"name": "nopeek", "alpha": 0},
-                                  {"name": "embedding_noise", "strength": 0}])
+@pytest.mark.parametrize(
+    "spec", [{"name": "dcor", "weight": 0}, {"name": "nopeek", "alpha": 0}, {"name": "embedding_noise", "strength": 0}]
+)
 def test_strength_zero_is_the_identity(spec):
     def curve(defenses):
         return run_experiment(build_config(minimal(train={"epochs": 3}, defenses=defenses))).utility.per_epoch
@@ -87,16 +88,27 @@ def test_registered_with_metadata_and_validated_parameters():
             assert create_defense(name, strength=0.25).get_params()[cls.strength_param] == 0.25
     assert DEFENSES.get("precode").factory.strength_param is None
     assert create_defense("dcor").get_params() == {"weight": 0.15, "form": "dcor"}
-    for name, bad in [("dcor", {"form": "square"}), ("dcor", {"weight": -1}), ("nopeek", {"weighting": "mixed"}),
-                      ("nopeek", {"alpha": 2, "weighting": "convex"}), ("fedpass", {"active_passport": "side"}),
-                      ("mid", {"bottleneck_scale": 0}), ("embedding_noise", {"sigma": -0.1})]:
+    for name, bad in [
+        ("dcor", {"form": "square"}),
+        ("dcor", {"weight": -1}),
+        ("nopeek", {"weighting": "mixed"}),
+        ("nopeek", {"alpha": 2, "weighting": "convex"}),
+        ("fedpass", {"active_passport": "side"}),
+        ("mid", {"bottleneck_scale": 0}),
+        ("embedding_noise", {"sigma": -0.1}),
+    ]:
         with pytest.raises(ConfigError, match=name):
             create_defense(name, **bad)
 
 
 def test_mid_puts_one_bottleneck_per_passive_slice_and_its_kl_reaches_the_loss():
-    cfg = build_config(minimal(data={"parties": 3}, train={"optimizer": "adam", "lr": 0.01},  # Adam as in VFLAIR
-                               defenses=[{"name": "mid"}]))
+    cfg = build_config(
+        minimal(
+            data={"parties": 3},
+            train={"optimizer": "adam", "lr": 0.01},  # Adam as in VFLAIR
+            defenses=[{"name": "mid"}],
+        )
+    )
     vd = load_vertical_data(cfg)
     fed = build_federation(cfg, vd, defenses=plan_defenses(cfg, ["passive_1", "passive_2"]))
     top, [mid] = fed.active.top, fed.active.defenses
@@ -116,21 +128,34 @@ def test_mid_puts_one_bottleneck_per_passive_slice_and_its_kl_reaches_the_loss()
     assert run_experiment(cfg).utility.value > 0.7
 
 
-@pytest.mark.parametrize(("config", "message"), [
-    (minimal(train={"aggregation": "sum"}, defenses=[{"name": "mid"}]), "aggregation: concat"),
-    (minimal(data={"name": "breast_cancer"}, model={"bottom": "logreg", "top": "identity"},
-             train={"algorithm": "vlr"}, defenses=[{"name": "mid"}]), "VLR"),
-])
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (minimal(train={"aggregation": "sum"}, defenses=[{"name": "mid"}]), "aggregation: concat"),
+        (
+            minimal(
+                data={"name": "breast_cancer"},
+                model={"bottom": "logreg", "top": "identity"},
+                train={"algorithm": "vlr"},
+                defenses=[{"name": "mid"}],
+            ),
+            "VLR",
+        ),
+    ],
+)
 def test_mid_needs_concatenated_embeddings_and_a_top_model(config, message):
     with pytest.raises(CompatibilityError, match=message):
         run_experiment(build_config(config))
 
 
-@pytest.mark.parametrize(("spec", "train"), [
-    ({"name": "fedpass"}, {"optimizer": "adam", "lr": 0.01}),
-    ({"name": "fedpass", "active_passport": "top"}, {"optimizer": "adam", "lr": 0.01}),
-    ({"name": "precode"}, {}),
-])
+@pytest.mark.parametrize(
+    ("spec", "train"),
+    [
+        ({"name": "fedpass"}, {"optimizer": "adam", "lr": 0.01}),
+        ({"name": "fedpass", "active_passport": "top"}, {"optimizer": "adam", "lr": 0.01}),
+        ({"name": "precode"}, {}),
+    ],
+)
 def test_bottleneck_wrappers_train_and_belong_to_their_owner(spec, train):
     cfg = build_config(minimal(train=train, defenses=[spec]))
     vd = load_vertical_data(cfg)
@@ -174,8 +199,11 @@ def test_dcor_lowers_model_completion_on_breast_cancer():
     attack = [{"name": "model_completion", "prior": "scratch", "finetune_bottom": False}]
 
     def run(defenses):
-        return run_experiment(build_config(minimal(data={"name": "breast_cancer"}, train={"batch_size": 32},
-                                                   defenses=defenses, attacks=attack)))
+        return run_experiment(
+            build_config(
+                minimal(data={"name": "breast_cancer"}, train={"batch_size": 32}, defenses=defenses, attacks=attack)
+            )
+        )
 
     plain, defended = run([]), run([{"name": "dcor", "weight": 1.0}])
     assert plain.attacks[0].value > 0.95

@@ -31,8 +31,14 @@ SYNTHETIC = {"n_samples": 2000, "n_features": 40, "n_informative": 30, "n_classe
 
 
 def _federation(defense, **train):
-    cfg = build_config(minimal(data={**POOL, "aux_pool": 200}, model={"bottom": "mlp3", "top": "mlp2"},
-                               train={"epochs": 3, **train}, defenses=[defense]))
+    cfg = build_config(
+        minimal(
+            data={**POOL, "aux_pool": 200},
+            model={"bottom": "mlp3", "top": "mlp2"},
+            train={"epochs": 3, **train},
+            defenses=[defense],
+        )
+    )
     vd = load_vertical_data(cfg)
     return cfg, vd, build_federation(cfg, vd, defenses=plan_defenses(cfg, ["passive_1"]))
 
@@ -76,13 +82,13 @@ def test_no_tensor_the_passive_party_stores_equals_the_effective_weight():
         ids = torch.randperm(len(vd.y_train), generator=g)[:64]
         fed.train_step(ids, epoch=0, step=step)
         secrets = [oracle_effective_weight(layer.shared)[0].float() for layer in party.bottom.layers()]
-        held = (list(_tensors(party.bottom)) + list(_tensors(party.optimizer.state))
-                + list(_tensors(party.transcript)))
+        held = list(_tensors(party.bottom)) + list(_tensors(party.optimizer.state)) + list(_tensors(party.transcript))
         for secret in secrets:
             for t in held:
                 if t.shape == secret.shape and t.is_floating_point():
                     assert not torch.allclose(t.float(), secret, atol=1e-3), (
-                        "plaintext weight found at the passive party")
+                        "plaintext weight found at the passive party"
+                    )
 
 
 def test_attacker_copy_reinitialises_masked_layers():
@@ -106,8 +112,11 @@ def test_alls_with_sigma_zero_trains_like_vanilla():
     see tests/mpc); SGD then amplifies such differences like any 1e-4 perturbation of the initial
     weights, so the final accuracies are compared with a tolerance of 3 points on digits."""
     vanilla = run_experiment(build_config(minimal(data=POOL, model={"bottom": "mlp3", "top": "mlp2"})))
-    masked = run_experiment(build_config(minimal(data=POOL, model={"bottom": "mlp3", "top": "mlp2"},
-                                                 defenses=[{"name": "vmask_alls", "sigma": 0.0}])))
+    masked = run_experiment(
+        build_config(
+            minimal(data=POOL, model={"bottom": "mlp3", "top": "mlp2"}, defenses=[{"name": "vmask_alls", "sigma": 0.0}])
+        )
+    )
     assert abs(vanilla.utility.value - masked.utility.value) <= 0.03
     # it trains (chance is 0.1): 0.853 on the CPU, 0.844 on an H100, whose float sums are another sample of the run
     assert masked.utility.value >= 0.8
@@ -137,20 +146,34 @@ def test_vmask_holds_the_reinit_attacker_near_scratch():
     """Against the paper's attacker only (``attacker_view: reinit``: masked layers re-initialised).
     This holds by construction whenever layers end masked, whatever the protocol does; the attacker
     that uses what it receives is test_recovered_attacker_solves_the_effective_weights."""
-    base = minimal(data={"name": "synthetic", "options": SYNTHETIC, "aux_pool": 300},
-                   model={"bottom": "mlp3", "top": "mlp2"},
-                   train={"epochs": 6}, attacks=[{"name": "model_completion", "prior": "scratch", "epochs": 25}])
+    base = minimal(
+        data={"name": "synthetic", "options": SYNTHETIC, "aux_pool": 300},
+        model={"bottom": "mlp3", "top": "mlp2"},
+        train={"epochs": 6},
+        attacks=[{"name": "model_completion", "prior": "scratch", "epochs": 25}],
+    )
     vanilla = run_experiment(build_config(base)).attacks[0]
     protected = run_experiment(build_config({**base, "defenses": [{"name": "vmask", "aux_size": 300}]})).attacks[0]
     assert vanilla.details["attacker_view"] == "plain" and protected.details["attacker_view"] == "reinit"
-    assert vanilla.value > vanilla.prior + 0.1           # the attack works without defense
+    assert vanilla.value > vanilla.prior + 0.1  # the attack works without defense
     # VMask removes more than half of the reinit attacker's leakage above the scratch prior (paper: all of it)
     assert protected.value - protected.prior < 0.5 * (vanilla.value - vanilla.prior)
 
 
 def _trained_with_attacks(defense, attacks, epochs=4, seed=0, **sections):
-    cfg = build_config(minimal(**{"data": POOL, "model": {"bottom": "mlp3", "top": "mlp2"}, "train": {"epochs": epochs},
-                                  "defenses": [defense], "attacks": attacks, "seed": seed, **sections}))
+    cfg = build_config(
+        minimal(
+            **{
+                "data": POOL,
+                "model": {"bottom": "mlp3", "top": "mlp2"},
+                "train": {"epochs": epochs},
+                "defenses": [defense],
+                "attacks": attacks,
+                "seed": seed,
+                **sections,
+            }
+        )
+    )
     vd = load_vertical_data(cfg)
     plan = validate_attacks(cfg, vd)
     run = train_run(cfg, vd, attacks=plan)
@@ -168,8 +191,10 @@ def test_recovered_attacker_solves_the_effective_weights(sigma):
     mc = {"prior": "scratch", "epochs": 25}
     plan, run, (reinit, recovered) = _trained_with_attacks(
         {"name": "vmask_alls", "sigma": sigma},
-        [{"name": "model_completion", **mc}, {"name": "vmask_weight_recovery", **mc}], epochs=6,
-        data={"name": "synthetic", "options": SYNTHETIC, "aux_pool": 300})
+        [{"name": "model_completion", **mc}, {"name": "vmask_weight_recovery", **mc}],
+        epochs=6,
+        data={"name": "synthetic", "options": SYNTHETIC, "aux_pool": 300},
+    )
     layers = recovered.details["layers"]
     assert [layer["name"] for layer in layers] == ["1", "3", "5"]
     for layer in layers:
@@ -200,10 +225,12 @@ def test_recovery_reports_a_layer_neither_channel_solves():
     """With one opening per stage, the 256->128 layer has 64 forward rows for 257 unknowns per output
     and 64 backward rows for 128 unknowns per input: neither channel has full rank. The attack says
     so, keeps P_k's own record in the undetermined directions, and its error there is reported."""
-    _, _, (result,) = _trained_with_attacks({"name": "vmask_alls"},
-                                             [{"name": "vmask_weight_recovery", "epochs": 2, "max_openings": 1}],
-                                             epochs=1, data={"name": "synthetic", "options": SYNTHETIC,
-                                                                   "aux_pool": 300})
+    _, _, (result,) = _trained_with_attacks(
+        {"name": "vmask_alls"},
+        [{"name": "vmask_weight_recovery", "epochs": 2, "max_openings": 1}],
+        epochs=1,
+        data={"name": "synthetic", "options": SYNTHETIC, "aux_pool": 300},
+    )
     layers = {layer["name"]: layer for layer in result.details["layers"]}
     hidden = layers["3"]
     assert not hidden["solvable"] and result.details["unsolvable"] == ["3"]
@@ -228,7 +255,10 @@ def test_own_record_does_as_well_as_the_recovery(seed):
     _, run, (reinit, recovered, own) = _trained_with_attacks(
         {"name": "vmask_alls", "sigma": 0.01},
         [{"name": name, **mc} for name in ("model_completion", "vmask_weight_recovery", "vmask_own_record")],
-        epochs=6, data=SYNTHETIC_NO_POOL, seed=seed)
+        epochs=6,
+        data=SYNTHETIC_NO_POOL,
+        seed=seed,
+    )
     assert run.federation.train_rows is None  # no row held out
     assert own.details["attacker_view"] == "own_record"
     assert [r["name"] for r in own.details["layers"]] == ["1", "3", "5"]
@@ -242,8 +272,9 @@ def test_own_record_installs_w_known_and_reads_no_oracle(monkeypatch):
     difference of its own share since), folds no opening, needs no evaluation grant between processes, and never
     calls the simulation oracle (made to raise here); W_known is off the effective weight by the noise."""
     mc = {"prior": "scratch", "epochs": 1}
-    plan, run, _ = _trained_with_attacks({"name": "vmask_alls", "sigma": 0.01},
-                                         [{"name": "vmask_own_record", **mc}], epochs=1, data=SYNTHETIC_NO_POOL)
+    plan, run, _ = _trained_with_attacks(
+        {"name": "vmask_alls", "sigma": 0.01}, [{"name": "vmask_own_record", **mc}], epochs=1, data=SYNTHETIC_NO_POOL
+    )
     assert [g.kind for g in plan.grants()] == []  # vmask_weight_recovery's plan asks for "vmask.oracle"
     attack = plan.attacks[0].attack
     bottom = run.federation.passives[0].bottom
@@ -273,8 +304,14 @@ def test_own_record_installs_w_known_and_reads_no_oracle(monkeypatch):
 def test_vmask_alls_needs_no_auxiliary_rows_and_reports_its_preconditions(caplog):
     """Issue 25: VMask-ALLS trains no shadow, so it runs with data.aux_pool 0 (no row held out) and refuses
     aux_size; the paper's precondition check still runs, on the slice shape P_k sends in vmask.setup."""
-    cfg = build_config(minimal(data={"name": "digits", "parties": 2}, model={"bottom": "mlp3", "top": "mlp2"},
-                               train={"epochs": 1}, defenses=[{"name": "vmask_alls"}]))
+    cfg = build_config(
+        minimal(
+            data={"name": "digits", "parties": 2},
+            model={"bottom": "mlp3", "top": "mlp2"},
+            train={"epochs": 1},
+            defenses=[{"name": "vmask_alls"}],
+        )
+    )
     vd = load_vertical_data(cfg)
     with caplog.at_level(logging.WARNING, logger="vflbench.defenses.vmask"):
         fed = build_federation(cfg, vd, defenses=plan_defenses(cfg, ["passive_1"]))
@@ -287,9 +324,15 @@ def test_vmask_alls_needs_no_auxiliary_rows_and_reports_its_preconditions(caplog
     result = run_experiment(cfg)
     assert result.defense[0]["details"]["paper_precondition_violations"] == {"passive_1": ["1"]}
     with pytest.raises(ConfigError, match="vmask_alls trains no shadow model.*remove aux_size"):
-        run_experiment(build_config(minimal(data={"name": "digits", "parties": 2, "aux_pool": 100},
-                                            model={"bottom": "mlp3", "top": "mlp2"},
-                                            defenses=[{"name": "vmask_alls", "aux_size": 50}])))
+        run_experiment(
+            build_config(
+                minimal(
+                    data={"name": "digits", "parties": 2, "aux_pool": 100},
+                    model={"bottom": "mlp3", "top": "mlp2"},
+                    defenses=[{"name": "vmask_alls", "aux_size": 50}],
+                )
+            )
+        )
 
 
 def test_a_malformed_input_shape_in_vmask_setup_is_refused():
@@ -348,9 +391,14 @@ def test_simulated_attack_takes_the_configured_model_completion_recipe():
     """V5: ``mc_*`` left unset take the configured model_completion attack's recipe, else model
     completion's defaults; an ``mc_*`` given wins."""
     attack = {"name": "model_completion", "optimizer": "sgd", "lr": 0.05, "batch_size": 8, "momentum": 0.5}
-    cfg = build_config(minimal(data=POOL, model={"bottom": "mlp3", "top": "mlp2"},
-                               defenses=[{"name": "vmask", "aux_size": 200}],
-                               attacks=[attack]))
+    cfg = build_config(
+        minimal(
+            data=POOL,
+            model={"bottom": "mlp3", "top": "mlp2"},
+            defenses=[{"name": "vmask", "aux_size": 200}],
+            attacks=[attack],
+        )
+    )
     plan = plan_defenses(cfg, ["passive_1"])
     build_federation(cfg, load_vertical_data(cfg), defenses=plan)
     assert plan.active[0].recipe_ == {"optimizer": "sgd", "lr": 0.05, "batch_size": 8, "momentum": 0.5}
@@ -375,9 +423,14 @@ def test_paper_preconditions_are_checked_before_training(caplog):
 
 
 def test_vmask_is_rejected_in_vlr():
-    cfg = build_config(minimal(data={"name": "breast_cancer", "aux_pool": 50}, model={"bottom": "logreg",
-                                                                                       "top": "identity"},
-                               train={"algorithm": "vlr"}, defenses=[{"name": "vmask"}]))
+    cfg = build_config(
+        minimal(
+            data={"name": "breast_cancer", "aux_pool": 50},
+            model={"bottom": "logreg", "top": "identity"},
+            train={"algorithm": "vlr"},
+            defenses=[{"name": "vmask"}],
+        )
+    )
     with pytest.raises(CompatibilityError, match="vhnn or vsnn"):
         run_experiment(cfg)
 
@@ -385,8 +438,14 @@ def test_vmask_is_rejected_in_vlr():
 @pytest.mark.slow
 def test_each_passive_party_gets_its_own_masks_and_shadow():
     """K-1 passive parties (VMask Tables V-VI): per-party shared layers, shadows and mask reports."""
-    cfg = build_config(minimal(data={**POOL, "parties": 3}, model={"bottom": "mlp3", "top": "mlp2"},
-                               train={"epochs": 2}, defenses=[{"name": "vmask", "aux_size": 200}]))
+    cfg = build_config(
+        minimal(
+            data={**POOL, "parties": 3},
+            model={"bottom": "mlp3", "top": "mlp2"},
+            train={"epochs": 2},
+            defenses=[{"name": "vmask", "aux_size": 200}],
+        )
+    )
     vd = load_vertical_data(cfg)
     names = ["passive_1", "passive_2"]
     fed = build_federation(cfg, vd, defenses=plan_defenses(cfg, names))
@@ -430,8 +489,14 @@ def test_the_active_half_holds_no_object_of_a_passive_party():
     """Issue 18: the active party's VMask instance reaches P_k's bottom model only through messages.
     The old design kept P_k's VMaskBottom in the active instance's per-party state (and so every
     shared layer and P_k's shares)."""
-    cfg = build_config(minimal(data={**POOL, "parties": 3}, model={"bottom": "mlp3", "top": "mlp2"},
-                               train={"epochs": 2}, defenses=[{"name": "vmask", "aux_size": 200, "mc_epochs": 1}]))
+    cfg = build_config(
+        minimal(
+            data={**POOL, "parties": 3},
+            model={"bottom": "mlp3", "top": "mlp2"},
+            train={"epochs": 2},
+            defenses=[{"name": "vmask", "aux_size": 200, "mc_epochs": 1}],
+        )
+    )
     vd = load_vertical_data(cfg)
     fed = build_federation(cfg, vd, defenses=plan_defenses(cfg, ["passive_1", "passive_2"]))
     fed.fit(epochs=2, batch_size=64, generator=torch.Generator().manual_seed(0), y_test=vd.y_test)
@@ -456,8 +521,12 @@ def test_a_passive_halfs_model_copied_or_pickled_holds_no_active_share():
     g = torch.Generator().manual_seed(0)
     for step in range(3):
         fed.train_step(torch.randperm(len(vd.y_train), generator=g)[:64], epoch=0, step=step)
-    active_shares = [t for h in fed.active.defenses[0].shares_.holders.values()
-                     for t in (h.weight_share, h.bias_share) if t is not None]
+    active_shares = [
+        t
+        for h in fed.active.defenses[0].shares_.holders.values()
+        for t in (h.weight_share, h.bias_share)
+        if t is not None
+    ]
     assert len(active_shares) == 6
     bottom = fed.passives[0].bottom
     buffer = io.BytesIO()
@@ -497,9 +566,16 @@ def test_vmask_traffic_is_counted_by_the_channel_as_the_old_mpc_comm_counted_it(
     # the epoch report is read before the last evaluation; the old report said the same
     assert history.epochs[-1]["vmask_as.mpc_bytes"] == 19191680 < 8601856 + 12939904  # beaver: 61173888
     assert history.epochs[-1]["vmask_as.triples"] == 123
-    result = run_experiment(build_config(minimal(data=POOL, model={"bottom": "mlp3", "top": "mlp2"},
-                                                 train={"epochs": 1},
-                                                 defenses=[{"name": "vmask_alls"}])))
+    result = run_experiment(
+        build_config(
+            minimal(
+                data=POOL,
+                model={"bottom": "mlp3", "top": "mlp2"},
+                train={"epochs": 1},
+                defenses=[{"name": "vmask_alls"}],
+            )
+        )
+    )
     by_kind = result.comm["by_kind"]
     for kind in ("vmask.forward", "vmask.backward", "dealer.triple"):
         assert sum(d["bytes"] for d in by_kind[kind].values()) > 0, kind
@@ -517,16 +593,23 @@ def _run_with(protocol: str, out_dir) -> tuple[dict, dict[str, torch.Tensor], li
     import json
     from pathlib import Path
 
-    cfg = build_config(minimal(data={**POOL, "aux_pool": 200}, model={"bottom": "mlp3", "top": "mlp2"},
-                               train={"epochs": 2},
-                               defenses=[{"name": "vmask", "aux_size": 200, "budget": 0.0, "mc_epochs": 1,
-                                          "protocol": protocol}],
-                               attacks=[{"name": "model_completion", "epochs": 2},
-                                        {"name": "vmask_weight_recovery", "epochs": 2}]))
+    cfg = build_config(
+        minimal(
+            data={**POOL, "aux_pool": 200},
+            model={"bottom": "mlp3", "top": "mlp2"},
+            train={"epochs": 2},
+            defenses=[{"name": "vmask", "aux_size": 200, "budget": 0.0, "mc_epochs": 1, "protocol": protocol}],
+            attacks=[{"name": "model_completion", "epochs": 2}, {"name": "vmask_weight_recovery", "epochs": 2}],
+        )
+    )
     result = run_experiment(cfg, out_dir=out_dir).to_dict()
     run_dir = Path(out_dir) / result["config_hash"]
-    weights = {f"{path.name}:{key}": t for path in sorted(run_dir.glob("checkpoints/*.pt"))
-               for key, t in torch.load(path, weights_only=True).items() if not key.endswith(NEW_BUFFERS)}
+    weights = {
+        f"{path.name}:{key}": t
+        for path in sorted(run_dir.glob("checkpoints/*.pt"))
+        for key, t in torch.load(path, weights_only=True).items()
+        if not key.endswith(NEW_BUFFERS)
+    }
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return result, weights, metrics
 
@@ -543,6 +626,7 @@ def test_the_fixed_mask_protocol_gives_the_per_product_protocols_run_bit_for_bit
     assert fixed["baselines"] == beaver["baselines"]
     assert fixed_weights.keys() == beaver_weights.keys() and len(fixed_weights) > 20
     assert all(torch.equal(fixed_weights[k], beaver_weights[k]) for k in fixed_weights)
+
     def numbers(metrics: list[dict]) -> list[dict]:  # timings and traffic left out
         return [{k: v for k, v in m.items() if "bytes" not in k and k != "seconds"} for m in metrics]
 
@@ -572,16 +656,31 @@ def test_an_active_half_without_passive_halves_is_refused():
 def test_vmask_messages_carry_only_tensors_and_scalars():
     """What the halves exchange can cross a process boundary as bytes: detached tensors and a header
     of scalars, never an object of the other party (issue 16 builds the network transport on this)."""
-    cfg = build_config(minimal(data=POOL, model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 2},
-                               defenses=[{"name": "vmask_as", "aux_size": 200, "budget": 0.0, "mc_epochs": 1}]))
+    cfg = build_config(
+        minimal(
+            data=POOL,
+            model={"bottom": "mlp3", "top": "mlp2"},
+            train={"epochs": 2},
+            defenses=[{"name": "vmask_as", "aux_size": 200, "budget": 0.0, "mc_epochs": 1}],
+        )
+    )
     vd = load_vertical_data(cfg)
     kinds = {*PROTOCOL_KINDS, "vmask.setup", "vmask.select", "dealer.triple", "dealer.mask", "dealer.take_mask"}
-    fed = build_federation(cfg, vd, defenses=plan_defenses(cfg, ["passive_1"]), keep={"active": kinds,
-                                                                                         "passive_1": kinds})
+    fed = build_federation(
+        cfg, vd, defenses=plan_defenses(cfg, ["passive_1"]), keep={"active": kinds, "passive_1": kinds}
+    )
     fed.fit(epochs=2, batch_size=64, generator=torch.Generator().manual_seed(0), y_test=vd.y_test)
     seen = {m.kind for name in ("active", "passive_1") for m in fed.channel.transcript(name).messages}
-    assert {"vmask.setup", "vmask.share", "vmask.forward", "vmask.backward", "vmask.select", "dealer.triple",
-            "dealer.mask", "dealer.take_mask"} <= seen
+    assert {
+        "vmask.setup",
+        "vmask.share",
+        "vmask.forward",
+        "vmask.backward",
+        "vmask.select",
+        "dealer.triple",
+        "dealer.mask",
+        "dealer.take_mask",
+    } <= seen
     for name in ("active", "passive_1"):
         for m in fed.channel.transcript(name).messages:
             assert all(isinstance(t, torch.Tensor) and not t.requires_grad for t in m.tensors), m.kind
@@ -608,10 +707,16 @@ def test_selection_simulates_only_the_candidates_it_forecasts():
 def _completion_values(defenses, seed):
     """Model completion and VMask weight recovery (shared draws) on one trained run."""
     mc = {"prior": "random", "epochs": 25}
-    cfg = build_config(minimal(data={"name": "synthetic", "options": SYNTHETIC, "aux_pool": 300},
-                               model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 4}, defenses=defenses,
-                               seed=seed, attacks=[{"name": "model_completion", **mc},
-                                                   {"name": "vmask_weight_recovery", **mc}]))
+    cfg = build_config(
+        minimal(
+            data={"name": "synthetic", "options": SYNTHETIC, "aux_pool": 300},
+            model={"bottom": "mlp3", "top": "mlp2"},
+            train={"epochs": 4},
+            defenses=defenses,
+            seed=seed,
+            attacks=[{"name": "model_completion", **mc}, {"name": "vmask_weight_recovery", **mc}],
+        )
+    )
     vd = load_vertical_data(cfg)
     plan = validate_attacks(cfg, vd)
     plain, recovery = run_attacks(plan, train_run(cfg, vd, attacks=plan))[0]

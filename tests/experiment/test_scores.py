@@ -23,10 +23,21 @@ from vflbench.metrics.scores import (
 )
 
 
-@pytest.mark.parametrize(("value", "privacy", "utility"), [
-    (0.0, 5, 5), (0.5, 5, 5), (0.8, 5, 4), (2.2, 5, 2), (5.0, 5, 1), (6.2, 4, 0), (10.1, 3, 0),
-    (18.1, 2, 0), (21.8, 1, 0), (46.9, 0, 0),
-])
+@pytest.mark.parametrize(
+    ("value", "privacy", "utility"),
+    [
+        (0.0, 5, 5),
+        (0.5, 5, 5),
+        (0.8, 5, 4),
+        (2.2, 5, 2),
+        (5.0, 5, 1),
+        (6.2, 4, 0),
+        (10.1, 3, 0),
+        (18.1, 2, 0),
+        (21.8, 1, 0),
+        (46.9, 0, 0),
+    ],
+)
 def test_score_table_bounds(value, privacy, utility):
     table = ScoreTable()
     assert table.privacy(value) == privacy
@@ -55,9 +66,11 @@ def test_pu_score_reproduces_kang_rows(row, loss, leakages, expected):
 
 
 def test_optimal_pu_picks_the_best_strength_against_the_worst_attack():
-    points = [(0.1, 0.2, {"NS": 30.0, "DS": 1.0}),   # score 0: NS leaks
-              (1.0, 0.8, {"NS": 2.0, "DS": 2.2}),    # score 4
-              (10.0, 5.0, {"NS": 0.1, "DS": 0.1})]   # score 1: utility
+    points = [
+        (0.1, 0.2, {"NS": 30.0, "DS": 1.0}),  # score 0: NS leaks
+        (1.0, 0.8, {"NS": 2.0, "DS": 2.2}),  # score 4
+        (10.0, 5.0, {"NS": 0.1, "DS": 0.1}),
+    ]  # score 1: utility
     best = optimal_pu_score(points)
     assert best.score == 4 and best.strength == 1.0
 
@@ -107,9 +120,20 @@ KANG_NO_PROTECT = [
 def test_no_protect_rows_follow_kangs_convention(row, leakages, eq21):
     """eq. 21 alone would score these rows ``eq21``; the scores table gives the sweep's no-defense row 0."""
     assert optimal_pu_score([(None, 0.0, leakages)]).score == eq21, row
-    rows = [{"attack": name, "attack_target": "labels", "attack_metric": "auc", "prior": 0.5, "defense": "none",
-             "strength": math.nan, "attack_value": 0.5 + value / 100, "leakage": value, "undefended_leakage": value}
-            for name, value in leakages.items()]
+    rows = [
+        {
+            "attack": name,
+            "attack_target": "labels",
+            "attack_metric": "auc",
+            "prior": 0.5,
+            "defense": "none",
+            "strength": math.nan,
+            "attack_value": 0.5 + value / 100,
+            "leakage": value,
+            "undefended_leakage": value,
+        }
+        for name, value in leakages.items()
+    ]
     scores = scores_table(_table(rows)).set_index("defense")
     assert scores.loc["none", "s_pu"] == 0 and scores.loc["none", "verdict"] == "no protection (baseline)", row
     assert scores.loc["none", "worst_leakage"] == pytest.approx(max(leakages.values()), abs=0.01)
@@ -133,19 +157,43 @@ def _table(rows):
     out = []
     for seed, shift in enumerate((-0.5, 0.0, 0.5)):
         for r in rows:
-            out.append({**base, **r, "seed": seed, "leakage": r["leakage"] + shift,
-                        "undefended_leakage": r["undefended_leakage"] + shift})
+            out.append(
+                {
+                    **base,
+                    **r,
+                    "seed": seed,
+                    "leakage": r["leakage"] + shift,
+                    "undefended_leakage": r["undefended_leakage"] + shift,
+                }
+            )
     return pd.DataFrame(out)
 
 
 def test_scores_table_leaves_feature_attacks_out_instead_of_scoring_them_5():
     """Review snippet A4: an undefended feature attack that cuts MSE 1.0 -> 0.1 got S*_PU 5 and C-DCS
     1.0 because its leakage (0.9 MSE units) entered Kang's label table and DCS took MSE as higher-is-leakier."""
-    feature = {"attack": "dmavfl", "attack_target": "features", "attack_metric": "mse", "attack_value": 0.1,
-               "prior": 1.0, "leakage": 90.0, "undefended_leakage": 90.0}
-    table = _table([{**feature, "defense": "none", "strength": math.nan},
-                    {**feature, "defense": "embedding_noise", "strength": 1.0, "leakage": 88.0, "utility": 0.899,
-                     "utility_loss": 0.1}])
+    feature = {
+        "attack": "dmavfl",
+        "attack_target": "features",
+        "attack_metric": "mse",
+        "attack_value": 0.1,
+        "prior": 1.0,
+        "leakage": 90.0,
+        "undefended_leakage": 90.0,
+    }
+    table = _table(
+        [
+            {**feature, "defense": "none", "strength": math.nan},
+            {
+                **feature,
+                "defense": "embedding_noise",
+                "strength": 1.0,
+                "leakage": 88.0,
+                "utility": 0.899,
+                "utility_loss": 0.1,
+            },
+        ]
+    )
     scores = scores_table(table).set_index("defense")
     assert scores["s_pu"].isna().all() and scores["c_dcs"].isna().all()
     assert "not defined for feature attacks" in scores.loc["embedding_noise", "note"]
@@ -154,14 +202,46 @@ def test_scores_table_leaves_feature_attacks_out_instead_of_scoring_them_5():
 
 def test_scores_table_gives_no_credit_for_an_attack_that_does_not_leak_undefended():
     label = {"attack_target": "labels", "attack_metric": "auc", "prior": 0.5}
-    rows = [{**label, "attack": "mc", "defense": "none", "strength": math.nan, "attack_value": 0.45,
-             "leakage": -5.0, "undefended_leakage": -5.0},
-            {**label, "attack": "mc", "defense": "noise", "strength": 1.0, "attack_value": 0.5, "leakage": 0.0,
-             "undefended_leakage": -5.0, "utility_loss": 0.1},
-            {**label, "attack": "ns", "defense": "none", "strength": math.nan, "attack_value": 0.8,
-             "leakage": 30.0, "undefended_leakage": 30.0},
-            {**label, "attack": "ns", "defense": "noise", "strength": 1.0, "attack_value": 0.52, "leakage": 2.0,
-             "undefended_leakage": 30.0, "utility_loss": 0.1}]
+    rows = [
+        {
+            **label,
+            "attack": "mc",
+            "defense": "none",
+            "strength": math.nan,
+            "attack_value": 0.45,
+            "leakage": -5.0,
+            "undefended_leakage": -5.0,
+        },
+        {
+            **label,
+            "attack": "mc",
+            "defense": "noise",
+            "strength": 1.0,
+            "attack_value": 0.5,
+            "leakage": 0.0,
+            "undefended_leakage": -5.0,
+            "utility_loss": 0.1,
+        },
+        {
+            **label,
+            "attack": "ns",
+            "defense": "none",
+            "strength": math.nan,
+            "attack_value": 0.8,
+            "leakage": 30.0,
+            "undefended_leakage": 30.0,
+        },
+        {
+            **label,
+            "attack": "ns",
+            "defense": "noise",
+            "strength": 1.0,
+            "attack_value": 0.52,
+            "leakage": 2.0,
+            "undefended_leakage": 30.0,
+            "utility_loss": 0.1,
+        },
+    ]
     scores = scores_table(_table(rows)).set_index("defense")
     assert scores.loc["noise", "s_pu"] == 5 and scores.loc["none", "s_pu"] == 0  # scored on ns alone
     assert "mc: left out" in scores.loc["noise", "note"]
@@ -172,10 +252,17 @@ def test_scores_table_gives_no_credit_for_an_attack_that_does_not_leak_undefende
 
 
 def test_c_dcs_is_below_1_for_a_leaking_label_attack_and_1_without_leakage():
-    label = {"attack": "ns", "attack_target": "labels", "attack_metric": "auc", "prior": 0.5,
-             "undefended_leakage": 40.0}
-    rows = [{**label, "defense": "none", "strength": math.nan, "attack_value": 0.9, "leakage": 40.0},
-            {**label, "defense": "noise", "strength": 1.0, "attack_value": 0.5, "leakage": 0.0}]
+    label = {
+        "attack": "ns",
+        "attack_target": "labels",
+        "attack_metric": "auc",
+        "prior": 0.5,
+        "undefended_leakage": 40.0,
+    }
+    rows = [
+        {**label, "defense": "none", "strength": math.nan, "attack_value": 0.9, "leakage": 40.0},
+        {**label, "defense": "noise", "strength": 1.0, "attack_value": 0.5, "leakage": 0.0},
+    ]
     scores = scores_table(_table(rows)).set_index("defense")
     assert scores.loc["none", "c_dcs"] < 0.9 and scores.loc["noise", "c_dcs"] == 1.0
 
@@ -186,8 +273,10 @@ def test_score_inference_records_a_fallback_to_the_training_split():
     from vflbench.experiment.scoring import score_inference
 
     y_train, y_test = torch.tensor([0, 1, 0, 1]), torch.tensor([1, 1])
-    inf = LabelInference(train=Scores(torch.arange(4), torch.tensor([0.1, 0.9, 0.2, 0.8])),
-                         test=Scores(torch.arange(2), torch.tensor([0.3, 0.7]), "test"))
+    inf = LabelInference(
+        train=Scores(torch.arange(4), torch.tensor([0.1, 0.9, 0.2, 0.8])),
+        test=Scores(torch.arange(2), torch.tensor([0.3, 0.7]), "test"),
+    )
     value, details = score_inference(inf, y_train, y_test, "auc")
     assert value == 1.0 and details["scored_split"] == "train" and "test auc is undefined" in details["split_fallback"]
     both = LabelInference(train=inf.train, test=Scores(torch.arange(4), torch.tensor([0.1, 0.9, 0.2, 0.8]), "test"))

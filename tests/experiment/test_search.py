@@ -35,8 +35,14 @@ WEAK_MC = {"name": "model_completion", "lr": 1e-6, "epochs": 10, "prior": "rando
 
 
 def _search_cfg(attacks, **sections):
-    return build_config(minimal(train={"epochs": 4}, attacks=attacks,
-                                evaluation={"attacker_search": True, "search_budget": 8, "repeats": 2}, **sections))
+    return build_config(
+        minimal(
+            train={"epochs": 4},
+            attacks=attacks,
+            evaluation={"attacker_search": True, "search_budget": 8, "repeats": 2},
+            **sections,
+        )
+    )
 
 
 def _trained(cfg):
@@ -70,10 +76,13 @@ def test_selection_never_reads_a_test_label():
     tried, their validation scores and the choice are identical; only the final test score of the chosen
     attacker (which the test labels are for) changes."""
     plan, run, (default,) = _trained(_search_cfg([WEAK_MC]))
-    corrupted = dataclasses.replace(run, data=dataclasses.replace(
-        run.data, y_test=(run.data.y_test + 1) % run.data.num_classes))
-    truthful, lying = dataclasses.replace(default, details=dict(default.details)), \
-        dataclasses.replace(default, details=dict(default.details))
+    corrupted = dataclasses.replace(
+        run, data=dataclasses.replace(run.data, y_test=(run.data.y_test + 1) % run.data.num_classes)
+    )
+    truthful, lying = (
+        dataclasses.replace(default, details=dict(default.details)),
+        dataclasses.replace(default, details=dict(default.details)),
+    )
     search_attack(plan.attacks[0], run, truthful)
     search_attack(plan.attacks[0], corrupted, lying)
     assert truthful.details["search"]["tried"] == lying.details["search"]["tried"]
@@ -107,8 +116,20 @@ def test_candidates_are_the_default_then_a_seeded_subset_of_the_grid_scaled_to_t
 def test_every_attack_declares_a_grid_of_its_own_parameters_or_none():
     """A grid names constructor parameters only (so the search sets what the config could set), never the
     threat model's grants, and attacks whose settings act during training declare none."""
-    granted = {"known_per_class", "aux_size", "aux_fraction", "aux_classes", "party", "victim", "n_targets",
-               "target_split", "val_per_class", "select", "prior", "metric"}
+    granted = {
+        "known_per_class",
+        "aux_size",
+        "aux_fraction",
+        "aux_classes",
+        "party",
+        "victim",
+        "n_targets",
+        "target_split",
+        "val_per_class",
+        "select",
+        "prior",
+        "metric",
+    }
     searchable = set()
     for entry in ATTACKS:
         cls = entry.factory
@@ -120,10 +141,20 @@ def test_every_attack_declares_a_grid_of_its_own_parameters_or_none():
             searchable.add(cls.name)
             if cls.phase == "malicious":  # only its fine-tuning after training (active model completion)
                 assert issubclass(cls, ATTACKS.get("model_completion").factory)
-    assert {"model_completion", "model_completion_mixmatch", "labobf_adaptive_mixmatch", "vmask_weight_recovery",
-            "model_inversion", "grna", "gia", "pcat"} <= searchable
-    assert not {"dmavfl", "sdar", "fsha", "agn", "embedding_extension", "norm_scoring",
-                "direct_label_inference"} & searchable
+    assert {
+        "model_completion",
+        "model_completion_mixmatch",
+        "labobf_adaptive_mixmatch",
+        "vmask_weight_recovery",
+        "model_inversion",
+        "grna",
+        "gia",
+        "pcat",
+    } <= searchable
+    assert (
+        not {"dmavfl", "sdar", "fsha", "agn", "embedding_extension", "norm_scoring", "direct_label_inference"}
+        & searchable
+    )
     assert Attack.search_space == {}
 
 
@@ -136,8 +167,9 @@ def test_search_switch_is_in_the_hash_only_when_on():
 
 
 def test_a_label_attack_needs_a_known_label_left_to_fine_tune_on():
-    cfg = build_config(minimal(attacks=[{"name": "model_completion", "known_per_class": 1}],
-                               evaluation={"attacker_search": True}))
+    cfg = build_config(
+        minimal(attacks=[{"name": "model_completion", "known_per_class": 1}], evaluation={"attacker_search": True})
+    )
     with pytest.raises(ConfigError, match="val_per_class"):
         run_experiment(cfg)
 
@@ -145,11 +177,17 @@ def test_a_label_attack_needs_a_known_label_left_to_fine_tune_on():
 def test_sweep_reports_the_searched_attacker_of_every_searchable_attack_of_every_point(tmp_path):
     """Breast cancer: model completion and black-box model inversion have grids; direction scoring, a function
     of the transcript, runs as configured only. A resumed sweep reads the searches from result.json."""
-    raw = minimal(data={"name": "breast_cancer"}, train={"epochs": 3, "batch_size": 32},
-                  attacks=[{"name": "model_completion", "epochs": 5},
-                           {"name": "model_inversion", "mode": "black_box", "inverse_epochs": 4, "n_targets": 40},
-                           {"name": "direction_scoring", "epochs": [0]}],
-                  defenses=[{"name": "embedding_noise", "strength": 0.1}], evaluation={"search_budget": 3})
+    raw = minimal(
+        data={"name": "breast_cancer"},
+        train={"epochs": 3, "batch_size": 32},
+        attacks=[
+            {"name": "model_completion", "epochs": 5},
+            {"name": "model_inversion", "mode": "black_box", "inverse_epochs": 4, "n_targets": 40},
+            {"name": "direction_scoring", "epochs": [0]},
+        ],
+        defenses=[{"name": "embedding_noise", "strength": 0.1}],
+        evaluation={"search_budget": 3},
+    )
     raw["sweep"] = {"seeds": [0, 1], "attacker_search": True}
     cfg = build_config(raw)
     table = run_sweep(cfg, tmp_path)
@@ -179,11 +217,27 @@ def test_sweep_reports_the_searched_attacker_of_every_searchable_attack_of_every
 
 
 def _rows(defense, strength, default, searched, undefended, undefended_searched, loss):
-    return [{"dataset": "d", "algorithm": "vhnn", "setting": "", "defense": defense, "strength": strength, "seed": s,
-             "attack": "a", "attack_target": "labels", "attack_metric": "auc", "utility": 0.9, "utility_loss": loss,
-             "leakage": d, "undefended_leakage": u, "leakage_worst": w, "undefended_leakage_worst": uw,
-             "confidence": 0.95}
-            for s, (d, w, u, uw) in enumerate(zip(default, searched, undefended, undefended_searched, strict=True))]
+    return [
+        {
+            "dataset": "d",
+            "algorithm": "vhnn",
+            "setting": "",
+            "defense": defense,
+            "strength": strength,
+            "seed": s,
+            "attack": "a",
+            "attack_target": "labels",
+            "attack_metric": "auc",
+            "utility": 0.9,
+            "utility_loss": loss,
+            "leakage": d,
+            "undefended_leakage": u,
+            "leakage_worst": w,
+            "undefended_leakage_worst": uw,
+            "confidence": 0.95,
+        }
+        for s, (d, w, u, uw) in enumerate(zip(default, searched, undefended, undefended_searched, strict=True))
+    ]
 
 
 def _scores(rows, with_search=True):
@@ -192,8 +246,7 @@ def _scores(rows, with_search=True):
     table = pd.DataFrame(rows)
     _group_statistics(table, [([r["leakage"]], [r["undefended_leakage"]]) for r in rows])
     if with_search:
-        _group_statistics(table, [([r["leakage_worst"]], [r["undefended_leakage_worst"]]) for r in rows],
-                          WORST_COLUMNS)
+        _group_statistics(table, [([r["leakage_worst"]], [r["undefended_leakage_worst"]]) for r in rows], WORST_COLUMNS)
     return scores_table(table).set_index("defense")
 
 
@@ -201,8 +254,9 @@ def test_a_verdict_is_judged_against_the_stronger_of_the_default_and_the_searche
     """The defense stops the default attacker (10 -> 2 points) but not the searched one (25 -> 24): against the
     default alone it protects, against the worst case it does not."""
     undefended, undefended_searched = [10.0, 11.0, 12.0], [24.0, 25.0, 26.0]
-    rows = (_rows("none", None, undefended, undefended_searched, undefended, undefended_searched, 0.0)
-            + _rows("d", 1.0, [2.0, 2.5, 3.0], [23.5, 24.0, 25.5], undefended, undefended_searched, 1.0))
+    rows = _rows("none", None, undefended, undefended_searched, undefended, undefended_searched, 0.0) + _rows(
+        "d", 1.0, [2.0, 2.5, 3.0], [23.5, 24.0, 25.5], undefended, undefended_searched, 1.0
+    )
     default_only = _scores(rows, with_search=False)
     assert default_only.loc["d", "verdict"] == "protects"
     scores = _scores(rows)
@@ -214,28 +268,44 @@ def test_a_verdict_is_judged_against_the_stronger_of_the_default_and_the_searche
 
 def test_tune_meets_the_budget_against_the_searched_attacker(tmp_path):
     """With the search on, tune's worst case is the strongest of the default and the searched attackers."""
-    raw = minimal(train={"epochs": 4}, attacks=[WEAK_MC], defenses=[{"name": "embedding_noise"}],
-                  evaluation={"repeats": 3, "search_budget": 4})
+    raw = minimal(
+        train={"epochs": 4},
+        attacks=[WEAK_MC],
+        defenses=[{"name": "embedding_noise"}],
+        evaluation={"repeats": 3, "search_budget": 4},
+    )
     raw["sweep"] = {"attacker_search": True}
     result = tune(build_config(raw), tmp_path, budget=5.0, low=0.1, high=10.0, steps=2)
     assert all(t["worst_attack"] == "model_completion [searched]" for t in result.trace)
-    undefended = json.loads(next(p for p in (tmp_path / "runs").glob("*/result.json")
-                                 if not json.loads(p.read_text())["defense"]).read_text())["attacks"][0]
+    undefended = json.loads(
+        next(
+            p for p in (tmp_path / "runs").glob("*/result.json") if not json.loads(p.read_text())["defense"]
+        ).read_text()
+    )["attacks"][0]
     assert undefended["leakage_worst"] > undefended["leakage"] + 20.0
 
 
-@pytest.mark.parametrize("attack", [
-    {"name": "model_inversion", "mode": "query_free", "shadow_epochs": 2, "steps": 20},
-    {"name": "gia", "shadow_epochs": 2, "opt_steps": 10},
-    {"name": "grna", "epochs": 2, "shadow_epochs": 2},
-    {"name": "pcat", "decoder_epochs": 2},
-], ids=lambda a: a["name"] + ("_" + a["mode"] if "mode" in a else ""))
+@pytest.mark.parametrize(
+    "attack",
+    [
+        {"name": "model_inversion", "mode": "query_free", "shadow_epochs": 2, "steps": 20},
+        {"name": "gia", "shadow_epochs": 2, "opt_steps": 10},
+        {"name": "grna", "epochs": 2, "shadow_epochs": 2},
+        {"name": "pcat", "decoder_epochs": 2},
+    ],
+    ids=lambda a: a["name"] + ("_" + a["mode"] if "mode" in a else ""),
+)
 def test_feature_attacks_are_searched_on_held_out_auxiliary_rows(attack):
     """Every setting fits on the auxiliary rows left after the hold-out and is scored by the reconstruction MSE of
     the held-out rows, from the embeddings the victim sends for them."""
-    cfg = build_config(minimal(data={"aux_pool": 100}, train={"epochs": 2},
-                               attacks=[{**attack, "n_targets": 40}],
-                               evaluation={"attacker_search": True, "search_budget": 2}))
+    cfg = build_config(
+        minimal(
+            data={"aux_pool": 100},
+            train={"epochs": 2},
+            attacks=[{**attack, "n_targets": 40}],
+            evaluation={"attacker_search": True, "search_budget": 2},
+        )
+    )
     plan, run, (result,) = _trained(cfg)
     search_attack(plan.attacks[0], run, result)
     search = result.details["search"]
@@ -250,8 +320,16 @@ def test_feature_attacks_are_searched_on_held_out_auxiliary_rows(attack):
 
 def test_the_cli_run_table_shows_the_searched_attacker_beside_the_default(tmp_path, cli):
     config = tmp_path / "search.yaml"
-    config.write_text(yaml.safe_dump(minimal(train={"epochs": 4}, attacks=[WEAK_MC, {"name": "norm_scoring"}],
-                                             data={"name": "breast_cancer"}, evaluation={"search_budget": 3})))
+    config.write_text(
+        yaml.safe_dump(
+            minimal(
+                train={"epochs": 4},
+                attacks=[WEAK_MC, {"name": "norm_scoring"}],
+                data={"name": "breast_cancer"},
+                evaluation={"search_budget": 3},
+            )
+        )
+    )
     done = cli("run", str(config), "--set", "evaluation.attacker_search=true", "--out", str(tmp_path / "runs"))
     assert done.returncode == 0, done.stderr
     assert "searched" in done.stdout

@@ -102,10 +102,15 @@ def _epochs(test_correct: list[int], val_correct: list[int]) -> LabelInference:
         predicted = torch.cat([y[:correct], 1 - y[correct:]])
         return torch.nn.functional.one_hot(predicted, 2).float()
 
-    return LabelInference(per_epoch=[
-        LabelInference(test=Scores(torch.arange(4), scores(y_test, t), "test"),
-                       validation=Scores(torch.tensor([2, 3]), scores(y_train[2:], v)))
-        for t, v in zip(test_correct, val_correct, strict=True)])
+    return LabelInference(
+        per_epoch=[
+            LabelInference(
+                test=Scores(torch.arange(4), scores(y_test, t), "test"),
+                validation=Scores(torch.tensor([2, 3]), scores(y_train[2:], v)),
+            )
+            for t, v in zip(test_correct, val_correct, strict=True)
+        ]
+    )
 
 
 def test_selection_rules_pick_the_last_the_validation_best_or_flag_the_test_oracle():
@@ -128,8 +133,12 @@ def test_the_default_selection_is_never_the_test_oracle_and_best_is_refused_with
 
 
 def test_validation_selection_fine_tunes_on_the_remaining_known_labels():
-    result = vb.run(minimal(train={"epochs": 2}, attacks=[
-        {"name": "model_completion", "epochs": 3, "known_per_class": 4, "select": "validation"}]))
+    result = vb.run(
+        minimal(
+            train={"epochs": 2},
+            attacks=[{"name": "model_completion", "epochs": 3, "known_per_class": 4, "select": "validation"}],
+        )
+    )
     details = result.attacks[0].details
     assert details["selection"] == "validation" and details["validation_labels"] == 10
     assert details["known_labels"] == 30 and len(details["validation_curve"]) == 3
@@ -159,8 +168,13 @@ def test_repeats_are_independent_attack_runs_on_one_trained_model():
 def test_the_attack_list_does_not_change_the_trained_model():
     data = {"name": "digits", "parties": 2, "aux_pool": 0.2}
     alone = vb.run(minimal(data=data, train={"epochs": 3}, attacks=[{"name": "model_completion", "epochs": 5}]))
-    more = vb.run(minimal(data=data, train={"epochs": 3}, attacks=[
-        {"name": "model_completion", "epochs": 5}, {"name": "sdar"}, {"name": "grna", "epochs": 1}]))
+    more = vb.run(
+        minimal(
+            data=data,
+            train={"epochs": 3},
+            attacks=[{"name": "model_completion", "epochs": 5}, {"name": "sdar"}, {"name": "grna", "epochs": 1}],
+        )
+    )
     assert alone.utility.value == more.utility.value and alone.utility.per_epoch == more.utility.per_epoch
     assert alone.attacks[0].value == more.attacks[0].value
     assert alone.data["n_held_out"] == more.data["n_held_out"] == round(0.2 * alone.data["n_train"])
@@ -170,8 +184,11 @@ def test_an_attack_with_a_disjoint_aux_set_needs_the_pool_and_cannot_exceed_it()
     with pytest.raises(ConfigError, match="data.aux_pool"):
         vb.run(minimal(attacks=[{"name": "sdar"}]))
     with pytest.raises(ConfigError, match="pool .* holds 144"):
-        vb.run(minimal(data={"name": "digits", "parties": 2, "aux_pool": 0.1}, attacks=[{"name": "sdar",
-                                                                                         "aux_fraction": 0.5}]))
+        vb.run(
+            minimal(
+                data={"name": "digits", "parties": 2, "aux_pool": 0.1}, attacks=[{"name": "sdar", "aux_fraction": 0.5}]
+            )
+        )
     with pytest.raises(ConfigError, match="aux_pool"):
         build_config(minimal(data={"name": "digits", "parties": 2, "aux_pool": 0.7}))
 
@@ -179,12 +196,28 @@ def test_an_attack_with_a_disjoint_aux_set_needs_the_pool_and_cannot_exceed_it()
 # -- no credit for doing nothing ----------------------------------------------------------------------------------
 
 
-def _summary_rows(defense: str, strength: float | None, leak: list[float], undefended: list[float],
-                  loss: float) -> list[dict]:
-    return [{"dataset": "d", "algorithm": "vhnn", "setting": "", "defense": defense, "strength": strength,
-             "seed": s, "attack": "a", "attack_target": "labels", "attack_metric": "auc", "utility": 0.9,
-             "utility_loss": loss, "leakage": v, "undefended_leakage": u, "confidence": 0.95}
-            for s, (v, u) in enumerate(zip(leak, undefended, strict=True))]
+def _summary_rows(
+    defense: str, strength: float | None, leak: list[float], undefended: list[float], loss: float
+) -> list[dict]:
+    return [
+        {
+            "dataset": "d",
+            "algorithm": "vhnn",
+            "setting": "",
+            "defense": defense,
+            "strength": strength,
+            "seed": s,
+            "attack": "a",
+            "attack_target": "labels",
+            "attack_metric": "auc",
+            "utility": 0.9,
+            "utility_loss": loss,
+            "leakage": v,
+            "undefended_leakage": u,
+            "confidence": 0.95,
+        }
+        for s, (v, u) in enumerate(zip(leak, undefended, strict=True))
+    ]
 
 
 def _scores(rows: list[dict]) -> pd.DataFrame:
@@ -197,9 +230,11 @@ def _scores(rows: list[dict]) -> pd.DataFrame:
 
 def test_a_defense_that_changes_nothing_is_not_significant_and_ranks_below_no_protect():
     undefended = [10.0, 12.0, 11.0]
-    rows = (_summary_rows("none", None, undefended, undefended, 0.0)
-            + _summary_rows("noop", 0.5, [10.5, 11.5, 11.2], undefended, 2.8)  # no change, costs accuracy
-            + _summary_rows("real", 1.0, [2.0, 3.0, 2.5], undefended, 0.5))
+    rows = (
+        _summary_rows("none", None, undefended, undefended, 0.0)
+        + _summary_rows("noop", 0.5, [10.5, 11.5, 11.2], undefended, 2.8)  # no change, costs accuracy
+        + _summary_rows("real", 1.0, [2.0, 3.0, 2.5], undefended, 0.5)
+    )
     scores = _scores(rows).set_index("defense")
     assert list(scores.index) == ["real", "none", "noop"]
     assert not scores.loc["noop", "significant"] and not pd.isna(scores.loc["noop", "significant"])
@@ -210,10 +245,13 @@ def test_a_defense_that_changes_nothing_is_not_significant_and_ranks_below_no_pr
 
 
 def test_a_sweep_with_a_defense_that_changes_nothing_gives_it_no_pu_score(tmp_path):
-    cfg = minimal(data={"name": "breast_cancer", "parties": 2},
-                  train={"epochs": 3, "metric": "auc", "batch_size": 32, "lr": 0.05, "momentum": 0.0},
-                  attacks=[{"name": "direction_scoring", "known_per_class": 1}],
-                  defenses=[{"name": "isotropic_noise", "strength": 1e-9}], sweep={"seeds": [0, 1, 2]})
+    cfg = minimal(
+        data={"name": "breast_cancer", "parties": 2},
+        train={"epochs": 3, "metric": "auc", "batch_size": 32, "lr": 0.05, "momentum": 0.0},
+        attacks=[{"name": "direction_scoring", "known_per_class": 1}],
+        defenses=[{"name": "isotropic_noise", "strength": 1e-9}],
+        sweep={"seeds": [0, 1, 2]},
+    )
     vb.sweep(cfg, out=tmp_path)
     scores = pd.read_csv(tmp_path / "scores.csv").set_index("defense")
     assert not scores.loc["isotropic_noise", "significant"]

@@ -20,10 +20,13 @@ from vflbench.report import build_report
 
 
 def _sweep_config(**sweep):
-    raw = minimal(data={"name": "breast_cancer"}, train={"epochs": 2, "batch_size": 32},
-                  defenses=[{"name": "isotropic_noise", "strength": 1.0}],
-                  attacks=[{"name": "norm_scoring", "epochs": [0]}, {"name": "direction_scoring", "epochs": [0]}],
-                  sweep={"grid": {"defenses.0.strength": [0.5, 5.0]}, "seeds": [0, 1], **sweep})
+    raw = minimal(
+        data={"name": "breast_cancer"},
+        train={"epochs": 2, "batch_size": 32},
+        defenses=[{"name": "isotropic_noise", "strength": 1.0}],
+        attacks=[{"name": "norm_scoring", "epochs": [0]}, {"name": "direction_scoring", "epochs": [0]}],
+        sweep={"grid": {"defenses.0.strength": [0.5, 5.0]}, "seeds": [0, 1], **sweep},
+    )
     return build_config(raw)
 
 
@@ -46,8 +49,18 @@ def test_sweep_tables_report_and_resume(tmp_path, monkeypatch):
     cfg = _sweep_config()
     table = run_sweep(cfg, tmp_path)
     summary = pd.read_csv(tmp_path / "summary.csv")
-    for col in ("defense", "strength", "seed", "attack", "utility", "attack_value", "prior", "leakage",
-                "utility_loss", "pu_score"):
+    for col in (
+        "defense",
+        "strength",
+        "seed",
+        "attack",
+        "utility",
+        "attack_value",
+        "prior",
+        "leakage",
+        "utility_loss",
+        "pu_score",
+    ):
         assert col in summary.columns
     assert len(summary) == 6 * 2 and len(table) == 12
     assert set(summary["attack"]) == {"norm_scoring", "direction_scoring"}
@@ -101,19 +114,31 @@ def test_sweep_cli_with_two_workers(tmp_path):
     path = tmp_path / "sweep.yaml"
     raw = _sweep_config(seeds=[0], grid={"defenses.0.strength": [5.0]}).model_dump(mode="json")
     path.write_text(yaml.safe_dump(raw))
-    proc = subprocess.run([sys.executable, "-m", "vflbench.cli", "sweep", str(path), "--out", str(tmp_path / "s"),
-                           "--workers", "2"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vflbench.cli", "sweep", str(path), "--out", str(tmp_path / "s"), "--workers", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "s" / "summary.csv").is_file()
-    proc = subprocess.run([sys.executable, "-m", "vflbench.cli", "report", str(tmp_path / "s")],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vflbench.cli", "report", str(tmp_path / "s")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
 def test_tune_finds_a_strength_that_meets_the_budget(tmp_path):
-    raw = minimal(data={"name": "breast_cancer"}, train={"epochs": 2, "batch_size": 32},
-                  defenses=[{"name": "isotropic_noise"}],
-                  attacks=[{"name": "direction_scoring", "epochs": [0]}], sweep={"seeds": [0, 1, 2]})
+    raw = minimal(
+        data={"name": "breast_cancer"},
+        train={"epochs": 2, "batch_size": 32},
+        defenses=[{"name": "isotropic_noise"}],
+        attacks=[{"name": "direction_scoring", "epochs": [0]}],
+        sweep={"seeds": [0, 1, 2]},
+    )
     result = tune(build_config(raw), tmp_path, budget=30.0, low=0.1, high=50.0, steps=4)
     assert result.chosen is not None and result.chosen["worst_ci_high"] <= 30.0
     assert any(not t["meets"] for t in result.trace)  # the weak end leaks more than the budget
@@ -123,9 +148,13 @@ def test_tune_finds_a_strength_that_meets_the_budget(tmp_path):
 
 
 def test_tune_averages_over_the_sweep_seeds_and_plots_by_strength(tmp_path):
-    raw = minimal(data={"name": "breast_cancer"}, train={"epochs": 2, "batch_size": 32},
-                  defenses=[{"name": "isotropic_noise"}],
-                  attacks=[{"name": "direction_scoring", "epochs": [0]}], sweep={"seeds": [0, 1]})
+    raw = minimal(
+        data={"name": "breast_cancer"},
+        train={"epochs": 2, "batch_size": 32},
+        defenses=[{"name": "isotropic_noise"}],
+        attacks=[{"name": "direction_scoring", "epochs": [0]}],
+        sweep={"seeds": [0, 1]},
+    )
     result = tune(build_config(raw), tmp_path, budget=20.0, low=0.1, high=50.0, steps=3)
     assert result.seeds == [0, 1]
     runs = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/result.json")]
@@ -180,9 +209,13 @@ def test_ray_executor_without_ray_says_how_to_install(tmp_path, monkeypatch):
 def test_budget_sweep_reports_the_mask_ratio_and_plots_it(tmp_path):
     """VMask Fig. 8 in a report: a smaller budget masks more layers (budget 0 masks every layer
     after the first epoch, budget 1 nothing after the first epoch's initial mask of layer 1)."""
-    raw = minimal(data={"name": "digits", "parties": 2, "aux_pool": 300}, model={"bottom": "mlp3", "top": "mlp2"},
-                  train={"epochs": 3, "momentum": 0.0}, defenses=[{"name": "vmask", "mc_epochs": 5}],
-                  attacks=[{"name": "model_completion", "epochs": 2}])
+    raw = minimal(
+        data={"name": "digits", "parties": 2, "aux_pool": 300},
+        model={"bottom": "mlp3", "top": "mlp2"},
+        train={"epochs": 3, "momentum": 0.0},
+        defenses=[{"name": "vmask", "mc_epochs": 5}],
+        attacks=[{"name": "model_completion", "epochs": 2}],
+    )
     raw["sweep"] = {"grid": {"defenses.0.strength": [0.0, 1.0]}}
     run_sweep(build_config(raw), tmp_path)
     summary = pd.read_csv(tmp_path / "summary.csv")
@@ -204,8 +237,9 @@ def test_invalid_grid_fails_before_any_run(tmp_path):
 def test_tradeoff_labels_strengths_that_land_on_one_point_together():
     from vflbench.report.plots import _point_labels
 
-    group = pd.DataFrame({"strength": [0.05, 0.1, 0.5, None], "eps_u": [-0.15, -0.15, -0.06, 0.0],
-                          "eps_p": [-2.36, -2.36, -4.9, 20.0]})
+    group = pd.DataFrame(
+        {"strength": [0.05, 0.1, 0.5, None], "eps_u": [-0.15, -0.15, -0.06, 0.0], "eps_p": [-2.36, -2.36, -4.9, 20.0]}
+    )
     assert _point_labels(group) == {(-0.15, -2.36): "0.05, 0.1", (-0.06, -4.9): "0.5"}
 
 
@@ -246,12 +280,16 @@ def test_each_point_is_reported_as_soon_as_it_finishes(tmp_path):
     there held back the report of every short one finished meanwhile (the issue's 'points finish one at a time')."""
     import time
 
-    cfg = _sweep_config(seeds=[0], grid={"train.epochs": [30, 1, 2]}, defenses=[[{"name": "max_norm"}]],
-                        baseline=False)
+    cfg = _sweep_config(seeds=[0], grid={"train.epochs": [30, 1, 2]}, defenses=[[{"name": "max_norm"}]], baseline=False)
     reported = {}
     started = time.monotonic()
-    run_sweep(cfg, tmp_path, workers=2, runner=_sleeping_runner,
-              on_done=lambda p: reported.setdefault(p.config.train.epochs, time.monotonic() - started))
+    run_sweep(
+        cfg,
+        tmp_path,
+        workers=2,
+        runner=_sleeping_runner,
+        on_done=lambda p: reported.setdefault(p.config.train.epochs, time.monotonic() - started),
+    )
     assert set(reported) == {30, 1, 2}
     assert reported[1] < reported[30] - 1.0 and reported[2] < reported[30] - 1.0
 
@@ -263,8 +301,9 @@ def _failing_runner(config, runs_dir, data_root):
 
 
 def test_a_failed_point_in_a_worker_stops_the_sweep_with_its_error(tmp_path):
-    cfg = _sweep_config(seeds=[0], grid={"train.epochs": [1, 2, 100]}, defenses=[[{"name": "max_norm"}]],
-                        baseline=False)
+    cfg = _sweep_config(
+        seeds=[0], grid={"train.epochs": [1, 2, 100]}, defenses=[[{"name": "max_norm"}]], baseline=False
+    )
     with pytest.raises(ValueError, match="point failed"):
         run_sweep(cfg, tmp_path, workers=2, runner=_failing_runner)
 
@@ -277,8 +316,10 @@ def test_results_are_the_same_with_one_worker_and_with_three(tmp_path):
     for workers in (1, 3):
         out = tmp_path / str(workers)
         run_sweep(cfg, out, workers=workers)
-        results[workers] = {p.parent.name: {k: v for k, v in json.loads(p.read_text()).items() if k != "timing"}
-                            for p in (out / RUNS).glob("*/result.json")}
+        results[workers] = {
+            p.parent.name: {k: v for k, v in json.loads(p.read_text()).items() if k != "timing"}
+            for p in (out / RUNS).glob("*/result.json")
+        }
     assert len(results[1]) == 4 and results[1] == results[3]
 
 
@@ -319,8 +360,14 @@ def test_a_defended_point_trains_while_another_worker_trains_its_undefended_refe
 
     from vflbench.experiment.run import claim_undefended, run_experiment, undefended_config
 
-    cfg = build_config(minimal(data={"name": "breast_cancer"}, train={"epochs": 2, "batch_size": 32},
-                               defenses=[{"name": "max_norm"}], attacks=[{"name": "norm_scoring"}]))
+    cfg = build_config(
+        minimal(
+            data={"name": "breast_cancer"},
+            train={"epochs": 2, "batch_size": 32},
+            defenses=[{"name": "max_norm"}],
+            attacks=[{"name": "norm_scoring"}],
+        )
+    )
     runs = tmp_path / RUNS
     plain = undefended_config(cfg)
     with claim_undefended(plain, runs) as mine:  # another worker is training the reference

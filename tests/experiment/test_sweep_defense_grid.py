@@ -15,4 +15,5 @@ def test_a_defense_grid_value_other_than_the_strength_names_the_defense():
     assert _defense_label([], {"seed": 0, "defenses.0.sigma": 0.1}) == "none"
     stack = [{"name": "embedding_noise", "params": {}}, {"name": "vmask_alls", "params": {}}]
     assert _defense_label(stack, {"defenses.0.sigma": 0.5, "defenses.1.sigma": 0.1, "data.name": "digits"}) == (
-        "embedding_noise+vmask_alls [vmask_alls.sigma=0.1]")  # embedding_noise's sigma is its strength
+        "embedding_noise+vmask_alls [vmask_alls.sigma=0.1]"
+    )  # embedding_noise's sigma is its strength

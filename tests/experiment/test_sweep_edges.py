@@ -21,8 +21,7 @@ from vflbench.experiment.sweep import SWEEP_LOCK, run_sweep
 
 
 def _cfg(**sweep):
-    return build_config(minimal(data={"name": "breast_cancer"}, train={"epochs": 1},
-                                sweep={"seeds": [0, 1], **sweep}))
+    return build_config(minimal(data={"name": "breast_cancer"}, train={"epochs": 1}, sweep={"seeds": [0, 1], **sweep}))
 
 
 class _Recorder:
@@ -56,15 +55,21 @@ sys.stdin.read()
 def test_a_second_sweep_into_the_same_directory_is_refused(tmp_path):
     """Before: both sweeps trained every point."""
     tmp_path.mkdir(exist_ok=True)
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / SWEEP_LOCK)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(tmp_path / SWEEP_LOCK)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         runner = _Recorder()
         with pytest.raises(VFLBenchError) as info:
             run_sweep(_cfg(), tmp_path, runner=runner)
-        assert str(info.value) == (f"another sweep (pid {holder.pid}) is writing into {tmp_path}; wait for it to end, "
-                                   "or give this one another --out")
+        assert str(info.value) == (
+            f"another sweep (pid {holder.pid}) is writing into {tmp_path}; wait for it to end, "
+            "or give this one another --out"
+        )
         assert runner.points == [] and not (tmp_path / "sweep.yaml").exists()
     finally:
         holder.stdin.close()
@@ -100,8 +105,7 @@ def test_resume_refuses_a_changed_definition_and_says_what_changed(tmp_path):
     """Before: a new sweep ran beside the old one and overwrote its summary."""
     run_sweep(_cfg(), tmp_path, runner=_Recorder())
     stored = (tmp_path / "sweep.yaml").read_text()
-    changed = build_config({**_cfg().model_dump(mode="json"), "train": {"epochs": 3},
-                            "sweep": {"seeds": [0, 1, 2]}})
+    changed = build_config({**_cfg().model_dump(mode="json"), "train": {"epochs": 3}, "sweep": {"seeds": [0, 1, 2]}})
     runner = _Recorder()
     with pytest.raises(ConfigError) as info:
         run_sweep(changed, tmp_path, resume=True, runner=runner)
@@ -132,8 +136,12 @@ def test_processes_started_for_the_workers_ignore_sigint_from_birth():
     """Before: a Ctrl-C while the fork server imported torch printed its 40-line KeyboardInterrupt traceback."""
     before = signal.getsignal(signal.SIGINT)
     with workers_mod.sigint_ignored_by_children():
-        child = subprocess.run([sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) == "
-                                "signal.SIG_IGN)"], capture_output=True, text=True, timeout=60)
+        child = subprocess.run(
+            [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert child.stdout.strip() == "True"
     assert signal.getsignal(signal.SIGINT) is before
 

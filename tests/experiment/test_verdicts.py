@@ -21,13 +21,23 @@ from vflbench.report import build_report
 # breast_cancer at seed 0 (undefended leakage about -32 points): there is nothing to defend.
 IDLE_ATTACK = {"name": "model_completion", "epochs": 1, "known_per_class": 1, "prior": "local"}
 # Black-box model inversion (He et al.'s inverse network) beats the aux-mean guess on breast_cancer.
-FEATURE_ATTACK = {"name": "model_inversion", "mode": "black_box", "shadow_epochs": 5, "inverse_epochs": 20,
-                  "n_targets": 50}
+FEATURE_ATTACK = {
+    "name": "model_inversion",
+    "mode": "black_box",
+    "shadow_epochs": 5,
+    "inverse_epochs": 20,
+    "n_targets": 50,
+}
 
 
 def _cfg(attacks, defense, strengths, seeds=(0,)):
-    raw = minimal(data={"name": "breast_cancer"}, train={"epochs": 2, "batch_size": 32},
-                  defenses=[{"name": defense}], attacks=attacks, evaluation={"repeats": 3})
+    raw = minimal(
+        data={"name": "breast_cancer"},
+        train={"epochs": 2, "batch_size": 32},
+        defenses=[{"name": defense}],
+        attacks=attacks,
+        evaluation={"repeats": 3},
+    )
     raw["sweep"] = {"grid": {"defenses.0.strength": strengths}, "seeds": list(seeds)}
     return build_config(raw)
 
@@ -69,8 +79,12 @@ def test_sweep_gives_no_pu_score_for_an_attack_that_does_not_leak_without_defens
 def test_a_feature_attack_that_works_leaks_positive_points_everywhere(tmp_path):
     """Old behaviour: the feature attack's leakage was prior - MSE in MSE units (< 1), and it entered
     Kang's label score table (S*_PU 5 for an undefended run) and C-DCS as if lower MSE leaked less."""
-    run_sweep(_cfg([{"name": "direction_scoring", "epochs": [0]}, FEATURE_ATTACK], "embedding_noise", [0.05],
-                   seeds=(0, 1, 2)), tmp_path)
+    run_sweep(
+        _cfg(
+            [{"name": "direction_scoring", "epochs": [0]}, FEATURE_ATTACK], "embedding_noise", [0.05], seeds=(0, 1, 2)
+        ),
+        tmp_path,
+    )
     summary = pd.read_csv(tmp_path / "summary.csv")
     mi = summary[summary["attack"] == "model_inversion"].set_index("defense")
     assert (mi["attack_direction"] == "lower").all() and (mi["attack_value"] < mi["prior"]).all()
@@ -84,8 +98,10 @@ def test_a_feature_attack_that_works_leaks_positive_points_everywhere(tmp_path):
     scores = pd.read_csv(tmp_path / "scores.csv").set_index("defense")
     assert scores.loc["none", "eps_p.model_inversion"] > 1.0 and scores.loc["none", "s_pu"] == 0
     assert scores.loc["embedding_noise", "eps_p.model_inversion"] > 1.0
-    assert "model_inversion: left out of s_pu and c_dcs, not defined for feature attacks" in scores.loc[
-        "embedding_noise", "note"]
+    assert (
+        "model_inversion: left out of s_pu and c_dcs, not defined for feature attacks"
+        in scores.loc["embedding_noise", "note"]
+    )
 
     report = build_report(tmp_path).read_text()
     assert "100·(1 − MSE / MSE_prior)" in report
@@ -98,17 +114,23 @@ def test_a_feature_attack_that_works_leaks_positive_points_everywhere(tmp_path):
 
 
 def test_adaptive_coverage_marks_defenses_evaluated_without_their_adaptive_attacks():
-    stacks = [([{"name": "dcor", "params": {}}], {"model_completion"}),
-              ([{"name": "dcor", "params": {"weight": 0.5}}], {"embedding_extension"}),
-              ([{"name": "labobf", "params": {"per_class": 2}}], {"model_completion"}),
-              ([{"name": "vmask_rs", "params": {}}], {"model_completion"})]
+    stacks = [
+        ([{"name": "dcor", "params": {}}], {"model_completion"}),
+        ([{"name": "dcor", "params": {"weight": 0.5}}], {"embedding_extension"}),
+        ([{"name": "labobf", "params": {"per_class": 2}}], {"model_completion"}),
+        ([{"name": "vmask_rs", "params": {}}], {"model_completion"}),
+    ]
     rows = {r["defense"]: r for r in adaptive_coverage(stacks).to_dict("records")}
     assert rows["dcor"]["evaluated"] and rows["dcor"]["note"] == ""
     assert not rows["labobf"]["evaluated"] and rows["labobf"]["adaptive"] == "false_attribute: true"
     assert rows["vmask_rs"]["adaptive"].startswith("vmask_weight_recovery") and not rows["vmask_rs"]["evaluated"]
     assert "vmask_rs was not evaluated against its adaptive attack vmask_weight_recovery" in rows["vmask_rs"]["note"]
-    with_false = {r["adaptive"]: r["evaluated"] for r in adaptive_coverage(
-        [([{"name": "labobf", "params": {"false_attribute": True}}], set())]).to_dict("records")}
+    with_false = {
+        r["adaptive"]: r["evaluated"]
+        for r in adaptive_coverage([([{"name": "labobf", "params": {"false_attribute": True}}], set())]).to_dict(
+            "records"
+        )
+    }
     assert with_false == {"labobf_adaptive_mixmatch": False, "false_attribute: true": True}
     adaptive = [([{"name": "labobf", "params": {}}], {"labobf_adaptive_mixmatch"})]
     assert adaptive_coverage(adaptive).set_index("adaptive").loc["labobf_adaptive_mixmatch", "evaluated"]
@@ -125,21 +147,26 @@ def test_describe_names_the_attacks_on_what_a_defense_protects_and_its_adaptive_
         # rich wraps lines at the terminal's width (fixed when the console was made, from $COLUMNS then): join
         # them, then cut out the two sections, which end at the next section or the parameters table
         text = " ".join(proc.output.split())
-        sections = re.search(r"attacks on what it protects: (.*?) adaptive attacks: (.*?)(?: parameters [^a-z]|$)",
-                             text)
+        sections = re.search(
+            r"attacks on what it protects: (.*?) adaptive attacks: (.*?)(?: parameters [^a-z]|$)", text
+        )
         assert sections is not None, proc.output
         return {"attacks on what it protects": sections[1], "adaptive attacks": sections[2]}
 
     vmask = describe("vmask_rs")
-    assert "model_completion" in vmask["attacks on what it protects"] and "dmavfl" not in vmask[
-        "attacks on what it protects"]
+    assert (
+        "model_completion" in vmask["attacks on what it protects"]
+        and "dmavfl" not in vmask["attacks on what it protects"]
+    )
     assert "vmask_weight_recovery" in vmask["adaptive attacks"]
     assert "embedding_extension" in describe("dcor")["adaptive attacks"]
     assert "false_attribute: true" in describe("labobf")["adaptive attacks"]
     assert "labobf_adaptive_mixmatch" in describe("labobf")["adaptive attacks"]
     nopeek = describe("nopeek")
-    assert "dmavfl" in nopeek["attacks on what it protects"] and "norm_scoring" not in nopeek[
-        "attacks on what it protects"]
+    assert (
+        "dmavfl" in nopeek["attacks on what it protects"]
+        and "norm_scoring" not in nopeek["attacks on what it protects"]
+    )
 
 
 def test_run_table_says_when_an_attack_does_not_leak_without_defense():
@@ -148,8 +175,13 @@ def test_run_table_says_when_an_attack_does_not_leak_without_defense():
     from vflbench.cli import _result_table
     from vflbench.experiment.run import run_experiment
 
-    raw = minimal(data={"name": "breast_cancer"}, train={"epochs": 2, "batch_size": 32},
-                  defenses=[{"name": "dcor", "weight": 0.1}], attacks=[IDLE_ATTACK], evaluation={"repeats": 3})
+    raw = minimal(
+        data={"name": "breast_cancer"},
+        train={"epochs": 2, "batch_size": 32},
+        defenses=[{"name": "dcor", "weight": 0.1}],
+        attacks=[IDLE_ATTACK],
+        evaluation={"repeats": 3},
+    )
     result = run_experiment(build_config(raw))
     attack = result.attacks[0]
     assert attack.leaks_without_defense is False and attack.undefended_leakage < 0

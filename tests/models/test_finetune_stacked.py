@@ -26,9 +26,14 @@ def _candidates(shadow: nn.Module, masks: list[set[int]]) -> list[tuple[nn.Modul
     return out
 
 
-@pytest.mark.parametrize("recipe", [{"optimizer": "adam", "lr": 1e-3},
-                                    {"optimizer": "sgd", "lr": 0.05, "batch_size": None},
-                                    {"optimizer": "adam", "lr": 1e-3, "batch_size": 8, "finetune_bottom": False}])
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        {"optimizer": "adam", "lr": 1e-3},
+        {"optimizer": "sgd", "lr": 0.05, "batch_size": None},
+        {"optimizer": "adam", "lr": 1e-3, "batch_size": 8, "finetune_bottom": False},
+    ],
+)
 def test_stacked_fine_tuning_equals_one_complete_per_model(recipe):
     """VMask's simulated attacks were run one complete() each; the stacked run may differ only by float32
     rounding (a different seed use, batch order or reduction would move the outputs by far more)."""

@@ -26,8 +26,9 @@ def image_part(shape: tuple[int, ...] = (3, 32, 16), n: int = N) -> PartySlice:
     return PartySlice(x, x.clone(), "image")
 
 
-def tabular_part(n_features: int = 6, categorical: tuple[int, ...] = (1, 4),
-                 cardinalities: tuple[int, ...] = (5, 3), n: int = N) -> PartySlice:
+def tabular_part(
+    n_features: int = 6, categorical: tuple[int, ...] = (1, 4), cardinalities: tuple[int, ...] = (5, 3), n: int = N
+) -> PartySlice:
     """A random tabular slice whose categorical columns hold integer codes stored as floats."""
     g = torch.Generator().manual_seed(2)
     x = torch.randn((n, n_features), generator=g)
@@ -37,8 +38,7 @@ def tabular_part(n_features: int = 6, categorical: tuple[int, ...] = (1, 4),
     return PartySlice(x, x.clone(), "tabular", tuple(range(n_features)), meta)
 
 
-def text_part(length: int = 12, vocab: int = 50, n: int = N,
-              meta: dict[str, Any] | None = None) -> PartySlice:
+def text_part(length: int = 12, vocab: int = 50, n: int = N, meta: dict[str, Any] | None = None) -> PartySlice:
     """A random token-id slice with some padding (id 0) at the end of each row."""
     g = torch.Generator().manual_seed(3)
     x = torch.randint(1, vocab, (n, length), generator=g)
@@ -141,14 +141,14 @@ DEFAULT_COUNTS = [("vgg13", 11), ("resnet18", 21), ("conv2", 3), ("emb_mlp", 2),
 
 @pytest.mark.parametrize(("name", "expected"), DEFAULT_COUNTS)
 def test_default_layer_counts(name: str, expected: int) -> None:
-    shapes = {"vgg13": (3, 32, 16), "resnet18": (3, 32, 16), "conv2": (1, 28, 14),
-              "emb_mlp": (6,), "text_cnn": (12,)}
+    shapes = {"vgg13": (3, 32, 16), "resnet18": (3, 32, 16), "conv2": (1, 28, 14), "emb_mlp": (6,), "text_cnn": (12,)}
     meta = {"emb_mlp": {"categorical": (1,), "cardinalities": (4,)}, "text_cnn": {"vocab_size": 10}}
     model = MODELS.create(name, input_shape=shapes[name], out_dim=10, meta=meta.get(name))
     assert len(linear_layers(model)) == expected
 
 
 # --- vision specifics -------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", ["vgg13", "resnet18"])
 def test_cifar_models_default_head_is_512_wide(name: str) -> None:
@@ -199,6 +199,7 @@ def test_width_multiplier_must_be_positive() -> None:
 
 # --- emb_mlp specifics ------------------------------------------------------------------------
 
+
 def test_emb_mlp_embeds_categorical_codes() -> None:
     part = tabular_part()
     model = build_bottom("emb_mlp", part, OUT_DIM, gen()).eval()
@@ -211,8 +212,7 @@ def test_emb_mlp_embeds_categorical_codes() -> None:
 
 
 def test_emb_mlp_without_categorical_is_an_mlp() -> None:
-    model = build_bottom("emb_mlp", tabular_part(categorical=(), cardinalities=()), OUT_DIM,
-                         gen())
+    model = build_bottom("emb_mlp", tabular_part(categorical=(), cardinalities=()), OUT_DIM, gen())
     layers = linear_layers(model)
     assert [(m.in_features, m.out_features) for m in layers] == [(6, 64), (64, OUT_DIM)]
     assert len(model.embeddings) == 0
@@ -220,17 +220,16 @@ def test_emb_mlp_without_categorical_is_an_mlp() -> None:
 
 def test_emb_mlp_rejects_inconsistent_meta() -> None:
     part = tabular_part()
-    bad = PartySlice(part.x_train, part.x_test, "tabular",
-                     meta={"categorical": (1, 4), "cardinalities": (5,)})
+    bad = PartySlice(part.x_train, part.x_test, "tabular", meta={"categorical": (1, 4), "cardinalities": (5,)})
     with pytest.raises(ConfigError, match="2 categorical columns but 1 cardinalities"):
         build_bottom("emb_mlp", bad, OUT_DIM, gen())
-    out_of_range = PartySlice(part.x_train, part.x_test, "tabular",
-                              meta={"categorical": (9,), "cardinalities": (5,)})
+    out_of_range = PartySlice(part.x_train, part.x_test, "tabular", meta={"categorical": (9,), "cardinalities": (5,)})
     with pytest.raises(ConfigError, match="distinct column indices"):
         build_bottom("emb_mlp", out_of_range, OUT_DIM, gen())
 
 
 # --- text_cnn specifics -----------------------------------------------------------------------
+
 
 def test_text_cnn_needs_vocab_size() -> None:
     with pytest.raises(ConfigError, match=r"meta\['vocab_size'\]"):

@@ -46,8 +46,9 @@ def gen(seed: int) -> torch.Generator:
 
 def masked(layer: nn.Module, *, sigma: float = 0.0, seed: int = 0, record_active_inbox: bool = False, **kw):  # type: ignore[no-untyped-def]
     """A masked layer at passive_1, joined by a channel to the active party and a dealer."""
-    session = local_session(Dealer(gen(seed + 100), name="ttp"), noise=gen(seed + 2),
-                            record_active_inbox=record_active_inbox)
+    session = local_session(
+        Dealer(gen(seed + 100), name="ttp"), noise=gen(seed + 2), record_active_inbox=record_active_inbox
+    )
     shared = mask_layer(layer, link=session.passive, generator_passive=gen(seed + 1), sigma=sigma, **kw)
     return shared, session
 
@@ -420,9 +421,15 @@ def _trained(layer: nn.Module, protocol: str, xs: list[Tensor], grads: list[Tens
     return seen
 
 
-@pytest.mark.parametrize("layer,shape", [(nn.Linear(9, 5), (6, 9)), (nn.Linear(5, 5, bias=False), (3, 5)),
-                                         (nn.Conv2d(2, 3, 3, stride=2, padding=1), (2, 2, 7, 6)),
-                                         (nn.Conv2d(3, 4, 2, bias=False), (3, 3, 5, 5))])
+@pytest.mark.parametrize(
+    "layer,shape",
+    [
+        (nn.Linear(9, 5), (6, 9)),
+        (nn.Linear(5, 5, bias=False), (3, 5)),
+        (nn.Conv2d(2, 3, 3, stride=2, padding=1), (2, 2, 7, 6)),
+        (nn.Conv2d(3, 4, 2, bias=False), (3, 3, 5, 5)),
+    ],
+)
 def test_fixed_mask_gives_the_per_product_protocols_results_bit_for_bit(layer: nn.Module, shape) -> None:  # type: ignore[no-untyped-def]
     """Issue 26: the fixed_mask protocol computes the same ring values as beaver (a fresh triple and both
     operands opened per product), so every output, input gradient, weight update, renormalisation and the

@@ -75,8 +75,25 @@ def test_limb_matmul_equals_int64_matmul(m: int, k: int, n: int, seed: int) -> N
     assert torch.equal(limb_matmul(a, b), a @ b)
 
 
-EXTREMES = torch.tensor([-(2**63), 2**63 - 1, -1, 0, 1, 2**16 - 1, 2**16, -(2**16), 2**32 - 1, 2**48 + 12345,
-                         -(2**48) - 1, 2**62, -(2**62) + 7, 0x7FFF_FFFF_FFFF_0001], dtype=torch.int64)
+EXTREMES = torch.tensor(
+    [
+        -(2**63),
+        2**63 - 1,
+        -1,
+        0,
+        1,
+        2**16 - 1,
+        2**16,
+        -(2**16),
+        2**32 - 1,
+        2**48 + 12345,
+        -(2**48) - 1,
+        2**62,
+        -(2**62) + 7,
+        0x7FFF_FFFF_FFFF_0001,
+    ],
+    dtype=torch.int64,
+)
 
 
 def _extreme(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
@@ -85,8 +102,9 @@ def _extreme(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
     return torch.where(torch.rand(shape, generator=g) < 0.7, EXTREMES[pick], uniform(shape, g))
 
 
-@pytest.mark.parametrize(("m", "k", "n", "batch"), [(1, 1, 1, ()), (7, 300, 5, ()), (3, 64, 9, (2,)),
-                                                    (16, 784, 32, ())])
+@pytest.mark.parametrize(
+    ("m", "k", "n", "batch"), [(1, 1, 1, ()), (7, 300, 5, ()), (3, 64, 9, (2,)), (16, 784, 32, ())]
+)
 def test_limb_matmul_is_the_int64_product_on_extreme_values(m: int, k: int, n: int, batch: tuple[int, ...]) -> None:
     """The CUDA path against the CPU's int64 product, bit for bit, with the sign bit, all-ones limbs and carries
     across every limb boundary (batched operands too)."""
@@ -117,8 +135,16 @@ def test_ring_matmul_method_is_checked() -> None:
         limb_matmul(a.double(), a.double())
 
 
-LIMB_CONV_CASES = st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(1, 4), st.integers(1, 3),
-                           st.integers(1, 3), st.integers(1, 2), st.integers(0, 2), st.integers(0, 2**31))
+LIMB_CONV_CASES = st.tuples(
+    st.integers(1, 2),
+    st.integers(1, 3),
+    st.integers(1, 4),
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.integers(1, 2),
+    st.integers(0, 2),
+    st.integers(0, 2**31),
+)
 
 
 @FAST
@@ -147,10 +173,14 @@ def test_ring_products_on_cuda_equal_the_cpu_ones() -> None:
     y = ring_conv2d(x, w, stride=1, padding=2)
     assert torch.equal(ring_conv2d(x.cuda(), w.cuda(), stride=1, padding=2).cpu(), y)
     gy = _extreme(tuple(y.shape), g)
-    assert torch.equal(ring_conv2d_input_grad(gy.cuda(), w.cuda(), (12, 12), stride=1, padding=2).cpu(),
-                       ring_conv2d_input_grad(gy, w, (12, 12), stride=1, padding=2))
-    assert torch.equal(uniform((5, 7), torch.Generator().manual_seed(1), device="cuda").cpu(),
-                       uniform((5, 7), torch.Generator().manual_seed(1)))
+    assert torch.equal(
+        ring_conv2d_input_grad(gy.cuda(), w.cuda(), (12, 12), stride=1, padding=2).cpu(),
+        ring_conv2d_input_grad(gy, w, (12, 12), stride=1, padding=2),
+    )
+    assert torch.equal(
+        uniform((5, 7), torch.Generator().manual_seed(1), device="cuda").cpu(),
+        uniform((5, 7), torch.Generator().manual_seed(1)),
+    )
 
 
 def test_uniform_covers_the_whole_ring_and_is_reproducible() -> None:

@@ -15,18 +15,21 @@ from vflbench.experiment.config import build_config
 from vflbench.experiment.run import undefended_config
 from vflbench.experiment.sweep import RUNS, _run_point_shipped, _write_run_files, run_sweep
 
-DEFENDED = minimal(data={"name": "breast_cancer", "train_size": 128, "test_size": 64},
-                   train={"epochs": 1, "batch_size": 32},
-                   defenses=[{"name": "isotropic_noise", "strength": 1.0}],
-                   attacks=[{"name": "norm_scoring", "epochs": [0]}])
+DEFENDED = minimal(
+    data={"name": "breast_cancer", "train_size": 128, "test_size": 64},
+    train={"epochs": 1, "batch_size": 32},
+    defenses=[{"name": "isotropic_noise", "strength": 1.0}],
+    attacks=[{"name": "norm_scoring", "epochs": [0]}],
+)
 
 
 def test_a_ray_task_returns_its_run_files_and_reuses_the_undefended_reference_it_is_given(tmp_path):
     cfg = build_config(DEFENDED).resolved()
     plain = undefended_config(cfg)
     reference = _run_point_shipped(plain.model_dump(mode="json"), None, {})
-    assert {f"{plain.hash()}/{name}" for name in ("result.json", "metrics.jsonl", "config.yaml", "env.json")} \
-        <= reference.keys()
+    assert {
+        f"{plain.hash()}/{name}" for name in ("result.json", "metrics.jsonl", "config.yaml", "env.json")
+    } <= reference.keys()
     assert not any(Path(rel).name.startswith(".") for rel in reference)  # no lock or temporary files
     given = {f"{plain.hash()}/result.json": reference[f"{plain.hash()}/result.json"]}
     files = _run_point_shipped(cfg.model_dump(mode="json"), None, given)
@@ -52,8 +55,11 @@ def test_a_ray_sweep_writes_on_the_driver_what_a_local_sweep_writes(tmp_path):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         done: list[str] = []
-        table = run_sweep(build_config({**raw, "sweep": {**raw["sweep"], "executor": "ray"}}), tmp_path / "ray",
-                          on_done=lambda p: done.append(p.hash))
+        table = run_sweep(
+            build_config({**raw, "sweep": {**raw["sweep"], "executor": "ray"}}),
+            tmp_path / "ray",
+            on_done=lambda p: done.append(p.hash),
+        )
     finally:
         ray.shutdown()
     assert sorted(done) == sorted(local["config_hash"].unique()) == sorted(table["config_hash"].unique())

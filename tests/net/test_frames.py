@@ -23,24 +23,34 @@ from vflbench.protocol.messages import Message
 def tensors() -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     out = [torch.randn(3, 4, generator=g).to(getattr(torch, name)) for name in DTYPES if name != "bool"]
-    out += [torch.rand(2, 3, generator=g) > 0.5,  # bool
-            torch.tensor(7.5),  # 0-d
-            torch.zeros(0, 5, dtype=torch.int64),  # empty
-            torch.randn(4, 3, generator=g).T,  # not contiguous
-            torch.randint(-(2**62), 2**62, (2, 2, 2, 2), generator=g)]  # int64 ring elements, 4-d
+    out += [
+        torch.rand(2, 3, generator=g) > 0.5,  # bool
+        torch.tensor(7.5),  # 0-d
+        torch.zeros(0, 5, dtype=torch.int64),  # empty
+        torch.randn(4, 3, generator=g).T,  # not contiguous
+        torch.randint(-(2**62), 2**62, (2, 2, 2, 2), generator=g),
+    ]  # int64 ring elements, 4-d
     return out
 
 
 def test_a_message_round_trips_with_every_dtype_shape_and_meta_type():
     ts = tensors()
     meta = {"layer": 3, "scale": 0.125, "name": "fc1", "last": True, "none": None, "big": -(2**63)}
-    m = Message("vmask.open", "passive_1", "active", ts[0], torch.arange(5), 2, 17, "eval", tuple(ts[1:]), meta,
-                "request")
+    m = Message(
+        "vmask.open", "passive_1", "active", ts[0], torch.arange(5), 2, 17, "eval", tuple(ts[1:]), meta, "request"
+    )
     f = decode(encode(Frame.of(m, run="run-1", call=42)))
     assert (f.type, f.run, f.call) == ("message", "run-1", 42)
     back = f.message("passive_1")
-    assert (back.kind, back.sender, back.receiver, back.epoch, back.step, back.phase, back.role) == \
-           ("vmask.open", "passive_1", "active", 2, 17, "eval", "request")
+    assert (back.kind, back.sender, back.receiver, back.epoch, back.step, back.phase, back.role) == (
+        "vmask.open",
+        "passive_1",
+        "active",
+        2,
+        17,
+        "eval",
+        "request",
+    )
     assert back.meta == meta and all(type(back.meta[k]) is type(v) for k, v in meta.items())
     assert torch.equal(back.ids, torch.arange(5))
     assert len(back.tensors) == len(ts)
@@ -62,10 +72,20 @@ def frame_bytes(header: dict, *buffers: bytes, version: int = VERSION, magic: by
 
 
 def good_header(**changes) -> dict:
-    header = {"type": "message", "kind": "embedding", "receiver": "active", "run": "r", "epoch": 0, "step": 0,
-              "phase": "train", "role": "send", "call": 0, "meta": {},
-              "ids": {"dtype": "int64", "shape": [0], "nbytes": 0},
-              "tensors": [{"dtype": "float32", "shape": [2], "nbytes": 8}]}
+    header = {
+        "type": "message",
+        "kind": "embedding",
+        "receiver": "active",
+        "run": "r",
+        "epoch": 0,
+        "step": 0,
+        "phase": "train",
+        "role": "send",
+        "call": 0,
+        "meta": {},
+        "ids": {"dtype": "int64", "shape": [0], "nbytes": 0},
+        "tensors": [{"dtype": "float32", "shape": [2], "nbytes": 8}],
+    }
     header.update(changes)
     return header
 
@@ -79,7 +99,9 @@ EVIL = pickle.dumps(Evil())
 
 
 def test_the_hand_built_good_frame_is_accepted():
-    assert torch.equal(decode(frame_bytes(good_header(), struct.pack("<2f", 1, 2))).tensors[0], torch.tensor([1., 2.]))
+    assert torch.equal(
+        decode(frame_bytes(good_header(), struct.pack("<2f", 1, 2))).tensors[0], torch.tensor([1.0, 2.0])
+    )
 
 
 MALFORMED = {
@@ -96,29 +118,45 @@ MALFORMED = {
     "extra key (a sender claim)": (frame_bytes(good_header(sender="active"), bytes(8)), "exactly the keys"),
     "pickle in a binary header value": (frame_bytes(good_header(kind=EVIL), bytes(8)), "not valid msgpack"),
     "msgpack extension type": (frame_bytes(good_header(meta={"x": msgpack.ExtType(1, EVIL)}), bytes(8)), "ext"),
-    "object dtype": (frame_bytes(good_header(tensors=[{"dtype": "object", "shape": [2], "nbytes": 8}]), bytes(8)),
-                     "not allowed"),
-    "complex dtype": (frame_bytes(good_header(tensors=[{"dtype": "complex64", "shape": [1], "nbytes": 8}]), bytes(8)),
-                      "not allowed"),
-    "shape disagrees with nbytes": (frame_bytes(good_header(tensors=[{"dtype": "float32", "shape": [3],
-                                                                      "nbytes": 8}]), bytes(8)), "takes 12 bytes"),
-    "negative dimension": (frame_bytes(good_header(tensors=[{"dtype": "float32", "shape": [-2], "nbytes": -8}]),
-                                       bytes(8)), "non-negative"),
-    "too many dimensions": (frame_bytes(good_header(tensors=[{"dtype": "uint8", "shape": [1] * 9, "nbytes": 1}]),
-                                        bytes(1)), "at most 8"),
-    "huge shape": (frame_bytes(good_header(tensors=[{"dtype": "float64", "shape": [2**40, 2**40],
-                                                     "nbytes": 2**63}]), bytes(8)), "spans more than"),
+    "object dtype": (
+        frame_bytes(good_header(tensors=[{"dtype": "object", "shape": [2], "nbytes": 8}]), bytes(8)),
+        "not allowed",
+    ),
+    "complex dtype": (
+        frame_bytes(good_header(tensors=[{"dtype": "complex64", "shape": [1], "nbytes": 8}]), bytes(8)),
+        "not allowed",
+    ),
+    "shape disagrees with nbytes": (
+        frame_bytes(good_header(tensors=[{"dtype": "float32", "shape": [3], "nbytes": 8}]), bytes(8)),
+        "takes 12 bytes",
+    ),
+    "negative dimension": (
+        frame_bytes(good_header(tensors=[{"dtype": "float32", "shape": [-2], "nbytes": -8}]), bytes(8)),
+        "non-negative",
+    ),
+    "too many dimensions": (
+        frame_bytes(good_header(tensors=[{"dtype": "uint8", "shape": [1] * 9, "nbytes": 1}]), bytes(1)),
+        "at most 8",
+    ),
+    "huge shape": (
+        frame_bytes(good_header(tensors=[{"dtype": "float64", "shape": [2**40, 2**40], "nbytes": 2**63}]), bytes(8)),
+        "spans more than",
+    ),
     # empty, but its strides would overflow: refused before torch is asked to build it (was a RuntimeError)
-    "empty tensor with huge dimensions": (frame_bytes(good_header(tensors=[{"dtype": "float32",
-                                                                            "shape": [0, 2**40, 2**40],
-                                                                            "nbytes": 0}])), "spans more than"),
-    "header nested too deeply": (struct.pack("<4sBI", MAGIC, VERSION, 60_000) + b"\x91" * 60_000,
-                                 "nested too deeply"),
+    "empty tensor with huge dimensions": (
+        frame_bytes(good_header(tensors=[{"dtype": "float32", "shape": [0, 2**40, 2**40], "nbytes": 0}])),
+        "spans more than",
+    ),
+    "header nested too deeply": (struct.pack("<4sBI", MAGIC, VERSION, 60_000) + b"\x91" * 60_000, "nested too deeply"),
     "no tensors in a message": (frame_bytes(good_header(tensors=[])), "'tensors'"),
-    "ids not int64": (frame_bytes(good_header(ids={"dtype": "float32", "shape": [2], "nbytes": 8}), bytes(16)),
-                      "1-d int64"),
-    "bool bytes other than 0 and 1": (frame_bytes(good_header(tensors=[{"dtype": "bool", "shape": [2], "nbytes": 2}]),
-                                                  b"\x01\x07"), "other than 0 and 1"),
+    "ids not int64": (
+        frame_bytes(good_header(ids={"dtype": "float32", "shape": [2], "nbytes": 8}), bytes(16)),
+        "1-d int64",
+    ),
+    "bool bytes other than 0 and 1": (
+        frame_bytes(good_header(tensors=[{"dtype": "bool", "shape": [2], "nbytes": 2}]), b"\x01\x07"),
+        "other than 0 and 1",
+    ),
     "meta value a list": (frame_bytes(good_header(meta={"x": [1, 2]}), bytes(8)), "'meta' value"),
     "meta value a map": (frame_bytes(good_header(meta={"x": {"y": 1}}), bytes(8)), "'meta' value"),
     "meta key not a string": (frame_bytes(good_header(meta={1: 2}), bytes(8)), "not valid msgpack"),
@@ -230,8 +268,9 @@ def test_hostile_frames_never_reach_the_unpickler():
     """Decoding hostile frames (and feeding them through a live link) never calls pickle.find_class.
 
     Runs in a subprocess so that the audit hook (which cannot be removed) stays out of other tests."""
-    proc = subprocess.run([sys.executable, "-c", HOSTILE_SCRIPT], capture_output=True, text=True, timeout=60,
-                          env=child_env())
+    proc = subprocess.run(
+        [sys.executable, "-c", HOSTILE_SCRIPT], capture_output=True, text=True, timeout=60, env=child_env()
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert "REFUSED 8 8 NET 3 FOUND 0" in lines, proc.stdout + proc.stderr[-3000:]

@@ -36,14 +36,19 @@ from vflbench.protocol.channel import Endpoint
 from vflbench.protocol.grants import Grant
 from vflbench.protocol.messages import Message
 
-RAW = {"data": {"name": "digits", "parties": 2, "train_size": 200, "test_size": 64},
-       "model": {"bottom": "mlp2", "top": "mlp2"},
-       "train": {"algorithm": "vhnn", "epochs": 1, "batch_size": 64, "lr": 0.1}, "seed": 7}
+RAW = {
+    "data": {"name": "digits", "parties": 2, "train_size": 200, "test_size": 64},
+    "model": {"bottom": "mlp2", "top": "mlp2"},
+    "train": {"algorithm": "vhnn", "epochs": 1, "batch_size": 64, "lr": 0.1},
+    "seed": 7,
+}
 #: DMAVFL is scored against the victim's real bottom model: this plan grants passive.oracle_bottom
-GRANTING = {**RAW, "data": {**RAW["data"], "aux_pool": 40},
-            "attacks": [{"name": "dmavfl", "aux_batch_size": 40, "n_targets": 16}]}
-FAST = NetOptions(keepalive_ms=1000, keepalive_timeout_ms=1000, receive_timeout=20, start_timeout=20,
-                  close_timeout=2)
+GRANTING = {
+    **RAW,
+    "data": {**RAW["data"], "aux_pool": 40},
+    "attacks": [{"name": "dmavfl", "aux_batch_size": 40, "n_targets": 16}],
+}
+FAST = NetOptions(keepalive_ms=1000, keepalive_timeout_ms=1000, receive_timeout=20, start_timeout=20, close_timeout=2)
 ORACLE = Grant("passive.oracle_bottom", "passive_1", "active")
 #: a fake active party's own table lets it send anything (the real party's table is what is tested)
 ANYTHING = Policy([*SURFACE, *requests(("passive.flood",), "active", "passive")], [ORACLE])
@@ -59,14 +64,26 @@ def certs(tmp_path_factory) -> Path:
 def channels(certs: Path, cfg: Any, *, policies: dict[str, Policy]) -> dict[str, NetChannel]:
     """The active party's channel (listening on a free port) and passive_1's, for the run of ``cfg``."""
     parties = ["active", "passive_1"]
-    active = NetChannel(name="active", run=cfg.hash(), parties=parties, addresses={"active": "127.0.0.1:0"},
-                        credentials=Credentials.load(certs / "active"), policy=policies.get("active", party_policy()),
-                        options=FAST)
+    active = NetChannel(
+        name="active",
+        run=cfg.hash(),
+        parties=parties,
+        addresses={"active": "127.0.0.1:0"},
+        credentials=Credentials.load(certs / "active"),
+        policy=policies.get("active", party_policy()),
+        options=FAST,
+    )
     address = active.listen()
     assert address is not None
-    passive = NetChannel(name="passive_1", run=cfg.hash(), parties=parties, addresses={"active": address},
-                         credentials=Credentials.load(certs / "passive_1"),
-                         policy=policies.get("passive_1", party_policy()), options=FAST)
+    passive = NetChannel(
+        name="passive_1",
+        run=cfg.hash(),
+        parties=parties,
+        addresses={"active": address},
+        credentials=Credentials.load(certs / "passive_1"),
+        policy=policies.get("passive_1", party_policy()),
+        options=FAST,
+    )
     return {"active": active, "passive_1": passive}
 
 
@@ -111,6 +128,7 @@ def fake_active(ch: NetChannel, probe: Callable[[Any], Any]) -> Callable[[], Any
             e.post("passive.setup", "passive_1", meta={"embed_dim": 16})
             e.take("passive.ready", "passive_1")
             return probe(e)
+
     return run
 
 
@@ -120,9 +138,14 @@ def test_a_passive_party_refuses_an_ungranted_query_of_its_bottom_model_logs_it_
     x = one_hot_probes(cfg)
     tic = time.monotonic()
     with caplog.at_level(logging.INFO, logger="vflbench"):
-        r = run_both({"passive_1": lambda: run_party(cfg, party="passive_1", channel=ch["passive_1"]),
-                      "active": fake_active(ch["active"], lambda e: e.call("passive.oracle_bottom", "passive_1", x,
-                                                                           phase="eval"))})
+        r = run_both(
+            {
+                "passive_1": lambda: run_party(cfg, party="passive_1", channel=ch["passive_1"]),
+                "active": fake_active(
+                    ch["active"], lambda e: e.call("passive.oracle_bottom", "passive_1", x, phase="eval")
+                ),
+            }
+        )
     assert time.monotonic() - tic < 30
     passive, active = r["passive_1"], r["active"]
     # the passive party's own error: a protocol error (exit 3, one line) naming the peer and why
@@ -137,21 +160,30 @@ def test_a_passive_party_refuses_an_ungranted_query_of_its_bottom_model_logs_it_
     assert "refused a frame from active" in str(active)
 
 
-@pytest.mark.parametrize(("kind", "expected"), [
-    ("passive.flood", "may not send 'passive.flood' as a request"),  # a kind outside the protocol's surface
-    ("vmask.select", "passive_1 serves no 'vmask' requests in this run"),  # in the surface, not served by this run
-    ("dealer.take", "may not send 'dealer.take' as a request to passive_1"),  # a kind another role serves
-])
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("passive.flood", "may not send 'passive.flood' as a request"),  # a kind outside the protocol's surface
+        ("vmask.select", "passive_1 serves no 'vmask' requests in this run"),  # in the surface, not served by this run
+        ("dealer.take", "may not send 'dealer.take' as a request to passive_1"),  # a kind another role serves
+    ],
+)
 def test_a_passive_party_refuses_a_kind_its_role_or_run_does_not_serve(certs, caplog, kind, expected):
     cfg = build_config(RAW).resolved()
     policy = Policy([*ANYTHING.rules, *requests(("dealer.take",), "active", "passive")])
     ch = channels(certs, cfg, policies={"active": policy})
     with caplog.at_level(logging.ERROR, logger="vflbench"):
-        r = run_both({"passive_1": lambda: run_party(cfg, party="passive_1", channel=ch["passive_1"]),
-                      "active": fake_active(ch["active"], lambda e: e.call(kind, "passive_1", torch.ones(2)))})
+        r = run_both(
+            {
+                "passive_1": lambda: run_party(cfg, party="passive_1", channel=ch["passive_1"]),
+                "active": fake_active(ch["active"], lambda e: e.call(kind, "passive_1", torch.ones(2))),
+            }
+        )
     assert isinstance(r["passive_1"], ProtocolError) and expected in str(r["passive_1"]), r
-    assert "party passive_1 refused a frame from active" in caplog.text \
+    assert (
+        "party passive_1 refused a frame from active" in caplog.text
         or "party passive_1 refused what active sent" in caplog.text
+    )
     assert isinstance(r["active"], PeerFailed) and r["active"].party == "passive_1"
 
 
@@ -168,34 +200,63 @@ def test_a_granted_query_is_served_logged_and_recorded_by_the_passive_party(cert
         return out
 
     with caplog.at_level(logging.INFO, logger="vflbench"):
-        r = run_both({"passive_1": lambda: run_party(cfg, party="passive_1", channel=ch["passive_1"]),
-                      "active": fake_active(ch["active"], probe)})
+        r = run_both(
+            {
+                "passive_1": lambda: run_party(cfg, party="passive_1", channel=ch["passive_1"]),
+                "active": fake_active(ch["active"], probe),
+            }
+        )
     out, summary = r["active"], r["passive_1"]
     assert isinstance(out, torch.Tensor) and out.shape == (len(x), 16), r
-    assert summary["grants"] == [{"kind": "passive.oracle_bottom", "server": "passive_1", "client": "active",
-                                  "for": ["dmavfl"], "status": "granted", "served": 1}]
-    assert f"passive_1: served an evaluation-only query of its bottom model to active ({len(x)} rows; query 1; " \
-           "granted for dmavfl)" in caplog.text
+    assert summary["grants"] == [
+        {
+            "kind": "passive.oracle_bottom",
+            "server": "passive_1",
+            "client": "active",
+            "for": ["dmavfl"],
+            "status": "granted",
+            "served": 1,
+        }
+    ]
+    assert (
+        f"passive_1: served an evaluation-only query of its bottom model to active ({len(x)} rows; query 1; "
+        "granted for dmavfl)" in caplog.text
+    )
     # the same query with a malformed input (not the passive party's slice) is refused, not answered
     ch = channels(certs, cfg, policies={"active": ANYTHING})
-    r = run_both({"passive_1": lambda: run_party(cfg, party="passive_1", channel=ch["passive_1"]),
-                  "active": fake_active(ch["active"], lambda e: e.call("passive.oracle_bottom", "passive_1",
-                                                                       torch.ones(3, 5), phase="eval"))})
+    r = run_both(
+        {
+            "passive_1": lambda: run_party(cfg, party="passive_1", channel=ch["passive_1"]),
+            "active": fake_active(
+                ch["active"], lambda e: e.call("passive.oracle_bottom", "passive_1", torch.ones(3, 5), phase="eval")
+            ),
+        }
+    )
     assert isinstance(r["passive_1"], ProtocolError), r
     assert "active sent passive.oracle_bottom inputs of shape (3, 5); expected (3, " in str(r["passive_1"])
 
 
-def test_a_passive_party_can_refuse_a_granted_query_and_the_scorer_says_what_it_could_not_compute(certs, tmp_path,
-                                                                                                   caplog):
+def test_a_passive_party_can_refuse_a_granted_query_and_the_scorer_says_what_it_could_not_compute(
+    certs, tmp_path, caplog
+):
     cfg = build_config(GRANTING).resolved()
     ch = channels(certs, cfg, policies={})
     with caplog.at_level(logging.INFO, logger="vflbench"):
-        r = run_both({"active": lambda: run_party(cfg, party="active", channel=ch["active"], out_dir=tmp_path),
-                      "passive_1": lambda: run_party(cfg, party="passive_1", channel=ch["passive_1"],
-                                                     refuse_grants=True)}, timeout=120)
+        r = run_both(
+            {
+                "active": lambda: run_party(cfg, party="active", channel=ch["active"], out_dir=tmp_path),
+                "passive_1": lambda: run_party(cfg, party="passive_1", channel=ch["passive_1"], refuse_grants=True),
+            },
+            timeout=120,
+        )
     assert not any(isinstance(v, BaseException) for v in r.values()), r
-    refused = {"kind": "passive.oracle_bottom", "server": "passive_1", "client": "active", "for": ["dmavfl"],
-               "status": "refused by passive_1"}
+    refused = {
+        "kind": "passive.oracle_bottom",
+        "server": "passive_1",
+        "client": "active",
+        "for": ["dmavfl"],
+        "status": "refused by passive_1",
+    }
     assert r["active"]["grants"] == [refused] and r["passive_1"]["grants"] == [{**refused, "served": 0}]
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["grants"] == [refused]
@@ -235,12 +296,36 @@ def test_a_real_party_run_process_refuses_the_probe_with_exit_3_and_one_line_no_
 
     address = f"127.0.0.1:{free_port()}"
     env = child_env()
-    prober = subprocess.Popen([sys.executable, "-c", ORACLE_PROBE, cfg.hash(), address, str(certs / "active")],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    passive = subprocess.Popen([sys.executable, "-m", "vflbench.cli", "party", "run", "exp.yaml", "--party",
-                                "passive_1", "--address", f"active={address}", "--certs", str(certs / "passive_1"),
-                                "--start-timeout", "60"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    prober = subprocess.Popen(
+        [sys.executable, "-c", ORACLE_PROBE, cfg.hash(), address, str(certs / "active")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    passive = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vflbench.cli",
+            "party",
+            "run",
+            "exp.yaml",
+            "--party",
+            "passive_1",
+            "--address",
+            f"active={address}",
+            "--certs",
+            str(certs / "passive_1"),
+            "--start-timeout",
+            "60",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _, err = passive.communicate(timeout=120)
         said, _ = prober.communicate(timeout=30)
@@ -271,8 +356,7 @@ def honest(request: Message, e: Endpoint) -> Message:
 
 def embedding(request: Message, e: Endpoint, payload: torch.Tensor) -> Message:
     """Post ``payload`` as the embedding the ``passive.forward`` request asked for; the empty reply."""
-    e.post("embedding", "active", payload, ids=request.ids, epoch=request.epoch, step=request.step,
-           phase=request.phase)
+    e.post("embedding", "active", payload, ids=request.ids, epoch=request.epoch, step=request.step, phase=request.phase)
     return request.reply()
 
 
@@ -287,6 +371,7 @@ def fake_passive(ch: NetChannel, answer: Answer) -> Callable[[], None]:
             e.serve("passive", lambda request: answer(request, e))
             e.post("passive.ready", "active")
             e.take("passive.done", "active")
+
     return run
 
 
@@ -303,27 +388,49 @@ def end_epoch_reply(raw: bytes) -> Answer:
 
 
 HOSTILE_PASSIVE = {
-    "bad-shape embedding": (forward_reply(lambda n: torch.zeros(n + 3, 21)),
-                            "passive_1 sent an embedding of 64 rows of shape (67, 21); expected (64, 16)"),
-    "integer embedding": (forward_reply(lambda n: torch.zeros(n, 16, dtype=torch.int64)),
-                          "passive_1 sent an embedding of 64 rows of dtype torch.int64; expected torch.float32"),
-    "non-finite embedding": (forward_reply(lambda n: torch.full((n, 16), float("nan"))),
-                             "passive_1 sent an embedding of 64 rows with 1024 non-finite values"),
-    "embedding for another step": (on("passive.forward", lambda r, e: embedding(
-        dataclasses.replace(r, step=r.step + 1), e, torch.zeros(len(r.ids), 16)) and r.reply()),
+    "bad-shape embedding": (
+        forward_reply(lambda n: torch.zeros(n + 3, 21)),
+        "passive_1 sent an embedding of 64 rows of shape (67, 21); expected (64, 16)",
+    ),
+    "integer embedding": (
+        forward_reply(lambda n: torch.zeros(n, 16, dtype=torch.int64)),
+        "passive_1 sent an embedding of 64 rows of dtype torch.int64; expected torch.float32",
+    ),
+    "non-finite embedding": (
+        forward_reply(lambda n: torch.full((n, 16), float("nan"))),
+        "passive_1 sent an embedding of 64 rows with 1024 non-finite values",
+    ),
+    "embedding for another step": (
+        on(
+            "passive.forward",
+            lambda r, e: (
+                embedding(dataclasses.replace(r, step=r.step + 1), e, torch.zeros(len(r.ids), 16)) and r.reply()
+            ),
+        ),
         "passive_1 sent an embedding for train epoch 0 step 1 (64 rows) when train epoch 0 step 0 (64 rows) was "
-        "asked for"),
-    "oversized report": (end_epoch_reply(b'"' + b"a" * MAX_JSON_BYTES + b'"'),
-                         f"passive_1's end-of-epoch report of epoch 0: a report of {MAX_JSON_BYTES + 2} bytes "
-                         f"exceeds the limit of {MAX_JSON_BYTES} bytes"),
-    "deeply nested report": (end_epoch_reply(b"[" * 200_000 + b"]" * 200_000),
-                             "a report nested 200000 levels deep exceeds the limit of 32 levels"),
-    "report of the wrong form": (end_epoch_reply(b'{"report": [], "wire": 5}'),
-                                 "passive_1's end-of-epoch report must be an object with a 'report' object"),
-    "reply for the wrong step": (on("passive.forward", lambda r, e: dataclasses.replace(
-        embedding(r, e, torch.zeros(len(r.ids), 16)), epoch=99, step=99)),
+        "asked for",
+    ),
+    "oversized report": (
+        end_epoch_reply(b'"' + b"a" * MAX_JSON_BYTES + b'"'),
+        f"passive_1's end-of-epoch report of epoch 0: a report of {MAX_JSON_BYTES + 2} bytes "
+        f"exceeds the limit of {MAX_JSON_BYTES} bytes",
+    ),
+    "deeply nested report": (
+        end_epoch_reply(b"[" * 200_000 + b"]" * 200_000),
+        "a report nested 200000 levels deep exceeds the limit of 32 levels",
+    ),
+    "report of the wrong form": (
+        end_epoch_reply(b'{"report": [], "wire": 5}'),
+        "passive_1's end-of-epoch report must be an object with a 'report' object",
+    ),
+    "reply for the wrong step": (
+        on(
+            "passive.forward",
+            lambda r, e: dataclasses.replace(embedding(r, e, torch.zeros(len(r.ids), 16)), epoch=99, step=99),
+        ),
         "passive_1 answered call 1 ('passive.forward', train epoch 0 step 0) with a 'passive.forward' reply for "
-        "train epoch 99 step 99"),
+        "train epoch 99 step 99",
+    ),
 }
 
 
@@ -334,15 +441,21 @@ def test_the_active_party_refuses_a_hostile_passive_partys_answers_naming_it(cer
     ch = channels(certs, cfg, policies={})
     tic = time.monotonic()
     with caplog.at_level(logging.ERROR, logger="vflbench"):
-        r = run_both({"active": lambda: run_party(cfg, party="active", channel=ch["active"]),
-                      "passive_1": fake_passive(ch["passive_1"], answer)})
+        r = run_both(
+            {
+                "active": lambda: run_party(cfg, party="active", channel=ch["active"]),
+                "passive_1": fake_passive(ch["passive_1"], answer),
+            }
+        )
     assert time.monotonic() - tic < 40
     active = r["active"]
     assert isinstance(active, ProtocolError), active  # a NetError: the command line's exit 3, one line
     assert str(active).startswith(("active refused what passive_1 sent", "active refused a frame from passive_1"))
     assert expected in str(active), str(active)
-    assert "party active refused what passive_1 sent" in caplog.text \
+    assert (
+        "party active refused what passive_1 sent" in caplog.text
         or "party active refused a frame from passive_1" in caplog.text
+    )
     # the hostile party is told: it hears that active ended the run over what it sent
     assert isinstance(r["passive_1"], PeerFailed) and r["passive_1"].party == "active", r["passive_1"]
 
@@ -354,13 +467,24 @@ def test_a_forged_abort_origin_is_charged_to_the_authenticated_peer(certs, caplo
 
     def forge(request: Message, e: Endpoint) -> Message:
         link = ch["passive_1"]._links["active"]  # a raw abort frame that blames another party
-        ch["passive_1"]._put(link, Frame("abort", receiver="active", run=cfg.hash(), meta={
-            "origin": "dealer", "epoch": 3, "step": 4, "reason": "the dealer crashed, honestly"}))
+        ch["passive_1"]._put(
+            link,
+            Frame(
+                "abort",
+                receiver="active",
+                run=cfg.hash(),
+                meta={"origin": "dealer", "epoch": 3, "step": 4, "reason": "the dealer crashed, honestly"},
+            ),
+        )
         return honest(request, e)
 
     with caplog.at_level(logging.ERROR, logger="vflbench"):
-        r = run_both({"active": lambda: run_party(cfg, party="active", channel=ch["active"]),
-                      "passive_1": fake_passive(ch["passive_1"], on("passive.forward", forge))})
+        r = run_both(
+            {
+                "active": lambda: run_party(cfg, party="active", channel=ch["active"]),
+                "passive_1": fake_passive(ch["passive_1"], on("passive.forward", forge)),
+            }
+        )
     active = r["active"]
     assert isinstance(active, PeerFailed) and isinstance(active, NetError), active
     assert active.party == "passive_1" and active.origin == "dealer"

@@ -39,8 +39,9 @@ def in_process(raw: dict, tmp_path) -> tuple[dict, list[dict]]:
 def check_same(raw: dict, tmp_path) -> tuple[dict, dict]:
     launched = launch(build_config(raw), out_dir=tmp_path / "many", timeout=120, receive_timeout=60)
     reference, records = in_process(raw, tmp_path)
-    assert {k: v for k, v in launched.result.items() if k != "timing"} == \
-        {k: v for k, v in reference.items() if k != "timing"}
+    assert {k: v for k, v in launched.result.items() if k != "timing"} == {
+        k: v for k, v in reference.items() if k != "timing"
+    }
     assert metrics(launched.run_dir) == records
     assert len(launched.net["epoch_seconds"]) == raw["train"]["epochs"]
     return launched.result, launched.net
@@ -48,9 +49,13 @@ def check_same(raw: dict, tmp_path) -> tuple[dict, dict]:
 
 @pytest.mark.slow
 def test_launched_demo_vhnn_three_parties_equals_one_process(tmp_path):
-    raw = {"data": {"name": "digits", "parties": 3}, "model": {"bottom": "mlp2", "top": "mlp2"},
-           "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1},
-           "baselines": ["vanilla", "alone"], "seed": 0}
+    raw = {
+        "data": {"name": "digits", "parties": 3},
+        "model": {"bottom": "mlp2", "top": "mlp2"},
+        "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1},
+        "baselines": ["vanilla", "alone"],
+        "seed": 0,
+    }
     result, net = check_same(raw, tmp_path)
     assert result["comm"]["by_kind"].keys() == {"embedding", "cut_gradient"}
     assert set(net["wire_total"]) == {"active-passive_1", "active-passive_2"}
@@ -60,8 +65,12 @@ def test_launched_demo_vhnn_three_parties_equals_one_process(tmp_path):
 
 @pytest.mark.slow
 def test_launched_vlr_breast_cancer_three_parties_equals_one_process(tmp_path):
-    raw = {"data": {"name": "breast_cancer", "parties": 3}, "model": {"bottom": "logreg", "top": "identity"},
-           "train": {"algorithm": "vlr", "epochs": 2, "batch_size": 64, "lr": 0.05}, "seed": 1}
+    raw = {
+        "data": {"name": "breast_cancer", "parties": 3},
+        "model": {"bottom": "logreg", "top": "identity"},
+        "train": {"algorithm": "vlr", "epochs": 2, "batch_size": 64, "lr": 0.05},
+        "seed": 1,
+    }
     check_same(raw, tmp_path)
 
 
@@ -69,9 +78,13 @@ def test_launched_vlr_breast_cancer_three_parties_equals_one_process(tmp_path):
 def test_a_label_transform_that_sizes_the_bottoms_reaches_the_passive_process_and_equals_one_process(tmp_path):
     # labobf trains VLR by regression on one output: the passive party's bottom outputs 1 value, not the 3 classes,
     # which its process, holding no labels, learns from the active party's passive.setup
-    raw = {"data": {"name": "wine", "parties": 2}, "model": {"bottom": "logreg", "top": "identity"},
-           "train": {"algorithm": "vlr", "epochs": 2, "batch_size": 32, "lr": 0.05},
-           "defenses": [{"name": "labobf"}], "seed": 2}
+    raw = {
+        "data": {"name": "wine", "parties": 2},
+        "model": {"bottom": "logreg", "top": "identity"},
+        "train": {"algorithm": "vlr", "epochs": 2, "batch_size": 32, "lr": 0.05},
+        "defenses": [{"name": "labobf"}],
+        "seed": 2,
+    }
     result, _ = check_same(raw, tmp_path)
     # one float32 per row and epoch: the width the active party's label transform set
     assert result["comm"]["by_kind"]["embedding"]["up"]["bytes"] == 4 * 1 * result["data"]["n_train"] * 2
@@ -79,10 +92,13 @@ def test_a_label_transform_that_sizes_the_bottoms_reaches_the_passive_process_an
 
 @pytest.mark.slow
 def test_launched_vmask_with_its_dealer_process_equals_one_process(tmp_path):
-    raw = {"data": {"name": "digits", "parties": 2, "train_size": 600, "test_size": 200, "aux_pool": 100},
-           "model": {"bottom": "mlp2", "top": "mlp2"},
-           "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1},
-           "defenses": [{"name": "vmask", "mc_epochs": 2}], "seed": 1}
+    raw = {
+        "data": {"name": "digits", "parties": 2, "train_size": 600, "test_size": 200, "aux_pool": 100},
+        "model": {"bottom": "mlp2", "top": "mlp2"},
+        "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1},
+        "defenses": [{"name": "vmask", "mc_epochs": 2}],
+        "seed": 1,
+    }
     assert party_names(build_config(raw)) == ["active", "passive_1", "dealer"]
     result, net = check_same(raw, tmp_path)
     kinds = result["comm"]["by_kind"]
@@ -102,11 +118,16 @@ def test_launched_attacks_run_in_their_parties_processes_and_equal_one_process(t
     # on the CPU: bit-for-bit equality needs deterministic kernels, and on an H100 two in-process runs of this config
     # already differ in the attacks' last bits (cuBLAS/cuDNN pick non-deterministic kernels unless
     # torch.use_deterministic_algorithms is set; docs/decisions/devices.md "Devices"); the tests above run on any device
-    raw = {"data": {"name": "digits", "parties": 2, "train_size": 600, "test_size": 200, "aux_pool": 100},
-           "model": {"bottom": "mlp2", "top": "mlp2"},
-           "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1, "device": "cpu"},
-           "attacks": [{"name": "model_completion", "known_per_class": 4, "epochs": 2},
-                       {"name": "dmavfl", "aux_batch_size": 100}], "seed": 2}
+    raw = {
+        "data": {"name": "digits", "parties": 2, "train_size": 600, "test_size": 200, "aux_pool": 100},
+        "model": {"bottom": "mlp2", "top": "mlp2"},
+        "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1, "device": "cpu"},
+        "attacks": [
+            {"name": "model_completion", "known_per_class": 4, "epochs": 2},
+            {"name": "dmavfl", "aux_batch_size": 100},
+        ],
+        "seed": 2,
+    }
     result, _ = check_same(raw, tmp_path)
     # model completion ran in the passive process (its bottom model), DMAVFL in the active one (its shadow,
     # compared with the victim's real model through the scorer's oracle)
@@ -117,10 +138,13 @@ def test_launched_attacks_run_in_their_parties_processes_and_equal_one_process(t
 @pytest.mark.slow
 def test_launched_paillier_keeps_its_keys_in_the_active_process_and_equals_one_process(tmp_path):
     pytest.importorskip("phe")
-    raw = {"data": {"name": "breast_cancer", "parties": 3, "train_size": 128, "test_size": 64},
-           "model": {"bottom": "mlp2", "top": "mlp2", "embed_dim": 4},
-           "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.05},
-           "defenses": [{"name": "paillier_he", "key_bits": 512}], "seed": 1}
+    raw = {
+        "data": {"name": "breast_cancer", "parties": 3, "train_size": 128, "test_size": 64},
+        "model": {"bottom": "mlp2", "top": "mlp2", "embed_dim": 4},
+        "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.05},
+        "defenses": [{"name": "paillier_he", "key_bits": 512}],
+        "seed": 1,
+    }
     result, _ = check_same(raw, tmp_path)
     # the passive parties' key requests arrive after the active party built its top model: the layout of both
     # parties' shares is completed then (a top without their shares would train another model)
@@ -132,9 +156,14 @@ def test_a_defended_launch_runs_its_undefended_reference_as_processes_beside_it_
     """Before issue 26 the reference was launched first and the defended run after it, each paying the processes'
     start-up; now both start together, and the defended active party reads the reference's result when it scores
     its attacks (the reference is still a launched run: its net.json is there, which an in-process run has not)."""
-    raw = {"data": {"name": "breast_cancer", "parties": 2}, "model": {"bottom": "mlp2", "top": "mlp2"},
-           "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 32, "lr": 0.05},
-           "defenses": [{"name": "max_norm"}], "attacks": [{"name": "norm_scoring"}], "seed": 0}
+    raw = {
+        "data": {"name": "breast_cancer", "parties": 2},
+        "model": {"bottom": "mlp2", "top": "mlp2"},
+        "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 32, "lr": 0.05},
+        "defenses": [{"name": "max_norm"}],
+        "attacks": [{"name": "norm_scoring"}],
+        "seed": 0,
+    }
     result, _ = check_same(raw, tmp_path)
     reference = undefended_config(build_config(raw))
     assert (tmp_path / "many" / reference.hash() / "net.json").is_file()
@@ -145,8 +174,11 @@ def test_a_defended_launch_runs_its_undefended_reference_as_processes_beside_it_
 @pytest.mark.slow
 def test_a_party_process_from_the_fork_server_runs_the_command_with_its_output_and_exit_status(tmp_path):
     log = tmp_path / "active.log"
-    process = _PartyProcess(party_context(), ["party", "run", str(tmp_path / "none.yaml"), "--party", "active",
-                                              "--address", "active=127.0.0.1:1"], log)
+    process = _PartyProcess(
+        party_context(),
+        ["party", "run", str(tmp_path / "none.yaml"), "--party", "active", "--address", "active=127.0.0.1:1"],
+        log,
+    )
     assert process.wait() == 2 and process.returncode == 2
     assert "does not exist" in log.read_text()
 
@@ -172,8 +204,9 @@ def test_link_model_projects_latency_per_frame_and_bytes_over_bandwidth():
 
 def test_a_failing_party_is_named_and_the_others_are_ended_after_the_grace(tmp_path):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    failing = subprocess.Popen([sys.executable, "-c", "import sys; print('error: boom'); sys.exit(3)"],
-                               stdout=subprocess.DEVNULL)
+    failing = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('error: boom'); sys.exit(3)"], stdout=subprocess.DEVNULL
+    )
     tic = time.monotonic()
     failed = _wait({"active": sleeper, "passive_1": failing}, timeout=60, grace=0.5, started=tic)
     assert failed == ["passive_1", "active"]
@@ -182,15 +215,21 @@ def test_a_failing_party_is_named_and_the_others_are_ended_after_the_grace(tmp_p
 
 
 def test_launch_refuses_what_it_cannot_run_yet(tmp_path):
-    raw = {"data": {"name": "digits", "parties": 2}, "model": {"bottom": "mlp2", "top": "mlp2"},
-           "train": {"algorithm": "vsnn", "epochs": 1}}
+    raw = {
+        "data": {"name": "digits", "parties": 2},
+        "model": {"bottom": "mlp2", "top": "mlp2"},
+        "train": {"algorithm": "vsnn", "epochs": 1},
+    }
     with pytest.raises(ConfigError, match="cannot run VSNN"):
         launch(build_config(raw), out_dir=tmp_path, insecure=True)
 
 
 def test_the_launch_command_refuses_clearly(tmp_path, cli):
-    raw = {"data": {"name": "digits", "parties": 2}, "model": {"bottom": "mlp2", "top": "mlp2"},
-           "train": {"algorithm": "vsnn", "epochs": 1}}
+    raw = {
+        "data": {"name": "digits", "parties": 2},
+        "model": {"bottom": "mlp2", "top": "mlp2"},
+        "train": {"algorithm": "vsnn", "epochs": 1},
+    }
     (tmp_path / "exp.yaml").write_text(json.dumps(raw))
     proc = cli("launch", str(tmp_path / "exp.yaml"), "--certs", str(tmp_path), "--insecure-localhost")
     assert proc.returncode == 2 and "give --certs or --insecure-localhost, not both" in proc.stderr
@@ -218,12 +257,16 @@ def test_launched_attacker_search_runs_in_the_attacks_processes_and_equals_one_p
     """The passive party's model completion searches its settings in its own process; the active party's model
     inversion scores its settings on held-out auxiliary rows whose embeddings it asks the passive party for. On the
     CPU, as the launched-attacks test above (bit-for-bit equality)."""
-    raw = {"data": {"name": "digits", "parties": 2, "train_size": 600, "test_size": 200},
-           "model": {"bottom": "mlp2", "top": "mlp2"},
-           "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1, "device": "cpu"},
-           "evaluation": {"attacker_search": True, "search_budget": 3},
-           "attacks": [{"name": "model_completion", "known_per_class": 4, "epochs": 2},
-                       {"name": "model_inversion", "mode": "black_box", "inverse_epochs": 3, "n_targets": 40}],
-           "seed": 2}
+    raw = {
+        "data": {"name": "digits", "parties": 2, "train_size": 600, "test_size": 200},
+        "model": {"bottom": "mlp2", "top": "mlp2"},
+        "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1, "device": "cpu"},
+        "evaluation": {"attacker_search": True, "search_budget": 3},
+        "attacks": [
+            {"name": "model_completion", "known_per_class": 4, "epochs": 2},
+            {"name": "model_inversion", "mode": "black_box", "inverse_epochs": 3, "n_targets": 40},
+        ],
+        "seed": 2,
+    }
     result, _ = check_same(raw, tmp_path)
     assert all(a["details"]["search"]["status"] == "searched" and a["attacker_setting"] for a in result["attacks"])

@@ -26,9 +26,12 @@ from vflbench.experiment.scenario import (
 )
 from vflbench.protocol import Channel
 
-RAW = {"data": {"name": "digits", "parties": 3, "train_size": 300, "test_size": 100},
-       "model": {"bottom": "mlp2", "top": "mlp2"},
-       "train": {"algorithm": "vhnn", "epochs": 1, "batch_size": 64, "lr": 0.1}, "seed": 5}
+RAW = {
+    "data": {"name": "digits", "parties": 3, "train_size": 300, "test_size": 100},
+    "model": {"bottom": "mlp2", "top": "mlp2"},
+    "train": {"algorithm": "vhnn", "epochs": 1, "batch_size": 64, "lr": 0.1},
+    "seed": 5,
+}
 
 
 def reachable_tensors(*roots: object) -> Iterator[Tensor]:
@@ -38,8 +41,13 @@ def reachable_tensors(*roots: object) -> Iterator[Tensor]:
     stack: list[object] = list(roots)
     while stack:
         obj = stack.pop()
-        if id(obj) in seen or obj is None or isinstance(obj, (str, bytes, int, float, bool, type, types.ModuleType,
-                                                              torch.Generator, torch.dtype, torch.device)):
+        if (
+            id(obj) in seen
+            or obj is None
+            or isinstance(
+                obj, (str, bytes, int, float, bool, type, types.ModuleType, torch.Generator, torch.dtype, torch.device)
+            )
+        ):
             continue
         seen.add(id(obj))
         if isinstance(obj, Tensor):
@@ -103,14 +111,21 @@ def test_a_passive_partys_process_holds_its_own_columns_only_no_labels_no_other_
     local = local_state(cfg, "passive_1")
     assert local.ground_truth is None and local.attacks.data is None and local.attacks.y_train is None
     assert local.defenses.active == []
-    party = build_passive(cfg, local.data, defenses=local.defenses.passive["passive_1"], embed_dim=16,
-                          link=Channel().endpoint)
+    party = build_passive(
+        cfg, local.data, defenses=local.defenses.passive["passive_1"], embed_dim=16, link=Channel().endpoint
+    )
     tensors = list(reachable_tensors(local, party))
     assert tensors, "the walk must reach the party's tensors"
     own = vd.passive[0]
     assert holds(tensors, own.x_train) and holds(tensors, own.x_test)
-    for other in (vd.y_train, vd.y_test, vd.passive[1].x_train, vd.passive[1].x_test, vd.active.x_train,
-                  vd.active.x_test):
+    for other in (
+        vd.y_train,
+        vd.y_test,
+        vd.passive[1].x_train,
+        vd.passive[1].x_test,
+        vd.active.x_train,
+        vd.active.x_test,
+    ):
         assert not holds(tensors, other)
     # its slice is a copy of its own: not a view that keeps the loaded dataset's storage alive
     x = party.data.x_train
@@ -142,8 +157,11 @@ def test_the_active_partys_process_holds_its_columns_and_labels_and_no_passive_c
 
 
 def test_with_vmask_the_active_party_holds_the_passive_columns_of_its_auxiliary_rows_only():
-    raw = {**RAW, "data": {**RAW["data"], "parties": 2, "aux_pool": 40},
-           "defenses": [{"name": "vmask", "mc_epochs": 1}]}
+    raw = {
+        **RAW,
+        "data": {**RAW["data"], "parties": 2, "aux_pool": 40},
+        "defenses": [{"name": "vmask", "mc_epochs": 1}],
+    }
     cfg = build_config(raw).resolved()
     vd = load_vertical_data(cfg)
     local = local_state(cfg, "active")
@@ -151,13 +169,25 @@ def test_with_vmask_the_active_party_holds_the_passive_columns_of_its_auxiliary_
     assert granted.rows is not None and len(granted.rows) == 40 and len(granted.x_test) == 0
     assert torch.equal(granted.x_train, vd.passive[0].x_train[granted.rows])
     with pytest.raises(ValueError, match="holds training rows"):
-        granted.train_rows(torch.tensor([int(torch.ones(len(vd.y_train), dtype=torch.bool)
-                                             .index_put_((granted.rows,), torch.tensor(False)).nonzero()[0])]))
+        granted.train_rows(
+            torch.tensor(
+                [
+                    int(
+                        torch.ones(len(vd.y_train), dtype=torch.bool)
+                        .index_put_((granted.rows,), torch.tensor(False))
+                        .nonzero()[0]
+                    )
+                ]
+            )
+        )
 
 
 def test_each_process_builds_its_own_defense_instances_only():
-    raw = {**RAW, "data": {**RAW["data"], "parties": 3, "aux_pool": 40},
-           "defenses": [{"name": "vmask", "mc_epochs": 1}, {"name": "dp_laplace"}]}
+    raw = {
+        **RAW,
+        "data": {**RAW["data"], "parties": 3, "aux_pool": 40},
+        "defenses": [{"name": "vmask", "mc_epochs": 1}, {"name": "dp_laplace"}],
+    }
     cfg = build_config(raw).resolved()
     active, passive = local_state(cfg, "active").defenses, local_state(cfg, "passive_2").defenses
     assert [d.name for d in active.active] == ["vmask", "dp_laplace"] and active.passive == {}
@@ -166,8 +196,7 @@ def test_each_process_builds_its_own_defense_instances_only():
 
 
 def test_a_passive_attackers_ground_truth_stays_with_the_scorer_not_its_party():
-    raw = {**RAW, "attacks": [{"name": "model_completion", "party": "passive_1", "known_per_class": 2,
-                               "epochs": 1}]}
+    raw = {**RAW, "attacks": [{"name": "model_completion", "party": "passive_1", "known_per_class": 2, "epochs": 1}]}
     cfg = build_config(raw).resolved()
     vd = load_vertical_data(cfg)
     local = local_state(cfg, "passive_1")
@@ -265,18 +294,40 @@ def test_a_live_passive_process_receives_only_its_surface_and_holds_no_labels_or
     provision(tmp_path / "certs", ["active", "passive_1", "passive_2"])
     options = NetOptions(start_timeout=60, receive_timeout=60, close_timeout=2)
     parties = ["active", "passive_1", "passive_2"]
-    active = NetChannel(name="active", run=cfg.hash(), parties=parties, addresses={"active": "127.0.0.1:0"},
-                        credentials=Credentials.load(tmp_path / "certs" / "active"), policy=party_policy(),
-                        options=options)
+    active = NetChannel(
+        name="active",
+        run=cfg.hash(),
+        parties=parties,
+        addresses={"active": "127.0.0.1:0"},
+        credentials=Credentials.load(tmp_path / "certs" / "active"),
+        policy=party_policy(),
+        options=options,
+    )
     address = active.listen()
     assert address is not None
-    passive_2 = NetChannel(name="passive_2", run=cfg.hash(), parties=parties, addresses={"active": address},
-                           credentials=Credentials.load(tmp_path / "certs" / "passive_2"), policy=party_policy(),
-                           options=options)
-    proc = subprocess.Popen([sys.executable, "-c", RECORDING_PASSIVE, str(tmp_path / "exp.yaml"), address,
-                             str(tmp_path / "certs" / "passive_1"), str(tmp_path / "wire.json")],
-                            env=child_env(),
-                            stderr=subprocess.PIPE, text=True)
+    passive_2 = NetChannel(
+        name="passive_2",
+        run=cfg.hash(),
+        parties=parties,
+        addresses={"active": address},
+        credentials=Credentials.load(tmp_path / "certs" / "passive_2"),
+        policy=party_policy(),
+        options=options,
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            RECORDING_PASSIVE,
+            str(tmp_path / "exp.yaml"),
+            address,
+            str(tmp_path / "certs" / "passive_1"),
+            str(tmp_path / "wire.json"),
+        ],
+        env=child_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     results: dict[str, object] = {}
 
     def party(name: str, channel: NetChannel) -> None:
@@ -285,8 +336,10 @@ def test_a_live_passive_process_receives_only_its_surface_and_holds_no_labels_or
         except BaseException as exc:
             results[name] = exc
 
-    threads = [threading.Thread(target=party, args=item, daemon=True) for item in
-               (("active", active), ("passive_2", passive_2))]
+    threads = [
+        threading.Thread(target=party, args=item, daemon=True)
+        for item in (("active", active), ("passive_2", passive_2))
+    ]
     for t in threads:
         t.start()
     try:
@@ -307,8 +360,14 @@ def test_a_live_passive_process_receives_only_its_surface_and_holds_no_labels_or
     assert {f["kind"] for f in received} <= allowed_in
     assert {f["kind"] for f in frames if f["dir"] == "sent" and f["type"] == "message"} <= allowed_out
     assert {f["peer"] for f in received} == {"active"}  # nothing from passive_2: passive parties have no link
-    assert {"passive.setup", "passive.forward", "cut_gradient", "passive.backward", "passive.end_epoch",
-            "passive.done"} <= {f["kind"] for f in received}
+    assert {
+        "passive.setup",
+        "passive.forward",
+        "cut_gradient",
+        "passive.backward",
+        "passive.end_epoch",
+        "passive.done",
+    } <= {f["kind"] for f in received}
     vd = load_vertical_data(cfg).to("cpu")  # the ground truth beside the values the frames recorded (CPU tensors)
     y = vd.y_train
     onehot = torch.nn.functional.one_hot(y, vd.num_classes).float()
@@ -324,8 +383,12 @@ def test_a_live_passive_process_receives_only_its_surface_and_holds_no_labels_or
             if shape == [0]:
                 continue
             t = torch.tensor(values).float()
-            for forbidden in (y[ids].float(), onehot[ids], vd.active.x_train[ids].reshape(len(ids), -1).float(),
-                              vd.passive[1].x_train[ids].reshape(len(ids), -1).float()):
+            for forbidden in (
+                y[ids].float(),
+                onehot[ids],
+                vd.active.x_train[ids].reshape(len(ids), -1).float(),
+                vd.passive[1].x_train[ids].reshape(len(ids), -1).float(),
+            ):
                 assert t.shape != forbidden.shape or not torch.equal(t, forbidden), f["kind"]
 
     # 2. what the process held at the end of training: its own columns (the control), no labels, no other columns,

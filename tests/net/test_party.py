@@ -23,8 +23,12 @@ from vflbench.experiment.run import train_run
 from vflbench.experiment.scenario import load_vertical_data
 from vflbench.net import provision
 
-RAW = {"data": {"name": "digits", "parties": 2}, "model": {"bottom": "mlp2", "top": "mlp2"},
-       "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1}, "seed": 3}
+RAW = {
+    "data": {"name": "digits", "parties": 2},
+    "model": {"bottom": "mlp2", "top": "mlp2"},
+    "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1},
+    "seed": 3,
+}
 
 
 def free_port() -> int:
@@ -41,10 +45,33 @@ def test_two_party_processes_over_mtls_train_exactly_the_in_process_model(tmp_pa
     env = child_env()
 
     def party(name: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "vflbench.cli", "party", "run", "exp.yaml", "--party", name,
-                                 "--address", f"active=127.0.0.1:{port}", "--certs", str(tmp_path / "certs" / name),
-                                 "--out", "out", "--start-timeout", "60", "--receive-timeout", "60"],
-                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "vflbench.cli",
+                "party",
+                "run",
+                "exp.yaml",
+                "--party",
+                name,
+                "--address",
+                f"active=127.0.0.1:{port}",
+                "--certs",
+                str(tmp_path / "certs" / name),
+                "--out",
+                "out",
+                "--start-timeout",
+                "60",
+                "--receive-timeout",
+                "60",
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     procs = {name: party(name) for name in ("active", "passive_1")}
     outputs = {}
@@ -67,8 +94,11 @@ def test_two_party_processes_over_mtls_train_exactly_the_in_process_model(tmp_pa
 
     assert [same(r) for r in active["epochs"]] == [same(r) for r in reference.history.epochs]
     assert active["comm"] == reference.federation.traffic().as_dict()
-    models = {"active.top": reference.federation.active.top, "active.bottom": reference.federation.active.bottom,
-              "passive_1.bottom": reference.federation.passives[0].bottom}
+    models = {
+        "active.top": reference.federation.active.top,
+        "active.bottom": reference.federation.active.bottom,
+        "passive_1.bottom": reference.federation.passives[0].bottom,
+    }
     for name, model in models.items():
         saved = torch.load(tmp_path / "out" / "checkpoints" / f"{name}.final.pt", weights_only=True)
         assert saved.keys() == model.state_dict().keys()
@@ -93,14 +123,23 @@ def test_party_run_refuses_what_it_cannot_run_yet():
 
 def test_party_run_reports_bad_input_in_one_paragraph(tmp_path, cli):
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump({**RAW, "train": {**RAW["train"], "algorithm": "vsnn"}}))
-    proc = cli("party", "run", str(tmp_path / "exp.yaml"), "--party", "active", "--address", "active=127.0.0.1:0",
-               "--insecure")
+    proc = cli(
+        "party", "run", str(tmp_path / "exp.yaml"), "--party", "active", "--address", "active=127.0.0.1:0", "--insecure"
+    )
     assert proc.returncode == 2 and "cannot run VSNN" in proc.stderr
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(RAW))
     proc = cli("party", "run", str(tmp_path / "exp.yaml"), "--party", "active", "--address", "active", "--insecure")
     assert proc.returncode == 2 and "--address takes NAME=HOST:PORT, got 'active'" in proc.stderr
-    proc = cli("party", "run", str(tmp_path / "exp.yaml"), "--party", "passive_1", "--address",
-               "active=10.0.0.1:7000", "--insecure")
+    proc = cli(
+        "party",
+        "run",
+        str(tmp_path / "exp.yaml"),
+        "--party",
+        "passive_1",
+        "--address",
+        "active=10.0.0.1:7000",
+        "--insecure",
+    )
     assert proc.returncode == 2 and "loopback addresses only" in proc.stderr
 
 
@@ -111,9 +150,28 @@ def test_killing_a_party_mid_training_ends_the_other_within_seconds_naming_it(tm
     env = child_env()
 
     def party(name: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "vflbench.cli", "party", "run", "exp.yaml", "--party", name,
-                                 "--address", f"active=127.0.0.1:{port}", "--insecure", "--start-timeout", "60"],
-                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "vflbench.cli",
+                "party",
+                "run",
+                "exp.yaml",
+                "--party",
+                name,
+                "--address",
+                f"active=127.0.0.1:{port}",
+                "--insecure",
+                "--start-timeout",
+                "60",
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     active, passive = party("active"), party("passive_1")
     try:

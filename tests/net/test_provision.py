@@ -35,18 +35,22 @@ def test_provision_writes_a_ca_and_one_named_certificate_per_party(tmp_path):
         assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == name
         assert cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "bank-shop"
         assert cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
-            x509.DNSName) == [name]
+            x509.DNSName
+        ) == [name]
         usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
         assert {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH} <= set(usage)
         assert Credentials.load(d).name == name
 
 
-@pytest.mark.parametrize(("parties", "match"), [
-    ([], "at least one party"),
-    (["active", "bob"], "'bob' is not a party name"),
-    (["active", "passive_0"], "'passive_0' is not a party name"),
-    (["active", "active"], "distinct"),
-])
+@pytest.mark.parametrize(
+    ("parties", "match"),
+    [
+        ([], "at least one party"),
+        (["active", "bob"], "'bob' is not a party name"),
+        (["active", "passive_0"], "'passive_0' is not a party name"),
+        (["active", "active"], "distinct"),
+    ],
+)
 def test_provision_refuses_bad_party_lists(tmp_path, parties, match):
     with pytest.raises(ConfigError, match=match):
         provision(tmp_path / "p", parties)
@@ -71,13 +75,23 @@ def test_incomplete_credentials_are_named(tmp_path):
 @pytest.mark.slow
 def test_the_cli_provisions_and_refuses_clearly(tmp_path):
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "vflbench.cli", "net", "provision", *args], capture_output=True,
-                              text=True, timeout=60, env=child_env())
+        return subprocess.run(
+            [sys.executable, "-m", "vflbench.cli", "net", "provision", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=child_env(),
+        )
 
     ok = cli(str(tmp_path / "p"), "--parties", "active,passive_1,dealer")
     assert ok.returncode == 0, ok.stderr
-    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["active", "ca-key.pem", "ca.pem", "dealer",
-                                                                   "passive_1"]
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == [
+        "active",
+        "ca-key.pem",
+        "ca.pem",
+        "dealer",
+        "passive_1",
+    ]
     again = cli(str(tmp_path / "p"), "--parties", "active")
     assert again.returncode == 2 and "already exist" in again.stderr
 
@@ -95,7 +109,10 @@ def test_nothing_in_vflbench_net_can_unpickle():
             if isinstance(node, ast.ImportFrom):
                 assert (node.module or "").split(".")[0] not in BANNED, (path, node.lineno)
             if isinstance(node, ast.Attribute):
-                assert node.attr not in {"load", "loads", "Unpickler"} or not isinstance(node.value, ast.Name) \
-                    or node.value.id not in {"torch", "np", "numpy"}, (path, node.lineno)
+                assert (
+                    node.attr not in {"load", "loads", "Unpickler"}
+                    or not isinstance(node.value, ast.Name)
+                    or node.value.id not in {"torch", "np", "numpy"}
+                ), (path, node.lineno)
             if isinstance(node, ast.keyword):
                 assert node.arg != "allow_pickle", (path, node.lineno)

@@ -16,11 +16,20 @@ from vflbench.experiment.config import build_config
 from vflbench.experiment.launch import launch
 from vflbench.experiment.resume import checkpoint_path, manifest_path
 
-RAW = {"data": {"name": "digits", "parties": 3, "train_size": 600, "test_size": 200},
-       "model": {"bottom": "mlp2", "top": "mlp2"},
-       "train": {"algorithm": "vhnn", "epochs": 4, "batch_size": 64, "lr": 0.01, "optimizer": "adam",
-                 "schedule": "cosine"},
-       "baselines": ["vanilla"], "seed": 3}
+RAW = {
+    "data": {"name": "digits", "parties": 3, "train_size": 600, "test_size": 200},
+    "model": {"bottom": "mlp2", "top": "mlp2"},
+    "train": {
+        "algorithm": "vhnn",
+        "epochs": 4,
+        "batch_size": 64,
+        "lr": 0.01,
+        "optimizer": "adam",
+        "schedule": "cosine",
+    },
+    "baselines": ["vanilla"],
+    "seed": 3,
+}
 
 
 def metrics(run_dir) -> list[dict]:
@@ -59,8 +68,7 @@ def test_resume_without_checkpoints_says_so_before_starting_anything(tmp_path, c
     with pytest.raises(ConfigError, match="nothing to resume: no committed checkpoint"):
         launch(build_config(RAW), out_dir=tmp_path, insecure=True, resume=True)
     (tmp_path / "exp.yaml").write_text(json.dumps(RAW))
-    proc = cli("launch", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "out"), "--insecure-localhost",
-               "--resume")
+    proc = cli("launch", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "out"), "--insecure-localhost", "--resume")
     assert proc.returncode == 2 and "nothing to resume" in proc.stderr
     assert not (tmp_path / "out" / build_config(RAW).resolved().hash() / "logs").exists()
 
@@ -74,20 +82,26 @@ def test_resume_refuses_configs_whose_defense_or_attack_state_is_not_checkpointe
         launch(build_config(raw), out_dir=tmp_path, insecure=True, resume=True)
 
 
-VMASK = {"data": {"name": "digits", "parties": 2, "train_size": 500, "test_size": 150, "aux_pool": 100},
-         "model": {"bottom": "mlp3", "top": "mlp2"},
-         "train": {"algorithm": "vhnn", "epochs": 3, "batch_size": 64, "lr": 0.05},
-         "defenses": [{"name": "vmask", "mc_epochs": 2, "budget": 0.0}], "seed": 2}
+VMASK = {
+    "data": {"name": "digits", "parties": 2, "train_size": 500, "test_size": 150, "aux_pool": 100},
+    "model": {"bottom": "mlp3", "top": "mlp2"},
+    "train": {"algorithm": "vhnn", "epochs": 3, "batch_size": 64, "lr": 0.05},
+    "defenses": [{"name": "vmask", "mc_epochs": 2, "budget": 0.0}],
+    "seed": 2,
+}
 
 
 @pytest.mark.slow
 def test_a_vmask_launch_stopped_after_epoch_1_and_resumed_equals_the_uninterrupted_one_and_deals_no_triple_twice(
-        tmp_path):
+    tmp_path,
+):
     cfg = build_config(VMASK)
     whole = launch(cfg, out_dir=tmp_path / "whole", insecure=True, timeout=180, receive_timeout=60)
     first = launch(cfg, out_dir=tmp_path / "cut", insecure=True, timeout=180, receive_timeout=60, stop_after=1)
-    assert json.loads(manifest_path(first.run_dir).read_text()) == \
-        {"epoch": 0, "parties": {"active": 0, "passive_1": 0, "dealer": 0}}
+    assert json.loads(manifest_path(first.run_dir).read_text()) == {
+        "epoch": 0,
+        "parties": {"active": 0, "passive_1": 0, "dealer": 0},
+    }
     dealt_before = json.loads((first.run_dir / "dealer.json").read_text())["dealer"]["next_triple"]
     assert dealt_before > 0
     # each half wrote its own state: P_k its masks and share generators, the active party its shadow and shares
@@ -127,8 +141,11 @@ def test_a_restored_dealer_continues_its_counters_and_refuses_every_triple_issue
     restored.load_state_dict(state)
     assert dealt(restored) == after == [3, 4, 5] and dict(restored.issued) == {"matmul": 6}
     for tid in after:  # the same triples as the uninterrupted dealer's
-        assert all(torch.equal(x, y) for h, k in zip(restored.pair(tid), whole.pair(tid), strict=True)
-                   for x, y in ((h.a, k.a), (h.b, k.b), (h.c, k.c)))
+        assert all(
+            torch.equal(x, y)
+            for h, k in zip(restored.pair(tid), whole.pair(tid), strict=True)
+            for x, y in ((h.a, k.a), (h.b, k.b), (h.c, k.c))
+        )
     for tid in first:
         with pytest.raises(TripleReuseError, match=f"triple {tid} was issued before the checkpoint"):
             restored.take(tid, 1)

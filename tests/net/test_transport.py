@@ -39,8 +39,7 @@ from vflbench.net import (
 from vflbench.protocol.channel import Endpoint
 from vflbench.protocol.messages import Message
 
-FAST = NetOptions(keepalive_ms=1000, keepalive_timeout_ms=1000, receive_timeout=10, start_timeout=10,
-                  close_timeout=2)
+FAST = NetOptions(keepalive_ms=1000, keepalive_timeout_ms=1000, receive_timeout=10, start_timeout=10, close_timeout=2)
 RUN = "test-run"
 
 
@@ -52,16 +51,29 @@ def certs(tmp_path_factory) -> Path:
     return root
 
 
-def build(certs: Path, names: list[str], *, options: NetOptions = FAST, policies: dict[str, Policy] | None = None,
-          creds: dict[str, Path] | None = None, runs: dict[str, str] | None = None) -> dict[str, NetChannel]:
+def build(
+    certs: Path,
+    names: list[str],
+    *,
+    options: NetOptions = FAST,
+    policies: dict[str, Policy] | None = None,
+    creds: dict[str, Path] | None = None,
+    runs: dict[str, str] | None = None,
+) -> dict[str, NetChannel]:
     """Channels for ``names`` (listeners bound first, on port 0)."""
     addresses: dict[str, str] = {}
     out = {}
     for name in sorted(names, key=lambda n: {"dealer": 0, "active": 1}.get(n, 2)):
         own = {name: "127.0.0.1:0"} if name in ("active", "dealer") else {}
-        ch = NetChannel(name=name, run=(runs or {}).get(name, RUN), parties=names, addresses={**addresses, **own},
-                        credentials=Credentials.load((creds or {}).get(name, certs / "project" / name)),
-                        policy=(policies or {}).get(name), options=options)
+        ch = NetChannel(
+            name=name,
+            run=(runs or {}).get(name, RUN),
+            parties=names,
+            addresses={**addresses, **own},
+            credentials=Credentials.load((creds or {}).get(name, certs / "project" / name)),
+            policy=(policies or {}).get(name),
+            options=options,
+        )
         address = ch.listen()
         if address is not None:
             addresses[name] = address
@@ -142,8 +154,13 @@ def test_nested_requests_mailboxes_and_one_way_messages_over_mutual_tls(certs):
     assert ch["active"].stats["setup"].by_kind["gradient_scrutinizer.labels"]["down"].bytes == 32
     message_bytes = sum(s.bytes for kinds in ch["active"].stats["train"].by_kind.values() for s in kinds.values())
     wire = ch["active"].wire
-    assert wire["passive_1"].bytes_sent + wire["passive_1"].bytes_received + wire["dealer"].bytes_sent \
-        + wire["dealer"].bytes_received > message_bytes
+    assert (
+        wire["passive_1"].bytes_sent
+        + wire["passive_1"].bytes_received
+        + wire["dealer"].bytes_sent
+        + wire["dealer"].bytes_received
+        > message_bytes
+    )
     assert wire["passive_1"].bytes_sent == ch["passive_1"].wire["active"].bytes_received
 
 
@@ -162,11 +179,21 @@ def test_a_certified_party_cannot_take_another_partys_link(certs):
     # passive_2's valid certificate, presented by a process configured as passive_1 of a 2-party run
     ch = build(certs, ["active", "passive_1"], options=short)
     with pytest.raises(ConfigError, match="passive_2"):
-        NetChannel(name="passive_1", run=RUN, parties=["active", "passive_1"], addresses={"active": "127.0.0.1:1"},
-                   credentials=Credentials.load(certs / "project" / "passive_2"))
-    impostor = NetChannel(name="passive_2", run=RUN, parties=["active", "passive_2"],
-                          addresses={"active": ch["active"].address}, options=short,
-                          credentials=Credentials.load(certs / "project" / "passive_2"))
+        NetChannel(
+            name="passive_1",
+            run=RUN,
+            parties=["active", "passive_1"],
+            addresses={"active": "127.0.0.1:1"},
+            credentials=Credentials.load(certs / "project" / "passive_2"),
+        )
+    impostor = NetChannel(
+        name="passive_2",
+        run=RUN,
+        parties=["active", "passive_2"],
+        addresses={"active": ch["active"].address},
+        options=short,
+        credentials=Credentials.load(certs / "project" / "passive_2"),
+    )
     r = run_parties({"active": ch["active"].start, "impostor": impostor.start})
     assert isinstance(r["active"], BarrierTimeout)
     assert "refused a link from passive_2: active accepts links from passive_1, not from passive_2" in str(r["active"])
@@ -205,8 +232,11 @@ def test_the_sender_checks_the_policy_too_and_the_dealer_only_replies(certs):
 
     def dealer():
         with ch["dealer"] as c:
-            with pytest.raises(ProtocolError, match=r"dealer \(dealer\) may not send 'embedding'.*replies to "
-                                                    r"active: dealer.take, dealer.checkpoint"):
+            with pytest.raises(
+                ProtocolError,
+                match=r"dealer \(dealer\) may not send 'embedding'.*replies to "
+                r"active: dealer.take, dealer.checkpoint",
+            ):
                 c.send(Message("embedding", "dealer", "active", torch.ones(1)))
             with pytest.raises(ProtocolError, match="may not send 'dealer.triple' as a request"):
                 c.endpoint("dealer").call("dealer.triple", "passive_1", torch.ones(1))
@@ -252,8 +282,14 @@ def test_a_failing_party_aborts_its_peers_naming_itself_and_its_step(certs):
         assert isinstance(err, PeerFailed) and err.origin == "passive_1" and (err.epoch, err.step) == (0, 1), err
         assert "passive_1 failed at epoch 0 step 1: RuntimeError: out of memory in the bottom model" in str(err)
         # the failure is charged to the peer whose link carried it; whom it blames is that peer's claim
-        assert err.party in {"active": ("passive_1", "dealer"), "dealer": ("passive_1", "active", "passive_2"),
-                             "passive_2": ("active", "dealer")}[name], err
+        assert (
+            err.party
+            in {
+                "active": ("passive_1", "dealer"),
+                "dealer": ("passive_1", "active", "passive_2"),
+                "passive_2": ("active", "dealer"),
+            }[name]
+        ), err
     # passive_2 has no link to passive_1: it hears of the failure from the active party or the dealer, which pass
     # it on (whichever is first), and says who told it
     text = str(r["passive_2"])
@@ -280,14 +316,24 @@ KILLED_PASSIVE = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_a_killed_party_makes_its_peer_fail_within_seconds_naming_it(certs):
-    options = NetOptions(keepalive_ms=1000, keepalive_timeout_ms=1000, receive_timeout=30, start_timeout=20,
-                         close_timeout=1)
-    active = NetChannel(name="active", run=RUN, parties=["active", "passive_1"], addresses={"active": "127.0.0.1:0"},
-                        credentials=Credentials.load(certs / "project" / "active"), options=options)
+    options = NetOptions(
+        keepalive_ms=1000, keepalive_timeout_ms=1000, receive_timeout=30, start_timeout=20, close_timeout=1
+    )
+    active = NetChannel(
+        name="active",
+        run=RUN,
+        parties=["active", "passive_1"],
+        addresses={"active": "127.0.0.1:0"},
+        credentials=Credentials.load(certs / "project" / "active"),
+        options=options,
+    )
     active.listen()
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_PASSIVE, str(certs / "project" / "passive_1"),
-                             str(active.address)], stdout=subprocess.PIPE, text=True,
-                            env=child_env())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_PASSIVE, str(certs / "project" / "passive_1"), str(active.address)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
     try:
         active.start()
         for step in range(3):
@@ -300,8 +346,9 @@ def test_a_killed_party_makes_its_peer_fail_within_seconds_naming_it(certs):
         assert time.monotonic() - tic < 5
         assert info.value.party == "passive_1"
         # says what happened (the review saw `link lost (?: )` here)
-        assert "passive_1 failed at epoch 0 step 2: passive_1 closed the connection without a goodbye" \
-            in str(info.value)
+        assert "passive_1 failed at epoch 0 step 2: passive_1 closed the connection without a goodbye" in str(
+            info.value
+        )
     finally:
         proc.kill()
         proc.wait(10)
@@ -309,8 +356,9 @@ def test_a_killed_party_makes_its_peer_fail_within_seconds_naming_it(certs):
 
 
 def test_every_wait_has_a_deadline(certs):
-    ch = build(certs, ["active", "passive_1"], options=NetOptions(receive_timeout=0.5, start_timeout=5,
-                                                                   close_timeout=1))
+    ch = build(
+        certs, ["active", "passive_1"], options=NetOptions(receive_timeout=0.5, start_timeout=5, close_timeout=1)
+    )
     hold = threading.Event()
 
     def active():
@@ -343,7 +391,8 @@ def test_the_start_up_barrier_has_a_deadline_and_names_the_missing_party(certs):
     text = str(r["passive_1"])
     assert isinstance(r["passive_1"], BarrierTimeout | PeerFailed), r
     assert "active (linked, but active still waits for its other peers)" in text or (
-        r["passive_1"].party == "active" and "start-up barrier of active" in text)
+        r["passive_1"].party == "active" and "start-up barrier of active" in text
+    )
 
 
 @pytest.mark.slow
@@ -352,20 +401,31 @@ def test_a_party_of_another_run_is_refused(certs):
     ch = build(certs, ["active", "passive_1"], options=short, runs={"passive_1": "other-run"})
     r = run_parties({"active": ch["active"].start, "passive_1": ch["passive_1"].start})
     assert isinstance(r["active"], BarrierTimeout)
-    assert "refused a link from passive_1: passive_1 is in run 'other-run', active in run 'test-run'" \
-        in str(r["active"])
+    assert "refused a link from passive_1: passive_1 is in run 'other-run', active in run 'test-run'" in str(
+        r["active"]
+    )
     assert isinstance(r["passive_1"], ProtocolError) and "active refused the link from passive_1" in str(r["passive_1"])
 
 
 def test_insecure_mode_is_for_loopback_only_and_says_so(caplog):
     with pytest.raises(ConfigError, match="loopback addresses only.*active=10.1.2.3:5000"):
-        NetChannel(name="passive_1", run=RUN, parties=["active", "passive_1"], addresses={"active": "10.1.2.3:5000"},
-                   insecure=True)
+        NetChannel(
+            name="passive_1",
+            run=RUN,
+            parties=["active", "passive_1"],
+            addresses={"active": "10.1.2.3:5000"},
+            insecure=True,
+        )
     with pytest.raises(ConfigError, match="either its credentials"):
         NetChannel(name="passive_1", run=RUN, parties=["active", "passive_1"], addresses={"active": "[::1]:5000"})
     with caplog.at_level(logging.WARNING, logger="vflbench.net"):
-        NetChannel(name="passive_1", run=RUN, parties=["active", "passive_1"], addresses={"active": "[::1]:5000"},
-                   insecure=True)
+        NetChannel(
+            name="passive_1",
+            run=RUN,
+            parties=["active", "passive_1"],
+            addresses={"active": "[::1]:5000"},
+            insecure=True,
+        )
     assert "INSECURE" in caplog.text
 
 
@@ -384,10 +444,12 @@ def test_the_dealer_never_plays_the_active_party_and_passive_parties_only_dial_o
 def two_party_protocol(active: Endpoint, passive: Endpoint) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """A protocol written once against Endpoint (post/take, call/serve with a nested request): the active party's
     and the passive party's code."""
+
     def active_code() -> None:
         def secure(request: Message) -> Message:
-            inner = active.call("vmask.select", "passive_1", request.payload * 2, epoch=request.epoch,
-                                step=request.step)
+            inner = active.call(
+                "vmask.select", "passive_1", request.payload * 2, epoch=request.epoch, step=request.step
+            )
             return request.reply(inner.payload + 1, meta={"layer": request.meta["layer"]})
 
         active.serve("vmask", secure)
@@ -396,8 +458,12 @@ def two_party_protocol(active: Endpoint, passive: Endpoint) -> tuple[Callable[[]
     def passive_code() -> tuple[Any, ...]:
         passive.serve("vmask", lambda r: r.reply(r.payload - 3))
         labels = passive.take("gradient_scrutinizer.labels", "active").payload
-        outs = [passive.call("vmask.forward", "active", torch.full((2, 2), float(step)), meta={"layer": step},
-                             epoch=0, step=step) for step in range(3)]
+        outs = [
+            passive.call(
+                "vmask.forward", "active", torch.full((2, 2), float(step)), meta={"layer": step}, epoch=0, step=step
+            )
+            for step in range(3)
+        ]
         return labels, [(o.payload, dict(o.meta)) for o in outs]
 
     return active_code, passive_code
@@ -412,8 +478,9 @@ def test_code_written_against_endpoint_runs_the_same_in_one_process_and_over_the
     expected = passive_code()
 
     ch = build(certs, ["active", "passive_1"])
-    active_code, passive_code = two_party_protocol(ch["active"].endpoint("active"),
-                                                   ch["passive_1"].endpoint("passive_1"))
+    active_code, passive_code = two_party_protocol(
+        ch["active"].endpoint("active"), ch["passive_1"].endpoint("passive_1")
+    )
 
     def active() -> None:
         with ch["active"] as c:
@@ -428,8 +495,9 @@ def test_code_written_against_endpoint_runs_the_same_in_one_process_and_over_the
     assert r["active"] is None, r
     labels, outs = r["passive_1"]
     assert torch.equal(labels, expected[0])
-    assert len(outs) == 3 and all(torch.equal(a[0], b[0]) and a[1] == b[1] for a, b in zip(outs, expected[1],
-                                                                                                 strict=True))
+    assert len(outs) == 3 and all(
+        torch.equal(a[0], b[0]) and a[1] == b[1] for a, b in zip(outs, expected[1], strict=True)
+    )
     # each party's network counters equal the one-process channel's (a 2-party run: every message involves both)
     for name in ("active", "passive_1"):
         assert {k: v.as_dict() for k, v in ch[name].stats.items()} == {k: v.as_dict() for k, v in local.stats.items()}
@@ -455,18 +523,31 @@ def test_a_listener_with_another_partys_certificate_is_not_taken_for_the_active_
 
         creds = Credentials.load(certs / "project" / owner)
         server = grpc.server(futures.ThreadPoolExecutor(2))
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("vflbench.Link", {
-            "Open": grpc.stream_stream_rpc_method_handler(handler)})])
-        port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials(
-            [(creds.key, creds.cert)], root_certificates=creds.ca, require_client_auth=True))
+        server.add_generic_rpc_handlers(
+            [
+                grpc.method_handlers_generic_handler(
+                    "vflbench.Link", {"Open": grpc.stream_stream_rpc_method_handler(handler)}
+                )
+            ]
+        )
+        port = server.add_secure_port(
+            "127.0.0.1:0",
+            grpc.ssl_server_credentials(
+                [(creds.key, creds.cert)], root_certificates=creds.ca, require_client_auth=True
+            ),
+        )
         server.start()
         return server, port, seen
 
     def dial(port: int) -> None:
-        passive = NetChannel(name="passive_1", run=RUN, parties=["active", "passive_1"],
-                             addresses={"active": f"127.0.0.1:{port}"},
-                             credentials=Credentials.load(certs / "project" / "passive_1"),
-                             options=NetOptions(start_timeout=1.5, close_timeout=1))
+        passive = NetChannel(
+            name="passive_1",
+            run=RUN,
+            parties=["active", "passive_1"],
+            addresses={"active": f"127.0.0.1:{port}"},
+            credentials=Credentials.load(certs / "project" / "passive_1"),
+            options=NetOptions(start_timeout=1.5, close_timeout=1),
+        )
         with pytest.raises(BarrierTimeout, match="active .*dialled at 127.0.0.1"):
             passive.start()
 

@@ -15,8 +15,17 @@ from vflbench.attacks.base import (
 )
 from vflbench.attacks.registry import ATTACKS, create_attack
 
-__all__ = ["ATTACKS", "Attack", "BatchRecord", "KnownLabels", "LabelInference", "PartyView", "Scenario", "Scores",
-           "create_attack"]
+__all__ = [
+    "ATTACKS",
+    "Attack",
+    "BatchRecord",
+    "KnownLabels",
+    "LabelInference",
+    "PartyView",
+    "Scenario",
+    "Scores",
+    "create_attack",
+]
 
 from vflbench.attacks.label import active, embedding_extension, gradient, mixmatch, model_completion  # noqa: F401, I001  (register)
 from vflbench.attacks.label import labobf_adaptive  # noqa: F401  (register)

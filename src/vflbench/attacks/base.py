@@ -320,10 +320,9 @@ class Attack(Params, ABC):
         raise CompatibilityError(f"attack {self.name!r} has no 'local' prior; use prior: random or scratch")
 
 
-
-def split_validation(known: KnownLabels, select: str, val_per_class: int,
-                     generator: torch.Generator,
-                     holdout: KnownLabels | None = None) -> tuple[KnownLabels, KnownLabels | None]:
+def split_validation(
+    known: KnownLabels, select: str, val_per_class: int, generator: torch.Generator, holdout: KnownLabels | None = None
+) -> tuple[KnownLabels, KnownLabels | None]:
     """The known labels an attack fine-tunes on and, with ``select == "validation"``, the validation split
     it selects its epoch on: ``val_per_class`` rows of every class, drawn from ``generator`` (the attack's
     own stream) and held out of the fine-tuning. Other rules keep every known label for fine-tuning.
@@ -342,9 +341,11 @@ def split_validation(known: KnownLabels, select: str, val_per_class: int,
     for c in torch.unique(labels).tolist():
         rows = order[labels[order] == c]
         if len(rows) <= val_per_class:
-            raise CompatibilityError(f"select: validation holds out {val_per_class} of the known labels of every "
-                                     f"class, but class {c} has only {len(rows)}; raise known_per_class or lower "
-                                     "val_per_class")
+            raise CompatibilityError(
+                f"select: validation holds out {val_per_class} of the known labels of every "
+                f"class, but class {c} has only {len(rows)}; raise known_per_class or lower "
+                "val_per_class"
+            )
         held[rows[:val_per_class]] = True
     return KnownLabels(known.ids[~held], known.labels[~held]), KnownLabels(known.ids[held], known.labels[held])
 
@@ -353,9 +354,11 @@ def check_selection(attack: str, select: str, val_per_class: int, known_per_clas
     """Raise a :class:`ConfigError` unless, for ``select: validation``, ``val_per_class`` leaves at least one
     known label per class to fine-tune on (each parameter alone is checked by its constraints)."""
     if select == "validation" and val_per_class >= known_per_class:
-        raise ConfigError(f"attack {attack!r}: select: validation holds out val_per_class ({val_per_class}) of the "
-                          f"known_per_class ({known_per_class}) labels of every class, which leaves none to fine-tune "
-                          "on; raise known_per_class or use select: last")
+        raise ConfigError(
+            f"attack {attack!r}: select: validation holds out val_per_class ({val_per_class}) of the "
+            f"known_per_class ({known_per_class}) labels of every class, which leaves none to fine-tune "
+            "on; raise known_per_class or use select: last"
+        )
 
 
 #: Parameters that say what an attack targets (which party, which rows it is given or scored on), not how it
@@ -392,7 +395,8 @@ def require_training(attack: Attack, scenario: Scenario, *, before: int = 0) -> 
         f"{attack.name} needs train.epochs >= {attack.min_epochs + before}{steps_text} with its default settings; "
         f"this run attacks for {epochs} epochs{honest} of {scenario.steps_per_epoch} steps ({steps} steps). "
         f"{attack.min_epochs_reason} Train longer, or give the attack settings of your own (e.g. its learning "
-        "rates), which are then run as given and flagged if they reconstruct out of the data's range")
+        "rates), which are then run as given and flagged if they reconstruct out of the data's range"
+    )
 
 
 def require(condition: bool, attack: str, message: str) -> None:
@@ -404,15 +408,19 @@ def require(condition: bool, attack: str, message: str) -> None:
 def check_metric(attack: str, metric: str, scenario: Scenario) -> None:
     """Raise a :class:`CompatibilityError` for AUC on a task with more than two classes (the annotation
     :data:`LabelMetric` lists the metrics)."""
-    require(metric != "auc" or scenario.num_classes == 2, attack,
-            f"metric 'auc' needs binary labels, but the task has {scenario.num_classes} classes; "
-            "use metric: accuracy or auto")
+    require(
+        metric != "auc" or scenario.num_classes == 2,
+        attack,
+        f"metric 'auc' needs binary labels, but the task has {scenario.num_classes} classes; "
+        "use metric: accuracy or auto",
+    )
 
 
 def binary_only(attack: str, scenario: Scenario) -> None:
     """Norm/direction scoring and friends need a binary task."""
-    require(scenario.num_classes == 2, attack,
-            f"it needs binary labels, but the task has {scenario.num_classes} classes")
+    require(
+        scenario.num_classes == 2, attack, f"it needs binary labels, but the task has {scenario.num_classes} classes"
+    )
 
 
 def stack_ids(parts: Sequence[Scores]) -> Tensor:

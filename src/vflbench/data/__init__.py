@@ -11,12 +11,20 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 #: Each public name and the module that defines it.
-_NAMES = {"DATASETS": "vflbench.data.registry", "Dataset": "vflbench.data.base", "PartySlice": "vflbench.data.base",
-          "VerticalData": "vflbench.data.base", "DatasetStatus": "vflbench.data.verify",
-          "verify_datasets": "vflbench.data.verify", "resolve_root": "vflbench.data.files",
-          "partition": "vflbench.data.partition", "subsample": "vflbench.data.partition",
-          "aux_indices": "vflbench.data.sampling", "known_label_indices": "vflbench.data.sampling",
-          "load_dataset": "vflbench.data.loading"}
+_NAMES = {
+    "DATASETS": "vflbench.data.registry",
+    "Dataset": "vflbench.data.base",
+    "PartySlice": "vflbench.data.base",
+    "VerticalData": "vflbench.data.base",
+    "DatasetStatus": "vflbench.data.verify",
+    "verify_datasets": "vflbench.data.verify",
+    "resolve_root": "vflbench.data.files",
+    "partition": "vflbench.data.partition",
+    "subsample": "vflbench.data.partition",
+    "aux_indices": "vflbench.data.sampling",
+    "known_label_indices": "vflbench.data.sampling",
+    "load_dataset": "vflbench.data.loading",
+}
 #: The modules that register the loaders: imported before any public name is handed out.
 _LOADERS = ("vflbench.data.embedded", "vflbench.data.images", "vflbench.data.tabular", "vflbench.data.text")
 
@@ -45,5 +53,17 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_NAMES])
 
 
-__all__ = ["DATASETS", "Dataset", "DatasetStatus", "PartySlice", "VerticalData", "aux_indices",
-           "known_label_indices", "load_dataset", "partition", "resolve_root", "subsample", "verify_datasets"]
+__all__ = [
+    "DATASETS",
+    "Dataset",
+    "DatasetStatus",
+    "PartySlice",
+    "VerticalData",
+    "aux_indices",
+    "known_label_indices",
+    "load_dataset",
+    "partition",
+    "resolve_root",
+    "subsample",
+    "verify_datasets",
+]

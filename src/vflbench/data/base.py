@@ -76,8 +76,10 @@ class PartySlice:
         at = torch.searchsorted(self.rows, ids).clamp(max=max(len(self.rows) - 1, 0))
         held = len(ids) == 0 or (len(self.rows) > 0 and bool((self.rows[at] == ids).all()))
         if not held:
-            raise ValueError(f"this slice holds training rows {self.rows.tolist()[:8]}... ({len(self.rows)}) only, "
-                             "not every row asked for")
+            raise ValueError(
+                f"this slice holds training rows {self.rows.tolist()[:8]}... ({len(self.rows)}) only, "
+                "not every row asked for"
+            )
         return self.x_train[at]
 
 
@@ -113,9 +115,16 @@ class VerticalData:
         already): a run moves its data once, after loading and partitioning."""
         target = torch.device(device)
         slices = (*self.passive, *(() if self.active is None else (self.active,)))
-        if self.y_train.device == target and self.y_test.device == target and all(
-                p.x_train.device == target and p.x_test.device == target for p in slices):
+        if (
+            self.y_train.device == target
+            and self.y_test.device == target
+            and all(p.x_train.device == target and p.x_test.device == target for p in slices)
+        ):
             return self
-        return replace(self, passive=tuple(p.to(target) for p in self.passive),
-                       active=None if self.active is None else self.active.to(target),
-                       y_train=self.y_train.to(target), y_test=self.y_test.to(target))
+        return replace(
+            self,
+            passive=tuple(p.to(target) for p in self.passive),
+            active=None if self.active is None else self.active.to(target),
+            y_train=self.y_train.to(target),
+            y_test=self.y_test.to(target),
+        )

@@ -31,9 +31,7 @@ def _split(
 ) -> Dataset:
     if not 0.0 < test_fraction < 1.0:
         raise DataError(f"{name}: test_fraction must be in (0, 1), got {test_fraction}")
-    x_tr, x_te, y_tr, y_te = train_test_split(
-        x, y, test_size=test_fraction, stratify=y, random_state=SPLIT_SEED
-    )
+    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=test_fraction, stratify=y, random_state=SPLIT_SEED)
     return Dataset(
         name=name,
         kind=kind,
@@ -46,8 +44,13 @@ def _split(
     )
 
 
-@DATASETS.register("digits", constraints=SPLIT, summary="scikit-learn 8x8 handwritten digits, 1,797 images, 10 classes",
-                   kind="image", files=())
+@DATASETS.register(
+    "digits",
+    constraints=SPLIT,
+    summary="scikit-learn 8x8 handwritten digits, 1,797 images, 10 classes",
+    kind="image",
+    files=(),
+)
 def load_digits(*, root: Path | None = None, test_fraction: float = 0.2) -> Dataset:
     """scikit-learn's 8x8 digits as 1x8x8 images scaled to [0, 1]."""
     bunch = skd.load_digits()
@@ -55,9 +58,13 @@ def load_digits(*, root: Path | None = None, test_fraction: float = 0.2) -> Data
     return _split("digits", "image", x, bunch.target, test_fraction=test_fraction)
 
 
-@DATASETS.register("breast_cancer", constraints=SPLIT,
-                 summary="Wisconsin breast cancer, 569 rows, 30 features, binary",
-                   kind="tabular", files=())
+@DATASETS.register(
+    "breast_cancer",
+    constraints=SPLIT,
+    summary="Wisconsin breast cancer, 569 rows, 30 features, binary",
+    kind="tabular",
+    files=(),
+)
 def load_breast_cancer(*, root: Path | None = None, test_fraction: float = 0.2) -> Dataset:
     """Wisconsin diagnostic breast cancer; 1 = malignant (the positive finding, 37% of rows).
 
@@ -65,24 +72,41 @@ def load_breast_cancer(*, root: Path | None = None, test_fraction: float = 0.2) 
     the positive class is the minority), so label 1 is malignant.
     """
     bunch = skd.load_breast_cancer()
-    return _split("breast_cancer", "tabular", bunch.data, 1 - bunch.target,
-                  test_fraction=test_fraction, feature_names=tuple(bunch.feature_names))
+    return _split(
+        "breast_cancer",
+        "tabular",
+        bunch.data,
+        1 - bunch.target,
+        test_fraction=test_fraction,
+        feature_names=tuple(bunch.feature_names),
+    )
 
 
-@DATASETS.register("wine", constraints=SPLIT, summary="UCI wine, 178 rows, 13 features, 3 classes",
-                   kind="tabular", files=())
+@DATASETS.register(
+    "wine", constraints=SPLIT, summary="UCI wine, 178 rows, 13 features, 3 classes", kind="tabular", files=()
+)
 def load_wine(*, root: Path | None = None, test_fraction: float = 0.25) -> Dataset:
     """UCI wine recognition (3 classes)."""
     bunch = skd.load_wine()
-    return _split("wine", "tabular", bunch.data, bunch.target,
-                  test_fraction=test_fraction, feature_names=tuple(bunch.feature_names))
+    return _split(
+        "wine",
+        "tabular",
+        bunch.data,
+        bunch.target,
+        test_fraction=test_fraction,
+        feature_names=tuple(bunch.feature_names),
+    )
 
 
-@DATASETS.register("synthetic", constraints=SPLIT,
-                   summary="make_classification with chosen samples/features/classes; feature_scale: "
-                   "columns standardised on the training rows, then multiplied by it (Epsilon's scale: "
-                   "1/sqrt(2000); needs data.standardise: false)",
-                   kind="tabular", files=())
+@DATASETS.register(
+    "synthetic",
+    constraints=SPLIT,
+    summary="make_classification with chosen samples/features/classes; feature_scale: "
+    "columns standardised on the training rows, then multiplied by it (Epsilon's scale: "
+    "1/sqrt(2000); needs data.standardise: false)",
+    kind="tabular",
+    files=(),
+)
 def load_synthetic(
     *,
     root: Path | None = None,
@@ -106,12 +130,12 @@ def load_synthetic(
     tells :func:`~vflbench.data.partition.partition`).
     """
     if n_informative > n_features:
-        raise DataError(
-            f"synthetic: n_informative ({n_informative}) cannot exceed n_features ({n_features})"
-        )
+        raise DataError(f"synthetic: n_informative ({n_informative}) cannot exceed n_features ({n_features})")
     if feature_scale is not None and (
-        isinstance(feature_scale, bool) or not isinstance(feature_scale, int | float)
-        or not math.isfinite(feature_scale) or feature_scale <= 0
+        isinstance(feature_scale, bool)
+        or not isinstance(feature_scale, int | float)
+        or not math.isfinite(feature_scale)
+        or feature_scale <= 0
     ):
         raise DataError(
             f"synthetic: feature_scale must be a finite number > 0 (e.g. 0.02236 = 1/sqrt(2000), Epsilon's "
@@ -119,8 +143,12 @@ def load_synthetic(
         )
     try:
         x, y = skd.make_classification(
-            n_samples=n_samples, n_features=n_features, n_informative=n_informative,
-            n_redundant=0, n_classes=n_classes, class_sep=class_sep,
+            n_samples=n_samples,
+            n_features=n_features,
+            n_informative=n_informative,
+            n_redundant=0,
+            n_classes=n_classes,
+            class_sep=class_sep,
             random_state=generator_seed,
         )
     except ValueError as exc:
@@ -132,5 +160,9 @@ def load_synthetic(
     std = ds.x_train.std(0, unbiased=False)
     std = torch.where(std > 0, std, torch.ones_like(std))
     factor = float(feature_scale)
-    return replace(ds, x_train=(ds.x_train - mean) / std * factor, x_test=(ds.x_test - mean) / std * factor,
-                   meta={**ds.meta, "feature_scale": factor})
+    return replace(
+        ds,
+        x_train=(ds.x_train - mean) / std * factor,
+        x_test=(ds.x_test - mean) / std * factor,
+        meta={**ds.meta, "feature_scale": factor},
+    )

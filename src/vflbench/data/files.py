@@ -72,8 +72,9 @@ def check_files(
     published = f" (published at {source})" if source else ""
     how = f"Set the datasets root with --data-root, data.root, or ${ENV_VAR}."
     if root is None:
-        return FileCheck("missing", f"no datasets root is set; {dataset} needs {', '.join(files)} in {where}"
-                         f"{published}. {how}", None)
+        return FileCheck(
+            "missing", f"no datasets root is set; {dataset} needs {', '.join(files)} in {where}{published}. {how}", None
+        )
     base = root / folder
     missing = [f for f in files if not (base / f).is_file()]
     if missing:

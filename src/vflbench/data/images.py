@@ -19,12 +19,28 @@ from vflbench.data.files import require_files
 from vflbench.data.registry import DATASETS
 from vflbench.errors import DataError
 
-IDX_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-             "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
-MNIST_MD5 = dict(zip(IDX_FILES, ("f68b3c2dcbeaaa9fbdd348bbdeb94873", "d53e105ee54ea40749a09fcbcd1e9432",
-                                 "9fb629c4189551a2d022fa330f9573f3", "ec29112dd5afa0611ce80d1b7f02629c"), strict=True))
-FASHION_MD5 = {"train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
-               "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79"}
+IDX_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
+MNIST_MD5 = dict(
+    zip(
+        IDX_FILES,
+        (
+            "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+            "d53e105ee54ea40749a09fcbcd1e9432",
+            "9fb629c4189551a2d022fa330f9573f3",
+            "ec29112dd5afa0611ce80d1b7f02629c",
+        ),
+        strict=True,
+    )
+)
+FASHION_MD5 = {
+    "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+    "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+}
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -33,8 +49,10 @@ def read_idx(path: Path) -> np.ndarray:
         with gzip.open(path, "rb") as fh:
             data = fh.read()
     except (EOFError, OSError, zlib.error) as exc:  # a truncated or damaged download (gzip.BadGzipFile is an OSError)
-        raise DataError(f"{path} is truncated or corrupt ({exc}); delete it and fetch it again "
-                        "(`vflbench datasets verify` checks every file)") from None
+        raise DataError(
+            f"{path} is truncated or corrupt ({exc}); delete it and fetch it again "
+            "(`vflbench datasets verify` checks every file)"
+        ) from None
     if len(data) < 4:
         raise DataError(f"{path} is not an idx file (too short)")
     zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])
@@ -47,49 +65,83 @@ def read_idx(path: Path) -> np.ndarray:
     return body.reshape(shape)
 
 
-def _idx_dataset(name: str, root: Path | None, folder: str, md5: dict[str, str],
-                 verify: bool, source: str, flatten: bool) -> Dataset:
+def _idx_dataset(
+    name: str, root: Path | None, folder: str, md5: dict[str, str], verify: bool, source: str, flatten: bool
+) -> Dataset:
     base = require_files(name, root, folder, IDX_FILES, md5=md5 if verify else None, source=source)
     arrays = [read_idx(base / f) for f in IDX_FILES]
     x_tr, y_tr, x_te, y_te = arrays
-    to_x = (lambda a: torch.from_numpy(a.astype(np.float32) / 255.0).reshape(len(a), -1)) if flatten \
+    to_x = (
+        (lambda a: torch.from_numpy(a.astype(np.float32) / 255.0).reshape(len(a), -1))
+        if flatten
         else (lambda a: torch.from_numpy(a.astype(np.float32) / 255.0).unsqueeze(1))
-    return Dataset(name=name, kind="tabular" if flatten else "image",
-                   x_train=to_x(x_tr), y_train=torch.from_numpy(y_tr.astype(np.int64)),
-                   x_test=to_x(x_te), y_test=torch.from_numpy(y_te.astype(np.int64)), num_classes=10)
+    )
+    return Dataset(
+        name=name,
+        kind="tabular" if flatten else "image",
+        x_train=to_x(x_tr),
+        y_train=torch.from_numpy(y_tr.astype(np.int64)),
+        x_test=to_x(x_te),
+        y_test=torch.from_numpy(y_te.astype(np.int64)),
+        num_classes=10,
+    )
 
 
 _MNIST_SRC = "http://yann.lecun.com/exdb/mnist/"
 _FASHION_SRC = "https://github.com/zalandoresearch/fashion-mnist"
 
 
-@DATASETS.register("mnist", summary="MNIST 28x28 digits (idx .gz), 60k/10k, 10 classes",
-                   kind="image", folder="mnist", files=IDX_FILES,
-                   md5=MNIST_MD5, source=_MNIST_SRC)
+@DATASETS.register(
+    "mnist",
+    summary="MNIST 28x28 digits (idx .gz), 60k/10k, 10 classes",
+    kind="image",
+    folder="mnist",
+    files=IDX_FILES,
+    md5=MNIST_MD5,
+    source=_MNIST_SRC,
+)
 def load_mnist(*, root: Path | None = None, verify: bool = True) -> Dataset:
     """MNIST images (1x28x28, [0, 1])."""
     return _idx_dataset("mnist", root, "mnist", MNIST_MD5, verify, _MNIST_SRC, flatten=False)
 
 
-@DATASETS.register("fashion_mnist", summary="Fashion-MNIST 28x28 (idx .gz), 60k/10k, 10 classes",
-                   kind="image", folder="fashion_mnist", files=IDX_FILES,
-                   md5=FASHION_MD5, source=_FASHION_SRC)
+@DATASETS.register(
+    "fashion_mnist",
+    summary="Fashion-MNIST 28x28 (idx .gz), 60k/10k, 10 classes",
+    kind="image",
+    folder="fashion_mnist",
+    files=IDX_FILES,
+    md5=FASHION_MD5,
+    source=_FASHION_SRC,
+)
 def load_fashion_mnist(*, root: Path | None = None, verify: bool = True) -> Dataset:
     """Fashion-MNIST images (1x28x28, [0, 1])."""
     return _idx_dataset("fashion_mnist", root, "fashion_mnist", FASHION_MD5, verify, _FASHION_SRC, flatten=False)
 
 
-@DATASETS.register("tabmnist", summary="MNIST flattened to 784 tabular features (VMask's TabMNIST)",
-                   kind="tabular", folder="mnist", files=IDX_FILES,
-                   md5=MNIST_MD5, source=_MNIST_SRC)
+@DATASETS.register(
+    "tabmnist",
+    summary="MNIST flattened to 784 tabular features (VMask's TabMNIST)",
+    kind="tabular",
+    folder="mnist",
+    files=IDX_FILES,
+    md5=MNIST_MD5,
+    source=_MNIST_SRC,
+)
 def load_tabmnist(*, root: Path | None = None, verify: bool = True) -> Dataset:
     """MNIST flattened to 784 pixel features in [0, 1]."""
     return _idx_dataset("tabmnist", root, "mnist", MNIST_MD5, verify, _MNIST_SRC, flatten=True)
 
 
-@DATASETS.register("tabfmnist", summary="Fashion-MNIST flattened to 784 tabular features (TabFMNIST)",
-                   kind="tabular", folder="fashion_mnist", files=IDX_FILES,
-                   md5=FASHION_MD5, source=_FASHION_SRC)
+@DATASETS.register(
+    "tabfmnist",
+    summary="Fashion-MNIST flattened to 784 tabular features (TabFMNIST)",
+    kind="tabular",
+    folder="fashion_mnist",
+    files=IDX_FILES,
+    md5=FASHION_MD5,
+    source=_FASHION_SRC,
+)
 def load_tabfmnist(*, root: Path | None = None, verify: bool = True) -> Dataset:
     """Fashion-MNIST flattened to 784 pixel features in [0, 1]."""
     return _idx_dataset("tabfmnist", root, "fashion_mnist", FASHION_MD5, verify, _FASHION_SRC, flatten=True)
@@ -122,8 +174,7 @@ class _ArrayUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) not in _PICKLE_GLOBALS:
-            raise pickle.UnpicklingError(
-                f"global {module}.{name} is not allowed in a dataset pickle")
+            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a dataset pickle")
         if module.startswith("numpy.core"):
             # numpy >= 2 renamed numpy.core to numpy._core; try the new name first.
             try:
@@ -139,26 +190,45 @@ def read_cifar_batch(path: Path, label_key: bytes) -> tuple[np.ndarray, np.ndarr
     try:
         with path.open("rb") as fh:
             batch = _ArrayUnpickler(fh, encoding="bytes").load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
-            ImportError, IndexError, KeyError) as exc:
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        ImportError,
+        IndexError,
+        KeyError,
+    ) as exc:
         raise DataError(f"{path} is not a CIFAR python pickle: {exc}") from None
     if not isinstance(batch, dict) or b"data" not in batch or label_key not in batch:
-        keys = sorted(k.decode("latin-1") if isinstance(k, bytes) else str(k) for k in batch) \
-            if isinstance(batch, dict) else []
-        raise DataError(f"{path} is not a CIFAR python pickle: expected a dict with keys "
-                        f"b'data' and {label_key!r}, found keys {keys}")
+        keys = (
+            sorted(k.decode("latin-1") if isinstance(k, bytes) else str(k) for k in batch)
+            if isinstance(batch, dict)
+            else []
+        )
+        raise DataError(
+            f"{path} is not a CIFAR python pickle: expected a dict with keys "
+            f"b'data' and {label_key!r}, found keys {keys}"
+        )
     data = np.asarray(batch[b"data"])
     labels = np.asarray(batch[label_key], dtype=np.int64)
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
-        raise DataError(f"{path}: b'data' must be uint8 rows of 3072 values (3x32x32), "
-                        f"got {data.dtype} {data.shape}")
+        raise DataError(f"{path}: b'data' must be uint8 rows of 3072 values (3x32x32), got {data.dtype} {data.shape}")
     if labels.shape != (len(data),):
         raise DataError(f"{path}: {len(data)} images but {labels.size} labels")
     return data.reshape(-1, 3, 32, 32), labels
 
 
-def _cifar_dataset(name: str, root: Path | None, folder: str, train_files: Sequence[str],
-                   test_files: Sequence[str], label_key: bytes, num_classes: int) -> Dataset:
+def _cifar_dataset(
+    name: str,
+    root: Path | None,
+    folder: str,
+    train_files: Sequence[str],
+    test_files: Sequence[str],
+    label_key: bytes,
+    num_classes: int,
+) -> Dataset:
     base = require_files(name, root, folder, (*train_files, *test_files), source=_CIFAR_SRC)
 
     def read(files: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,18 +236,24 @@ def _cifar_dataset(name: str, root: Path | None, folder: str, train_files: Seque
         x = np.concatenate([p[0] for p in parts])
         y = np.concatenate([p[1] for p in parts])
         if len(y) and (y.min() < 0 or y.max() >= num_classes):
-            raise DataError(f"{name}: labels must lie in 0..{num_classes - 1}, "
-                            f"found {y.min()}..{y.max()} in {base}/")
+            raise DataError(f"{name}: labels must lie in 0..{num_classes - 1}, found {y.min()}..{y.max()} in {base}/")
         return torch.from_numpy(x.astype(np.float32) / 255.0), torch.from_numpy(y)
 
     x_tr, y_tr = read(train_files)
     x_te, y_te = read(test_files)
-    return Dataset(name=name, kind="image", x_train=x_tr, y_train=y_tr, x_test=x_te,
-                   y_test=y_te, num_classes=num_classes)
+    return Dataset(
+        name=name, kind="image", x_train=x_tr, y_train=y_tr, x_test=x_te, y_test=y_te, num_classes=num_classes
+    )
 
 
-@DATASETS.register("cifar10", summary="CIFAR-10 32x32 colour (python pickles), 50k/10k, 10 classes",
-                   kind="image", folder=CIFAR10_FOLDER, files=CIFAR10_FILES, source=_CIFAR_SRC)
+@DATASETS.register(
+    "cifar10",
+    summary="CIFAR-10 32x32 colour (python pickles), 50k/10k, 10 classes",
+    kind="image",
+    folder=CIFAR10_FOLDER,
+    files=CIFAR10_FILES,
+    source=_CIFAR_SRC,
+)
 def load_cifar10(*, root: Path | None = None) -> Dataset:
     """CIFAR-10 images (3x32x32, [0, 1]) from ``cifar-10-batches-py``.
 
@@ -187,13 +263,17 @@ def load_cifar10(*, root: Path | None = None) -> Dataset:
     and format, not by checksum. The pickles are read with an unpickler that allows only
     numpy array reconstruction.
     """
-    return _cifar_dataset("cifar10", root, CIFAR10_FOLDER, CIFAR10_FILES[:5], CIFAR10_FILES[5:],
-                          b"labels", 10)
+    return _cifar_dataset("cifar10", root, CIFAR10_FOLDER, CIFAR10_FILES[:5], CIFAR10_FILES[5:], b"labels", 10)
 
 
-@DATASETS.register("cifar100",
-                   summary="CIFAR-100 32x32 colour (python pickles), 50k/10k, 100 classes",
-                   kind="image", folder=CIFAR100_FOLDER, files=CIFAR100_FILES, source=_CIFAR_SRC)
+@DATASETS.register(
+    "cifar100",
+    summary="CIFAR-100 32x32 colour (python pickles), 50k/10k, 100 classes",
+    kind="image",
+    folder=CIFAR100_FOLDER,
+    files=CIFAR100_FILES,
+    source=_CIFAR_SRC,
+)
 def load_cifar100(*, root: Path | None = None) -> Dataset:
     """CIFAR-100 images (3x32x32, [0, 1]) from ``cifar-100-python``, 100 fine labels.
 
@@ -201,5 +281,6 @@ def load_cifar100(*, root: Path | None = None) -> Dataset:
     ``cifar-100-python.tar.gz`` has a published checksum, so the extracted files are checked
     for presence and format, not by checksum.
     """
-    return _cifar_dataset("cifar100", root, CIFAR100_FOLDER, CIFAR100_FILES[:1], CIFAR100_FILES[1:],
-                          b"fine_labels", 100)
+    return _cifar_dataset(
+        "cifar100", root, CIFAR100_FOLDER, CIFAR100_FILES[:1], CIFAR100_FILES[1:], b"fine_labels", 100
+    )

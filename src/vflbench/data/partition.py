@@ -24,8 +24,7 @@ Split = Literal["auto", "width", "height", "even", "columns"]
 MIN_PARTIES, MAX_PARTIES = 2, 10
 
 
-def subsample(ds: Dataset, *, train_size: int | None, test_size: int | None,
-              generator: torch.Generator) -> Dataset:
+def subsample(ds: Dataset, *, train_size: int | None, test_size: int | None, generator: torch.Generator) -> Dataset:
     """Keep a random subset of train and/or test rows (order preserved) for quick runs."""
 
     def pick(n: int, size: int | None, which: str) -> Tensor | None:
@@ -58,13 +57,13 @@ def _cuts(length: int, parts: int, what: str, name: str) -> list[tuple[int, int]
     return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-def _column_groups(ds: Dataset, parts: int, split: Split,
-                   columns: Sequence[Sequence[int]] | None) -> list[list[int]]:
+def _column_groups(ds: Dataset, parts: int, split: Split, columns: Sequence[Sequence[int]] | None) -> list[list[int]]:
     n_features = ds.x_train.shape[1]
     if split == "columns" or columns is not None:
         if columns is None:
-            raise DataError("data.split 'columns' needs data.columns: "
-                            "one list of column indices per feature-holding party.")
+            raise DataError(
+                "data.split 'columns' needs data.columns: one list of column indices per feature-holding party."
+            )
         if len(columns) != parts:
             raise DataError(
                 f"{ds.name}: data.columns has {len(columns)} lists but {parts} parties hold "
@@ -115,31 +114,47 @@ def partition(
     holders = parties if active_has_features else parties - 1
     slices: list[PartySlice] = []
     if columns is not None and ds.kind != "tabular":
-        raise DataError(f"{ds.name} is a {ds.kind} dataset: data.columns applies to tabular datasets only; "
-                        "remove it (data.split chooses how an image or text is cut)")
+        raise DataError(
+            f"{ds.name} is a {ds.kind} dataset: data.columns applies to tabular datasets only; "
+            "remove it (data.split chooses how an image or text is cut)"
+        )
     if ds.kind == "image":
         if split not in ("auto", "width", "height"):
-            raise DataError(f"{ds.name} is an image dataset: "
-                            f"data.split must be 'width' or 'height' (or 'auto'), got {split!r}")
+            raise DataError(
+                f"{ds.name} is an image dataset: data.split must be 'width' or 'height' (or 'auto'), got {split!r}"
+            )
         dim = 2 if split == "height" else 3
         for a, b in _cuts(ds.x_train.shape[dim], holders, "pixel columns" if dim == 3 else "pixel rows", ds.name):
             index = [slice(None)] * 4
             index[dim] = slice(a, b)
-            slices.append(PartySlice(ds.x_train[tuple(index)].contiguous(),
-                                     ds.x_test[tuple(index)].contiguous(), "image",
-                                     meta={"range": (a, b), "axis": "height" if dim == 2 else "width"}))
+            slices.append(
+                PartySlice(
+                    ds.x_train[tuple(index)].contiguous(),
+                    ds.x_test[tuple(index)].contiguous(),
+                    "image",
+                    meta={"range": (a, b), "axis": "height" if dim == 2 else "width"},
+                )
+            )
     elif ds.kind == "text":
         if split not in ("auto", "even"):
             raise DataError(f"{ds.name} is a text dataset: data.split must be 'even' (or 'auto'), got {split!r}")
         for a, b in _cuts(ds.x_train.shape[1], holders, "tokens", ds.name):
-            slices.append(PartySlice(ds.x_train[:, a:b].contiguous(), ds.x_test[:, a:b].contiguous(),
-                                     "text", meta=dict(ds.meta, range=(a, b))))
+            slices.append(
+                PartySlice(
+                    ds.x_train[:, a:b].contiguous(),
+                    ds.x_test[:, a:b].contiguous(),
+                    "text",
+                    meta=dict(ds.meta, range=(a, b)),
+                )
+            )
     else:
         if split not in ("auto", "even", "columns"):
             raise DataError(f"{ds.name} is tabular: data.split must be 'even' or 'columns' (or 'auto'), got {split!r}")
         if standardise and "feature_scale" in ds.meta:
-            raise DataError(f"{ds.name} was scaled to feature_scale={ds.meta['feature_scale']:g} by its loader, "
-                            "which standardising each party's columns would undo; set data.standardise: false")
+            raise DataError(
+                f"{ds.name} was scaled to feature_scale={ds.meta['feature_scale']:g} by its loader, "
+                "which standardising each party's columns would undo; set data.standardise: false"
+            )
         categorical = set(ds.meta.get("categorical", ()))
         cards = dict(zip(ds.meta.get("categorical", ()), ds.meta.get("cardinalities", ()), strict=False))
         for group in _column_groups(ds, holders, split, columns):
@@ -147,10 +162,20 @@ def partition(
             local_cat = [i for i, c in enumerate(group) if c in categorical]
             if standardise:
                 x_tr, x_te = _standardise(x_tr, x_te, local_cat)
-            meta = ({"categorical": tuple(local_cat), "cardinalities": tuple(cards[group[i]] for i in local_cat)}
-                    if local_cat else {})
+            meta = (
+                {"categorical": tuple(local_cat), "cardinalities": tuple(cards[group[i]] for i in local_cat)}
+                if local_cat
+                else {}
+            )
             slices.append(PartySlice(x_tr.contiguous(), x_te.contiguous(), "tabular", tuple(group), meta))
     passive = tuple(slices[: parties - 1])
     active = slices[parties - 1] if active_has_features else None
-    return VerticalData(ds.name, ds.num_classes, passive, active, ds.y_train, ds.y_test,
-                        info={"n_train": len(ds.y_train), "n_test": len(ds.y_test)})
+    return VerticalData(
+        ds.name,
+        ds.num_classes,
+        passive,
+        active,
+        ds.y_train,
+        ds.y_test,
+        info={"n_train": len(ds.y_train), "n_test": len(ds.y_test)},
+    )

@@ -22,8 +22,9 @@ def _candidates(n: int, exclude: Tensor | None) -> Tensor:
     return mask
 
 
-def known_label_indices(y: Tensor, *, per_class: int, generator: torch.Generator,
-                        exclude: Tensor | None = None) -> Tensor:
+def known_label_indices(
+    y: Tensor, *, per_class: int, generator: torch.Generator, exclude: Tensor | None = None
+) -> Tensor:
     """Draw ``per_class`` row indices of every class (sorted), avoiding ``exclude``."""
     if per_class < 1:
         raise DataError(f"known labels per class must be >= 1, got {per_class}")
@@ -38,9 +39,15 @@ def known_label_indices(y: Tensor, *, per_class: int, generator: torch.Generator
     return torch.cat(picked).sort().values
 
 
-def aux_indices(y: Tensor, *, generator: torch.Generator, size: int | None = None,
-                fraction: float | None = None, classes: Sequence[int] | None = None,
-                exclude: Tensor | None = None) -> Tensor:
+def aux_indices(
+    y: Tensor,
+    *,
+    generator: torch.Generator,
+    size: int | None = None,
+    fraction: float | None = None,
+    classes: Sequence[int] | None = None,
+    exclude: Tensor | None = None,
+) -> Tensor:
     """Draw an auxiliary set (sorted row indices) by count or by fraction of the rows.
 
     ``classes`` restricts the draw to some classes, which gives an out-of-distribution

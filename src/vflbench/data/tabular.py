@@ -34,21 +34,57 @@ CREDIT_FOLDER = "uci_credit_default"
 CREDIT_FILE = "UCI_Credit_Card.csv"
 CREDIT_SHA256 = {CREDIT_FILE: "a0f0ab49d6326671d6cd83be5c88dcf18007025fe9a53ecd699119c871176ca1"}
 CREDIT_FEATURES = (
-    "LIMIT_BAL", "SEX", "EDUCATION", "MARRIAGE", "AGE",
-    "PAY_0", "PAY_2", "PAY_3", "PAY_4", "PAY_5", "PAY_6",
-    "BILL_AMT1", "BILL_AMT2", "BILL_AMT3", "BILL_AMT4", "BILL_AMT5", "BILL_AMT6",
-    "PAY_AMT1", "PAY_AMT2", "PAY_AMT3", "PAY_AMT4", "PAY_AMT5", "PAY_AMT6",
+    "LIMIT_BAL",
+    "SEX",
+    "EDUCATION",
+    "MARRIAGE",
+    "AGE",
+    "PAY_0",
+    "PAY_2",
+    "PAY_3",
+    "PAY_4",
+    "PAY_5",
+    "PAY_6",
+    "BILL_AMT1",
+    "BILL_AMT2",
+    "BILL_AMT3",
+    "BILL_AMT4",
+    "BILL_AMT5",
+    "BILL_AMT6",
+    "PAY_AMT1",
+    "PAY_AMT2",
+    "PAY_AMT3",
+    "PAY_AMT4",
+    "PAY_AMT5",
+    "PAY_AMT6",
 )
 CREDIT_LABEL = "default.payment.next.month"
-_CREDIT_SRC = ("the Kaggle CSV conversion of UCI dataset 350, "
-               "https://archive.ics.uci.edu/dataset/350/default+of+credit+card+clients")
+_CREDIT_SRC = (
+    "the Kaggle CSV conversion of UCI dataset 350, "
+    "https://archive.ics.uci.edu/dataset/350/default+of+credit+card+clients"
+)
 
 BANK_FOLDER = "bank_marketing"
 BANK_FILE = "bank-full.csv"
-BANK_FEATURES = ("age", "job", "marital", "education", "default", "balance", "housing", "loan",
-                 "contact", "day", "month", "duration", "campaign", "pdays", "previous", "poutcome")
-BANK_CATEGORICAL = ("job", "marital", "education", "default", "housing", "loan", "contact",
-                    "month", "poutcome")
+BANK_FEATURES = (
+    "age",
+    "job",
+    "marital",
+    "education",
+    "default",
+    "balance",
+    "housing",
+    "loan",
+    "contact",
+    "day",
+    "month",
+    "duration",
+    "campaign",
+    "pdays",
+    "previous",
+    "poutcome",
+)
+BANK_CATEGORICAL = ("job", "marital", "education", "default", "housing", "loan", "contact", "month", "poutcome")
 BANK_LABEL = "y"
 _BANK_SRC = "https://archive.ics.uci.edu/dataset/222/bank+marketing"
 
@@ -77,8 +113,9 @@ def _check_columns(name: str, path: Path, df: pd.DataFrame, expected: Sequence[s
     """Raise unless the file's columns are exactly ``expected``, in order."""
     found = [str(c) for c in df.columns]
     if found != list(expected):
-        raise DataError(f"{name}: {path} has the columns {found}; expected exactly "
-                        f"{list(expected)} (the published layout).")
+        raise DataError(
+            f"{name}: {path} has the columns {found}; expected exactly {list(expected)} (the published layout)."
+        )
 
 
 def _ordinal(values: pd.Series) -> tuple[np.ndarray, tuple[str, ...]]:
@@ -89,8 +126,11 @@ def _ordinal(values: pd.Series) -> tuple[np.ndarray, tuple[str, ...]]:
     return codes, categories
 
 
-def _encode_features(name: str, path: Path, df: pd.DataFrame,
-                     ) -> tuple[np.ndarray, dict[str, tuple[str, ...]]]:
+def _encode_features(
+    name: str,
+    path: Path,
+    df: pd.DataFrame,
+) -> tuple[np.ndarray, dict[str, tuple[str, ...]]]:
     """Float64 matrix of ``df``: numeric columns as they are, string columns as ordinal codes."""
     columns: list[np.ndarray] = []
     categories: dict[str, tuple[str, ...]] = {}
@@ -107,8 +147,10 @@ def _encode_features(name: str, path: Path, df: pd.DataFrame,
             categories[str(col)] = cats
             columns.append(codes)
     if bad:
-        raise DataError(f"{name}: {path} has missing or non-finite values in the numeric "
-                        f"columns {', '.join(bad)}; fill or drop those rows first.")
+        raise DataError(
+            f"{name}: {path} has missing or non-finite values in the numeric "
+            f"columns {', '.join(bad)}; fill or drop those rows first."
+        )
     x = np.stack(columns, axis=1) if columns else np.zeros((len(df), 0))
     return x, categories
 
@@ -116,57 +158,88 @@ def _encode_features(name: str, path: Path, df: pd.DataFrame,
 def _class_indices(name: str, path: Path, labels: pd.Series) -> tuple[np.ndarray, tuple[str, ...]]:
     """Map a label column to indices over its sorted distinct values."""
     if labels.isna().any():
-        raise DataError(f"{name}: the label column {labels.name!r} of {path} has "
-                        f"{int(labels.isna().sum())} missing values")
+        raise DataError(
+            f"{name}: the label column {labels.name!r} of {path} has {int(labels.isna().sum())} missing values"
+        )
     classes, y = np.unique(labels.to_numpy(), return_inverse=True)
     return y.astype(np.int64), tuple(str(c) for c in classes)
 
 
-def _split_checked(name: str, x: np.ndarray, y: np.ndarray, *, test_fraction: float,
-                   feature_names: tuple[str, ...], meta: dict[str, Any]) -> Dataset:
+def _split_checked(
+    name: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    test_fraction: float,
+    feature_names: tuple[str, ...],
+    meta: dict[str, Any],
+) -> Dataset:
     """Seeded stratified split (as the embedded datasets), with meta, errors as DataError."""
     counts = np.bincount(y) if len(y) else np.zeros(0, dtype=np.int64)
     if len(y) < 2 or (counts[counts > 0] < 2).any():
-        raise DataError(f"{name}: a stratified train/test split needs at least 2 rows of every "
-                        f"class; the class counts are {counts.tolist()}")
+        raise DataError(
+            f"{name}: a stratified train/test split needs at least 2 rows of every "
+            f"class; the class counts are {counts.tolist()}"
+        )
     try:
         ds = _split(name, "tabular", x, y, test_fraction=test_fraction, feature_names=feature_names)
     except ValueError as exc:
-        raise DataError(f"{name}: cannot split {len(y)} rows with test_fraction={test_fraction}: "
-                        f"{exc}") from None
+        raise DataError(f"{name}: cannot split {len(y)} rows with test_fraction={test_fraction}: {exc}") from None
     return replace(ds, meta=meta)
 
 
-@DATASETS.register("credit_default", constraints=SPLIT,
-                   summary="UCI default of credit card clients (CSV), 30,000 rows, 23 features, "
-                           "binary",
-                   kind="tabular", folder=CREDIT_FOLDER, files=(CREDIT_FILE,),
-                   sha256=CREDIT_SHA256, source=_CREDIT_SRC)
-def load_credit_default(*, root: Path | None = None, test_fraction: float = 0.2,
-                        verify: bool = True) -> Dataset:
+@DATASETS.register(
+    "credit_default",
+    constraints=SPLIT,
+    summary="UCI default of credit card clients (CSV), 30,000 rows, 23 features, binary",
+    kind="tabular",
+    folder=CREDIT_FOLDER,
+    files=(CREDIT_FILE,),
+    sha256=CREDIT_SHA256,
+    source=_CREDIT_SRC,
+)
+def load_credit_default(*, root: Path | None = None, test_fraction: float = 0.2, verify: bool = True) -> Dataset:
     """UCI "Default of Credit Card Clients" from ``UCI_Credit_Card.csv``.
 
     Drops ``ID``; the 23 features ``LIMIT_BAL`` ... ``PAY_AMT6`` stay in file order; the
     label is ``default.payment.next.month`` (1 = default). ``verify`` checks the file's SHA-256.
     """
-    base = require_files("credit_default", root, CREDIT_FOLDER, (CREDIT_FILE,),
-                         sha256=CREDIT_SHA256 if verify else None, source=_CREDIT_SRC)
+    base = require_files(
+        "credit_default",
+        root,
+        CREDIT_FOLDER,
+        (CREDIT_FILE,),
+        sha256=CREDIT_SHA256 if verify else None,
+        source=_CREDIT_SRC,
+    )
     path = base / CREDIT_FILE
     df = _read_csv("credit_default", path)
     _check_columns("credit_default", path, df, ("ID", *CREDIT_FEATURES, CREDIT_LABEL))
     y = df[CREDIT_LABEL].to_numpy()
     if not np.isin(y, (0, 1)).all():
-        raise DataError(f"credit_default: {path}: {CREDIT_LABEL} must be 0 or 1, "
-                        f"found {sorted(set(y.tolist()) - {0, 1})[:5]}")
+        raise DataError(
+            f"credit_default: {path}: {CREDIT_LABEL} must be 0 or 1, found {sorted(set(y.tolist()) - {0, 1})[:5]}"
+        )
     x, _ = _encode_features("credit_default", path, df[list(CREDIT_FEATURES)])
-    return _split_checked("credit_default", x, y.astype(np.int64), test_fraction=test_fraction,
-                          feature_names=CREDIT_FEATURES,
-                          meta={"classes": ("no default", "default")})
+    return _split_checked(
+        "credit_default",
+        x,
+        y.astype(np.int64),
+        test_fraction=test_fraction,
+        feature_names=CREDIT_FEATURES,
+        meta={"classes": ("no default", "default")},
+    )
 
 
-@DATASETS.register("bank_marketing", constraints=SPLIT,
-                   summary="UCI bank marketing (bank-full.csv), 45,211 rows, 16 features, binary",
-                   kind="tabular", folder=BANK_FOLDER, files=(BANK_FILE,), source=_BANK_SRC)
+@DATASETS.register(
+    "bank_marketing",
+    constraints=SPLIT,
+    summary="UCI bank marketing (bank-full.csv), 45,211 rows, 16 features, binary",
+    kind="tabular",
+    folder=BANK_FOLDER,
+    files=(BANK_FILE,),
+    source=_BANK_SRC,
+)
 def load_bank_marketing(*, root: Path | None = None, test_fraction: float = 0.2) -> Dataset:
     """UCI Bank Marketing from ``bank-full.csv`` (``;``-separated, quoted strings).
 
@@ -187,14 +260,25 @@ def load_bank_marketing(*, root: Path | None = None, test_fraction: float = 0.2)
     for col in BANK_CATEGORICAL:
         frame[col] = frame[col].astype(str)
     x, categories = _encode_features("bank_marketing", path, frame)
-    return _split_checked("bank_marketing", x, (labels == "yes").to_numpy(dtype=np.int64),
-                          test_fraction=test_fraction, feature_names=BANK_FEATURES,
-                          meta={"categories": categories, "classes": ("no", "yes")})
+    return _split_checked(
+        "bank_marketing",
+        x,
+        (labels == "yes").to_numpy(dtype=np.int64),
+        test_fraction=test_fraction,
+        feature_names=BANK_FEATURES,
+        meta={"categories": categories, "classes": ("no", "yes")},
+    )
 
 
-@DATASETS.register("rt_iot2022", constraints=SPLIT,
-                   summary="RT-IoT2022 network flows (CSV), 123,117 rows, 83 features, 12 classes",
-                   kind="tabular", folder=RT_IOT_FOLDER, files=(RT_IOT_FILE,), source=_RT_IOT_SRC)
+@DATASETS.register(
+    "rt_iot2022",
+    constraints=SPLIT,
+    summary="RT-IoT2022 network flows (CSV), 123,117 rows, 83 features, 12 classes",
+    kind="tabular",
+    folder=RT_IOT_FOLDER,
+    files=(RT_IOT_FILE,),
+    source=_RT_IOT_SRC,
+)
 def load_rt_iot2022(*, root: Path | None = None, test_fraction: float = 0.2) -> Dataset:
     """RT-IoT2022 from ``RT_IOT2022.csv`` (unnamed index column, 83 features, ``Attack_type``).
 
@@ -206,24 +290,31 @@ def load_rt_iot2022(*, root: Path | None = None, test_fraction: float = 0.2) -> 
     path = base / RT_IOT_FILE
     df = _read_csv("rt_iot2022", path, index_col=0)
     if RT_IOT_LABEL not in df.columns:
-        raise DataError(f"rt_iot2022: {path} has no label column {RT_IOT_LABEL!r}; its columns "
-                        f"are {[str(c) for c in df.columns]}")
+        raise DataError(
+            f"rt_iot2022: {path} has no label column {RT_IOT_LABEL!r}; its columns are {[str(c) for c in df.columns]}"
+        )
     features = df.drop(columns=[RT_IOT_LABEL])
     if features.shape[1] != RT_IOT_NUM_FEATURES:
-        raise DataError(f"rt_iot2022: {path} has {features.shape[1]} feature columns besides the "
-                        f"index and {RT_IOT_LABEL!r}; the published file has {RT_IOT_NUM_FEATURES}")
+        raise DataError(
+            f"rt_iot2022: {path} has {features.shape[1]} feature columns besides the "
+            f"index and {RT_IOT_LABEL!r}; the published file has {RT_IOT_NUM_FEATURES}"
+        )
     x, categories = _encode_features("rt_iot2022", path, features)
     y, classes = _class_indices("rt_iot2022", path, df[RT_IOT_LABEL].astype(str))
-    return _split_checked("rt_iot2022", x, y, test_fraction=test_fraction,
-                          feature_names=tuple(str(c) for c in features.columns),
-                          meta={"categories": categories, "classes": classes})
+    return _split_checked(
+        "rt_iot2022",
+        x,
+        y,
+        test_fraction=test_fraction,
+        feature_names=tuple(str(c) for c in features.columns),
+        meta={"categories": categories, "classes": classes},
+    )
 
 
 def _hash_codes(values: np.ndarray, buckets: int) -> np.ndarray:
     """Codes of one Criteo categorical column: 0 if missing, else 1 + crc32(value) % buckets."""
     codes, uniques = pd.factorize(values)
-    table = np.array([0 if u == "" else 1 + zlib.crc32(u.encode("utf-8")) % buckets
-                      for u in uniques], dtype=np.int64)
+    table = np.array([0 if u == "" else 1 + zlib.crc32(u.encode("utf-8")) % buckets for u in uniques], dtype=np.int64)
     return table[codes] if len(table) else np.zeros(len(values), dtype=np.int64)
 
 
@@ -241,9 +332,11 @@ def _read_criteo(path: Path, *, max_rows: int | None) -> np.ndarray:
                     continue
                 fields = line.split("\t")
                 if len(fields) != n_fields:
-                    raise DataError(f"criteo: {path}, line {number}: expected {n_fields} "
-                                    f"tab-separated fields (label, 13 integer, 26 categorical), "
-                                    f"found {len(fields)}")
+                    raise DataError(
+                        f"criteo: {path}, line {number}: expected {n_fields} "
+                        f"tab-separated fields (label, 13 integer, 26 categorical), "
+                        f"found {len(fields)}"
+                    )
                 rows.append(fields)
     except UnicodeDecodeError as exc:
         raise DataError(f"criteo: {path} is not a text file: {exc}") from None
@@ -253,12 +346,19 @@ def _read_criteo(path: Path, *, max_rows: int | None) -> np.ndarray:
     return raw
 
 
-@DATASETS.register("criteo", constraints=SPLIT,
-                   summary="Criteo display advertising sample (dac_sample.txt), 100,000 rows, "
-                           "13 numeric + 26 categorical features, binary",
-                   kind="tabular", folder=CRITEO_FOLDER, files=(CRITEO_FILE,), source=_CRITEO_SRC)
-def load_criteo(*, root: Path | None = None, hash_buckets: int = 1000, max_rows: int | None = None,
-                test_fraction: float = 0.2) -> Dataset:
+@DATASETS.register(
+    "criteo",
+    constraints=SPLIT,
+    summary="Criteo display advertising sample (dac_sample.txt), 100,000 rows, "
+    "13 numeric + 26 categorical features, binary",
+    kind="tabular",
+    folder=CRITEO_FOLDER,
+    files=(CRITEO_FILE,),
+    source=_CRITEO_SRC,
+)
+def load_criteo(
+    *, root: Path | None = None, hash_buckets: int = 1000, max_rows: int | None = None, test_fraction: float = 0.2
+) -> Dataset:
     """Criteo click logs from ``dac_sample.txt`` (tab-separated: label, I1-I13, C1-C26).
 
     Integer features: missing -> 0, negatives clipped to 0, then ``log(1 + x)``. Categorical
@@ -269,42 +369,64 @@ def load_criteo(*, root: Path | None = None, hash_buckets: int = 1000, max_rows:
     """
     if isinstance(hash_buckets, bool) or not isinstance(hash_buckets, int) or hash_buckets < 1:
         raise DataError(f"criteo: hash_buckets must be a positive integer, got {hash_buckets!r}")
-    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int)
-                                 or max_rows < 1):
+    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1):
         raise DataError(f"criteo: max_rows must be a positive integer or null, got {max_rows!r}")
     base = require_files("criteo", root, CRITEO_FOLDER, (CRITEO_FILE,), source=_CRITEO_SRC)
     path = base / CRITEO_FILE
     raw = _read_criteo(path, max_rows=max_rows)
     labels = raw[:, 0]
     if not np.isin(labels, ("0", "1")).all():
-        raise DataError(f"criteo: {path}: the first field (label) must be 0 or 1, found "
-                        f"{sorted(set(labels.tolist()) - {'0', '1'})[:5]}")
+        raise DataError(
+            f"criteo: {path}: the first field (label) must be 0 or 1, found "
+            f"{sorted(set(labels.tolist()) - {'0', '1'})[:5]}"
+        )
     ints = np.empty((len(raw), len(CRITEO_INT)), dtype=np.float64)
     for j, col in enumerate(CRITEO_INT):
         field = raw[:, 1 + j]
         try:
             values = np.where(field == "", "0", field).astype(np.int64)
         except (ValueError, OverflowError):
-            raise DataError(f"criteo: {path}: integer column {col} (field {2 + j}) holds "
-                            f"non-integer values") from None
+            raise DataError(f"criteo: {path}: integer column {col} (field {2 + j}) holds non-integer values") from None
         ints[:, j] = np.log1p(np.clip(values, 0, None).astype(np.float64))
-    cats = np.stack([_hash_codes(raw[:, 1 + len(CRITEO_INT) + j], hash_buckets)
-                     for j in range(len(CRITEO_CAT))], axis=1) if len(raw) else \
-        np.zeros((0, len(CRITEO_CAT)), dtype=np.int64)
+    cats = (
+        np.stack([_hash_codes(raw[:, 1 + len(CRITEO_INT) + j], hash_buckets) for j in range(len(CRITEO_CAT))], axis=1)
+        if len(raw)
+        else np.zeros((0, len(CRITEO_CAT)), dtype=np.int64)
+    )
     x = np.concatenate([ints, cats.astype(np.float64)], axis=1)
     categorical = tuple(range(len(CRITEO_INT), len(CRITEO_INT) + len(CRITEO_CAT)))
-    meta = {"categorical": categorical, "cardinalities": (hash_buckets + 1,) * len(CRITEO_CAT),
-            "hash_buckets": hash_buckets}
-    return _split_checked("criteo", x, (labels == "1").astype(np.int64),
-                          test_fraction=test_fraction, feature_names=CRITEO_INT + CRITEO_CAT,
-                          meta=meta)
+    meta = {
+        "categorical": categorical,
+        "cardinalities": (hash_buckets + 1,) * len(CRITEO_CAT),
+        "hash_buckets": hash_buckets,
+    }
+    return _split_checked(
+        "criteo",
+        x,
+        (labels == "1").astype(np.int64),
+        test_fraction=test_fraction,
+        feature_names=CRITEO_INT + CRITEO_CAT,
+        meta=meta,
+    )
 
 
-@DATASETS.register("csv", constraints=SPLIT, summary="any CSV file: options path, label, features, sep",
-                   kind="tabular", files=(), generic=True)
-def load_csv(*, root: Path | None = None, path: str | Path | None = None, label: str | None = None,
-             features: Sequence[str] | None = None, sep: str = ",",
-             test_fraction: float = 0.2) -> Dataset:
+@DATASETS.register(
+    "csv",
+    constraints=SPLIT,
+    summary="any CSV file: options path, label, features, sep",
+    kind="tabular",
+    files=(),
+    generic=True,
+)
+def load_csv(
+    *,
+    root: Path | None = None,
+    path: str | Path | None = None,
+    label: str | None = None,
+    features: Sequence[str] | None = None,
+    sep: str = ",",
+    test_fraction: float = 0.2,
+) -> Dataset:
     """Any CSV file with a header row: ``label`` names the class column.
 
     ``path`` is absolute or relative to the datasets root (to the working directory when no
@@ -314,27 +436,29 @@ def load_csv(*, root: Path | None = None, path: str | Path | None = None, label:
     missing values.
     """
     if path is None or label is None:
-        raise DataError("dataset 'csv' needs the options path (the CSV file, absolute or relative "
-                        "to the datasets root) and label (the name of its class column).")
+        raise DataError(
+            "dataset 'csv' needs the options path (the CSV file, absolute or relative "
+            "to the datasets root) and label (the name of its class column)."
+        )
     file = Path(path).expanduser()
     if not file.is_absolute() and root is not None:
         file = root / file
     if not file.is_file():
-        raise DataError(f"csv: no file {file} (path {str(path)!r}, datasets root {root}); give an "
-                        f"absolute path or one relative to the datasets root.")
+        raise DataError(
+            f"csv: no file {file} (path {str(path)!r}, datasets root {root}); give an "
+            f"absolute path or one relative to the datasets root."
+        )
     df = _read_csv("csv", file, sep=sep)
     present = [str(c) for c in df.columns]
     if df.empty:
         raise DataError(f"csv: {file} has no rows: only a header (columns {present}); add the data rows")
     if label not in df.columns:
-        raise DataError(f"csv: {file} has no label column {label!r}; its columns are {present} "
-                        f"(separator {sep!r}).")
+        raise DataError(f"csv: {file} has no label column {label!r}; its columns are {present} (separator {sep!r}).")
     if features is None:
         chosen = [c for c in df.columns if c != label]
     else:
         if isinstance(features, str):
-            raise DataError(f"csv: features must be a list of column names, "
-                            f"got the string {features!r}")
+            raise DataError(f"csv: features must be a list of column names, got the string {features!r}")
         missing = [f for f in features if f not in df.columns]
         if missing:
             raise DataError(f"csv: {file} has no columns {missing}; its columns are {present}.")
@@ -346,11 +470,17 @@ def load_csv(*, root: Path | None = None, path: str | Path | None = None, label:
     x, categories = _encode_features("csv", file, df[chosen])
     y, classes = _class_indices("csv", file, df[label])
     if len(classes) < 2:
-        raise DataError(f"csv: the label column {label!r} of {file} holds one class ({classes[0]!r}) in all "
-                        f"{len(y)} rows; a classifier needs at least two classes (is {label!r} the class column?)")
+        raise DataError(
+            f"csv: the label column {label!r} of {file} holds one class ({classes[0]!r}) in all "
+            f"{len(y)} rows; a classifier needs at least two classes (is {label!r} the class column?)"
+        )
     if categories:
         log.info("csv: %s: string columns %s encoded as ordinal codes", file, ", ".join(categories))
-    return _split_checked("csv", x, y, test_fraction=test_fraction,
-                          feature_names=tuple(str(c) for c in chosen),
-                          meta={"categories": categories, "classes": classes, "path": str(file)})
-
+    return _split_checked(
+        "csv",
+        x,
+        y,
+        test_fraction=test_fraction,
+        feature_names=tuple(str(c) for c in chosen),
+        meta={"categories": categories, "classes": classes, "path": str(file)},
+    )

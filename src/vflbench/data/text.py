@@ -57,8 +57,7 @@ def build_vocab(texts: Sequence[list[str]], *, min_freq: int = 1) -> tuple[str, 
 
 def encode(texts: Sequence[list[str]], vocab: Sequence[str], *, max_len: int) -> torch.Tensor:
     """Token ids (N, max_len) int64: truncated to ``max_len``, unknown -> 1, padded with 0."""
-    lengths = np.fromiter((min(len(toks), max_len) for toks in texts), dtype=np.int64,
-                          count=len(texts))
+    lengths = np.fromiter((min(len(toks), max_len) for toks in texts), dtype=np.int64, count=len(texts))
     flat = [tok for toks in texts for tok in toks[:max_len]]
     ids = pd.Index(vocab).get_indexer(flat).astype(np.int64)  # -1 where unknown
     ids[ids < 0] = UNK
@@ -75,22 +74,29 @@ def _check_sizes(name: str, max_len: int, min_freq: int) -> None:
             raise DataError(f"{name}: {option} must be a positive integer, got {value!r}")
 
 
-def _text_dataset(name: str, train: tuple[list[str], list[str]], test: tuple[list[str], list[str]],
-                  classes: Sequence[str], *, max_len: int, min_freq: int) -> Dataset:
+def _text_dataset(
+    name: str,
+    train: tuple[list[str], list[str]],
+    test: tuple[list[str], list[str]],
+    classes: Sequence[str],
+    *,
+    max_len: int,
+    min_freq: int,
+) -> Dataset:
     """Tokenise, build the train-only vocabulary, and encode both splits."""
     index = {c: i for i, c in enumerate(classes)}
     tok_tr = [tokenize(t) for t in train[0]]
     tok_te = [tokenize(t) for t in test[0]]
     vocab = build_vocab(tok_tr, min_freq=min_freq)
     return Dataset(
-        name=name, kind="text",
+        name=name,
+        kind="text",
         x_train=encode(tok_tr, vocab, max_len=max_len),
         y_train=torch.tensor([index[c] for c in train[1]], dtype=torch.long),
         x_test=encode(tok_te, vocab, max_len=max_len),
         y_test=torch.tensor([index[c] for c in test[1]], dtype=torch.long),
         num_classes=len(classes),
-        meta={"vocab_size": len(vocab), "vocab": vocab, "max_len": max_len,
-              "classes": tuple(classes)},
+        meta={"vocab_size": len(vocab), "vocab": vocab, "max_len": max_len, "classes": tuple(classes)},
     )
 
 
@@ -110,19 +116,29 @@ def read_trec(path: Path, *, fine: bool) -> tuple[list[str], list[str]]:
             head, _, question = line.partition(" ")
             match = _TREC_LABEL.match(head)
             if match is None:
-                raise DataError(f"{path}, line {number}: expected 'COARSE:fine question...', "
-                                f"got {line[:60]!r}")
+                raise DataError(f"{path}, line {number}: expected 'COARSE:fine question...', got {line[:60]!r}")
             labels.append(head if fine else match.group(1))
             texts.append(question)
     return texts, labels
 
 
-@DATASETS.register("trec", summary="TREC question classification (Li & Roth), 5,452/500, "
-                                   "6 coarse or 50 fine classes",
-                   kind="text", folder=TREC_FOLDER, files=TREC_FILES, sha256=TREC_SHA256,
-                   source=_TREC_SRC)
-def load_trec(*, root: Path | None = None, labels: Literal["coarse", "fine"] = "coarse", max_len: int = 32,
-              min_freq: int = 1, verify: bool = True) -> Dataset:
+@DATASETS.register(
+    "trec",
+    summary="TREC question classification (Li & Roth), 5,452/500, 6 coarse or 50 fine classes",
+    kind="text",
+    folder=TREC_FOLDER,
+    files=TREC_FILES,
+    sha256=TREC_SHA256,
+    source=_TREC_SRC,
+)
+def load_trec(
+    *,
+    root: Path | None = None,
+    labels: Literal["coarse", "fine"] = "coarse",
+    max_len: int = 32,
+    min_freq: int = 1,
+    verify: bool = True,
+) -> Dataset:
     """TREC questions from ``train_5500.label`` (train) and ``TREC_10.label`` (test).
 
     ``labels``: ``"coarse"`` (6 classes) or ``"fine"`` (``COARSE:fine``, 50 classes); class
@@ -132,28 +148,30 @@ def load_trec(*, root: Path | None = None, labels: Literal["coarse", "fine"] = "
     if labels not in ("coarse", "fine"):
         raise DataError(f"trec: labels must be 'coarse' or 'fine', got {labels!r}")
     _check_sizes("trec", max_len, min_freq)
-    base = require_files("trec", root, TREC_FOLDER, TREC_FILES,
-                         sha256=TREC_SHA256 if verify else None, source=_TREC_SRC)
+    base = require_files(
+        "trec", root, TREC_FOLDER, TREC_FILES, sha256=TREC_SHA256 if verify else None, source=_TREC_SRC
+    )
     train = read_trec(base / TREC_FILES[0], fine=labels == "fine")
     test = read_trec(base / TREC_FILES[1], fine=labels == "fine")
     classes = sorted(set(train[1]))
     unseen = sorted(set(test[1]) - set(classes))
     if unseen:
-        raise DataError(f"trec: {base / TREC_FILES[1]} has labels {unseen} that never occur in "
-                        f"{base / TREC_FILES[0]}")
+        raise DataError(f"trec: {base / TREC_FILES[1]} has labels {unseen} that never occur in {base / TREC_FILES[0]}")
     return _text_dataset("trec", train, test, classes, max_len=max_len, min_freq=min_freq)
 
 
 def read_ag_news(path: Path, *, max_rows: int | None) -> tuple[list[str], list[str]]:
     """Texts (title + " " + description) and class names of an AG News ``.csv`` file."""
     try:
-        df = pd.read_csv(path, header=None, dtype=str, keep_default_na=False, na_filter=False,
-                         nrows=max_rows, encoding="utf-8")
+        df = pd.read_csv(
+            path, header=None, dtype=str, keep_default_na=False, na_filter=False, nrows=max_rows, encoding="utf-8"
+        )
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
         raise DataError(f"ag_news: cannot parse {path}: {exc}") from None
     if df.shape[1] != 3:
-        raise DataError(f"ag_news: {path} must have 3 quoted columns (class index 1-4, title, "
-                        f"description); found {df.shape[1]}")
+        raise DataError(
+            f"ag_news: {path} must have 3 quoted columns (class index 1-4, title, description); found {df.shape[1]}"
+        )
     names = {str(i + 1): c for i, c in enumerate(AG_NEWS_CLASSES)}
     bad = sorted(set(df[0]) - set(names))
     if bad:
@@ -162,21 +180,26 @@ def read_ag_news(path: Path, *, max_rows: int | None) -> tuple[list[str], list[s
     return texts, [names[c] for c in df[0]]
 
 
-@DATASETS.register("ag_news", summary="AG News topics (ag_news_csv), 120,000/7,600, 4 classes",
-                   kind="text", folder=AG_NEWS_FOLDER, files=AG_NEWS_FILES, source=_AG_NEWS_SRC)
-def load_ag_news(*, root: Path | None = None, max_len: int = 64, min_freq: int = 1,
-                 max_rows: int | None = None) -> Dataset:
+@DATASETS.register(
+    "ag_news",
+    summary="AG News topics (ag_news_csv), 120,000/7,600, 4 classes",
+    kind="text",
+    folder=AG_NEWS_FOLDER,
+    files=AG_NEWS_FILES,
+    source=_AG_NEWS_SRC,
+)
+def load_ag_news(
+    *, root: Path | None = None, max_len: int = 64, min_freq: int = 1, max_rows: int | None = None
+) -> Dataset:
     """AG News from ``train.csv``/``test.csv`` (rows ``"class","title","description"``).
 
     Class index 1-4 (World, Sports, Business, Sci/Tech) -> 0-3; the text is title + " " +
     description. ``max_rows`` reads only the first rows of each file.
     """
     _check_sizes("ag_news", max_len, min_freq)
-    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int)
-                                 or max_rows < 1):
+    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1):
         raise DataError(f"ag_news: max_rows must be a positive integer or null, got {max_rows!r}")
     base = require_files("ag_news", root, AG_NEWS_FOLDER, AG_NEWS_FILES, source=_AG_NEWS_SRC)
     train = read_ag_news(base / AG_NEWS_FILES[0], max_rows=max_rows)
     test = read_ag_news(base / AG_NEWS_FILES[1], max_rows=max_rows)
-    return _text_dataset("ag_news", train, test, AG_NEWS_CLASSES, max_len=max_len,
-                         min_freq=min_freq)
+    return _text_dataset("ag_news", train, test, AG_NEWS_CLASSES, max_len=max_len, min_freq=min_freq)

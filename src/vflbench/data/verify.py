@@ -30,8 +30,9 @@ class DatasetStatus:
     message: str
 
 
-def verify_datasets(root: str | Path | None, names: list[str] | None = None, *,
-                    infos: Mapping[str, Mapping[str, Any]] | None = None) -> list[DatasetStatus]:
+def verify_datasets(
+    root: str | Path | None, names: list[str] | None = None, *, infos: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[DatasetStatus]:
     """Check the files (and published checksums) of the datasets ``names`` under ``root``.
 
     ``root`` ``None`` falls back to ``$VFLBENCH_DATA``. ``names`` ``None`` checks every
@@ -54,8 +55,10 @@ def verify_datasets(root: str | Path | None, names: list[str] | None = None, *,
                 error = unknown_name("dataset", name, infos)
                 raise type(error)(f"{error}{closest(name, infos)}")
             if infos[name].get("generic"):
-                raise DataError(f"dataset {name!r} reads a file given as an option and has no "
-                                f"fixed files to verify; load it to check the file.")
+                raise DataError(
+                    f"dataset {name!r} reads a file given as an option and has no "
+                    f"fixed files to verify; load it to check the file."
+                )
         chosen = list(names)
     statuses: list[DatasetStatus] = []
     for name in chosen:
@@ -65,8 +68,9 @@ def verify_datasets(root: str | Path | None, names: list[str] | None = None, *,
         if not files or folder is None:
             statuses.append(DatasetStatus(name, "embedded", "shipped with the package; no files needed"))
             continue
-        check = check_files(name, base, folder, files, md5=info.get("md5"), sha256=info.get("sha256"),
-                            source=info.get("source", ""))
+        check = check_files(
+            name, base, folder, files, md5=info.get("md5"), sha256=info.get("sha256"), source=info.get("source", "")
+        )
         status: Status = "unverified" if check.status == "ok" and check.unchecked else check.status
         statuses.append(DatasetStatus(name, status, check.message))
     return statuses

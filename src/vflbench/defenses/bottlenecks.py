@@ -75,8 +75,10 @@ class _MIDTop(StoresLoss):
         return self.top(torch.cat(parts, 1))
 
 
-@DEFENSES.register(summary="Mutual Information regularization Defense: a variational bottleneck per "
-                                  "passive embedding at the active party (concat aggregation)")
+@DEFENSES.register(
+    summary="Mutual Information regularization Defense: a variational bottleneck per "
+    "passive embedding at the active party (concat aggregation)"
+)
 class MutualInformationDefense(Defense):
     """MID (Zou et al., 2023), as in the authors' VFLAIR code.
 
@@ -100,9 +102,10 @@ class MutualInformationDefense(Defense):
     threat = "label inference from passive embeddings, cut gradients or bottom models"
     strength_param = "weight"
     constraints: ClassVar[Mapping[str, Param]] = {
-        "weight": Param("the KL term's weight", ge=0), "std_shift": Param("shift of the bottleneck's standard "
-                                                                          "deviation"),
-        "bottleneck_scale": Param("the bottleneck's width, as a share of the embedding's", gt=0)}
+        "weight": Param("the KL term's weight", ge=0),
+        "std_shift": Param("shift of the bottleneck's standard deviation"),
+        "bottleneck_scale": Param("the bottleneck's width, as a share of the embedding's", gt=0),
+    }
     strength_direction = "larger is stronger"
 
     def __init__(self, *, weight: float = 1e-3, std_shift: float = 0.5, bottleneck_scale: float = 1.0) -> None:
@@ -113,8 +116,10 @@ class MutualInformationDefense(Defense):
     def bind(self, context: BindContext) -> None:  # noqa: D102
         super().bind(context)
         if context.algorithm == "vlr":
-            raise CompatibilityError("mid needs a top model on concatenated embeddings; VLR has none "
-                                     "(its identity top sums the bottoms' logits). Use vhnn or vsnn.")
+            raise CompatibilityError(
+                "mid needs a top model on concatenated embeddings; VLR has none "
+                "(its identity top sums the bottoms' logits). Use vhnn or vsnn."
+            )
         aggregation = context.aggregation
         if aggregation not in (None, "concat"):
             raise CompatibilityError(f"mid needs train.aggregation: concat, not {aggregation!r}")
@@ -128,8 +133,10 @@ class MutualInformationDefense(Defense):
     def wrap_top(self, model: nn.Module) -> nn.Module:  # noqa: D102
         layers = linear_layers(model)
         if isinstance(model, Identity) or not layers or not isinstance(layers[0], nn.Linear):
-            raise CompatibilityError("mid needs a top model that starts with a Linear layer on the concatenated "
-                                     "embeddings; the identity top (VLR) has none.")
+            raise CompatibilityError(
+                "mid needs a top model that starts with a Linear layer on the concatenated "
+                "embeddings; the identity top (VLR) has none."
+            )
         in_dim = layers[0].in_features
         order = ([ACTIVE] if ACTIVE in self.widths_ else []) + [p for p in self.widths_ if p != ACTIVE]
         widths = [self.widths_[p] for p in order]
@@ -138,16 +145,28 @@ class MutualInformationDefense(Defense):
         total = sum(w for w in widths if w is not None)
         if total != in_dim:
             if len(widths) > 1 and in_dim in widths:
-                raise CompatibilityError("mid needs train.aggregation: concat; with sum or mean the per-party "
-                                         "embeddings cannot be separated at the top model.")
-            raise CompatibilityError(f"mid cannot split the top model's input of width {in_dim} into the parties' "
-                                     f"embeddings (widths {dict(zip(order, widths, strict=True))}).")
+                raise CompatibilityError(
+                    "mid needs train.aggregation: concat; with sum or mean the per-party "
+                    "embeddings cannot be separated at the top model."
+                )
+            raise CompatibilityError(
+                f"mid cannot split the top model's input of width {in_dim} into the parties' "
+                f"embeddings (widths {dict(zip(order, widths, strict=True))})."
+            )
         slices: list[tuple[int, int, _MIDLayer | None]] = []
         start = 0
         for party, width in zip(order, widths, strict=True):
             assert width is not None
-            mid = None if party == ACTIVE else _MIDLayer(width, bottleneck_scale=self.bottleneck_scale,
-                                                         std_shift=self.std_shift, generator=self.context_.generator)
+            mid = (
+                None
+                if party == ACTIVE
+                else _MIDLayer(
+                    width,
+                    bottleneck_scale=self.bottleneck_scale,
+                    std_shift=self.std_shift,
+                    generator=self.context_.generator,
+                )
+            )
             slices.append((start, start + width, mid))
             start += width
         self.top_ = _MIDTop(model, slices)
@@ -200,14 +219,17 @@ class Precode(Defense):
 
     name = "precode"
     side = "passive"
-    paper = ("Scheliga, Maeder, Seeland, PRECODE - A Generic Model Extension to Prevent Deep Gradient Leakage "
-             "(WACV 2022)")
+    paper = (
+        "Scheliga, Maeder, Seeland, PRECODE - A Generic Model Extension to Prevent Deep Gradient Leakage (WACV 2022)"
+    )
     protects = ("features",)
     threat = "feature reconstruction (model inversion) from a passive party's embeddings"
     strength_param = None
 
-    constraints: ClassVar[Mapping[str, Param]] = {"beta": Param("the KL term's weight", ge=0),
-                                                  "bottleneck_dim": Param("the bottleneck's width", ge=1)}
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "beta": Param("the KL term's weight", ge=0),
+        "bottleneck_dim": Param("the bottleneck's width", ge=1),
+    }
 
     def __init__(self, *, beta: float = 1e-3, bottleneck_dim: int = 256) -> None:
         self.beta = beta
@@ -220,9 +242,9 @@ class Precode(Defense):
     def wrap_bottom(self, model: nn.Module, party: str) -> nn.Module:  # noqa: D102
         if party != self.context_.party:
             return model
-        self.bottleneck_ = VariationalBottleneck(model, needs_width(model, "precode"),
-                                                 bottleneck_dim=self.bottleneck_dim,
-                                                 generator=self.context_.generator)
+        self.bottleneck_ = VariationalBottleneck(
+            model, needs_width(model, "precode"), bottleneck_dim=self.bottleneck_dim, generator=self.context_.generator
+        )
         return self.bottleneck_
 
     def regularizer(self, state: StepState) -> Tensor | None:  # noqa: D102

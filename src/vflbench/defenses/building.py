@@ -55,6 +55,8 @@ def needs_width(model: nn.Module, defense: str) -> int:
     """:func:`output_width`, or a clear error naming ``defense`` when the model does not end in a Linear layer."""
     width = output_width(model)
     if width is None:
-        raise CompatibilityError(f"{defense} needs a bottom model that ends in a Linear layer (to know its "
-                                 f"embedding width); {type(model).__name__} does not.")
+        raise CompatibilityError(
+            f"{defense} needs a bottom model that ends in a Linear layer (to know its "
+            f"embedding width); {type(model).__name__} does not."
+        )
     return width

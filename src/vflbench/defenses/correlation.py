@@ -47,8 +47,10 @@ class DistanceCorrelationDefense(Defense):
     adaptive_attacks = ("embedding_extension",)
     threat = "label inference from passive embeddings or bottom models (model completion, clustering)"
     strength_param = "weight"
-    constraints: ClassVar[Mapping[str, Param]] = {"weight": Param("the dCor term's weight", ge=0),
-                                                  "form": Param("dcor (plain) or log (log dCor)")}
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "weight": Param("the dCor term's weight", ge=0),
+        "form": Param("dcor (plain) or log (log dCor)"),
+    }
     strength_direction = "larger is stronger"
 
     def __init__(self, *, weight: float = 0.15, form: DcorForm = "dcor") -> None:
@@ -78,19 +80,23 @@ class NoPeek(Defense):
 
     name = "nopeek"
     side = "passive"
-    paper = ("Vepakomma et al., NoPeek: Information leakage reduction to share activations in distributed "
-             "deep learning (2020)")
+    paper = (
+        "Vepakomma et al., NoPeek: Information leakage reduction to share activations in distributed "
+        "deep learning (2020)"
+    )
     protects = ("features",)
     threat = "feature reconstruction from a passive party's embeddings (model inversion, FSHA/DMAVFL-style)"
     strength_param = "alpha"
     constraints: ClassVar[Mapping[str, Param]] = {
         "alpha": Param("the dCor term's weight (in [0, 1] with weighting: convex)", ge=0),
         "weighting": Param("additive (loss + alpha dCor) or convex ((1 - alpha) loss + alpha dCor)"),
-        "form": Param("dcor (plain) or log (log dCor)")}
+        "form": Param("dcor (plain) or log (log dCor)"),
+    }
     strength_direction = "larger is stronger"
 
-    def __init__(self, *, alpha: float = 0.1, weighting: Literal["additive", "convex"] = "additive",
-                 form: DcorForm = "dcor") -> None:
+    def __init__(
+        self, *, alpha: float = 0.1, weighting: Literal["additive", "convex"] = "additive", form: DcorForm = "dcor"
+    ) -> None:
         if weighting == "convex" and alpha > 1:
             raise ValueError(f"with weighting 'convex' alpha must be in [0, 1], got {alpha}")
         self.alpha = alpha

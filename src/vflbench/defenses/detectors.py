@@ -68,12 +68,17 @@ from vflbench.protocol.messages import ACTIVE, passive_name
 from vflbench.protocol.objective import Objective
 from vflbench.registry import Param
 
-SPLITGUARD_PAPER = ("Erdogan, Küpçü, Çiçek, SplitGuard: Detecting and Mitigating Training-Hijacking Attacks in Split "
-                    "Learning (WPES 2022); ege-erdogan/splitguard")
-GS_PAPER = ("Fu et al., Focusing on Pinocchio's Nose: A Gradients Scrutinizer to Thwart Split-Learning Hijacking "
-            "Attacks Using Intrinsic Attributes (NDSS 2023); CGCL-codes/GradientsScrutinizer")
-DP_PAPER = ("Yao et al., DMAVFL (arXiv 2404.19582) §8, Table 9: epsilon-DP Laplace noise on received gradients; "
-            "Dwork 2006")
+SPLITGUARD_PAPER = (
+    "Erdogan, Küpçü, Çiçek, SplitGuard: Detecting and Mitigating Training-Hijacking Attacks in Split "
+    "Learning (WPES 2022); ege-erdogan/splitguard"
+)
+GS_PAPER = (
+    "Fu et al., Focusing on Pinocchio's Nose: A Gradients Scrutinizer to Thwart Split-Learning Hijacking "
+    "Attacks Using Intrinsic Attributes (NDSS 2023); CGCL-codes/GradientsScrutinizer"
+)
+DP_PAPER = (
+    "Yao et al., DMAVFL (arXiv 2404.19582) §8, Table 9: epsilon-DP Laplace noise on received gradients; Dwork 2006"
+)
 HIJACK_THREAT = "malicious active party sending hijacked cut gradients (FSHA, AGN, DMAVFL feature reconstruction)"
 
 
@@ -84,8 +89,9 @@ def _key(shared: torch.Generator) -> bytes:
 
 def _keyed_int(key: bytes, ids: Tensor, purpose: bytes) -> int:
     """A keyed 64-bit hash of a batch's ids (both sides compute the same value)."""
-    digest = hashlib.blake2b(np.asarray(ids.detach().cpu(), dtype=np.int64).tobytes() + purpose, digest_size=8,
-                             key=key).digest()
+    digest = hashlib.blake2b(
+        np.asarray(ids.detach().cpu(), dtype=np.int64).tobytes() + purpose, digest_size=8, key=key
+    ).digest()
     return int.from_bytes(digest, "little")
 
 
@@ -178,7 +184,8 @@ class Detector(Defense):
         "threshold": Param("the score at which a round is flagged"),
         "window": Param("scores averaged per decision", ge=1),
         "min_scores": Param("scores before the first decision (null: window)", ge=1),
-        "halt": Param("stop training when hijacking is detected (else only report it)")}
+        "halt": Param("stop training when hijacking is detected (else only report it)"),
+    }
 
     def __init__(self, *, threshold: float, window: int, min_scores: int | None = None, halt: bool = True) -> None:
         if min_scores is not None and min_scores < window:
@@ -229,9 +236,17 @@ class Detector(Defense):
             return {}
         flagged = sum(f for *_, f in self.decisions_)
         n = len(self.decisions_)
-        return {"party": self.context_.party, "decisions": n, "flagged": flagged, "rate": flagged / n if n else None,
-                "first_flag_step": self.detected_step_, "first_flag_epoch": self.detected_epoch_,
-                "halted": self.halted, "received": self.count_, "scores": len(self.scores_)}
+        return {
+            "party": self.context_.party,
+            "decisions": n,
+            "flagged": flagged,
+            "rate": flagged / n if n else None,
+            "first_flag_step": self.detected_step_,
+            "first_flag_epoch": self.detected_epoch_,
+            "halted": self.halted,
+            "received": self.count_,
+            "scores": len(self.scores_),
+        }
 
     def on_epoch_end(self, epoch: int) -> dict[str, Any]:  # noqa: D102
         if not self.passive:
@@ -248,8 +263,10 @@ class Detector(Defense):
         return out
 
 
-@DEFENSES.register(summary="SplitGuard: fake batches with randomised labels; halts when gradients "
-                                         "of fake and regular batches look alike")
+@DEFENSES.register(
+    summary="SplitGuard: fake batches with randomised labels; halts when gradients "
+    "of fake and regular batches look alike"
+)
 class SplitGuard(Detector):
     """SplitGuard (Erdogan et al. 2022) at each passive party, with the original constants.
 
@@ -285,13 +302,26 @@ class SplitGuard(Detector):
         "p_fake": Param("probability that a batch is a fake one", ge=0, le=1),
         "start": Param("batches before the first fake one", ge=0),
         "fake_fraction": Param("share of a fake batch's labels that are randomised", gt=0, le=1),
-        "mult": Param("SplitGuard's score multiplier"), "exp": Param("SplitGuard's score exponent"),
+        "mult": Param("SplitGuard's score multiplier"),
+        "exp": Param("SplitGuard's score exponent"),
         "shift": Param("SplitGuard's score shift"),
-        "vector": Param("what is compared: the passive party's parameter update or its embedding gradient")}
+        "vector": Param("what is compared: the passive party's parameter update or its embedding gradient"),
+    }
 
-    def __init__(self, *, p_fake: float = 0.1, start: int = 20, fake_fraction: float = 1.0, mult: float = 5.0,
-                 exp: float = 2.0, shift: float = 0.0, threshold: float = 0.9, window: int = 10,
-                 vector: Literal["parameter", "embedding"] = "parameter", halt: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        p_fake: float = 0.1,
+        start: int = 20,
+        fake_fraction: float = 1.0,
+        mult: float = 5.0,
+        exp: float = 2.0,
+        shift: float = 0.0,
+        threshold: float = 0.9,
+        window: int = 10,
+        vector: Literal["parameter", "embedding"] = "parameter",
+        halt: bool = True,
+    ) -> None:
         super().__init__(threshold=threshold, window=window, halt=halt)
         self.p_fake = p_fake
         self.start = start
@@ -347,8 +377,7 @@ class SplitGuard(Detector):
             return flat if flat.numel() == self._width else None
         assert self.model_ is not None and state.embedding is not None
         first = next(p for p in self.model_.parameters() if p.requires_grad)
-        (g,) = torch.autograd.grad(state.embedding, first, grad_outputs=gradient, retain_graph=True,
-                                   allow_unused=True)
+        (g,) = torch.autograd.grad(state.embedding, first, grad_outputs=gradient, retain_graph=True, allow_unused=True)
         return (torch.zeros_like(first) if g is None else g).detach().flatten().double()
 
     def on_received_gradient(self, gradient: Tensor, state: StepState) -> Tensor | None:  # noqa: D102
@@ -363,8 +392,12 @@ class SplitGuard(Detector):
             if v is not None:
                 self.fakes_.add(v)
                 if self.r1_.count and self.r2_.count:
-                    self.record(state, splitguard_score(self.fakes_, self.r1_, self.r2_, mult=self.mult,
-                                                        exp=self.exp, shift=self.shift))
+                    self.record(
+                        state,
+                        splitguard_score(
+                            self.fakes_, self.r1_, self.r2_, mult=self.mult, exp=self.exp, shift=self.shift
+                        ),
+                    )
             return None
         if v is not None:
             coin = float(torch.rand((), generator=self.context_.generator))
@@ -398,8 +431,9 @@ def _iou(a_lo: float, a_hi: float, b_lo: float, b_hi: float) -> float:
     return inter / (max(a_hi, b_hi) - min(a_lo, b_lo))
 
 
-def scrutinizer_score(diff_mean: list[float], same_mean: list[float], diff_std: list[float], same_std: list[float],
-                      i: int) -> float:
+def scrutinizer_score(
+    diff_mean: list[float], same_mean: list[float], diff_std: list[float], same_std: list[float], i: int
+) -> float:
     """Gradients Scrutinizer's detection score at record ``i`` (original constants, ``util.py``).
 
     ``gap = (same - diff)/(same + diff)`` of the mean similarities at record i; ``err`` = the
@@ -410,8 +444,9 @@ def scrutinizer_score(diff_mean: list[float], same_mean: list[float], diff_std: 
     """
     gap = (same_mean[i] - diff_mean[i]) / (same_mean[i] + diff_mean[i])
     err = (_polyfit_rms(np.asarray(diff_mean[:i])) + _polyfit_rms(np.asarray(same_mean[:i]))) / 2
-    iou = _iou(same_mean[i] - same_std[i], same_mean[i] + same_std[i], diff_mean[i] - diff_std[i],
-               diff_mean[i] + diff_std[i])
+    iou = _iou(
+        same_mean[i] - same_std[i], same_mean[i] + same_std[i], diff_mean[i] - diff_std[i], diff_mean[i] + diff_std[i]
+    )
     m_gap = 0.0 if gap == 0 else gap / abs(gap) ** GS_GAP_POWER
     m_err = -math.log(GS_ERR_SCALE * err + GS_ERR_EPS)
     m_iou = -math.log(iou + GS_IOU_EPS)
@@ -422,8 +457,9 @@ def scrutinizer_score(diff_mean: list[float], same_mean: list[float], diff_std: 
 URVFL_GS = {"err_scale": 9.0, "err_eps": math.exp(-3), "gap_power": 0.8, "steepness": 6.0, "offset": 0.7}
 
 
-def urvfl_scrutinizer_terms(diff_mean: list[float], same_mean: list[float], diff_std: list[float],
-                            same_std: list[float], i: int) -> tuple[float, float, float]:
+def urvfl_scrutinizer_terms(
+    diff_mean: list[float], same_mean: list[float], diff_std: list[float], same_std: list[float], i: int
+) -> tuple[float, float, float]:
     """The three factors ``(m_gap, m_err, m_iou)`` of URVFL's score at record ``i``
     (:func:`urvfl_scrutinizer_score`); their product must exceed 0.7 + ln(4)/6 = 0.93 for a score above 0.8."""
     gap = (same_mean[i] - diff_mean[i]) / (same_mean[i] + diff_mean[i])
@@ -437,8 +473,9 @@ def urvfl_scrutinizer_terms(diff_mean: list[float], same_mean: list[float], diff
     return float(m_gap), m_err, m_iou
 
 
-def urvfl_scrutinizer_score(diff_mean: list[float], same_mean: list[float], diff_std: list[float],
-                            same_std: list[float], i: int) -> float:
+def urvfl_scrutinizer_score(
+    diff_mean: list[float], same_mean: list[float], diff_std: list[float], same_std: list[float], i: int
+) -> float:
     """URVFL's port of the score (``util.py::detection_score_compute``), for comparison only.
 
     Its constants (``e^-3``, 9, 0.8, 6) and its IoU ``(diff_max - same_min)/(same_max - diff_min)``
@@ -488,11 +525,21 @@ class GradientScrutinizer(Detector):
         "every": Param("steps between scoring rounds", ge=1),
         "start": Param("steps before the first scoring round (a degree-2 fit needs 3)", ge=3),
         "variant": Param("original (Pan et al.) or urvfl (URVFL's reimplementation)"),
-        "lag": Param("steps between the gradients compared (null: every - 1)", ge=0)}
+        "lag": Param("steps between the gradients compared (null: every - 1)", ge=0),
+    }
 
-    def __init__(self, *, every: int = 50, start: int = 50, threshold: float = 0.5, window: int = 1,
-                 variant: Literal["original", "urvfl"] = "original", lag: int = 0,
-                 min_scores: int | None = None, halt: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        every: int = 50,
+        start: int = 50,
+        threshold: float = 0.5,
+        window: int = 1,
+        variant: Literal["original", "urvfl"] = "original",
+        lag: int = 0,
+        min_scores: int | None = None,
+        halt: bool = True,
+    ) -> None:
         super().__init__(threshold=threshold, window=window, min_scores=min_scores, halt=halt)
         self.every = every
         self.start = start
@@ -512,8 +559,10 @@ class GradientScrutinizer(Detector):
 
     def _link(self) -> Endpoint:
         if self.context_.link is None:
-            raise RuntimeError("gradient_scrutinizer: bound without a channel endpoint (BindContext.link); "
-                               "build_federation provides it")
+            raise RuntimeError(
+                "gradient_scrutinizer: bound without a channel endpoint (BindContext.link); "
+                "build_federation provides it"
+            )
         return self.context_.link
 
     def transform_labels(self, objective: Objective) -> Objective:
@@ -521,10 +570,12 @@ class GradientScrutinizer(Detector):
         docstring); soft labels from a defense listed earlier are refused."""
         t = objective.targets
         if t.dtype.is_floating_point or t.dim() != 1:
-            raise ConfigError(f"gradient_scrutinizer groups the received gradients by class label, but the training "
-                              f"targets it is given are not class indices ({t.dtype}, shape {tuple(t.shape)}): a "
-                              "defense listed before it in 'defenses' replaced them by soft labels (e.g. labobf). "
-                              "List gradient_scrutinizer before that defense, or leave one of them out")
+            raise ConfigError(
+                f"gradient_scrutinizer groups the received gradients by class label, but the training "
+                f"targets it is given are not class indices ({t.dtype}, shape {tuple(t.shape)}): a "
+                "defense listed before it in 'defenses' replaced them by soft labels (e.g. labobf). "
+                "List gradient_scrutinizer before that defense, or leave one of them out"
+            )
         link = self._link()
         for i in range(1, self.context_.num_parties):
             link.post(self.shared_key, passive_name(i), t.detach().clone())
@@ -577,12 +628,28 @@ class GradientScrutinizerDMAVFL(GradientScrutinizer):
 
     name = "gradient_scrutinizer_dmavfl"
 
-    def __init__(self, *, every: int = 50, start: int = 50, threshold: float = 0.8, window: int = 5,
-                 variant: Literal["original", "urvfl"] = "urvfl", lag: int | None = None,
-                 min_scores: int | None = None, halt: bool = True) -> None:
-        super().__init__(every=every, start=start, threshold=threshold, window=window, variant=variant,
-                         lag=every - 1 if lag is None else lag,
-                         min_scores=window + 1 if min_scores is None else min_scores, halt=halt)
+    def __init__(
+        self,
+        *,
+        every: int = 50,
+        start: int = 50,
+        threshold: float = 0.8,
+        window: int = 5,
+        variant: Literal["original", "urvfl"] = "urvfl",
+        lag: int | None = None,
+        min_scores: int | None = None,
+        halt: bool = True,
+    ) -> None:
+        super().__init__(
+            every=every,
+            start=start,
+            threshold=threshold,
+            window=window,
+            variant=variant,
+            lag=every - 1 if lag is None else lag,
+            min_scores=window + 1 if min_scores is None else min_scores,
+            halt=halt,
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -614,7 +681,8 @@ class ReceivedGradientDP(Defense):
 
     constraints: ClassVar[Mapping[str, Param]] = {
         "epsilon": Param("the privacy budget per sample (.inf: no noise)", gt=0, inf=True),
-        "clip": Param("the per-sample gradient norm bound", gt=0)}
+        "clip": Param("the per-sample gradient norm bound", gt=0),
+    }
 
     def __init__(self, *, epsilon: float = 1.0, clip: float = 1.0) -> None:
         self.epsilon = epsilon
@@ -636,5 +704,12 @@ class ReceivedGradientDP(Defense):
         return noisy.to(gradient.dtype).view_as(gradient)
 
 
-__all__ = ["Detector", "GradientScrutinizer", "ReceivedGradientDP", "SplitGuard", "scrutinizer_score",
-           "splitguard_score", "urvfl_scrutinizer_score"]
+__all__ = [
+    "Detector",
+    "GradientScrutinizer",
+    "ReceivedGradientDP",
+    "SplitGuard",
+    "scrutinizer_score",
+    "splitguard_score",
+    "urvfl_scrutinizer_score",
+]

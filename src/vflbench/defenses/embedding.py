@@ -58,8 +58,17 @@ class PassportLayer(nn.Module):
     skey: Tensor
     bkey: Tensor
 
-    def __init__(self, in_dim: int, out_dim: int, *, hidden: int, key_loc: float, key_scale: float,
-                 num_passport: int, generator: torch.Generator) -> None:
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        *,
+        hidden: int,
+        key_loc: float,
+        key_scale: float,
+        num_passport: int,
+        generator: torch.Generator,
+    ) -> None:
         super().__init__()
         self.linear1 = nn.Linear(in_dim, hidden)
         self.linear2 = nn.Linear(hidden, out_dim)
@@ -81,8 +90,7 @@ class PassportLayer(nn.Module):
         return torch.tanh(self._from_key(self.skey)) * out + torch.tanh(self._from_key(self.bkey))
 
 
-@DEFENSES.register(summary="FedPass: private passport layers after each bottom model "
-                                      "(and at the active party)")
+@DEFENSES.register(summary="FedPass: private passport layers after each bottom model (and at the active party)")
 class FedPass(Defense):
     """FedPass (Gu et al., IJCAI 2023), after FATE's passport blocks.
 
@@ -98,20 +106,30 @@ class FedPass(Defense):
 
     name = "fedpass"
     side = "both"
-    paper = ("Gu et al., FedPass: Privacy-Preserving Vertical Federated Deep Learning with Adaptive Obfuscation "
-             "(IJCAI 2023)")
+    paper = (
+        "Gu et al., FedPass: Privacy-Preserving Vertical Federated Deep Learning with Adaptive Obfuscation (IJCAI 2023)"
+    )
     protects = ("features", "labels")
     threat = "feature reconstruction and label inference from embeddings, gradients or bottom models"
     strength_param = "key_scale"
     constraints: ClassVar[Mapping[str, Param]] = {
         "key_scale": Param("standard deviation of the passport keys", ge=0),
-        "key_loc": Param("mean of the passport keys"), "hidden": WIDTH,
+        "key_loc": Param("mean of the passport keys"),
+        "hidden": WIDTH,
         "num_passport": Param("passport layers", ge=1),
-        "active_passport": Param("where the active party's passport sits: bottom, top or none")}
+        "active_passport": Param("where the active party's passport sits: bottom, top or none"),
+    }
     strength_direction = "larger is stronger"
 
-    def __init__(self, *, key_scale: float = 1.0, key_loc: float = -1.0, hidden: int = 128, num_passport: int = 1,
-                 active_passport: Literal["bottom", "top", "none"] = "bottom") -> None:
+    def __init__(
+        self,
+        *,
+        key_scale: float = 1.0,
+        key_loc: float = -1.0,
+        hidden: int = 128,
+        num_passport: int = 1,
+        active_passport: Literal["bottom", "top", "none"] = "bottom",
+    ) -> None:
         self.key_scale = key_scale
         self.key_loc = key_loc
         self.hidden = hidden
@@ -119,8 +137,15 @@ class FedPass(Defense):
         self.active_passport = active_passport
 
     def _passport(self, in_dim: int, out_dim: int) -> PassportLayer:
-        return PassportLayer(in_dim, out_dim, hidden=self.hidden, key_loc=self.key_loc, key_scale=self.key_scale,
-                             num_passport=self.num_passport, generator=self.context_.generator)
+        return PassportLayer(
+            in_dim,
+            out_dim,
+            hidden=self.hidden,
+            key_loc=self.key_loc,
+            key_scale=self.key_scale,
+            num_passport=self.num_passport,
+            generator=self.context_.generator,
+        )
 
     def wrap_bottom(self, model: nn.Module, party: str) -> nn.Module:  # noqa: D102
         if party != self.context_.party or (party == ACTIVE and self.active_passport != "bottom"):
@@ -133,7 +158,9 @@ class FedPass(Defense):
             return model
         layers = linear_layers(model)
         if not layers or not isinstance(layers[0], nn.Linear):
-            raise CompatibilityError("fedpass with active_passport: top needs a top model that starts with a "
-                                     "Linear layer (to know its input width); use active_passport: bottom.")
+            raise CompatibilityError(
+                "fedpass with active_passport: top needs a top model that starts with a "
+                "Linear layer (to know its input width); use active_passport: bottom."
+            )
         width = layers[0].in_features
         return nn.Sequential(self._passport(width, width), model)

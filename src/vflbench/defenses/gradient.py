@@ -92,7 +92,8 @@ class IsotropicNoise(_CutGradientDefense):
     paper = LI
     strength_param = "alpha"
     constraints: ClassVar[Mapping[str, Param]] = {
-        "alpha": Param("noise standard deviation, in units of the batch's largest gradient norm per coordinate", ge=0)}
+        "alpha": Param("noise standard deviation, in units of the batch's largest gradient norm per coordinate", ge=0)
+    }
     strength_direction = "larger is stronger"
 
     def __init__(self, *, alpha: float = 1.0) -> None:
@@ -139,8 +140,9 @@ class MaxNorm(_CutGradientDefense):
 # ------------------------------------------------------------------------------------- Marvell
 
 
-def marvell_objective(l10: float, l20: float, l11: float, l21: float, *, u: float, v: float, G: float,
-                      p: float, d: int) -> float:
+def marvell_objective(
+    l10: float, l20: float, l11: float, l21: float, *, u: float, v: float, G: float, p: float, d: int
+) -> float:
     """Li et al.'s symmetrised-KL surrogate (twice the sum of the two KLs plus 2d).
 
     ``(d-1)(l20+u)/(l21+v) + (d-1)(l21+v)/(l20+u) + (l10+u+G)/(l11+v) + (l11+v+G)/(l10+u)``,
@@ -290,9 +292,11 @@ class Marvell(_CutGradientDefense):
 
     def bind(self, context: BindContext) -> None:  # noqa: D102
         if context.num_classes != 2:
-            raise CompatibilityError(f"defense 'marvell' needs binary labels (Li et al.'s noise is derived for two "
-                                     f"classes), but the task has {context.num_classes} classes; use a binary "
-                                     f"dataset or another defense")
+            raise CompatibilityError(
+                f"defense 'marvell' needs binary labels (Li et al.'s noise is derived for two "
+                f"classes), but the task has {context.num_classes} classes; use a binary "
+                f"dataset or another defense"
+            )
         super().bind(context)
         self.single_class_batches_ = 0
         self.last_solution_: dict[str, float] = {}
@@ -319,8 +323,7 @@ class Marvell(_CutGradientDefense):
         if P <= 0:
             return gradient
         l10, l20, l11, l21 = marvell_solve(u, v, G, p, d, P)
-        self.last_solution_ = {"u": u, "v": v, "G": G, "p": p, "P": P,
-                               "l10": l10, "l20": l20, "l11": l11, "l21": l21}
+        self.last_solution_ = {"u": u, "v": v, "G": G, "p": p, "P": P, "l10": l10, "l20": l20, "l11": l11, "l21": l21}
         e = g_diff / math.sqrt(G)
         along = torch.where(pos, math.sqrt(l11), math.sqrt(l10)).double()
         perp = torch.where(pos, math.sqrt(l21), math.sqrt(l20)).double()
@@ -386,7 +389,9 @@ class DiscreteSGD(_CutGradientDefense):
     strength_param = "bins"
     constraints: ClassVar[Mapping[str, Param]] = {
         "bins": Param("quantisation levels", ge=1),
-        "mode": Param("kang (Kang et al.'s grid) or fu (Fu et al.'s)"), "bound": Param("the grid's bound", gt=0)}
+        "mode": Param("kang (Kang et al.'s grid) or fu (Fu et al.'s)"),
+        "bound": Param("the grid's bound", gt=0),
+    }
     strength_direction = "smaller is stronger"
 
     def __init__(self, *, bins: int = 6, mode: Literal["kang", "fu"] = "kang", bound: float = 3e-2) -> None:

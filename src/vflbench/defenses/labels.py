@@ -37,28 +37,39 @@ from vflbench.protocol.messages import ACTIVE
 from vflbench.protocol.objective import Objective, argmax_decode, soft_cross_entropy, softmax_scores
 from vflbench.registry import BATCH, LEARNING_RATE, Param
 
-LABEL_THREAT = ("label inference by a passive party: model completion on its trained bottom model and "
-                "gradient-based attacks (NS, DS, DL, RR, GI)")
+LABEL_THREAT = (
+    "label inference by a passive party: model completion on its trained bottom model and "
+    "gradient-based attacks (NS, DS, DL, RR, GI)"
+)
 
 
 def _class_labels(objective: Objective, defense: str) -> Tensor:
     """The objective's targets as class indices, or a clear error (a soft-label defense ran first)."""
     y = objective.targets
     if y.dtype != torch.long or y.dim() != 1:
-        raise ConfigError(f"defense {defense!r} needs class-index targets, but an earlier label defense turned "
-                          f"them into soft rows; list {defense!r} before it in `defenses`")
+        raise ConfigError(
+            f"defense {defense!r} needs class-index targets, but an earlier label defense turned "
+            f"them into soft rows; list {defense!r} before it in `defenses`"
+        )
     return y
 
 
-def _soft_objective(objective: Objective, targets: Tensor, name: str, *,
-                    decode: Callable[[Tensor], Tensor] = argmax_decode,
-                    scores: Callable[[Tensor], Tensor] = softmax_scores) -> Objective:
+def _soft_objective(
+    objective: Objective,
+    targets: Tensor,
+    name: str,
+    *,
+    decode: Callable[[Tensor], Tensor] = argmax_decode,
+    scores: Callable[[Tensor], Tensor] = softmax_scores,
+) -> Objective:
     """C outputs trained with soft cross-entropy on ``targets`` (N, C) rows."""
     if objective.name.startswith("mixup("):
-        raise ConfigError(f"defense {name.split('(')[0]!r} replaces the loss that 'mixup' mixes; "
-                          "list 'mixup' after it in `defenses`")
-    return objective.replace(targets=targets, out_dim=targets.shape[1], loss=soft_cross_entropy,
-                             decode=decode, scores=scores, name=name)
+        raise ConfigError(
+            f"defense {name.split('(')[0]!r} replaces the loss that 'mixup' mixes; list 'mixup' after it in `defenses`"
+        )
+    return objective.replace(
+        targets=targets, out_dim=targets.shape[1], loss=soft_cross_entropy, decode=decode, scores=scores, name=name
+    )
 
 
 # ------------------------------------------------------------------------------------ label DP
@@ -126,7 +137,8 @@ class LabelDP(Defense):
 
     constraints: ClassVar[Mapping[str, Param]] = {
         "epsilon": Param("the privacy budget (.inf: no protection)", ge=0, inf=True),
-        "prior": Param("the label prior of RR-with-prior: empirical or uniform")}
+        "prior": Param("the label prior of RR-with-prior: empirical or uniform"),
+    }
 
     def __init__(self, *, epsilon: float = 3.0, prior: Literal["empirical", "uniform"] = "empirical") -> None:
         self.epsilon = epsilon
@@ -139,8 +151,11 @@ class LabelDP(Defense):
         labels = _class_labels(objective, self.name)
         y = labels.cpu()  # drawn on the CPU from the CPU generator (the same draws on every device)
         c = self.context_.num_classes
-        prior = (torch.bincount(y, minlength=c).double() / len(y) if self.prior == "empirical"
-                 else torch.full((c,), 1.0 / c, dtype=torch.float64))
+        prior = (
+            torch.bincount(y, minlength=c).double() / len(y)
+            if self.prior == "empirical"
+            else torch.full((c,), 1.0 / c, dtype=torch.float64)
+        )
         noisy = rr_with_prior(y, prior, self.epsilon, self.context_.generator)
         self.flipped_ = float((noisy != y).double().mean())
         return objective.replace(targets=noisy.to(labels.device), name=f"label_dp({objective.name})")
@@ -207,8 +222,10 @@ class KDk(Defense):
 
     name = "kdk"
     side = "active"
-    paper = ("Arazzi, Nicolazzo, Nocera, KDk: A Defense Mechanism Against Label Inference Attacks in VFL "
-             "(arXiv 2404.12369, 2024); VMask App. B(4)")
+    paper = (
+        "Arazzi, Nicolazzo, Nocera, KDk: A Defense Mechanism Against Label Inference Attacks in VFL "
+        "(arXiv 2404.12369, 2024); VMask App. B(4)"
+    )
     protects = ("labels",)
     threat = LABEL_THREAT
     strength_param = "epsilon"
@@ -218,11 +235,21 @@ class KDk(Defense):
         "epsilon": Param("the label mass moved to the k nearest classes", ge=0, lt=1),
         "k": Param("classes that share the moved mass", ge=2),
         "teacher_model": Param("the teacher's bottom model (null: the task's)"),
-        "teacher_epochs": Param("the teacher's training epochs", ge=1), "teacher_lr": LEARNING_RATE,
-        "teacher_batch_size": BATCH}
+        "teacher_epochs": Param("the teacher's training epochs", ge=1),
+        "teacher_lr": LEARNING_RATE,
+        "teacher_batch_size": BATCH,
+    }
 
-    def __init__(self, *, epsilon: float = 0.45, k: int = 3, teacher_model: str | None = None,
-                 teacher_epochs: int = 20, teacher_lr: float = 1e-4, teacher_batch_size: int = 64) -> None:
+    def __init__(
+        self,
+        *,
+        epsilon: float = 0.45,
+        k: int = 3,
+        teacher_model: str | None = None,
+        teacher_epochs: int = 20,
+        teacher_lr: float = 1e-4,
+        teacher_batch_size: int = 64,
+    ) -> None:
         self.epsilon = epsilon
         self.k = k
         self.teacher_model = teacher_model
@@ -269,8 +296,15 @@ class KDk(Defense):
             if self.teacher_model is not None:
                 raise
             teacher = build_bottom("mlp2", part, c, g)  # e.g. image strips too small for LeNet-5
-        self.teacher_accuracy_ = train_classifier(teacher, part.x_train, self._labels, epochs=self.teacher_epochs,
-                                                  lr=self.teacher_lr, batch_size=self.teacher_batch_size, generator=g)
+        self.teacher_accuracy_ = train_classifier(
+            teacher,
+            part.x_train,
+            self._labels,
+            epochs=self.teacher_epochs,
+            lr=self.teacher_lr,
+            batch_size=self.teacher_batch_size,
+            generator=g,
+        )
         self._soft.copy_(kdk_soft_labels(predict(teacher, part.x_train), self._labels, self.epsilon, self.k))
         self.teacher_ = teacher
         self._part = None
@@ -281,8 +315,9 @@ class KDk(Defense):
         return {}
 
 
-def train_classifier(model: nn.Module, x: Tensor, y: Tensor, *, epochs: int, lr: float, batch_size: int,
-                     generator: torch.Generator) -> float:
+def train_classifier(
+    model: nn.Module, x: Tensor, y: Tensor, *, epochs: int, lr: float, batch_size: int, generator: torch.Generator
+) -> float:
     """KDk's teacher recipe: Adam, MultiStepLR x0.1 at 50%/80% of the epochs, cross-entropy; train accuracy."""
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     milestones = sorted({max(1, int(epochs * 0.5)), max(1, int(epochs * 0.8))})
@@ -304,7 +339,11 @@ def train_classifier(model: nn.Module, x: Tensor, y: Tensor, *, epochs: int, lr:
 
 #: Per number of classes: (epochs, sharpening temperature T, Adam lr), from the original script.
 COAE_RECIPES: dict[int, tuple[int, float, float]] = {
-    2: (50, 0.025, 5e-4), 5: (20, 0.025, 5e-4), 10: (75, 0.025, 5e-4), 20: (30, 0.028, 5e-4), 100: (50, 0.05, 1e-5),
+    2: (50, 0.025, 5e-4),
+    5: (20, 0.025, 5e-4),
+    10: (75, 0.025, 5e-4),
+    20: (30, 0.028, 5e-4),
+    100: (50, 0.05, 1e-5),
 }
 
 
@@ -348,8 +387,17 @@ class ConfusionalAutoEncoder(nn.Module):
         """Class probabilities recovered from soft fake labels (or predictions of them)."""
         return self.decoder(p).softmax(1)
 
-    def fit(self, *, entropy_weight: float, epochs: int, temperature: float, lr: float, samples: int,
-            batch_size: int, generator: torch.Generator) -> None:
+    def fit(
+        self,
+        *,
+        entropy_weight: float,
+        epochs: int,
+        temperature: float,
+        lr: float,
+        samples: int,
+        batch_size: int,
+        generator: torch.Generator,
+    ) -> None:
         """The original training: random near-one-hot rows, loss 10 CE(dec, y) - lambda H(enc) - CE(enc, y).
         Trains where the autoencoder's parameters are (the rows are drawn on the CPU and moved there)."""
         c = self.num_classes
@@ -362,8 +410,9 @@ class ConfusionalAutoEncoder(nn.Module):
             for start in range(0, samples, batch_size):
                 y = data[start : start + batch_size]
                 fake = self.encode(y)
-                loss = (10 * _onehot_ce(self.decode(fake), y) - entropy_weight * _mean_entropy(fake)
-                        - _onehot_ce(fake, y))
+                loss = (
+                    10 * _onehot_ce(self.decode(fake), y) - entropy_weight * _mean_entropy(fake) - _onehot_ce(fake, y)
+                )
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -393,8 +442,10 @@ class CoAE(Defense):
 
     name = "coae"
     side = "active"
-    paper = ("Zou, Liu et al., Defending Batch-Level Label Inference and Replacement Attacks in VFL "
-             "(IEEE Trans. Big Data 2022; arXiv 2112.05409, CoAE); VFLAIR CAE")
+    paper = (
+        "Zou, Liu et al., Defending Batch-Level Label Inference and Replacement Attacks in VFL "
+        "(IEEE Trans. Big Data 2022; arXiv 2112.05409, CoAE); VFLAIR CAE"
+    )
     protects = ("labels",)
     threat = LABEL_THREAT
     strength_param = "entropy_weight"
@@ -403,10 +454,13 @@ class CoAE(Defense):
     constraints: ClassVar[Mapping[str, Param]] = {
         "entropy_weight": Param("the entropy term's weight"),
         "epochs": Param("the autoencoder's training epochs (null: the paper's recipe)", ge=1),
-        "samples": Param("label vectors drawn to train the autoencoder", ge=1), "batch_size": BATCH}
+        "samples": Param("label vectors drawn to train the autoencoder", ge=1),
+        "batch_size": BATCH,
+    }
 
-    def __init__(self, *, entropy_weight: float = 1.0, epochs: int | None = None, samples: int = 30000,
-                 batch_size: int = 128) -> None:
+    def __init__(
+        self, *, entropy_weight: float = 1.0, epochs: int | None = None, samples: int = 30000, batch_size: int = 128
+    ) -> None:
         self.entropy_weight = entropy_weight
         self.epochs = epochs
         self.samples = samples
@@ -418,8 +472,15 @@ class CoAE(Defense):
         epochs, temperature, lr, hidden = coae_recipe(c)
         dev = y.device
         ae = ConfusionalAutoEncoder(c, hidden, self.context_.generator).to(dev)  # seeded on the CPU, then moved
-        ae.fit(entropy_weight=self.entropy_weight, epochs=self.epochs or epochs, temperature=temperature, lr=lr,
-               samples=self.samples, batch_size=self.batch_size, generator=self.context_.generator)
+        ae.fit(
+            entropy_weight=self.entropy_weight,
+            epochs=self.epochs or epochs,
+            temperature=temperature,
+            lr=lr,
+            samples=self.samples,
+            batch_size=self.batch_size,
+            generator=self.context_.generator,
+        )
         self.autoencoder_ = ae
         with torch.no_grad():
             codes = ae.encode(torch.eye(c, device=dev))
@@ -432,8 +493,13 @@ class CoAE(Defense):
             with torch.no_grad():
                 return ae.decode(outputs.softmax(1))
 
-        return _soft_objective(objective, codes[y], f"coae({objective.name})", scores=scores,
-                               decode=lambda outputs: scores(outputs).argmax(1))
+        return _soft_objective(
+            objective,
+            codes[y],
+            f"coae({objective.name})",
+            scores=scores,
+            decode=lambda outputs: scores(outputs).argmax(1),
+        )
 
     def on_epoch_end(self, epoch: int) -> dict[str, Any]:  # noqa: D102
         if epoch == 0:
@@ -479,8 +545,10 @@ class MixUpBottom(nn.Module):
     def forward(self, x: Tensor) -> Tensor:  # noqa: D102
         if self.training and self.defense is not None:
             if not torch.is_floating_point(x):
-                raise ConfigError("defense 'mixup' mixes input features, but this party's inputs are integer "
-                                  "codes (token ids or categories); remove mixup for this dataset")
+                raise ConfigError(
+                    "defense 'mixup' mixes input features, but this party's inputs are integer "
+                    "codes (token ids or categories); remove mixup for this dataset"
+                )
             x = self.defense.bottom_draw(len(x)).mix(x)
         return self.inner(x)
 
@@ -515,13 +583,17 @@ class MixUp(Defense):
     side = "both"
     paper = "Zhang et al., mixup: Beyond Empirical Risk Minimization (ICLR 2018); Kang et al. §7.2 eq. 20, §8.5.3"
     protects = ("features",)
-    threat = ("feature reconstruction of a passive party's inputs by the active party (model inversion; "
-              "Kang et al. §8.5.3); the mixed labels also blur label inference")
+    threat = (
+        "feature reconstruction of a passive party's inputs by the active party (model inversion; "
+        "Kang et al. §8.5.3); the mixed labels also blur label inference"
+    )
     strength_param = "n_mix"
     strength_direction = "larger is stronger"
 
-    constraints: ClassVar[Mapping[str, Param]] = {"n_mix": Param("rows mixed into each row", ge=1),
-                                                  "alpha": Param("the Dirichlet's concentration", gt=0)}
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "n_mix": Param("rows mixed into each row", ge=1),
+        "alpha": Param("the Dirichlet's concentration", gt=0),
+    }
 
     def __init__(self, *, n_mix: int = 2, alpha: float = 1.0) -> None:
         self.n_mix = n_mix
@@ -561,8 +633,10 @@ class MixUp(Defense):
         if self.n_mix == 1 or party != self.context_.party:
             return model
         if any(isinstance(m, nn.Embedding) for m in model.modules()):
-            raise ConfigError(f"defense 'mixup' mixes input features, but {party}'s bottom model embeds discrete "
-                              "codes (token ids or categories), which cannot be mixed; remove mixup here")
+            raise ConfigError(
+                f"defense 'mixup' mixes input features, but {party}'s bottom model embeds discrete "
+                "codes (token ids or categories), which cannot be mixed; remove mixup here"
+            )
         self._own_bottom = party == ACTIVE
         return MixUpBottom(model, self)
 

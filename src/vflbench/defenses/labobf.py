@@ -76,10 +76,14 @@ from vflbench.protocol.objective import Objective
 from vflbench.registry import Param
 
 log = logging.getLogger(__name__)
-PAPER = ("He et al., LabObf: A Label Protection Scheme for Vertical Federated Learning Through Label "
-         "Obfuscation (2024), §5 Algorithm 2, §6.3, §7.2")
-THREAT = ("label inference by a passive party from its bottom model / embeddings (model completion, "
-          "Fu et al.'s label inference attack)")
+PAPER = (
+    "He et al., LabObf: A Label Protection Scheme for Vertical Federated Learning Through Label "
+    "Obfuscation (2024), §5 Algorithm 2, §6.3, §7.2"
+)
+THREAT = (
+    "label inference by a passive party from its bottom model / embeddings (model completion, "
+    "Fu et al.'s label inference attack)"
+)
 #: Key of ``PartySlice.meta`` under which :meth:`LabObf.augment_features` records the index of the
 #: attribute column it appended to a party's features (what that party knows about its own data).
 ATTRIBUTE_COLUMN = "labobf_column"
@@ -103,8 +107,9 @@ def validate_soft_labels(soft_labels: object, num_classes: int | None = None) ->
     out: list[list[float]] = []
     for c, values in enumerate(soft_labels):
         if not isinstance(values, Sequence) or isinstance(values, str) or not values:
-            raise ValueError(f"soft_labels[{c}] must be a non-empty list of numbers (class {c}'s soft labels), "
-                             f"got {values!r}")
+            raise ValueError(
+                f"soft_labels[{c}] must be a non-empty list of numbers (class {c}'s soft labels), got {values!r}"
+            )
         row = []
         for v in values:
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
@@ -116,12 +121,16 @@ def validate_soft_labels(soft_labels: object, num_classes: int | None = None) ->
         for v in row:
             if v in owner:
                 who = "twice in the same class" if owner[v] == c else f"in classes {owner[v]} and {c}"
-                raise ValueError(f"soft label {v} appears {who}; every soft label must belong to exactly one "
-                                 f"class so that predictions decode")
+                raise ValueError(
+                    f"soft label {v} appears {who}; every soft label must belong to exactly one "
+                    f"class so that predictions decode"
+                )
             owner[v] = c
     if num_classes is not None and len(out) != num_classes:
-        raise ValueError(f"soft_labels has {len(out)} lists but the task has {num_classes} classes; "
-                         f"give one list of soft labels per class")
+        raise ValueError(
+            f"soft_labels has {len(out)} lists but the task has {num_classes} classes; "
+            f"give one list of soft labels per class"
+        )
     return out
 
 
@@ -159,8 +168,10 @@ def bin_of(total: Tensor, thresholds: Tensor) -> Tensor:
     return (total[:, None] > thresholds[None, :]).sum(1)
 
 
-@DEFENSES.register(summary="LabObf: train on intertwined soft labels chosen by the parties' random "
-                                     "attribute columns (He et al. Alg. 2)")
+@DEFENSES.register(
+    summary="LabObf: train on intertwined soft labels chosen by the parties' random "
+    "attribute columns (He et al. Alg. 2)"
+)
 class LabObf(Defense):
     """Label obfuscation (He et al., LabObf, §5 Algorithm 2); see the module docstring.
 
@@ -189,10 +200,18 @@ class LabObf(Defense):
         "per_class": Param("soft labels per class (2-4 advised, §7.2)", ge=1),
         "rand_max": Param("soft labels are drawn from 1..rand_max", ge=1),
         "false_attribute": Param("also shuffle which soft labels map to which class (the adaptive setting)"),
-        "normalise": Param("normalise the soft labels (null: the paper's choice for the task)")}
+        "normalise": Param("normalise the soft labels (null: the paper's choice for the task)"),
+    }
 
-    def __init__(self, *, soft_labels: list[list[float]] | None = None, per_class: int = 2, rand_max: int = 200,
-                 false_attribute: bool = False, normalise: bool | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        soft_labels: list[list[float]] | None = None,
+        per_class: int = 2,
+        rand_max: int = 200,
+        false_attribute: bool = False,
+        normalise: bool | None = None,
+    ) -> None:
         if soft_labels is not None:
             validate_soft_labels(soft_labels)
         self.soft_labels = soft_labels
@@ -227,9 +246,11 @@ class LabObf(Defense):
     def augment_features(self, part: PartySlice) -> PartySlice:
         """Append this party's random attribute column (Algorithm 2: ``X['rand'] = randint(0, 200)``)."""
         if part.kind != "tabular" or part.x_train.dim() != 2:
-            raise CompatibilityError(f"defense 'labobf' appends a random attribute column to tabular feature slices "
-                                     f"(the paper's setting), but party {self.context_.party!r} holds a "
-                                     f"{part.kind} slice of shape {tuple(part.sample_shape)}; use a tabular dataset")
+            raise CompatibilityError(
+                f"defense 'labobf' appends a random attribute column to tabular feature slices "
+                f"(the paper's setting), but party {self.context_.party!r} holds a "
+                f"{part.kind} slice of shape {tuple(part.sample_shape)}; use a tabular dataset"
+            )
         train, test = self.attribute(party_index(self.context_.party), len(part.x_train), len(part.x_test))
 
         def column(values: Tensor, like: Tensor) -> Tensor:
@@ -253,15 +274,20 @@ class LabObf(Defense):
 
     def transform_labels(self, objective: Objective) -> Objective:  # noqa: D102
         if self.normalise is None:  # the active party's instance, once per run
-            log.warning("labobf: normalise is not set, so every party's attribute column is rescaled to [-1, 1] "
-                        "(the library's default); He et al.'s Algorithm 2 and the reproduction configs "
-                        "(configs/repro/labobf_*.yaml) append the raw integer 0..%d (normalise: false), which "
-                        "gives different numbers. Set normalise: true or false to say which you mean.", self.rand_max)
+            log.warning(
+                "labobf: normalise is not set, so every party's attribute column is rescaled to [-1, 1] "
+                "(the library's default); He et al.'s Algorithm 2 and the reproduction configs "
+                "(configs/repro/labobf_*.yaml) append the raw integer 0..%d (normalise: false), which "
+                "gives different numbers. Set normalise: true or false to say which you mean.",
+                self.rand_max,
+            )
         labels = objective.targets
         y = labels.cpu()  # the soft labels are chosen on the CPU (the same on every device), then moved
         if y.dtype != torch.long or y.dim() != 1:
-            raise ConfigError("defense 'labobf' needs class-index targets, but an earlier label defense turned "
-                              "them into soft rows; list 'labobf' first in `defenses`")
+            raise ConfigError(
+                "defense 'labobf' needs class-index targets, but an earlier label defense turned "
+                "them into soft rows; list 'labobf' first in `defenses`"
+            )
         c = self.context_.num_classes
         if self.soft_labels is not None:
             table = validate_soft_labels(self.soft_labels, c)
@@ -275,11 +301,16 @@ class LabObf(Defense):
         for k in range(c):
             bins = len(table[k])
             thresholds = quantile_thresholds(pmf, bins)
-            mass = torch.diff(torch.cat([torch.zeros(1, dtype=torch.float64), pmf.cumsum(0)[thresholds],
-                                         torch.ones(1, dtype=torch.float64)]))
+            mass = torch.diff(
+                torch.cat(
+                    [torch.zeros(1, dtype=torch.float64), pmf.cumsum(0)[thresholds], torch.ones(1, dtype=torch.float64)]
+                )
+            )
             if bool((mass <= 0).any()):
-                raise ConfigError(f"defense 'labobf': rand_max={self.rand_max} is too small to split the attribute "
-                                  f"sum into {bins} non-empty bins; raise rand_max")
+                raise ConfigError(
+                    f"defense 'labobf': rand_max={self.rand_max} is too small to split the attribute "
+                    f"sum into {bins} non-empty bins; raise rand_max"
+                )
             rows = y == k
             sub[rows] = bin_of(total[rows], thresholds)
         values, owners = _flatten(table)
@@ -305,8 +336,7 @@ class LabObf(Defense):
         def scores(outputs: Tensor) -> Tensor:
             return (-distances(outputs) / tau).softmax(1).float()
 
-        return objective.replace(targets=targets, out_dim=1, loss=loss, decode=decode, scores=scores,
-                                 name="labobf_mse")
+        return objective.replace(targets=targets, out_dim=1, loss=loss, decode=decode, scores=scores, name="labobf_mse")
 
 
 def _flatten(table: list[list[float]]) -> tuple[Tensor, Tensor]:

@@ -101,8 +101,10 @@ from vflbench.protocol.messages import ACTIVE, Message, passive_name
 from vflbench.registry import Param
 
 
-@DEFENSES.register(summary="Paillier-encrypted interactive layer (ACML/BlindFL-style HE baseline): the "
-                                          "passive party never sees its cut gradient, layer weights or their gradients")
+@DEFENSES.register(
+    summary="Paillier-encrypted interactive layer (ACML/BlindFL-style HE baseline): the "
+    "passive party never sees its cut gradient, layer weights or their gradients"
+)
 class PaillierHE(Defense):
     """A Paillier-HE VFL training protocol (see the module docstring for the protocol).
 
@@ -120,18 +122,23 @@ class PaillierHE(Defense):
 
     name = "paillier_he"
     side = "both"
-    paper = ("Zhang & Zhu, Additively Homomorphical Encryption based Deep Neural Network for Asymmetrically "
-             "Collaborative Machine Learning (ACML, 2020); Fu et al., BlindFL (SIGMOD 2022); the HE baselines "
-             "of Table III in VMask (Tan et al., NDSS 2025)")
+    paper = (
+        "Zhang & Zhu, Additively Homomorphical Encryption based Deep Neural Network for Asymmetrically "
+        "Collaborative Machine Learning (ACML, 2020); Fu et al., BlindFL (SIGMOD 2022); the HE baselines "
+        "of Table III in VMask (Tan et al., NDSS 2025)"
+    )
     protects = ("labels",)
-    threat = ("label inference by the passive party from cut gradients, its bottom model's updates or weights "
-              "(cryptographic protection; the price is runtime)")
+    threat = (
+        "label inference by the passive party from cut gradients, its bottom model's updates or weights "
+        "(cryptographic protection; the price is runtime)"
+    )
     strength_param = None
 
     constraints: ClassVar[Mapping[str, Param]] = {
         "key_bits": Param("the Paillier modulus' size in bits (2048 for production)", ge=512, multiple_of=8),
         "precision": Param("fractional bits of the fixed-point encoding", ge=8, le=128),
-        "pool": Param("worker processes for the encryption (0: none)", ge=0)}
+        "pool": Param("worker processes for the encryption (0: none)", ge=0),
+    }
 
     def __init__(self, *, key_bits: int = 1024, precision: int = 32, pool: int = 0) -> None:
         self.key_bits = key_bits
@@ -159,15 +166,19 @@ class PaillierHE(Defense):
         if self.layout_ is not None and request.sender not in {p for p, _, _ in self.layout_}:
             layout, how, _ = self._layout(self.top_in_dim_)
             if how == "mean":
-                raise CompatibilityError("paillier_he with passive parties in other processes supports concat and "
-                                         "sum aggregation, not mean (the share count is fixed when the top is built)")
+                raise CompatibilityError(
+                    "paillier_he with passive parties in other processes supports concat and "
+                    "sum aggregation, not mean (the share count is fixed when the top is built)"
+                )
             self.layout_[:] = layout
         return reply
 
     def _link(self) -> Endpoint:
         if self.context_.link is None:
-            raise CompatibilityError("paillier_he needs a channel between the parties (BindContext.link); its halves "
-                                     "talk only through paillier.* messages")
+            raise CompatibilityError(
+                "paillier_he needs a channel between the parties (BindContext.link); its halves "
+                "talk only through paillier.* messages"
+            )
         return self.context_.link
 
     def attach_optimizer(self, optimizer: torch.optim.Optimizer, party: str) -> None:
@@ -196,8 +207,14 @@ class PaillierHE(Defense):
         link = KeyHolderLink(self._link())
 
         def encrypted(linear: nn.Linear) -> PaillierLinear:
-            return PaillierLinear(linear, public_key=link.public_key(linear.out_features), link=link,
-                                  precision=self.precision, generator=self.context_.generator, pool=self.pool)
+            return PaillierLinear(
+                linear,
+                public_key=link.public_key(linear.out_features),
+                link=link,
+                precision=self.precision,
+                generator=self.context_.generator,
+                pool=self.pool,
+            )
 
         layer = replace_last_linear(model, encrypted)
         assert isinstance(layer, PaillierLinear)
@@ -232,12 +249,15 @@ class PaillierHE(Defense):
         order = list(widths)
         how = self.context_.aggregation or ("sum" if self.context_.algorithm == "vlr" else None)
         if how is None:
-            if (in_dim is not None and None not in widths.values() and in_dim == sum(w or 0 for w in widths.values())) \
-                    or len(order) == 1:
+            if (
+                in_dim is not None and None not in widths.values() and in_dim == sum(w or 0 for w in widths.values())
+            ) or len(order) == 1:
                 how = "concat"
             else:
-                raise CompatibilityError("paillier_he supports concat aggregation (vhnn/vsnn) and sum (vlr); it cannot "
-                                         "tell sum from mean here (BindContext.aggregation is not set)")
+                raise CompatibilityError(
+                    "paillier_he supports concat aggregation (vhnn/vsnn) and sum (vlr); it cannot "
+                    "tell sum from mean here (BindContext.aggregation is not set)"
+                )
         layout: list[tuple[str, int, int]] = []
         start = 0
         for party in order:
@@ -258,8 +278,10 @@ class PaillierHE(Defense):
         if layer is None:
             return gradient
         if gradient.dtype != torch.uint8:
-            raise RuntimeError("paillier_he: the passive party received a plaintext cut gradient; the active "
-                               "party's paillier_he instance must be last among its defenses")
+            raise RuntimeError(
+                "paillier_he: the passive party received a plaintext cut gradient; the active "
+                "party's paillier_he instance must be last among its defenses"
+            )
         layer.receive_gradient(layer.ops.from_wire(gradient), self.precision)
         assert state.embedding is not None
         return torch.zeros_like(state.embedding)  # the share S has no plaintext gradient; the update is encrypted
@@ -280,9 +302,13 @@ class PaillierHE(Defense):
         if self.holder_ is not None:
             h = self.holder_
             side = self.traffic("train")
-            out: dict[str, Any] = {"side_bytes_up": side["up"], "side_bytes_down": side["down"],
-                                   "decrypted": sum(v for k, v in h.decrypted.items() if k != "oracle"),
-                                   "encrypted": h.encrypted, "rescales": h.refreshes}
+            out: dict[str, Any] = {
+                "side_bytes_up": side["up"],
+                "side_bytes_down": side["down"],
+                "decrypted": sum(v for k, v in h.decrypted.items() if k != "oracle"),
+                "encrypted": h.encrypted,
+                "rescales": h.refreshes,
+            }
             if epoch == 0:
                 out["keygen_seconds"] = h.keygen_seconds
             return out

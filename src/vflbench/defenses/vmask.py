@@ -112,6 +112,7 @@ def layer_conditions(model: nn.Module, x: Tensor, batch_size: int) -> list[Layer
     def hook(name: str) -> Any:
         def record(module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> None:
             seen.setdefault(name, (inputs[0].shape, inputs[0].requires_grad, output.shape))
+
         return record
 
     handles = [m.register_forward_hook(hook(n)) for n, m in layers]
@@ -132,9 +133,17 @@ def layer_conditions(model: nn.Module, x: Tensor, batch_size: int) -> list[Layer
         if isinstance(m, nn.Linear):
             per_row = max(1, in_shape.numel() // (rows * m.in_features))
             eq = batch_size * per_row
-            out.append(LayerCondition(i, name, "linear", f"B < n_in ({batch_size} < {m.in_features})",
-                                      batch_size < m.in_features, math.ceil((m.in_features + 1) / eq),
-                                      math.ceil(m.out_features / eq) if needs_grad else None))
+            out.append(
+                LayerCondition(
+                    i,
+                    name,
+                    "linear",
+                    f"B < n_in ({batch_size} < {m.in_features})",
+                    batch_size < m.in_features,
+                    math.ceil((m.in_features + 1) / eq),
+                    math.ceil(m.out_features / eq) if needs_grad else None,
+                )
+            )
             continue
         kh, kw = m.kernel_size
         ph, pw = m.padding if isinstance(m.padding, tuple) else (0, 0)
@@ -143,10 +152,17 @@ def layer_conditions(model: nn.Module, x: Tensor, batch_size: int) -> list[Layer
         secure = all(n > (size + 2 * p + s) / (s + 1) for n, size, p, s in ((kh, h, ph, sh), (kw, w, pw, sw)))
         fwd_rows = batch_size * int(out_shape[2]) * int(out_shape[3])
         bwd_rows = batch_size * h * w
-        out.append(LayerCondition(
-            i, name, "conv", f"n > (h+2p+s)/(s+1) on both axes (n={kh}x{kw}, h={h}x{w}, p={ph},{pw}, s={sh},{sw})",
-            secure, math.ceil((m.in_channels * kh * kw + 1) / fwd_rows),
-            math.ceil(m.out_channels * kh * kw / bwd_rows) if needs_grad else None))
+        out.append(
+            LayerCondition(
+                i,
+                name,
+                "conv",
+                f"n > (h+2p+s)/(s+1) on both axes (n={kh}x{kw}, h={h}x{w}, p={ph},{pw}, s={sh},{sw})",
+                secure,
+                math.ceil((m.in_channels * kh * kw + 1) / fwd_rows),
+                math.ceil(m.out_channels * kh * kw / bwd_rows) if needs_grad else None,
+            )
+        )
     return out
 
 
@@ -181,13 +197,16 @@ def _input_shape(party: str, text: object) -> tuple[int, ...]:
     except ValueError:
         shape = ()
     if not shape or min(shape) < 1 or math.prod(shape) > 1 << 31:
-        raise CompatibilityError(f"vmask: {party!r} sent input_shape {text!r} in vmask.setup; expected the shape of "
-                                 "one row of its slice as positive integers joined by commas (e.g. '1,28,14')")
+        raise CompatibilityError(
+            f"vmask: {party!r} sent input_shape {text!r} in vmask.setup; expected the shape of "
+            "one row of its slice as positive integers joined by commas (e.g. '1,28,14')"
+        )
     return shape
 
 
-def start_dealer(link: Endpoint, active_generator: torch.Generator, *,
-                 device: torch.device | None = None) -> DealerService:
+def start_dealer(
+    link: Endpoint, active_generator: torch.Generator, *, device: torch.device | None = None
+) -> DealerService:
     """Run VMask's trusted dealer at ``link`` (its own party, :data:`~vflbench.protocol.messages.DEALER`).
 
     Seeded as before the parties were split (from the first draw of the active VMask instance's
@@ -196,8 +215,9 @@ def start_dealer(link: Endpoint, active_generator: torch.Generator, *,
     where it computes and delivers its triples (drawn on the CPU: the same triples on every device).
     """
     seed = int(torch.randint(0, 2**62, (1,), generator=active_generator))
-    return DealerService(Dealer(torch.Generator().manual_seed(derive_seed(seed, "dealer")), name="vmask-dealer",
-                                device=device), link)
+    return DealerService(
+        Dealer(torch.Generator().manual_seed(derive_seed(seed, "dealer")), name="vmask-dealer", device=device), link
+    )
 
 
 @DEFENSES.register(summary="secret-shared layer masking with shadow-model layer selection under a privacy budget")
@@ -253,17 +273,32 @@ class VMask(Defense):
         "frac_bits": Param("fractional bits of the secret-shared fixed-point encoding"),
         "truncation": Param("how products are truncated in the secure layers"),
         "layers": Param("the layers to mask (null: chosen by the budget)"),
-        "attacker_view": Param("what a passive attacker's bottom model holds for a masked layer: reinit or its "
-                               "share (the recovered view is the attack vmask_weight_recovery)"),
-        "protocol": Param("the masked layers' protocol (null: beaver)")}
+        "attacker_view": Param(
+            "what a passive attacker's bottom model holds for a masked layer: reinit or its "
+            "share (the recovered view is the attack vmask_weight_recovery)"
+        ),
+        "protocol": Param("the masked layers' protocol (null: beaver)"),
+    }
 
-    def __init__(self, *, budget: float = 0.25, sigma: float = 0.01, aux_size: int | None = None,
-                 known_per_class: int = 4,
-                 mc_epochs: int = 20, mc_optimizer: Literal["sgd", "adam"] | None = None, mc_lr: float | None = None,
-                 mc_batch_size: int | Literal["full"] | None = None, mc_momentum: float | None = None,
-                 shadow_epochs: int = 1, frac_bits: int = 16,
-                 truncation: Truncation = "reveal", layers: list[int] | None = None,
-                 attacker_view: Literal["reinit", "share"] = "reinit", protocol: Protocol | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        budget: float = 0.25,
+        sigma: float = 0.01,
+        aux_size: int | None = None,
+        known_per_class: int = 4,
+        mc_epochs: int = 20,
+        mc_optimizer: Literal["sgd", "adam"] | None = None,
+        mc_lr: float | None = None,
+        mc_batch_size: int | Literal["full"] | None = None,
+        mc_momentum: float | None = None,
+        shadow_epochs: int = 1,
+        frac_bits: int = 16,
+        truncation: Truncation = "reveal",
+        layers: list[int] | None = None,
+        attacker_view: Literal["reinit", "share"] = "reinit",
+        protocol: Protocol | None = None,
+    ) -> None:
         self.budget = budget
         self.sigma = sigma
         self.aux_size = aux_size
@@ -281,13 +316,15 @@ class VMask(Defense):
         self.protocol = protocol
         resolve_protocol(protocol, truncation)  # refuses an unknown protocol, or fixed_mask with secureml
         if aux_size is not None and not self.uses_aux:
-            raise ValueError(f"{self.name} trains no shadow model, so it takes no auxiliary set; remove aux_size "
-                             f"(got {aux_size})")
+            raise ValueError(
+                f"{self.name} trains no shadow model, so it takes no auxiliary set; remove aux_size (got {aux_size})"
+            )
 
     # -- set-up -------------------------------------------------------------------------------------
 
-    def start_party(self, name: str, link: Endpoint, generator: torch.Generator, *,
-                    device: torch.device | None = None) -> None:
+    def start_party(
+        self, name: str, link: Endpoint, generator: torch.Generator, *, device: torch.device | None = None
+    ) -> None:
         """Run VMask's trusted dealer (:func:`start_dealer`) at ``link``, computing on ``device``."""
         if name != DEALER:
             super().start_party(name, link, generator, device=device)
@@ -298,8 +335,10 @@ class VMask(Defense):
         if context.algorithm == "vlr":
             raise CompatibilityError("vmask masks layers of neural bottom models; use vhnn or vsnn, not vlr")
         if context.link is None:
-            raise CompatibilityError("vmask's halves talk through the channel: bind it with an endpoint "
-                                     "(BindContext.link; build_federation gives it)")
+            raise CompatibilityError(
+                "vmask's halves talk through the channel: bind it with an endpoint "
+                "(BindContext.link; build_federation gives it)"
+            )
         self.seed_ = int(torch.randint(0, 2**62, (1,), generator=context.generator))
         if context.party == ACTIVE:
             self.parties_: dict[str, PartyState] = {}
@@ -323,8 +362,9 @@ class VMask(Defense):
 
     def _train(self) -> TrainSettings:
         if self.context_.train is None:
-            raise CompatibilityError("vmask needs the training settings (BindContext.train); "
-                                     "build_federation gives them")
+            raise CompatibilityError(
+                "vmask needs the training settings (BindContext.train); build_federation gives them"
+            )
         return self.context_.train
 
     def _aux(self) -> DefenseAux:
@@ -336,8 +376,9 @@ class VMask(Defense):
         """The simulated attack's fine-tuning recipe: the ``mc_*`` given, else the configured model
         completion attack's, else (keys left out) :func:`complete`'s defaults, which are model
         completion's."""
-        recipe: dict[str, Any] = {k: attack[k] for k in ("optimizer", "lr", "batch_size", "momentum", "head_hidden")
-                                  if k in attack}
+        recipe: dict[str, Any] = {
+            k: attack[k] for k in ("optimizer", "lr", "batch_size", "momentum", "head_hidden") if k in attack
+        }
         for key, value in (("optimizer", self.mc_optimizer), ("lr", self.mc_lr), ("momentum", self.mc_momentum)):
             if value is not None:
                 recipe[key] = value
@@ -350,10 +391,13 @@ class VMask(Defense):
         active party's instance; a passive party's half reports nothing)."""
         if self.context_.party != ACTIVE:
             return {}
-        return {"simulated_attack_recipe": dict(self.recipe_),
-                "preconditions": {p: [asdict(c) for c in cs] for p, cs in self.conditions_.items()},
-                "paper_precondition_violations": {p: [c.name for c in cs if not c.paper_secure]
-                                                  for p, cs in self.conditions_.items()}}
+        return {
+            "simulated_attack_recipe": dict(self.recipe_),
+            "preconditions": {p: [asdict(c) for c in cs] for p, cs in self.conditions_.items()},
+            "paper_precondition_violations": {
+                p: [c.name for c in cs if not c.paper_secure] for p, cs in self.conditions_.items()
+            },
+        }
 
     def _gen(self, *names: str | int) -> torch.Generator:
         return torch.Generator().manual_seed(derive_seed(self.seed_, *names))
@@ -362,8 +406,9 @@ class VMask(Defense):
         chosen = list(range(n)) if self.layers is None else list(self.layers)
         bad = [i for i in chosen if not 0 <= i < n]
         if bad:
-            raise CompatibilityError(f"vmask: layers {bad} do not exist; "
-                                     f"the bottom model has {n} linear layers (0..{n - 1})")
+            raise CompatibilityError(
+                f"vmask: layers {bad} do not exist; the bottom model has {n} linear layers (0..{n - 1})"
+            )
         return chosen
 
     def augment_features(self, part: PartySlice) -> PartySlice:
@@ -394,8 +439,10 @@ class VMask(Defense):
             raise CompatibilityError("vmask needs a bottom model with Linear or Conv2d layers")
         self.bottom_ = VMaskBottom(model, layers)
         if self.input_shape_ is None:
-            raise CompatibilityError("vmask: P_k's half saw no slice of its own before its bottom model was built "
-                                     "(augment_features); build the party with build_federation or build_passive")
+            raise CompatibilityError(
+                "vmask: P_k's half saw no slice of its own before its bottom model was built "
+                "(augment_features); build the party with build_federation or build_passive"
+            )
         meta: dict[str, Scalar] = {"layers": len(layers), "input_shape": ",".join(map(str, self.input_shape_))}
         reply = self._link().call("vmask.setup", ACTIVE, *initial, meta=meta, phase="setup")
         self._apply_mask(reply.meta, phase="setup")
@@ -406,22 +453,27 @@ class VMask(Defense):
         parameters P_k sent (Algorithm 4 line 2), the paper's preconditions, and the first mask."""
         party = request.sender
         if party not in self.architectures_:
-            raise CompatibilityError(f"vmask: {party!r} sent its initial parameters, but the active party knows "
-                                     "no bottom model of it")
+            raise CompatibilityError(
+                f"vmask: {party!r} sent its initial parameters, but the active party knows no bottom model of it"
+            )
         shadow = self.architectures_.pop(party)
         keys = list(shadow.state_dict())
         if len(keys) != len(request.tensors):
-            raise CompatibilityError(f"vmask: {party!r} sent {len(request.tensors)} initial tensors for a bottom "
-                                     f"model with {len(keys)}")
+            raise CompatibilityError(
+                f"vmask: {party!r} sent {len(request.tensors)} initial tensors for a bottom model with {len(keys)}"
+            )
         shadow.load_state_dict(dict(zip(keys, request.tensors, strict=True)))
         n = sum(isinstance(m, (nn.Linear, nn.Conv2d)) for m in shadow.modules())
         if int(request.meta["layers"]) != n:  # type: ignore[arg-type]
             raise CompatibilityError(f"vmask: {party!r} has {request.meta['layers']} maskable layers, its shadow {n}")
         train = self._train()
         self._check_conditions(party, shadow, n, train.batch_size, _input_shape(party, request.meta.get("input_shape")))
-        state = PartyState(shadow=shadow,
-                           shadow_opt=torch.optim.SGD(shadow.parameters(), lr=train.lr, momentum=train.momentum),
-                           masked=set(), grad_norm=torch.zeros(n, dtype=torch.float64))
+        state = PartyState(
+            shadow=shadow,
+            shadow_opt=torch.optim.SGD(shadow.parameters(), lr=train.lr, momentum=train.momentum),
+            masked=set(),
+            grad_norm=torch.zeros(n, dtype=torch.float64),
+        )
         self.parties_[party] = state
         return request.reply(meta=self._decide(party, state, self._initial(n)))
 
@@ -433,30 +485,43 @@ class VMask(Defense):
 
     def _serve_passive(self, request: Message) -> Message:
         if request.kind != "vmask.select" or request.sender != ACTIVE:
-            raise ValueError(f"a passive party's VMask half answers vmask.select from the active party only, "
-                             f"got {request.kind!r} from {request.sender!r}")
+            raise ValueError(
+                f"a passive party's VMask half answers vmask.select from the active party only, "
+                f"got {request.kind!r} from {request.sender!r}"
+            )
         self._apply_mask(request.meta, phase=request.phase)
         return request.reply()
 
-    def _check_conditions(self, party: str, plain: nn.Module, n: int, batch_size: int,
-                          input_shape: tuple[int, ...]) -> None:
+    def _check_conditions(
+        self, party: str, plain: nn.Module, n: int, batch_size: int, input_shape: tuple[int, ...]
+    ) -> None:
         """The paper's §IV-D preconditions for the eligible layers (on a copy of P_k's initial model,
         which the active party holds as the shadow, run on two zero rows of the shape P_k sent), with a
         warning naming the violations."""
         eligible = set(self._eligible(n))
         probe = copy.deepcopy(plain)
         device = next((t.device for t in probe.parameters()), None)
-        conditions = [c for c in layer_conditions(probe, torch.zeros((2, *input_shape), device=device), batch_size)
-                      if c.layer in eligible]
+        conditions = [
+            c
+            for c in layer_conditions(probe, torch.zeros((2, *input_shape), device=device), batch_size)
+            if c.layer in eligible
+        ]
         self.conditions_[party] = conditions
         bad = [c for c in conditions if not c.paper_secure]
         if bad:
-            log.warning("vmask: %s's layers %s violate the paper's own precondition (§IV-D: %s), so the paper "
-                        "itself calls them recoverable from one batch", party, [c.name for c in bad],
-                        "; ".join(c.paper_condition for c in bad))
-        log.warning("vmask: recovery channels for %s (batches of one masking episode that determine the layer, "
-                    "forward / backward; None: no input gradient is opened): %s", party,
-                    ", ".join(f"{c.name}: {c.forward_batches}/{c.backward_batches}" for c in conditions))
+            log.warning(
+                "vmask: %s's layers %s violate the paper's own precondition (§IV-D: %s), so the paper "
+                "itself calls them recoverable from one batch",
+                party,
+                [c.name for c in bad],
+                "; ".join(c.paper_condition for c in bad),
+            )
+        log.warning(
+            "vmask: recovery channels for %s (batches of one masking episode that determine the layer, "
+            "forward / backward; None: no input gradient is opened): %s",
+            party,
+            ", ".join(f"{c.name}: {c.forward_batches}/{c.backward_batches}" for c in conditions),
+        )
 
     def _initial(self, n: int) -> set[int]:
         """Layers masked in the first epoch: the first eligible layer (Algorithm 4 line 3)."""
@@ -471,8 +536,10 @@ class VMask(Defense):
         other ``vmask.*`` request and at each epoch's end, not when the top model is built: with the parties in
         separate processes the setups arrive after the active party has built its models, before training."""
         if self.architectures_:
-            raise CompatibilityError(f"vmask: {', '.join(sorted(self.architectures_))} sent no initial parameters: "
-                                     "every passive party needs its own VMask half (side 'both')")
+            raise CompatibilityError(
+                f"vmask: {', '.join(sorted(self.architectures_))} sent no initial parameters: "
+                "every passive party needs its own VMask half (side 'both')"
+            )
 
     # -- checkpoints (--resume) ---------------------------------------------------------------------
 
@@ -493,19 +560,43 @@ class VMask(Defense):
                 shared = layers[i].shared
                 assert shared is not None
                 p = shared.passive
-                own[str(i)] = {"randomness": shared.randomness.generator.get_state(),
-                               "attacker_view": layers[i].attacker_view, "reinit_seed": layers[i].reinit_seed,
-                               "momentum_weight": p.momentum_weight, "momentum_bias": p.momentum_bias}
+                own[str(i)] = {
+                    "randomness": shared.randomness.generator.get_state(),
+                    "attacker_view": layers[i].attacker_view,
+                    "reinit_seed": layers[i].reinit_seed,
+                    "momentum_weight": p.momentum_weight,
+                    "momentum_bias": p.momentum_bias,
+                }
             return {"masked": sorted(self.masked_), "decisions": self.decisions_, "layers": own}
-        holders = [{"party": party, "layer": layer, "geometry": dict(h.geometry), "frac_bits": h.frac_bits,
-                    "truncation": h.truncation, "generator": h.generator.get_state(), "weight_share": h.weight_share,
-                    "bias_share": h.bias_share, "scale": h.scale, "mask_id": h.mask_id, "mask_seed": h.mask_seed,
-                    "last_triple": h.last_triple}
-                   for (party, layer), h in self.shares_.holders.items()]
-        parties = {party: {"shadow": s.shadow.state_dict(), "shadow_opt": s.shadow_opt.state_dict(),
-                           "masked": sorted(s.masked), "grad_norm": s.grad_norm,
-                           "history": [list(h) for h in s.history],
-                           "estimates": list(s.estimates), "steps": s.steps} for party, s in self.parties_.items()}
+        holders = [
+            {
+                "party": party,
+                "layer": layer,
+                "geometry": dict(h.geometry),
+                "frac_bits": h.frac_bits,
+                "truncation": h.truncation,
+                "generator": h.generator.get_state(),
+                "weight_share": h.weight_share,
+                "bias_share": h.bias_share,
+                "scale": h.scale,
+                "mask_id": h.mask_id,
+                "mask_seed": h.mask_seed,
+                "last_triple": h.last_triple,
+            }
+            for (party, layer), h in self.shares_.holders.items()
+        ]
+        parties = {
+            party: {
+                "shadow": s.shadow.state_dict(),
+                "shadow_opt": s.shadow_opt.state_dict(),
+                "masked": sorted(s.masked),
+                "grad_norm": s.grad_norm,
+                "history": [list(h) for h in s.history],
+                "estimates": list(s.estimates),
+                "steps": s.steps,
+            }
+            for party, s in self.parties_.items()
+        }
         return {"parties": parties, "holders": holders, "ratios": list(self.ratios_), "triples": self.shares_.triples}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
@@ -513,8 +604,10 @@ class VMask(Defense):
             self._load_passive(state)
             return
         if set(state["parties"]) != set(self.parties_):
-            raise CompatibilityError(f"vmask: the checkpoint holds shadows of {sorted(state['parties'])}, this run "
-                                     f"set up {sorted(self.parties_)}")
+            raise CompatibilityError(
+                f"vmask: the checkpoint holds shadows of {sorted(state['parties'])}, this run "
+                f"set up {sorted(self.parties_)}"
+            )
         for party, saved in state["parties"].items():
             s = self.parties_[party]
             s.shadow.load_state_dict(saved["shadow"])
@@ -528,12 +621,19 @@ class VMask(Defense):
         for h in state["holders"]:
             generator = torch.Generator()
             generator.set_state(h["generator"])
-            holder = ActiveShareHolder(name=f"{h['party']}.{h['layer']}", geometry=h["geometry"],
-                                       frac_bits=int(h["frac_bits"]), truncation=str(h["truncation"]),
-                                       generator=generator, record_received=self.shares_.record_received)
-            holder.weight_share, holder.bias_share, holder.scale = (_on(h["weight_share"], self.context_.device),
-                                                                    _on(h["bias_share"], self.context_.device),
-                                                                    float(h["scale"]))
+            holder = ActiveShareHolder(
+                name=f"{h['party']}.{h['layer']}",
+                geometry=h["geometry"],
+                frac_bits=int(h["frac_bits"]),
+                truncation=str(h["truncation"]),
+                generator=generator,
+                record_received=self.shares_.record_received,
+            )
+            holder.weight_share, holder.bias_share, holder.scale = (
+                _on(h["weight_share"], self.context_.device),
+                _on(h["bias_share"], self.context_.device),
+                float(h["scale"]),
+            )
             holder.mask_id, holder.mask_seed = h.get("mask_id"), h.get("mask_seed")
             holder.last_triple = int(h.get("last_triple", -1))
             self.shares_.holders[(str(h["party"]), str(h["layer"]))] = holder
@@ -552,9 +652,15 @@ class VMask(Defense):
             saved = state["layers"][str(i)]
             generator = torch.Generator()
             generator.set_state(saved["randomness"])
-            layer.restore_masked(link=self._link(), generator_passive=generator, sigma=self.sigma,
-                                 frac_bits=self.frac_bits, truncation=self.truncation, name=f"layer{i}",
-                                 protocol=self.protocol)
+            layer.restore_masked(
+                link=self._link(),
+                generator_passive=generator,
+                sigma=self.sigma,
+                frac_bits=self.frac_bits,
+                truncation=self.truncation,
+                name=f"layer{i}",
+                protocol=self.protocol,
+            )
             layer.attacker_view, layer.reinit_seed = str(saved["attacker_view"]), int(saved["reinit_seed"])
             assert layer.shared is not None
             device = layer.shared.passive.weight_share.device  # checkpoints load on the CPU
@@ -575,8 +681,9 @@ class VMask(Defense):
 
     def _noise(self, party: str, layer: str) -> torch.Generator:
         """The active party's noise generator for ``party``'s layer being masked under its latest decision."""
-        return self._gen(ACTIVE, "noise", party, int(layer.removeprefix("layer")),
-                         len(self.parties_[party].history) - 1)
+        return self._gen(
+            ACTIVE, "noise", party, int(layer.removeprefix("layer")), len(self.parties_[party].history) - 1
+        )
 
     def _apply_mask(self, meta: Mapping[str, Scalar], *, phase: Phase) -> None:
         """At P_k: mask the layers the active party's decision names that are not masked, unmask the
@@ -587,9 +694,16 @@ class VMask(Defense):
         for i in sorted(target - self.masked_):
             layers[i].attacker_view = self.attacker_view
             layers[i].reinit_seed = int(meta[f"reinit_{i}"])  # type: ignore[arg-type]
-            layers[i].mask(link=self._link(), generator_passive=self._gen("share", i, self.decisions_),
-                           sigma=self.sigma, frac_bits=self.frac_bits, truncation=self.truncation, name=f"layer{i}",
-                           phase=phase, protocol=self.protocol)
+            layers[i].mask(
+                link=self._link(),
+                generator_passive=self._gen("share", i, self.decisions_),
+                sigma=self.sigma,
+                frac_bits=self.frac_bits,
+                truncation=self.truncation,
+                name=f"layer{i}",
+                phase=phase,
+                protocol=self.protocol,
+            )
         for i in sorted(self.masked_ - target):
             layers[i].unmask(self.sigma, phase=phase)
         self.masked_ = target
@@ -646,11 +760,18 @@ class VMask(Defense):
         once per selection and shared by every candidate mask set."""
         y = self._aux().y.cpu()  # row ids are CPU tensors
         g = self._gen("attack-set", party, len(self.ratios_))
-        return torch.cat([torch.nonzero(y == c).flatten()[torch.randperm(int((y == c).sum()), generator=g)]
-                          [: self.known_per_class] for c in torch.unique(y)])
+        return torch.cat(
+            [
+                torch.nonzero(y == c).flatten()[torch.randperm(int((y == c).sum()), generator=g)][
+                    : self.known_per_class
+                ]
+                for c in torch.unique(y)
+            ]
+        )
 
-    def _simulated_attacks(self, party: str, shadow: nn.Module, candidates: list[set[int]],
-                           known: Tensor) -> list[float]:
+    def _simulated_attacks(
+        self, party: str, shadow: nn.Module, candidates: list[set[int]], known: Tensor
+    ) -> list[float]:
         """For each candidate mask set: the best accuracy of model completion trained on D_A (``known``)
         on the shadow with those layers re-randomised, scored on the rest of the auxiliary set. The
         candidates are independent (each has its own generator); several are trained side by side as
@@ -670,11 +791,17 @@ class VMask(Defense):
             models.append(model)
             generators.append(g)
         embed_dim = next(m for m in reversed(linear)).weight.shape[0]
-        kwargs = {"num_classes": self.context_.num_classes, "embed_dim": embed_dim, "epochs": self.mc_epochs,
-                  **self.recipe_}
-        runs = (complete_stacked(models, x[known], y[known], x[rest], generators=generators, **kwargs)
-                if len(models) > 1 else [complete(models[0], x[known], y[known], x[rest], generator=generators[0],
-                                                  **kwargs)])
+        kwargs = {
+            "num_classes": self.context_.num_classes,
+            "embed_dim": embed_dim,
+            "epochs": self.mc_epochs,
+            **self.recipe_,
+        }
+        runs = (
+            complete_stacked(models, x[known], y[known], x[rest], generators=generators, **kwargs)
+            if len(models) > 1
+            else [complete(models[0], x[known], y[known], x[rest], generator=generators[0], **kwargs)]
+        )
         return [max(float((o.argmax(1) == y[rest]).float().mean()) for o in outputs) for outputs in runs]
 
     def _greedy(self, party: str, state: PartyState, masked: set[int], queue: list[int]) -> set[int]:
@@ -721,8 +848,10 @@ class VMask(Defense):
             return {}
         ratios = [len(s.masked) / len(s.grad_norm) for s in self.parties_.values()]
         self.ratios_.append(sum(ratios) / len(ratios))
-        report: dict[str, Any] = {"mask_ratio_epoch": self.ratios_[-1],
-                                  "mask_ratio": sum(self.ratios_) / len(self.ratios_)}
+        report: dict[str, Any] = {
+            "mask_ratio_epoch": self.ratios_[-1],
+            "mask_ratio": sum(self.ratios_) / len(self.ratios_),
+        }
         if self._train().epochs == epoch + 1:
             report.update(self._comm_report())
             return report  # no next epoch to mask for
@@ -745,8 +874,9 @@ class VMask(Defense):
         """Bytes of the secret-sharing protocol (all phases, read from the channel's counter) and the
         Beaver triples the active party took."""
         stats = self._link().stats
-        total = sum(s.bytes for phase in stats.values() for kind in PROTOCOL_KINDS
-                    for s in phase.by_kind.get(kind, {}).values())
+        total = sum(
+            s.bytes for phase in stats.values() for kind in PROTOCOL_KINDS for s in phase.by_kind.get(kind, {}).values()
+        )
         return {"mpc_bytes": total, "triples": self.shares_.triples}
 
 

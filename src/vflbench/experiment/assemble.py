@@ -27,8 +27,10 @@ from vflbench.protocol import History
 
 log = logging.getLogger(__name__)
 #: Why a run whose parties run in separate processes has no ``vanilla`` baseline of its own.
-NO_SECOND_FEDERATION = ("a run with defenses across processes trains no second, undefended federation; run the "
-                        "config without defenses, or use `vflbench run`")
+NO_SECOND_FEDERATION = (
+    "a run with defenses across processes trains no second, undefended federation; run the "
+    "config without defenses, or use `vflbench run`"
+)
 
 
 def utility_of(cfg: ExperimentConfig, history: History) -> UtilityResult:
@@ -36,8 +38,9 @@ def utility_of(cfg: ExperimentConfig, history: History) -> UtilityResult:
     key = f"test_{cfg.train.metric}"
     per_epoch = [r[key] for r in history.epochs if key in r]
     if not per_epoch:
-        raise ConfigError(f"train.metric {cfg.train.metric!r} is not available for this task "
-                          f"(AUC needs a binary task); use accuracy")
+        raise ConfigError(
+            f"train.metric {cfg.train.metric!r} is not available for this task (AUC needs a binary task); use accuracy"
+        )
     final = {k.removeprefix("test_"): v for k, v in history.epochs[-1].items() if k.startswith("test_")}
     diverged = any(r.get("diverged") for r in history.epochs)
     return UtilityResult(cfg.train.metric, per_epoch[-1], per_epoch, final, diverged=diverged)
@@ -63,9 +66,13 @@ def detector_details(parts: list[dict[str, Any]]) -> dict[str, Any]:
     ``parties``."""
     decisions = sum(int(p["decisions"]) for p in parts)
     flagged = sum(int(p["flagged"]) for p in parts)
-    return {"decisions": decisions, "flagged": flagged, "rate": flagged / decisions if decisions else None,
-            "detected": any(p["first_flag_step"] is not None for p in parts),
-            "parties": {p["party"]: {k: v for k, v in p.items() if k != "party"} for p in parts}}
+    return {
+        "decisions": decisions,
+        "flagged": flagged,
+        "rate": flagged / decisions if decisions else None,
+        "detected": any(p["first_flag_step"] is not None for p in parts),
+        "parties": {p["party"]: {k: v for k, v in p.items() if k != "party"} for p in parts},
+    }
 
 
 def is_detector(name: str) -> bool:
@@ -80,9 +87,16 @@ def defense_entries(run: TrainedRun) -> list[dict[str, Any]]:
     return [{"name": s.name, "params": s.params(), **defense_details(run, s.name)} for s in run.config.defenses]
 
 
-def baselines_of(cfg: ExperimentConfig, utility: UtilityResult, *, undefended: Mapping[str, Any] | None,
-                 malicious: bool, train: Callable[[bool], UtilityResult], active_has_features: bool = True,
-                 second_federation: bool = True) -> dict[str, Any]:
+def baselines_of(
+    cfg: ExperimentConfig,
+    utility: UtilityResult,
+    *,
+    undefended: Mapping[str, Any] | None,
+    malicious: bool,
+    train: Callable[[bool], UtilityResult],
+    active_has_features: bool = True,
+    second_federation: bool = True,
+) -> dict[str, Any]:
     """The configured baselines of a run whose utility is ``utility``.
 
     ``vanilla`` is this run's utility when it has no defenses; the undefended run's (``undefended``) when the
@@ -106,8 +120,9 @@ def baselines_of(cfg: ExperimentConfig, utility: UtilityResult, *, undefended: M
     return baselines
 
 
-def mark_undefended(attacks: list[AttackResult], undefended: list[dict[str, Any]] | None, *, seed: int,
-                    confidence: float) -> None:
+def mark_undefended(
+    attacks: list[AttackResult], undefended: list[dict[str, Any]] | None, *, seed: int, confidence: float
+) -> None:
     """Set each attack's undefended leakage (mean and per repeat), its interval and ``leaks_without_defense``
     (attacks match by position: the undefended run has the same attack list and repeats), and the searched
     attacker's undefended leakage where both runs searched; ``undefended=None``: the run itself has no defenses,
@@ -118,8 +133,11 @@ def mark_undefended(attacks: list[AttackResult], undefended: list[dict[str, Any]
         else:
             base = [float(v) for v in undefended[i].get("leakages") or [attack_leakage(undefended[i])]]
         interval = mean_interval({seed: base}, confidence)
-        worst = (attack.leakages_worst if undefended is None
-                 else [float(v) for v in undefended[i].get("leakages_worst") or []] or None)
+        worst = (
+            attack.leakages_worst
+            if undefended is None
+            else [float(v) for v in undefended[i].get("leakages_worst") or []] or None
+        )
         if worst:
             attack.undefended_leakage_worst = sum(worst) / len(worst)
             attack.undefended_leakages_worst = list(worst)
@@ -128,13 +146,20 @@ def mark_undefended(attacks: list[AttackResult], undefended: list[dict[str, Any]
         attack.undefended_ci = [interval.low, interval.high] if interval.defined else None
         attack.leaks_without_defense = leaks(interval)
         if attack.leaks_without_defense is False:
-            log.warning("attack %s does not leak measurably without a defense (leakage %.2f points, %d%% interval "
-                        "[%.2f, %.2f] does not lie above 0): no defense can be credited for stopping it", attack.name,
-                        attack.undefended_leakage, round(100 * confidence), interval.low, interval.high)
+            log.warning(
+                "attack %s does not leak measurably without a defense (leakage %.2f points, %d%% interval "
+                "[%.2f, %.2f] does not lie above 0): no defense can be credited for stopping it",
+                attack.name,
+                attack.undefended_leakage,
+                round(100 * confidence),
+                interval.low,
+                interval.high,
+            )
 
 
-def mark_honest_reference(defense: list[dict[str, Any]], honest: dict[str, Any] | None, *, config_hash: str,
-                          malicious: list[str]) -> None:
+def mark_honest_reference(
+    defense: list[dict[str, Any]], honest: dict[str, Any] | None, *, config_hash: str, malicious: list[str]
+) -> None:
     """Give each detector entry of ``defense`` (a run's ``result.json`` entries) its ``honest_reference``: the same
     detector's decisions on honest training of the same scenario (``honest``: that run's result; ``None``: the run
     has no malicious attack, so it is its own reference) and the malicious attacks left out for it (``without``).
@@ -144,21 +169,44 @@ def mark_honest_reference(defense: list[dict[str, Any]], honest: dict[str, Any] 
             continue
         source = entry if honest is None else honest["defense"][i]
         numbers = source.get("details", {})
-        entry["honest_reference"] = {"config_hash": config_hash if honest is None else honest["config_hash"],
-                                     "same_run": honest is None, "without": list(malicious),
-                                     **{k: numbers.get(k) for k in ("decisions", "flagged", "rate")}}
+        entry["honest_reference"] = {
+            "config_hash": config_hash if honest is None else honest["config_hash"],
+            "same_run": honest is None,
+            "without": list(malicious),
+            **{k: numbers.get(k) for k in ("decisions", "flagged", "rate")},
+        }
 
 
-def assemble_result(run: TrainedRun, *, utility: UtilityResult, defense: list[dict[str, Any]],
-                    attacks: list[AttackResult], attack_seconds: dict[str, float], comm: dict[str, Any],
-                    baselines: dict[str, Any], grants: list[dict[str, Any]], held_out: Tensor | None) -> RunResult:
+def assemble_result(
+    run: TrainedRun,
+    *,
+    utility: UtilityResult,
+    defense: list[dict[str, Any]],
+    attacks: list[AttackResult],
+    attack_seconds: dict[str, float],
+    comm: dict[str, Any],
+    baselines: dict[str, Any],
+    grants: list[dict[str, Any]],
+    held_out: Tensor | None,
+) -> RunResult:
     """The :class:`RunResult` of ``run``: its data's description (with the training, test and held-out row counts),
     utility, defense entries, attacks, timing, traffic (``comm``), baselines and grants."""
     cfg, vd = run.config, run.data
     return RunResult(
-        config_hash=cfg.hash(), seed=cfg.seed,
-        data={**vd.info, "n_train": len(vd.y_train), "n_test": len(vd.y_test),
-              "n_held_out": 0 if held_out is None else len(held_out)},
-        utility=utility, defense=defense, attacks=attacks,
-        timing=Timing(run.train_seconds, run.history.epoch_seconds, attack_seconds), comm=comm,
-        baselines=baselines, grants=grants, device=str(vd.device))
+        config_hash=cfg.hash(),
+        seed=cfg.seed,
+        data={
+            **vd.info,
+            "n_train": len(vd.y_train),
+            "n_test": len(vd.y_test),
+            "n_held_out": 0 if held_out is None else len(held_out),
+        },
+        utility=utility,
+        defense=defense,
+        attacks=attacks,
+        timing=Timing(run.train_seconds, run.history.epoch_seconds, attack_seconds),
+        comm=comm,
+        baselines=baselines,
+        grants=grants,
+        device=str(vd.device),
+    )

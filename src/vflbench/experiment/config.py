@@ -57,17 +57,22 @@ class DataConfig(_Strict):
     standardise: bool = True
     train_size: int | None = Field(None, description="subsample this many training rows")
     test_size: int | None = Field(None, description="subsample this many test rows")
-    aux_pool: int | float = Field(0, description="training rows held out of every party's training as the "
-                                  "auxiliary pool that attacks and defenses with auxiliary sets disjoint from the "
-                                  "training set draw from: a share in [0, 0.5] or a row count (0: none)")
+    aux_pool: int | float = Field(
+        0,
+        description="training rows held out of every party's training as the "
+        "auxiliary pool that attacks and defenses with auxiliary sets disjoint from the "
+        "training set draw from: a share in [0, 0.5] or a row count (0: none)",
+    )
     options: dict[str, Any] = Field(default_factory=dict, description="dataset-specific options")
 
     @field_validator("aux_pool")
     @classmethod
     def _check_pool(cls, value: int | float) -> int | float:
         if isinstance(value, bool) or value < 0 or (isinstance(value, float) and value > 0.5):
-            raise ValueError(f"aux_pool is a share of the training rows in [0, 0.5] (e.g. 0.1) or a row count (e.g. "
-                             f"640), got {value!r}")
+            raise ValueError(
+                f"aux_pool is a share of the training rows in [0, 0.5] (e.g. 0.1) or a row count (e.g. "
+                f"640), got {value!r}"
+            )
         return value
 
 
@@ -76,8 +81,12 @@ class ModelConfig(_Strict):
 
     bottom: str | None = Field(None, description="bottom model of every party (default per algorithm)")
     top: str | None = Field(None, description="top model (default per algorithm)")
-    embed_dim: int | None = Field(None, ge=1, le=MAX_EMBED_DIM,
-                                  description=f"bottom output width, 1..{MAX_EMBED_DIM} (default 16; classes in VLR)")
+    embed_dim: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_EMBED_DIM,
+        description=f"bottom output width, 1..{MAX_EMBED_DIM} (default 16; classes in VLR)",
+    )
     bottom_options: dict[str, Any] = Field(default_factory=dict)
     top_options: dict[str, Any] = Field(default_factory=dict)
 
@@ -100,11 +109,15 @@ class TrainConfig(_Strict):
     metric: Literal["accuracy", "auc"] = "accuracy"
     eval_every: int = Field(1, ge=1)
     threads: int = Field(1, ge=1, description="torch intra-op threads (1 is fastest for small models)")
-    device: str = Field("auto", description="where models, data and VMask's ring arithmetic run: auto (cuda when "
-                        "available, or $VFLBENCH_DEVICE), cpu, cuda or cuda:N; not part of the config hash")
+    device: str = Field(
+        "auto",
+        description="where models, data and VMask's ring arithmetic run: auto (cuda when "
+        "available, or $VFLBENCH_DEVICE), cpu, cuda or cuda:N; not part of the config hash",
+    )
     checkpoint: Literal["none", "final", "every_epoch"] = "final"
-    save_embeddings: int = Field(0, ge=0, description="save the attacker's embeddings of this many test rows "
-                                 "(embeddings.npz, for t-SNE plots)")
+    save_embeddings: int = Field(
+        0, ge=0, description="save the attacker's embeddings of this many test rows (embeddings.npz, for t-SNE plots)"
+    )
 
     @field_validator("device")
     @classmethod
@@ -115,15 +128,28 @@ class TrainConfig(_Strict):
 class EvaluationConfig(_Strict):
     """How attacks are evaluated on each trained model."""
 
-    repeats: int = Field(1, ge=1, le=100, description="independent repeats of every attack on each trained model "
-                         "(its own random stream and known labels each): the attack randomness, apart from the "
-                         "training randomness that seeds measure")
+    repeats: int = Field(
+        1,
+        ge=1,
+        le=100,
+        description="independent repeats of every attack on each trained model "
+        "(its own random stream and known labels each): the attack randomness, apart from the "
+        "training randomness that seeds measure",
+    )
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="level of every confidence interval reported")
-    attacker_search: bool = Field(False, description="also run every attack with a search grid (its search_space) "
-                                  "at the setting its own validation rows select, and report that attacker's leakage "
-                                  "(leakage_worst, attacker_setting) beside the default attacker's")
-    search_budget: int = Field(8, ge=1, le=1000, description="settings the attacker search tries per attack (the "
-                               "default setting and a seeded random subset of the grid when it holds more)")
+    attacker_search: bool = Field(
+        False,
+        description="also run every attack with a search grid (its search_space) "
+        "at the setting its own validation rows select, and report that attacker's leakage "
+        "(leakage_worst, attacker_setting) beside the default attacker's",
+    )
+    search_budget: int = Field(
+        8,
+        ge=1,
+        le=1000,
+        description="settings the attacker search tries per attack (the "
+        "default setting and a seeded random subset of the grid when it holds more)",
+    )
 
 
 class ComponentSpec(BaseModel):
@@ -155,12 +181,15 @@ class ExperimentConfig(_Strict):
         algo = self.train.algorithm
         allowed = AGGREGATIONS[algo]
         if self.train.aggregation is not None and self.train.aggregation not in allowed:
-            raise ValueError(f"aggregation {self.train.aggregation!r} is not allowed with {algo}; "
-                             f"{algo} allows: {', '.join(allowed)}")
+            raise ValueError(
+                f"aggregation {self.train.aggregation!r} is not allowed with {algo}; "
+                f"{algo} allows: {', '.join(allowed)}"
+            )
         if algo == "vlr":
             if self.model.bottom not in (None, "logreg"):
-                raise ValueError(f"VLR uses logreg bottom models, got {self.model.bottom!r}; "
-                                 "use vhnn for neural bottoms")
+                raise ValueError(
+                    f"VLR uses logreg bottom models, got {self.model.bottom!r}; use vhnn for neural bottoms"
+                )
             if self.model.top not in (None, "identity"):
                 raise ValueError(f"VLR has no top model (top: identity), got {self.model.top!r}")
         return self
@@ -203,8 +232,9 @@ def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None
             return None
         annotation = current.model_fields[part].annotation
         candidates = [annotation, *typing.get_args(annotation)]
-        nested = [a for a in candidates for a in (a, *typing.get_args(a))
-                  if isinstance(a, type) and issubclass(a, BaseModel)]
+        nested = [
+            a for a in candidates for a in (a, *typing.get_args(a)) if isinstance(a, type) and issubclass(a, BaseModel)
+        ]
         current = nested[0] if nested else None
     if isinstance(current, type) and issubclass(current, BaseModel):
         return list(current.model_fields)
@@ -222,8 +252,12 @@ def _bounds_at(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[Any, Any]:
         if isinstance(part, int):
             continue
         annotation = current.model_fields[part].annotation
-        current = next(a for a in (annotation, *typing.get_args(annotation)) for a in (a, *typing.get_args(a))
-                       if isinstance(a, type) and issubclass(a, BaseModel))
+        current = next(
+            a
+            for a in (annotation, *typing.get_args(annotation))
+            for a in (a, *typing.get_args(a))
+            if isinstance(a, type) and issubclass(a, BaseModel)
+        )
     lower = upper = None
     for meta in current.model_fields[loc[-1]].metadata:
         lower = getattr(meta, "ge", lower)
@@ -300,25 +334,33 @@ def load_yaml(text: str, source: str) -> Any:
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except _DuplicateKey as exc:
-        raise ConfigError(f"{source}: the key {exc.key!r} is given twice in one section (lines {exc.first} and "
-                          f"{exc.second}); YAML would silently keep the last, so keep only one") from None
+        raise ConfigError(
+            f"{source}: the key {exc.key!r} is given twice in one section (lines {exc.first} and "
+            f"{exc.second}); YAML would silently keep the last, so keep only one"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else len(text.splitlines())
         column = mark.column + 1 if mark is not None else 1
         tab = _first_indent_tab(text, line)
         lines = text.splitlines()
-        if mark is not None and line <= len(lines) and column <= len(lines[line - 1]) \
-                and lines[line - 1][column - 1] == "\t":
+        if (
+            mark is not None
+            and line <= len(lines)
+            and column <= len(lines[line - 1])
+            and lines[line - 1][column - 1] == "\t"
+        ):
             tab = (line, column)
         if tab is not None:
-            raise ConfigError(f"{source}: a tab character at line {tab[0]} col {tab[1]}; YAML indents with "
-                              "spaces") from None
+            raise ConfigError(
+                f"{source}: a tab character at line {tab[0]} col {tab[1]}; YAML indents with spaces"
+            ) from None
         problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
         context = " ".join(str(getattr(exc, "context", None) or "").split())
         where = f" at line {line} col {column}" if mark is not None else ""
-        raise ConfigError(f"{source} is not valid YAML: {problem}{where}"
-                          + (f" ({context})" if context else "")) from None
+        raise ConfigError(
+            f"{source} is not valid YAML: {problem}{where}" + (f" ({context})" if context else "")
+        ) from None
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -334,8 +376,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         raise ConfigError(f"--set {item!r}: the key {exc.key!r} is given twice; keep only one") from None
     except yaml.YAMLError as exc:
         problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
-        raise ConfigError(f"--set {item!r}: the value {raw!r} is not valid YAML ({problem}); quote a string "
-                          f"that holds YAML syntax, e.g. {key.strip()}='\"{raw}\"'") from None
+        raise ConfigError(
+            f"--set {item!r}: the value {raw!r} is not valid YAML ({problem}); quote a string "
+            f"that holds YAML syntax, e.g. {key.strip()}='\"{raw}\"'"
+        ) from None
     return key.strip().split("."), value
 
 
@@ -353,8 +397,9 @@ def apply_override(raw: dict[str, Any], path: list[str], value: Any) -> None:
                     node = node[idx]
                 continue
             except (ValueError, IndexError):
-                raise ConfigError(f"--set {'.'.join(path)}: {part!r} is not a valid index of a "
-                                  f"list of {len(node)} items") from None
+                raise ConfigError(
+                    f"--set {'.'.join(path)}: {part!r} is not a valid index of a list of {len(node)} items"
+                ) from None
         if not isinstance(node, dict):
             raise ConfigError(f"--set {'.'.join(path)}: {'.'.join(path[:i])} is not a section")
         if last:
@@ -392,8 +437,7 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig
     try:
         raw = load_yaml(p.read_text(), str(p)) or {}
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {p}: {exc.strerror if isinstance(exc, OSError) else exc}") \
-            from None
+        raise ConfigError(f"cannot read config file {p}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{p} must hold a mapping with sections data, model, train, defenses, attacks, seed")
     return build_config(raw, list(overrides))

@@ -29,8 +29,15 @@ from vflbench.metrics.stats import CONFIDENCE, Interval, difference_interval, me
 RUN_COLUMNS = ("detection_rate", "decisions", "flagged", "false_alarm_rate", "honest_decisions", "honest_flagged")
 #: summary.csv's group columns of detector ``<d>`` (over the seeds of its (dataset, algorithm, setting, defense,
 #: strength) group).
-GROUP_COLUMNS = ("detection_rate_mean", "detection_rate_ci_low", "detection_rate_ci_high", "false_alarm_rate_mean",
-                 "false_alarm_rate_ci_low", "false_alarm_rate_ci_high", "detector_verdict")
+GROUP_COLUMNS = (
+    "detection_rate_mean",
+    "detection_rate_ci_low",
+    "detection_rate_ci_high",
+    "false_alarm_rate_mean",
+    "false_alarm_rate_ci_low",
+    "false_alarm_rate_ci_high",
+    "detector_verdict",
+)
 #: the keys a detector's numbers are grouped by: one scenario and detector setting, over seeds
 KEYS = ["dataset", "algorithm", "setting", "defense", "strength"]
 
@@ -70,8 +77,15 @@ def _clipped(interval: Interval, low: float, high: float) -> Interval:
     """``interval`` with its bounds clipped to ``[low, high]`` (a rate's t interval may reach past 0 or 1)."""
     if not interval.defined:
         return interval
-    return Interval(interval.mean, max(low, interval.low), min(high, interval.high), interval.basis, interval.seeds,
-                    interval.repeats, interval.confidence)
+    return Interval(
+        interval.mean,
+        max(low, interval.low),
+        min(high, interval.high),
+        interval.basis,
+        interval.seeds,
+        interval.repeats,
+        interval.confidence,
+    )
 
 
 def _percent(interval: Interval) -> str:
@@ -82,7 +96,7 @@ def _percent(interval: Interval) -> str:
 
 
 def verdict(attack: str, detection: Interval, false_alarm: Interval, difference: Interval | None) -> str:
-    """"flags ATTACK at X% of decisions, honest training at Y%", with the intervals and what follows from them."""
+    """ "flags ATTACK at X% of decisions, honest training at Y%", with the intervals and what follows from them."""
     if math.isnan(detection.mean):
         return f"flags honest training at {_percent(false_alarm)} of decisions (no attack in these runs)"
     if math.isnan(false_alarm.mean):
@@ -91,8 +105,10 @@ def verdict(attack: str, detection: Interval, false_alarm: Interval, difference:
     if detection.mean <= false_alarm.mean:
         return text + ": detects nothing (it flags honest training at least as often as the attack)"
     if difference is not None and difference.defined:
-        span = (f"{round(100 * difference.confidence)}% interval of the difference "
-                f"[{100.0 * difference.low:.1f}, {100.0 * difference.high:.1f}] percentage points")
+        span = (
+            f"{round(100 * difference.confidence)}% interval of the difference "
+            f"[{100.0 * difference.low:.1f}, {100.0 * difference.high:.1f}] percentage points"
+        )
         if difference.above(0.0):
             return text + f": detects it ({span})"
         return text + f": no measurable detection ({span} reaches 0)"
@@ -121,10 +137,15 @@ def group_statistics(table: pd.DataFrame) -> None:
             fi = _clipped(mean_interval(honest, confidence), 0.0, 1.0)
             diff = _clipped(difference_interval(detected, honest, confidence), -1.0, 1.0)
             names = [str(a) for a in runs[f"detected_attacks.{d}"].dropna().unique() if str(a)]
-            values = {"detection_rate_mean": di.mean, "detection_rate_ci_low": di.low,
-                      "detection_rate_ci_high": di.high, "false_alarm_rate_mean": fi.mean,
-                      "false_alarm_rate_ci_low": fi.low, "false_alarm_rate_ci_high": fi.high,
-                      "detector_verdict": verdict(" and ".join(names) or "the attack", di, fi, diff)}
+            values = {
+                "detection_rate_mean": di.mean,
+                "detection_rate_ci_low": di.low,
+                "detection_rate_ci_high": di.high,
+                "false_alarm_rate_mean": fi.mean,
+                "false_alarm_rate_ci_low": fi.low,
+                "false_alarm_rate_ci_high": fi.high,
+                "detector_verdict": verdict(" and ".join(names) or "the attack", di, fi, diff),
+            }
             for i in group.index:
                 for key, value in values.items():
                     columns[f"{key}.{d}"][table.index.get_loc(i)] = value
@@ -142,10 +163,15 @@ def frame(table: pd.DataFrame) -> pd.DataFrame:
         have = table[table[f"false_alarm_rate.{d}"].notna()]
         for key, group in have.groupby(KEYS, dropna=False):
             first = group.iloc[0]
-            rows.append({**dict(zip(KEYS, key, strict=True)), "detector": d,
-                         "attack": first.get(f"detected_attacks.{d}", ""),
-                         "seeds": int(group.drop_duplicates("config_hash")["seed"].nunique()),
-                         **{c: first[f"{c}.{d}"] for c in GROUP_COLUMNS}})
+            rows.append(
+                {
+                    **dict(zip(KEYS, key, strict=True)),
+                    "detector": d,
+                    "attack": first.get(f"detected_attacks.{d}", ""),
+                    "seeds": int(group.drop_duplicates("config_hash")["seed"].nunique()),
+                    **{c: first[f"{c}.{d}"] for c in GROUP_COLUMNS},
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -157,5 +183,6 @@ def scores_column(table: pd.DataFrame) -> dict[tuple[Any, ...], str]:
     for _, r in rows.iterrows():
         where = "" if pd.isna(r["strength"]) else f" at {float(r['strength']):g}"
         out.setdefault((r["dataset"], r["algorithm"], r["setting"], r["defense"]), []).append(
-            f"{r['detector']}{where}: {r['detector_verdict']}")
+            f"{r['detector']}{where}: {r['detector_verdict']}"
+        )
     return {k: "; ".join(v) for k, v in out.items()}

@@ -65,10 +65,21 @@ def _error_line(log: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def launch(cfg: ExperimentConfig, *, out_dir: Path, certs: Path | None = None, insecure: bool = False,
-           data_root: Path | None = None, start_timeout: float = 60.0, receive_timeout: float = 120.0,
-           timeout: float | None = None, grace: float = 10.0, resume: bool = False,
-           stop_after: int | None = None, shape: LinkProfile | None = None) -> Launched:
+def launch(
+    cfg: ExperimentConfig,
+    *,
+    out_dir: Path,
+    certs: Path | None = None,
+    insecure: bool = False,
+    data_root: Path | None = None,
+    start_timeout: float = 60.0,
+    receive_timeout: float = 120.0,
+    timeout: float | None = None,
+    grace: float = 10.0,
+    resume: bool = False,
+    stop_after: int | None = None,
+    shape: LinkProfile | None = None,
+) -> Launched:
     """Run ``cfg`` with every party in its own process on this machine; returns when all have exited.
 
     ``certs``: a directory from ``vflbench net provision`` holding one subdirectory per party (a temporary CA is
@@ -93,37 +104,84 @@ def launch(cfg: ExperimentConfig, *, out_dir: Path, certs: Path | None = None, i
     _check_launch(cfg, out_dir, resume=resume, stop_after=stop_after)
     context = party_context()  # the fork server imports while the certificates are made
     reference = undefended_config(cfg) if cfg.defenses and cfg.attacks else None
-    runs = [_Run(cfg, "", resume, stop_after)]
-    options = _Options(out_dir=out_dir, insecure=insecure, data_root=data_root, start_timeout=start_timeout,
-                       receive_timeout=receive_timeout, shape=shape)
-    with tempfile.TemporaryDirectory(prefix="vflbench-launch-") as tmp, \
-            _claimed(reference, out_dir) as launch_reference:
-        if launch_reference:
-            assert reference is not None
-            runs.append(_Run(reference, f" of the undefended reference run {reference.hash()}", False, None))
+    options = _Options(
+        out_dir=out_dir,
+        insecure=insecure,
+        data_root=data_root,
+        start_timeout=start_timeout,
+        receive_timeout=receive_timeout,
+        shape=shape,
+    )
+    with (
+        tempfile.TemporaryDirectory(prefix="vflbench-launch-") as tmp,
+        _claimed(reference, out_dir) as launch_reference,
+    ):
+        runs = _runs(cfg, reference, launch_reference, resume=resume, stop_after=stop_after)
         certs = _certificates(certs, insecure, cfg, Path(tmp))
-        procs: dict[str, _PartyProcess] = {}
-        logs: dict[str, Path] = {}
-        tic = time.monotonic()
-        try:
-            for run in runs:
-                for key, (argv, log) in _party_commands(run, options, certs, Path(tmp)).items():
-                    logs[key] = log
-                    procs[key] = _PartyProcess(context, argv, log)
-            failed = _wait(procs, timeout=timeout, grace=grace, started=tic)
-        finally:
-            for proc in procs.values():
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+        failed, procs, logs, tic = _run_processes(runs, options, certs, tmp, context, timeout=timeout, grace=grace)
     seconds = time.monotonic() - tic
-    run_dir = out_dir / cfg.hash()
     if failed:
         raise _failure(failed, procs, logs)
+    return _launched(out_dir / cfg.hash(), cfg, stop_after, seconds)
+
+
+def _runs(
+    cfg: ExperimentConfig,
+    reference: ExperimentConfig | None,
+    launch_reference: bool,
+    *,
+    resume: bool,
+    stop_after: int | None,
+) -> list[_Run]:
+    """The runs to launch: ``cfg``, and its undefended ``reference`` beside it when ``launch_reference``."""
+    runs = [_Run(cfg, "", resume, stop_after)]
+    if launch_reference:
+        assert reference is not None
+        runs.append(_Run(reference, f" of the undefended reference run {reference.hash()}", False, None))
+    return runs
+
+
+def _run_processes(
+    runs: list[_Run],
+    options: _Options,
+    certs: Path | None,
+    tmp: str,
+    context: Context,
+    *,
+    timeout: float | None,
+    grace: float,
+) -> tuple[list[str], dict[str, _PartyProcess], dict[str, Path], float]:
+    """Start every party process of ``runs`` (forked from ``context``) and wait for all of them (:func:`_wait`),
+    killing any still running on the way out; the parties that failed, the processes, their logs, and the
+    monotonic time they were started at."""
+    procs: dict[str, _PartyProcess] = {}
+    logs: dict[str, Path] = {}
+    tic = time.monotonic()
+    try:
+        for run in runs:
+            for key, (argv, log) in _party_commands(run, options, certs, Path(tmp)).items():
+                logs[key] = log
+                procs[key] = _PartyProcess(context, argv, log)
+        failed = _wait(procs, timeout=timeout, grace=grace, started=tic)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return failed, procs, logs, tic
+
+
+def _launched(run_dir: Path, cfg: ExperimentConfig, stop_after: int | None, seconds: float) -> Launched:
+    """What a launch that succeeded gives: the run's ``result.json`` and ``net.json`` from ``run_dir``, or nothing
+    but ``stopped_after`` when ``stop_after`` stopped it before its last epoch."""
     if stop_after is not None and stop_after < cfg.train.epochs:
         return Launched(run_dir, {}, {}, seconds, stopped_after=stop_after)
-    return Launched(run_dir, json.loads((run_dir / "result.json").read_text()),
-                    json.loads((run_dir / "net.json").read_text()), seconds)
+    return Launched(
+        run_dir,
+        json.loads((run_dir / "result.json").read_text()),
+        json.loads((run_dir / "net.json").read_text()),
+        seconds,
+    )
 
 
 def _check_launch(cfg: ExperimentConfig, out_dir: Path, *, resume: bool, stop_after: int | None) -> None:
@@ -178,9 +236,20 @@ def _party_commands(run: _Run, options: _Options, certs: Path | None, tmp: Path)
         addresses[DEALER] = f"127.0.0.1:{free_port()}"
     commands = {}
     for name in names:
-        argv = ["party", "run", str(config_path), "--party", name, "--out", str(options.out_dir / run.cfg.hash()),
-                "--start-timeout", str(options.start_timeout), "--receive-timeout", str(options.receive_timeout),
-                *(a for k, v in addresses.items() for a in ("--address", f"{k}={v}"))]
+        argv = [
+            "party",
+            "run",
+            str(config_path),
+            "--party",
+            name,
+            "--out",
+            str(options.out_dir / run.cfg.hash()),
+            "--start-timeout",
+            str(options.start_timeout),
+            "--receive-timeout",
+            str(options.receive_timeout),
+            *(a for k, v in addresses.items() for a in ("--address", f"{k}={v}")),
+        ]
         argv += ["--insecure"] if options.insecure else ["--certs", str(Path(certs or "") / name)]
         if options.data_root is not None:
             argv += ["--data-root", str(options.data_root)]
@@ -199,9 +268,12 @@ def _failure(failed: list[str], procs: Mapping[str, _PartyProcess], logs: Mappin
     failed = sorted(failed, key=lambda n: "(noticed by" in _error_line(text[n]))
     first, *others = failed
     detail = "; ".join(f"{n} (exit {procs[n].returncode}): {_error_line(text[n]).rstrip('.')}" for n in others)
-    return LaunchError(f"party {first} failed first (exit {procs[first].returncode}): "
-                       f"{_error_line(text[first]).rstrip('.')}" + (f"; then {detail}" if detail else "")
-                       + f". Logs: {logs[first].parent}")
+    return LaunchError(
+        f"party {first} failed first (exit {procs[first].returncode}): "
+        f"{_error_line(text[first]).rstrip('.')}"
+        + (f"; then {detail}" if detail else "")
+        + f". Logs: {logs[first].parent}"
+    )
 
 
 @dataclass(frozen=True)
@@ -305,8 +377,9 @@ def _wait(procs: Mapping[str, _Process], *, timeout: float | None, grace: float,
         if not running:
             return failed
         now = time.monotonic()
-        if (first_failure is not None and now - first_failure > grace) or \
-                (timeout is not None and now - started > timeout):
+        if (first_failure is not None and now - first_failure > grace) or (
+            timeout is not None and now - started > timeout
+        ):
             for n in running:
                 procs[n].kill()
                 procs[n].wait()

@@ -75,8 +75,9 @@ def _acquire(path: Path, busy: str) -> int:
         try:
             previous = _read_pid(os.read(fd, 32).decode(errors="replace"))
             if not _lock_fd(fd, previous):
-                raise LockHeld(busy.format(pid=previous if previous is not None else "unknown", path=path), path,
-                               previous)
+                raise LockHeld(
+                    busy.format(pid=previous if previous is not None else "unknown", path=path), path, previous
+                )
             try:
                 same = os.stat(path).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:

@@ -109,7 +109,7 @@ from vflbench.net.linkmodel import LINK_PROFILES, project
 from vflbench.net.policy import SURFACE, Policy, role_of
 from vflbench.net.transport import NetChannel
 from vflbench.protocol import Federation, History
-from vflbench.protocol.channel import CommStats
+from vflbench.protocol.channel import CommStats, Endpoint
 from vflbench.protocol.grants import Grant
 from vflbench.protocol.messages import ACTIVE, DEALER, passive_name
 from vflbench.protocol.party import PassiveParty
@@ -183,11 +183,18 @@ def local_state(cfg: ExperimentConfig, party: str, data_root: str | Path | None 
     if party == ACTIVE:
         check_before_training(cfg, vd, attack_plan)
         attacks = attack_plan if positions else dataclasses.replace(attack_plan, data=None)
-        return LocalState(active_data(vd, granted=defense_aux_rows(cfg, plan, vd.y_train)), plan, attacks, positions,
-                          vd if positions else None, attack_plan.grants())
+        return LocalState(
+            active_data(vd, granted=defense_aux_rows(cfg, plan, vd.y_train)),
+            plan,
+            attacks,
+            positions,
+            vd if positions else None,
+            attack_plan.grants(),
+        )
     attacks = own_attacks(attack_plan, party) if positions else AttackPlan(seed=cfg.seed)
-    return LocalState(passive_data(vd, party), plan, attacks, positions, vd if positions else None,
-                      attack_plan.grants())
+    return LocalState(
+        passive_data(vd, party), plan, attacks, positions, vd if positions else None, attack_plan.grants()
+    )
 
 
 def check_party_config(cfg: ExperimentConfig) -> None:
@@ -196,14 +203,17 @@ def check_party_config(cfg: ExperimentConfig) -> None:
     if cfg.train.algorithm == "vsnn":
         problems.append("VSNN (the active party holds no features)")
     if problems:
-        raise ConfigError(f"parties in separate processes cannot run {' or '.join(problems)} yet; use `vflbench run` "
-                          "for everything in one process")
+        raise ConfigError(
+            f"parties in separate processes cannot run {' or '.join(problems)} yet; use `vflbench run` "
+            "for everything in one process"
+        )
 
 
 def needs_dealer(cfg: ExperimentConfig) -> str | None:
     """The name of the configured defense that needs the dealer as an extra party (VMask and its variants), if any."""
-    return next((s.name for s in cfg.defenses if DEALER in getattr(DEFENSES.get(s.name).factory, "extra_parties", ())),
-                None)
+    return next(
+        (s.name for s in cfg.defenses if DEALER in getattr(DEFENSES.get(s.name).factory, "extra_parties", ())), None
+    )
 
 
 def party_names(cfg: ExperimentConfig) -> list[str]:
@@ -226,9 +236,17 @@ def _save_models(models: Mapping[str, nn.Module], party: str, out_dir: Path) -> 
         save_torch_atomic(out_dir / "checkpoints" / f"{party}.{role}.final.pt", cpu_state_dict(model))
 
 
-def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir: Path | None = None,
-              data_root: str | Path | None = None, resume: bool = False,
-              stop_after: int | None = None, refuse_grants: bool = False) -> dict[str, Any]:
+def run_party(
+    cfg: ExperimentConfig,
+    *,
+    party: str,
+    channel: NetChannel,
+    out_dir: Path | None = None,
+    data_root: str | Path | None = None,
+    resume: bool = False,
+    stop_after: int | None = None,
+    refuse_grants: bool = False,
+) -> dict[str, Any]:
     """Run ``party``'s side of ``cfg`` over ``channel`` (started here, and closed -- or aborted on an error -- before
     returning); returns (and writes to ``out_dir/<party>.json``) its summary with the channel's final counts, and
     saves its models' state dicts under ``out_dir/checkpoints``. The active party also writes the run directory's
@@ -255,11 +273,7 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
         channel.options = dataclasses.replace(channel.options, device=str(device))
     try:
         local = local_state(cfg, party, data_root) if party != DEALER else None
-        grants = local.grants if local is not None else []
-        refused = [g for g in grants if refuse_grants and g.server == party]
-        for g in refused:
-            log.warning("%s refuses %s, which the run's plan grants (--refuse-grants)", party, g.describe())
-        channel.grant([g for g in grants if g not in refused])
+        refused = _grant(channel, party, local.grants if local is not None else [], refuse_grants)
         summary: dict[str, Any] = {"party": party, "run": channel.run}
         with channel:
             if party == DEALER:
@@ -267,32 +281,61 @@ def run_party(cfg: ExperimentConfig, *, party: str, channel: NetChannel, out_dir
                 models: dict[str, nn.Module] = {}
             elif party == ACTIVE:
                 assert local is not None
-                models = _run_active(cfg, local, channel, summary, out_dir, data_root, resume=resume,
-                                     stop_after=stop_after)
+                models = _run_active(
+                    cfg, local, channel, summary, out_dir, data_root, resume=resume, stop_after=stop_after
+                )
             else:
                 assert local is not None
-                models = _run_passive(cfg, local, channel, party, summary, out_dir=out_dir, resume=resume,
-                                      refused=refused)
-        summary["net"] = {"stats": {k: v.as_dict() for k, v in channel.stats.items()}, "wire": wire_of(channel)}
-        if out_dir is not None:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            _save_models(models, party, out_dir)
-            write_json(out_dir / f"{party}.json", summary)
+                models = _run_passive(
+                    cfg, local, channel, party, summary, out_dir=out_dir, resume=resume, refused=refused
+                )
+        _record_party(summary, channel, models, party, out_dir)
         return summary
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def check_party_run(cfg: ExperimentConfig, party: str, *, out_dir: Path | None, resume: bool,
-                    stop_after: int | None, refuse_grants: bool) -> None:
+def _grant(channel: NetChannel, party: str, grants: list[Grant], refuse_grants: bool) -> list[Grant]:
+    """Let the run's ``grants`` through ``channel``, less those that query ``party``'s model when it refuses them
+    (``refuse_grants``, each logged); the refused ones."""
+    refused = [g for g in grants if refuse_grants and g.server == party]
+    for g in refused:
+        log.warning("%s refuses %s, which the run's plan grants (--refuse-grants)", party, g.describe())
+    channel.grant([g for g in grants if g not in refused])
+    return refused
+
+
+def _record_party(
+    summary: dict[str, Any], channel: NetChannel, models: dict[str, nn.Module], party: str, out_dir: Path | None
+) -> None:
+    """Add the channel's final counts to ``summary`` and, with an ``out_dir``, save the party's models and write
+    ``summary`` to ``out_dir/<party>.json``."""
+    summary["net"] = {"stats": {k: v.as_dict() for k, v in channel.stats.items()}, "wire": wire_of(channel)}
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _save_models(models, party, out_dir)
+        write_json(out_dir / f"{party}.json", summary)
+
+
+def check_party_run(
+    cfg: ExperimentConfig,
+    party: str,
+    *,
+    out_dir: Path | None,
+    resume: bool,
+    stop_after: int | None,
+    refuse_grants: bool,
+) -> None:
     """Refuse, before anything starts, what :func:`run_party` cannot do with these options (one-line errors)."""
     check_party_config(cfg)
     if party not in party_names(cfg):
         raise ConfigError(f"party {party!r} is not in this config's run ({', '.join(party_names(cfg))})")
     if refuse_grants and role_of(party) != "passive":
-        raise ConfigError("--refuse-grants is a passive party's choice (it refuses evaluation-only queries of its "
-                          "own bottom model); the active party's VMask shares for vmask_weight_recovery's "
-                          "evaluation-only errors cannot be refused yet: leave that attack out of the config instead")
+        raise ConfigError(
+            "--refuse-grants is a passive party's choice (it refuses evaluation-only queries of its "
+            "own bottom model); the active party's VMask shares for vmask_weight_recovery's "
+            "evaluation-only errors cannot be refused yet: leave that attack out of the config instead"
+        )
     if resume:
         check_resumable(cfg)
         if out_dir is None:
@@ -303,8 +346,9 @@ def check_party_run(cfg: ExperimentConfig, party: str, *, out_dir: Path | None, 
         raise ConfigError(f"--stop-after takes a number of epochs of at least 1, got {stop_after}")
 
 
-def _serve_dealer(cfg: ExperimentConfig, channel: NetChannel, *, out_dir: Path | None = None,
-                  resume: bool = False) -> dict[str, int]:
+def _serve_dealer(
+    cfg: ExperimentConfig, channel: NetChannel, *, out_dir: Path | None = None, resume: bool = False
+) -> dict[str, int]:
     """The dealer's process: VMask's dealer, seeded as in one process, answering until every peer said goodbye.
     With ``out_dir`` (and a resumable config) it writes its own checkpoint when the active party asks at an epoch
     boundary (``dealer.checkpoint``); with ``resume`` it continues from the one the active party names
@@ -313,8 +357,12 @@ def _serve_dealer(cfg: ExperimentConfig, channel: NetChannel, *, out_dir: Path |
     assert name is not None
     spec = next(s for s in cfg.defenses if s.name == name)
     defense = create_defense(name, **spec.params())
-    defense.start_party(DEALER, channel.endpoint(DEALER), generator(cfg.seed, "defense", name, ACTIVE),
-                        device=resolve_device(cfg.train.device))
+    defense.start_party(
+        DEALER,
+        channel.endpoint(DEALER),
+        generator(cfg.seed, "defense", name, ACTIVE),
+        device=resolve_device(cfg.train.device),
+    )
     service = defense.dealer_service_  # type: ignore[attr-defined]
     if out_dir is not None and resumable(cfg):
         service.save = lambda epoch, state: save_checkpoint(out_dir, DEALER, epoch, {"dealer": state})
@@ -324,8 +372,17 @@ def _serve_dealer(cfg: ExperimentConfig, channel: NetChannel, *, out_dir: Path |
     return {"next_triple": service.dealer.next_triple, "resumed_at_triple": service.dealer.retired_below}
 
 
-def _run_passive(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, party: str, summary: dict[str, Any],
-                 *, out_dir: Path | None, resume: bool, refused: list[Grant]) -> dict[str, nn.Module]:
+def _run_passive(
+    cfg: ExperimentConfig,
+    local: LocalState,
+    channel: NetChannel,
+    party: str,
+    summary: dict[str, Any],
+    *,
+    out_dir: Path | None,
+    resume: bool,
+    refused: list[Grant],
+) -> dict[str, nn.Module]:
     """A passive party's process: take the bottom model's width from the active party (``passive.setup``), build
     its own side from its own slice (its defense halves on the network), answer the active party's requests until
     it says ``passive.done`` (the evaluation-only query of its bottom model only as granted and not ``refused``,
@@ -333,37 +390,76 @@ def _run_passive(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, 
     results. ``summary["grants"]``: the grants that involve this party, what became of them, the queries served."""
     assert isinstance(local.data, PassiveData)
     endpoint = channel.endpoint(party)
+    embed_dim = _take_embed_dim(channel, endpoint)
+    attacks = local.attacks
+    passive = build_passive(
+        cfg,
+        local.data,
+        defenses=local.defenses.passive[party],
+        embed_dim=embed_dim,
+        link=channel.endpoint,
+        keep=attacks.keep.get(party),
+    )
+    side = OwnSide(passive)
+    attacks.prepare(side)  # type: ignore[arg-type]
+    assert passive.data is not None
+    oracle = next(
+        (g for g in local.grants if g.kind == "passive.oracle_bottom" and g.server == party and g not in refused), None
+    )
+    channel.register(passive.transcript)  # the party records what it sends and receives, as in one process
+    served = ServedPassive(
+        passive,
+        channel,
+        lambda: attacks.on_epoch_end(side),  # type: ignore[arg-type]
+        out_dir=out_dir if resumable(cfg) else None,
+        resume=resume,
+        rows={"train": len(passive.data.x_train), "test": len(passive.data.x_test)},
+        epochs=cfg.train.epochs,
+        oracle=oracle,
+    )
+    served.serve()
+    endpoint.post("passive.ready", ACTIVE, meta={"refuses": ",".join(sorted({g.kind for g in refused}))})
+    if endpoint.take("passive.done", ACTIVE).meta.get("stopped"):
+        summary["grants"] = _grant_records(local.grants, party, refused, served.served)
+        return passive.models()  # the active party stopped the run after a committed epoch: nothing to report
+    _report_passive(cfg, local, side, channel, endpoint)
+    summary["grants"] = _grant_records(local.grants, party, refused, served.served)
+    return passive.models()
+
+
+def _take_embed_dim(channel: NetChannel, endpoint: Endpoint) -> int:
+    """The bottom model's width that the active party's ``passive.setup`` gives; a clear error if it is not an int
+    in [1, 2**20] or the message carries anything else."""
     setup = endpoint.take("passive.setup", ACTIVE)
     embed_dim = setup.meta.get("embed_dim")
     with refusing(channel, ACTIVE):
         nothing_else(setup, "passive.setup")
         if not isinstance(embed_dim, int) or isinstance(embed_dim, bool) or not 1 <= embed_dim <= 1 << 20:
-            raise ProtocolError(f"passive.setup must carry the bottom model's width as an int embed_dim, got "
-                                f"{embed_dim!r}")
+            raise ProtocolError(
+                f"passive.setup must carry the bottom model's width as an int embed_dim, got {embed_dim!r}"
+            )
+    return embed_dim
+
+
+def _grant_records(grants: list[Grant], party: str, refused: list[Grant], served: int) -> list[dict[str, Any]]:
+    """The grants that involve ``party``, each with what became of it (granted, or refused by it) and, where it
+    serves them, the queries ``served``."""
+    return [
+        {
+            **g.as_dict(f"refused by {party}" if g in refused else "granted"),
+            **({"served": served} if g.server == party else {}),
+        }
+        for g in grants
+        if party in (g.server, g.client)
+    ]
+
+
+def _report_passive(
+    cfg: ExperimentConfig, local: LocalState, side: OwnSide, channel: NetChannel, endpoint: Endpoint
+) -> None:
+    """Run the passive party's own attacks on the trained run and send the active party ``passive.report``: this
+    process's channel counters and wire, the attacks' results (by their positions in the run's plan) and times."""
     attacks = local.attacks
-    passive = build_passive(cfg, local.data, defenses=local.defenses.passive[party], embed_dim=embed_dim,
-                            link=channel.endpoint, keep=attacks.keep.get(party))
-    side = OwnSide(passive)
-    attacks.prepare(side)  # type: ignore[arg-type]
-    assert passive.data is not None
-    oracle = next((g for g in local.grants if g.kind == "passive.oracle_bottom" and g.server == party
-                   and g not in refused), None)
-    channel.register(passive.transcript)  # the party records what it sends and receives, as in one process
-    served = ServedPassive(passive, channel, lambda: attacks.on_epoch_end(side),  # type: ignore[arg-type]
-                     out_dir=out_dir if resumable(cfg) else None, resume=resume,
-                     rows={"train": len(passive.data.x_train), "test": len(passive.data.x_test)},
-                     epochs=cfg.train.epochs, oracle=oracle)
-    served.serve()
-    endpoint.post("passive.ready", ACTIVE, meta={"refuses": ",".join(sorted({g.kind for g in refused}))})
-
-    def record_grants() -> None:
-        summary["grants"] = [{**g.as_dict(f"refused by {party}" if g in refused else "granted"),
-                              **({"served": served.served} if g.server == party else {})}
-                             for g in local.grants if party in (g.server, g.client)]
-
-    if endpoint.take("passive.done", ACTIVE).meta.get("stopped"):
-        record_grants()
-        return passive.models()  # the active party stopped the run after a committed epoch: nothing to report
     results: list[Any] = []
     seconds: dict[str, float] = {}
     if attacks.attacks:
@@ -371,12 +467,18 @@ def _run_passive(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, 
         trained = TrainedRun(cfg, local.ground_truth, side, History(), 0.0, attacks.held_out())  # type: ignore[arg-type]
         results, seconds = run_attacks(attacks, trained)
         seconds.update(search_attacks(attacks, trained, results))
-    endpoint.post("passive.report", ACTIVE, to_bytes_tensor({
-        "stats": {k: v.as_dict() for k, v in channel.stats.items()}, "wire": wire_of(channel),
-        "attacks": {str(i): dataclasses.asdict(r) for i, r in zip(local.positions, results, strict=True)},
-        "attack_seconds": seconds}))
-    record_grants()
-    return passive.models()
+    endpoint.post(
+        "passive.report",
+        ACTIVE,
+        to_bytes_tensor(
+            {
+                "stats": {k: v.as_dict() for k, v in channel.stats.items()},
+                "wire": wire_of(channel),
+                "attacks": {str(i): dataclasses.asdict(r) for i, r in zip(local.positions, results, strict=True)},
+                "attack_seconds": seconds,
+            }
+        ),
+    )
 
 
 def _positions(plan: AttackPlan, party: str) -> list[int]:
@@ -384,9 +486,17 @@ def _positions(plan: AttackPlan, party: str) -> list[int]:
     return [i for i, p in enumerate(plan.attacks) if p.attack.party == party]
 
 
-def _run_active(cfg: ExperimentConfig, local: LocalState, channel: NetChannel, summary: dict[str, Any],
-                out_dir: Path | None, data_root: str | Path | None, *, resume: bool = False,
-                stop_after: int | None = None) -> dict[str, nn.Module]:
+def _run_active(
+    cfg: ExperimentConfig,
+    local: LocalState,
+    channel: NetChannel,
+    summary: dict[str, Any],
+    out_dir: Path | None,
+    data_root: str | Path | None,
+    *,
+    resume: bool = False,
+    stop_after: int | None = None,
+) -> dict[str, nn.Module]:
     """The active party's process: build its side, wait for every passive party, train (checkpointing each epoch
     with every party, or continuing from the last committed one), collect the passive parties' reports and write
     the run directory (:class:`_ActiveRun`)."""
@@ -399,18 +509,33 @@ class _ActiveRun:
     epoch commits, or its continuation), :meth:`collect` (its attacks, the passive parties' reports) and
     :meth:`finish` (``result.json`` and ``net.json``)."""
 
-    def __init__(self, cfg: ExperimentConfig, local: LocalState, channel: NetChannel, summary: dict[str, Any],
-                 out_dir: Path | None, data_root: str | Path | None, *, resume: bool, stop_after: int | None) -> None:
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        local: LocalState,
+        channel: NetChannel,
+        summary: dict[str, Any],
+        out_dir: Path | None,
+        data_root: str | Path | None,
+        *,
+        resume: bool,
+        stop_after: int | None,
+    ) -> None:
         check_components(cfg)
         self.cfg, self.local, self.channel, self.summary = cfg, local, channel, summary
         self.out_dir, self.data_root, self.resume, self.stop_after = out_dir, data_root, resume, stop_after
-        self.names = party_names(cfg)[1:cfg.data.parties]
+        self.names = party_names(cfg)[1 : cfg.data.parties]
         self.endpoint = channel.endpoint(ACTIVE)
         vd = local.data
         directory = RunDirectory(out_dir, cfg, lambda: environment(cfg.train.threads, vd.device))
         # the experimenter's ground truth scores this party's attacks; the party's own objects hold only its part
-        self.pipeline = Pipeline(cfg, local.ground_truth if local.ground_truth is not None else vd, local.attacks,
-                                 directory, attacks=own_attacks(local.attacks, ACTIVE))
+        self.pipeline = Pipeline(
+            cfg,
+            local.ground_truth if local.ground_truth is not None else vd,
+            local.attacks,
+            directory,
+            attacks=own_attacks(local.attacks, ACTIVE),
+        )
         self.refused: dict[Grant, str] = {}
         self.walls: list[float] = []
         self.wire: list[dict[str, Any]] = []
@@ -428,8 +553,15 @@ class _ActiveRun:
         """Build the active party's side, send every passive party the bottoms' width, wait for each to be ready
         (answering its defense halves' set-up requests meanwhile) and connect the loop to them."""
         plan, local, channel = self.local.attacks, self.local, self.channel
-        built = active_side(self.cfg, local.data, defenses=local.defenses.active, link=channel.endpoint,
-                            keep=plan.keep.get(ACTIVE, ()), extra_dims=plan.extra_dims(), held_out=plan.held_out())
+        built = active_side(
+            self.cfg,
+            local.data,
+            defenses=local.defenses.active,
+            link=channel.endpoint,
+            keep=plan.keep.get(ACTIVE, ()),
+            extra_dims=plan.extra_dims(),
+            held_out=plan.held_out(),
+        )
         for name in self.names:  # the bottom models' width, which the active party's label transforms may set (VLR)
             self.endpoint.post("passive.setup", name, meta={"embed_dim": built.embed_dim})
         for name in self.names:
@@ -441,9 +573,16 @@ class _ActiveRun:
         log.info("active: %s ready; training", ", ".join(self.names))
         extra = plan.extra_dims()
         granted = {g.server for g in local.grants if g.kind == "passive.oracle_bottom" and g not in self.refused}
-        remotes = [RemotePassive(name, endpoint=self.endpoint, channel=channel,
-                                 width=built.embed_dim + extra.get(name, 0), granted=name in granted)
-                   for name in self.names]
+        remotes = [
+            RemotePassive(
+                name,
+                endpoint=self.endpoint,
+                channel=channel,
+                width=built.embed_dim + extra.get(name, 0),
+                granted=name in granted,
+            )
+            for name in self.names
+        ]
         fed = connect(built.party, [], channel, train_rows=built.train_rows, remote=remotes)
         assert self.pipeline.attacks is not None
         self.pipeline.attacks.prepare(fed)
@@ -461,8 +600,11 @@ class _ActiveRun:
             restored = _resume_active(out_dir, start - 1, fed, channel, self.batches, remotes)
             directory.lines, self.walls, self.wire = restored["metrics"], restored["walls"], restored["active_wire"]
             records = [json.loads(line) for line in directory.lines]
-            history = History(epochs=records, epoch_seconds=[r["seconds"] for r in records],
-                              refused_updates=sum(r.get("refused_updates", 0) for r in records))
+            history = History(
+                epochs=records,
+                epoch_seconds=[r["seconds"] for r in records],
+                refused_updates=sum(r.get("refused_updates", 0) for r in records),
+            )
             log.info("active: resuming after epoch %d, which every party committed", start - 1)
         # a resumed process's link counters start at zero: what crossed before adds the last snapshot's counts
         wire_base = self.wire[-1] if self.wire else {}
@@ -474,14 +616,16 @@ class _ActiveRun:
             last[0] = now
             self.wire.append(_plus(wire_base, wire_of(channel)))
             if out_dir is not None and resumable(cfg):
-                _commit_epoch(out_dir, epoch, fed, channel, self.batches, remotes, directory.lines, self.walls,
-                              self.wire)
+                _commit_epoch(
+                    out_dir, epoch, fed, channel, self.batches, remotes, directory.lines, self.walls, self.wire
+                )
             if self.stop_after is not None and epoch + 1 == self.stop_after and epoch + 1 < cfg.train.epochs:
                 raise _Stopped(epoch + 1)
 
         try:
-            return self.pipeline.train(fed, on_epoch_end=on_epoch_end, start_epoch=start, history=history,
-                                       batches=self.batches)
+            return self.pipeline.train(
+                fed, on_epoch_end=on_epoch_end, start_epoch=start, history=history, batches=self.batches
+            )
         except _Stopped as stopped:
             for remote in remotes:
                 self.endpoint.post("passive.done", remote.name, meta={"stopped": True})
@@ -489,8 +633,9 @@ class _ActiveRun:
             log.info("active: stopped after epoch %d as asked; continue with --resume", stopped.epochs - 1)
             return None
 
-    def collect(self, run: TrainedRun,
-                remotes: list[RemotePassive]) -> tuple[list[AttackResult], dict[str, float], dict[str, Any]]:
+    def collect(
+        self, run: TrainedRun, remotes: list[RemotePassive]
+    ) -> tuple[list[AttackResult], dict[str, float], dict[str, Any]]:
         """Every attack's result in the config's order: this party's (scored before ``passive.done``: they may query
         the passive parties), then each passive party's from its final report (also returned, by party)."""
         found, seconds = self.pipeline.score(run)
@@ -506,30 +651,62 @@ class _ActiveRun:
             seconds.update(report["attack_seconds"])
         return [results[i] for i in range(len(plan.attacks))], seconds, reports
 
-    def finish(self, run: TrainedRun, remotes: list[RemotePassive], attacks: list[AttackResult],
-               seconds: dict[str, float], reports: dict[str, Any]) -> None:
+    def finish(
+        self,
+        run: TrainedRun,
+        remotes: list[RemotePassive],
+        attacks: list[AttackResult],
+        seconds: dict[str, float],
+        reports: dict[str, Any],
+    ) -> None:
         """``result.json`` (the traffic counted here and each passive party's ``dealer.*`` from its report) and
         ``net.json``; the summary's utility, epochs, traffic and grants."""
         cfg, out_dir, channel = self.cfg, self.out_dir, self.channel
-        undefended = (undefended_result(cfg, out_dir=out_dir.parent if out_dir else None, data_root=self.data_root)
-                      if cfg.defenses and cfg.attacks else None)
-        comm = merged_comm([(channel.train, protocol_kind),
-                            *((comm_from_dict(r["stats"]["train"]), lambda kind: kind.startswith("dealer."))
-                              for r in reports.values())])
+        undefended = (
+            undefended_result(cfg, out_dir=out_dir.parent if out_dir else None, data_root=self.data_root)
+            if cfg.defenses and cfg.attacks
+            else None
+        )
+        comm = merged_comm(
+            [
+                (channel.train, protocol_kind),
+                *(
+                    (comm_from_dict(r["stats"]["train"]), lambda kind: kind.startswith("dealer."))
+                    for r in reports.values()
+                ),
+            ]
+        )
         grants = [g.as_dict(self.refused.get(g, "granted")) for g in self.local.grants]
         held_out = self.local.attacks.held_out()
 
         def baseline(alone: bool) -> UtilityResult:  # the active party alone, on its own data
-            return utility_of(cfg, train_run(cfg, run.data, with_defenses=False, alone=alone,
-                                             held_out=held_out).history)
+            return utility_of(
+                cfg, train_run(cfg, run.data, with_defenses=False, alone=alone, held_out=held_out).history
+            )
 
         baselines = self.pipeline.baselines(run, undefended=undefended, train=baseline, second_federation=False)
-        result = self.pipeline.result(run, attacks=attacks, attack_seconds=seconds, comm=comm, baselines=baselines,
-                                      undefended=undefended, grants=grants, honest_reference=False)
+        result = self.pipeline.result(
+            run,
+            attacks=attacks,
+            attack_seconds=seconds,
+            comm=comm,
+            baselines=baselines,
+            undefended=undefended,
+            grants=grants,
+            honest_reference=False,
+        )
         self.summary.update(utility=result.utility.__dict__, epochs=run.history.epochs, comm=comm, grants=grants)
-        self.pipeline.directory.write("net.json", net_report(
-            self.walls, comm, self.wire, {r.name: r.wire for r in remotes},
-            {ACTIVE: wire_of(channel), **{n: r["wire"] for n, r in reports.items()}}, shaped=channel.options.shape))
+        self.pipeline.directory.write(
+            "net.json",
+            net_report(
+                self.walls,
+                comm,
+                self.wire,
+                {r.name: r.wire for r in remotes},
+                {ACTIVE: wire_of(channel), **{n: r["wire"] for n, r in reports.items()}},
+                shaped=channel.options.shape,
+            ),
+        )
         self.pipeline.directory.write("result.json", result.to_dict())
 
 
@@ -549,9 +726,17 @@ def _plus(base: Mapping[str, Mapping[str, int]], now: Mapping[str, Mapping[str, 
     return out
 
 
-def _commit_epoch(out_dir: Path, epoch: int, fed: Any, channel: NetChannel, batches: torch.Generator,
-                  remotes: list[RemotePassive], metrics_lines: list[str], epoch_walls: list[float],
-                  active_wire: list[dict[str, Any]]) -> None:
+def _commit_epoch(
+    out_dir: Path,
+    epoch: int,
+    fed: Any,
+    channel: NetChannel,
+    batches: torch.Generator,
+    remotes: list[RemotePassive],
+    metrics_lines: list[str],
+    epoch_walls: list[float],
+    active_wire: list[dict[str, Any]],
+) -> None:
     """The checkpoint of ``epoch``: each passive party writes its own and reports it, then the active party writes
     its own and, once every party committed ``epoch``, the manifest."""
     committed: dict[str, int] = {}
@@ -561,25 +746,35 @@ def _commit_epoch(out_dir: Path, epoch: int, fed: Any, channel: NetChannel, batc
             raise ProtocolError(f"{r.name} answered passive.checkpoint without an int 'committed', got {answer!r}")
         committed[r.name] = answer
     if DEALER in channel.parties:  # the dealer writes its generator and triple counters
-        answer = channel.endpoint(ACTIVE).call("dealer.checkpoint", DEALER, epoch=epoch, phase="setup").meta.get(
-            "committed")
+        answer = (
+            channel.endpoint(ACTIVE).call("dealer.checkpoint", DEALER, epoch=epoch, phase="setup").meta.get("committed")
+        )
         if not isinstance(answer, int):
             raise ProtocolError(f"the dealer answered dealer.checkpoint without an int 'committed', got {answer!r}")
         committed[DEALER] = answer
-    extra = {"batches": batches.get_state(), "metrics": list(metrics_lines), "walls": list(epoch_walls),
-             "active_wire": json.dumps(active_wire), "passive_wire": json.dumps({r.name: r.wire for r in remotes}),
-             "net_stats": stats_json(channel)}
+    extra = {
+        "batches": batches.get_state(),
+        "metrics": list(metrics_lines),
+        "walls": list(epoch_walls),
+        "active_wire": json.dumps(active_wire),
+        "passive_wire": json.dumps({r.name: r.wire for r in remotes}),
+        "net_stats": stats_json(channel),
+    }
     save_checkpoint(out_dir, ACTIVE, epoch, {**party_state(fed.active), **extra})
     committed[ACTIVE] = epoch
     if all(e == epoch for e in committed.values()):
         write_manifest(out_dir, epoch, committed)
     else:
-        log.warning("epoch %d is not committed by every party (%s): a resume would start from an earlier one",
-                    epoch, ", ".join(f"{n} {e}" for n, e in committed.items()))
+        log.warning(
+            "epoch %d is not committed by every party (%s): a resume would start from an earlier one",
+            epoch,
+            ", ".join(f"{n} {e}" for n, e in committed.items()),
+        )
 
 
-def _resume_active(out_dir: Path, epoch: int, fed: Any, channel: NetChannel, batches: torch.Generator,
-                   remotes: list[RemotePassive]) -> dict[str, Any]:
+def _resume_active(
+    out_dir: Path, epoch: int, fed: Any, channel: NetChannel, batches: torch.Generator, remotes: list[RemotePassive]
+) -> dict[str, Any]:
     """Load the active party's checkpoint of ``epoch``, have every passive party load its own, and return what the
     loop's bookkeeping continues from."""
     state = load_checkpoint(out_dir, ACTIVE, epoch)
@@ -592,26 +787,42 @@ def _resume_active(out_dir: Path, epoch: int, fed: Any, channel: NetChannel, bat
     restore_stats(channel, state["net_stats"])
     for remote in remotes:
         remote.wire = list(json.loads(state["passive_wire"]).get(remote.name, []))
-    return {"metrics": list(state["metrics"]), "walls": [float(w) for w in state["walls"]],
-            "active_wire": json.loads(state["active_wire"])}
+    return {
+        "metrics": list(state["metrics"]),
+        "walls": [float(w) for w in state["walls"]],
+        "active_wire": json.loads(state["active_wire"]),
+    }
 
 
-def net_report(epoch_seconds: list[float], comm: dict[str, Any], active_wire: list[dict[str, Any]],
-               passive_wire: dict[str, list[dict[str, Any]]], final: dict[str, dict[str, Any]],
-               shaped: Any = None) -> dict[str, Any]:
+def net_report(
+    epoch_seconds: list[float],
+    comm: dict[str, Any],
+    active_wire: list[dict[str, Any]],
+    passive_wire: dict[str, list[dict[str, Any]]],
+    final: dict[str, dict[str, Any]],
+    shaped: Any = None,
+) -> dict[str, Any]:
     """``net.json``: the measured wall time per epoch (training, the end-of-epoch reports and the evaluation), what
     the channels counted, and what crossed each link per epoch (frames and bytes, counted at one end of each link:
     the active party's links at the active party, a passive party's link to the dealer at that party), with the
     time projected on each :data:`~vflbench.net.linkmodel.LINK_PROFILES` network; ``shaped``: the link the
     transport's shaper enforced (``None``: none, loopback speed)."""
+
     def links(active: Mapping[str, Any], passives: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, int]]:
-        out = {f"active-{peer}": {"frames": w["frames_sent"] + w["frames_received"],
-                                  "bytes": w["bytes_sent"] + w["bytes_received"]} for peer, w in active.items()}
+        out = {
+            f"active-{peer}": {
+                "frames": w["frames_sent"] + w["frames_received"],
+                "bytes": w["bytes_sent"] + w["bytes_received"],
+            }
+            for peer, w in active.items()
+        }
         for name, wire in passives.items():
             if DEALER in wire:
                 w = wire[DEALER]
-                out[f"{name}-{DEALER}"] = {"frames": w["frames_sent"] + w["frames_received"],
-                                           "bytes": w["bytes_sent"] + w["bytes_received"]}
+                out[f"{name}-{DEALER}"] = {
+                    "frames": w["frames_sent"] + w["frames_received"],
+                    "bytes": w["bytes_sent"] + w["bytes_received"],
+                }
         return out
 
     per_epoch: list[dict[str, dict[str, int]]] = []
@@ -622,11 +833,19 @@ def net_report(epoch_seconds: list[float], comm: dict[str, Any], active_wire: li
         previous = now
     frames = [sum(v["frames"] for v in e.values()) for e in per_epoch]
     nbytes = [sum(v["bytes"] for v in e.values()) for e in per_epoch]
-    return {"epoch_seconds": epoch_seconds, "shaped": None if shaped is None else shaped.as_dict(),
-            "counted": {"messages": comm["messages"], "bytes": comm["bytes_up"] + comm["bytes_down"]},
-            "wire_per_epoch": {"frames": frames, "bytes": nbytes, "links": per_epoch},
-            "wire_total": links(final.get(ACTIVE, {}), {n: w for n, w in final.items() if n != ACTIVE}),
-            "projected": {name: {**profile.as_dict(),
-                                 "epoch_seconds": [project(s, f, b, profile) for s, f, b in
-                                                   zip(epoch_seconds, frames, nbytes, strict=False)]}
-                          for name, profile in LINK_PROFILES.items()}}
+    return {
+        "epoch_seconds": epoch_seconds,
+        "shaped": None if shaped is None else shaped.as_dict(),
+        "counted": {"messages": comm["messages"], "bytes": comm["bytes_up"] + comm["bytes_down"]},
+        "wire_per_epoch": {"frames": frames, "bytes": nbytes, "links": per_epoch},
+        "wire_total": links(final.get(ACTIVE, {}), {n: w for n, w in final.items() if n != ACTIVE}),
+        "projected": {
+            name: {
+                **profile.as_dict(),
+                "epoch_seconds": [
+                    project(s, f, b, profile) for s, f, b in zip(epoch_seconds, frames, nbytes, strict=False)
+                ],
+            }
+            for name, profile in LINK_PROFILES.items()
+        },
+    }

@@ -87,9 +87,16 @@ class Pipeline:
         if self.attacks is None:
             self.attacks = self.plan
 
-    def train(self, fed: Federation, *, progress: Progress | None = None, on_epoch_end: EpochEnd | None = None,
-              start_epoch: int = 0, history: History | None = None,
-              batches: torch.Generator | None = None) -> TrainedRun:
+    def train(
+        self,
+        fed: Federation,
+        *,
+        progress: Progress | None = None,
+        on_epoch_end: EpochEnd | None = None,
+        start_epoch: int = 0,
+        history: History | None = None,
+        batches: torch.Generator | None = None,
+    ) -> TrainedRun:
         """Train ``fed`` (the attacks installed, their epoch snapshots taken, each epoch recorded); ``start_epoch``,
         ``history`` and ``batches`` continue a resumed run."""
         attacks = self.attacks
@@ -103,10 +110,17 @@ class Pipeline:
 
         t = self.cfg.train
         tic = time.perf_counter()
-        history = fed.fit(epochs=t.epochs, batch_size=t.batch_size,
-                          generator=batches if batches is not None else generator(self.cfg.seed, "active", "batches"),
-                          y_test=self.data.y_test, eval_every=t.eval_every, progress=progress, on_epoch_end=epoch_end,
-                          start_epoch=start_epoch, history=history)
+        history = fed.fit(
+            epochs=t.epochs,
+            batch_size=t.batch_size,
+            generator=batches if batches is not None else generator(self.cfg.seed, "active", "batches"),
+            y_test=self.data.y_test,
+            eval_every=t.eval_every,
+            progress=progress,
+            on_epoch_end=epoch_end,
+            start_epoch=start_epoch,
+            history=history,
+        )
         return TrainedRun(self.cfg, self.data, fed, history, time.perf_counter() - tic, self.plan.held_out())
 
     def score(self, run: TrainedRun) -> tuple[list[AttackResult], dict[str, float]]:
@@ -116,30 +130,62 @@ class Pipeline:
         seconds.update(search_attacks(self.attacks, run, found))
         return found, seconds
 
-    def baselines(self, run: TrainedRun, *, undefended: dict[str, Any] | None,
-                  train: Callable[[bool], UtilityResult], second_federation: bool = True) -> dict[str, Any]:
+    def baselines(
+        self,
+        run: TrainedRun,
+        *,
+        undefended: dict[str, Any] | None,
+        train: Callable[[bool], UtilityResult],
+        second_federation: bool = True,
+    ) -> dict[str, Any]:
         """The configured baselines of ``run`` (:func:`~vflbench.experiment.assemble.baselines_of`; ``train(alone)``
         trains one on the run's rows)."""
         malicious = any(p.attack.phase == "malicious" for p in self.plan.attacks)
-        return baselines_of(self.cfg, utility_of(self.cfg, run.history), undefended=undefended, malicious=malicious,
-                            train=train, active_has_features=run.data.active is not None,
-                            second_federation=second_federation)
+        return baselines_of(
+            self.cfg,
+            utility_of(self.cfg, run.history),
+            undefended=undefended,
+            malicious=malicious,
+            train=train,
+            active_has_features=run.data.active is not None,
+            second_federation=second_federation,
+        )
 
-    def result(self, run: TrainedRun, *, attacks: list[AttackResult], attack_seconds: dict[str, float],
-               comm: dict[str, Any], baselines: dict[str, Any], undefended: dict[str, Any] | None,
-               honest: dict[str, Any] | None = None, grants: list[dict[str, Any]] | None = None,
-               honest_reference: bool = True) -> RunResult:
+    def result(
+        self,
+        run: TrainedRun,
+        *,
+        attacks: list[AttackResult],
+        attack_seconds: dict[str, float],
+        comm: dict[str, Any],
+        baselines: dict[str, Any],
+        undefended: dict[str, Any] | None,
+        honest: dict[str, Any] | None = None,
+        grants: list[dict[str, Any]] | None = None,
+        honest_reference: bool = True,
+    ) -> RunResult:
         """``result.json`` of ``run``: its utility, ``baselines``, ``attacks`` marked with the undefended run's
         leakage (``undefended``), the defenses with the detectors' honest reference (``honest``; not with
         ``honest_reference=False``), the traffic ``comm`` and the plan's ``grants``."""
         cfg = self.cfg
-        mark_undefended(attacks, None if undefended is None else undefended["attacks"], seed=cfg.seed,
-                        confidence=cfg.evaluation.confidence)
+        mark_undefended(
+            attacks,
+            None if undefended is None else undefended["attacks"],
+            seed=cfg.seed,
+            confidence=cfg.evaluation.confidence,
+        )
         defense = defense_entries(run)
         if honest_reference:
             malicious = [p.attack.name for p in self.plan.attacks if p.attack.phase == "malicious"]
             mark_honest_reference(defense, honest, config_hash=cfg.hash(), malicious=malicious)
-        return assemble_result(run, utility=utility_of(cfg, run.history), defense=defense, attacks=attacks,
-                               attack_seconds=attack_seconds, comm=comm, baselines=baselines,
-                               grants=[g.as_dict() for g in self.plan.grants()] if grants is None else grants,
-                               held_out=self.plan.held_out())
+        return assemble_result(
+            run,
+            utility=utility_of(cfg, run.history),
+            defense=defense,
+            attacks=attacks,
+            attack_seconds=attack_seconds,
+            comm=comm,
+            baselines=baselines,
+            grants=[g.as_dict() for g in self.plan.grants()] if grants is None else grants,
+            held_out=self.plan.held_out(),
+        )

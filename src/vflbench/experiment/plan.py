@@ -47,9 +47,18 @@ def scenario_of(cfg: ExperimentConfig, vd: VerticalData) -> Scenario:
     embed = out if cfg.train.algorithm == "vlr" else (cfg.model.embed_dim or DEFAULT_EMBED_DIM)
     assert cfg.train.aggregation and cfg.model.bottom and cfg.model.top
     trained = len(vd.y_train) - min(pool_size(cfg, len(vd.y_train)), len(vd.y_train))
-    return Scenario(cfg.train.algorithm, cfg.train.aggregation, vd.num_classes, vd.num_parties,
-                    cfg.model.bottom, cfg.model.top, embed, single, epochs=cfg.train.epochs,
-                    steps_per_epoch=math.ceil(trained / cfg.train.batch_size))
+    return Scenario(
+        cfg.train.algorithm,
+        cfg.train.aggregation,
+        vd.num_classes,
+        vd.num_parties,
+        cfg.model.bottom,
+        cfg.model.top,
+        embed,
+        single,
+        epochs=cfg.train.epochs,
+        steps_per_epoch=math.ceil(trained / cfg.train.batch_size),
+    )
 
 
 @dataclass
@@ -72,15 +81,20 @@ def _trained(y_train: Tensor, pool: Tensor | None) -> Tensor | None:
     return torch.nonzero(keep).flatten()
 
 
-def known_labels(attack: Attack, y_train: Tensor, seed: int, pool: Tensor | None = None,
-                 repeat: int = 0) -> KnownLabels | None:
+def known_labels(
+    attack: Attack, y_train: Tensor, seed: int, pool: Tensor | None = None, repeat: int = 0
+) -> KnownLabels | None:
     """The labelled rows the attack's threat model grants (seeded per attack and repeat; never rows of the pool,
     which no party trains on)."""
     if not attack.known_per_class:
         return None
     stream = ("known",) if repeat == 0 else ("known", repeat)
-    ids = known_label_indices(y_train, per_class=attack.known_per_class, exclude=pool,
-                              generator=generator(seed, "attack", draws_of(attack), *stream))
+    ids = known_label_indices(
+        y_train,
+        per_class=attack.known_per_class,
+        exclude=pool,
+        generator=generator(seed, "attack", draws_of(attack), *stream),
+    )
     return KnownLabels(ids, y_train[ids])
 
 
@@ -90,8 +104,9 @@ def wants_aux(attack: Attack) -> bool:
     return attack.aux_disjoint or attack.aux_size is not None or attack.aux_fraction is not None
 
 
-def aux_data(attack: Attack, vd: VerticalData, own: Tensor | None, seed: int,
-             pool: Tensor | None = None) -> AuxData | None:
+def aux_data(
+    attack: Attack, vd: VerticalData, own: Tensor | None, seed: int, pool: Tensor | None = None
+) -> AuxData | None:
     """The auxiliary rows the attack's threat model grants (:func:`aux_ids`), or ``None``.
 
     ``own`` is the attacker's own training slice (``None`` when it holds no features); the
@@ -103,8 +118,15 @@ def aux_data(attack: Attack, vd: VerticalData, own: Tensor | None, seed: int,
     names = victims_of(attack)
     victim, widths = victim_features(vd, names, "train", ids)
     classes = tuple(int(c) for c in attack.aux_classes) if attack.aux_classes is not None else None
-    return AuxData(ids, None if own is None else own[ids].clone(), victim.clone(), vd.y_train[ids].clone(),
-                   "+".join(names), classes, widths if len(names) > 1 else ())
+    return AuxData(
+        ids,
+        None if own is None else own[ids].clone(),
+        victim.clone(),
+        vd.y_train[ids].clone(),
+        "+".join(names),
+        classes,
+        widths if len(names) > 1 else (),
+    )
 
 
 def aux_ids(attack: Attack, y_train: Tensor, seed: int, pool: Tensor | None = None) -> Tensor:
@@ -119,35 +141,67 @@ def aux_ids(attack: Attack, y_train: Tensor, seed: int, pool: Tensor | None = No
     classes = attack.aux_classes
     y_train = y_train.cpu()  # row ids are drawn on the CPU, whatever device the labels are on
     if not attack.aux_disjoint:
-        return aux_indices(y_train, generator=generator(seed, "attack", attack.name, "aux"), size=size,
-                           fraction=fraction, classes=classes, exclude=pool)
+        return aux_indices(
+            y_train,
+            generator=generator(seed, "attack", attack.name, "aux"),
+            size=size,
+            fraction=fraction,
+            classes=classes,
+            exclude=pool,
+        )
+    return _aux_from_pool(attack, y_train, seed, pool, size, fraction)
+
+
+def _aux_from_pool(
+    attack: Attack, y_train: Tensor, seed: int, pool: Tensor | None, size: int | None, fraction: float | None
+) -> Tensor:
+    """The auxiliary rows of an ``aux_disjoint`` attack, drawn from the held-out ``pool`` (see :func:`aux_ids`)."""
+    classes = attack.aux_classes
     if pool is None or not len(pool):
-        raise ConfigError(f"attack {attack.name!r} keeps its auxiliary set disjoint from the training set (its threat "
-                          "model), so it draws it from a pool of held-out rows: set data.aux_pool (a share of the "
-                          "training rows, e.g. 0.0909 for DMAVFL's |D_aux| : |D_train| = 1 : 10, or a row count); the "
-                          "pool is held out of training for every attack and defense of the config alike")
-    candidates = pool if classes is None else pool[torch.isin(y_train[pool], torch.as_tensor(list(classes),
-                                                                                             dtype=y_train.dtype))]
+        raise ConfigError(
+            f"attack {attack.name!r} keeps its auxiliary set disjoint from the training set (its threat "
+            "model), so it draws it from a pool of held-out rows: set data.aux_pool (a share of the "
+            "training rows, e.g. 0.0909 for DMAVFL's |D_aux| : |D_train| = 1 : 10, or a row count); the "
+            "pool is held out of training for every attack and defense of the config alike"
+        )
+    candidates = (
+        pool
+        if classes is None
+        else pool[torch.isin(y_train[pool], torch.as_tensor(list(classes), dtype=y_train.dtype))]
+    )
     if fraction is not None:
-        reference = len(y_train) if classes is None else int(torch.isin(
-            y_train, torch.as_tensor(list(classes), dtype=y_train.dtype)).sum())
+        reference = (
+            len(y_train)
+            if classes is None
+            else int(torch.isin(y_train, torch.as_tensor(list(classes), dtype=y_train.dtype)).sum())
+        )
         size = max(1, round(fraction * reference))
     if size is None:
         if not len(candidates):
-            raise ConfigError(f"attack {attack.name!r}: the auxiliary pool holds no rows of aux_classes "
-                              f"{list(classes or [])}")
+            raise ConfigError(
+                f"attack {attack.name!r}: the auxiliary pool holds no rows of aux_classes {list(classes or [])}"
+            )
         return candidates.sort().values
     if size > len(candidates):
-        raise ConfigError(f"attack {attack.name!r} asks for an auxiliary set of {size} rows, but the pool "
-                          f"(data.aux_pool) holds {len(candidates)}" + (" of its aux_classes" if classes else "")
-                          + "; raise data.aux_pool or ask for fewer rows (leave aux_size and aux_fraction unset to "
-                          "take the whole pool)")
-    return aux_indices(y_train, generator=generator(seed, "attack", attack.name, "aux"), size=size, classes=classes,
-                       exclude=_trained(y_train, pool))
+        raise ConfigError(
+            f"attack {attack.name!r} asks for an auxiliary set of {size} rows, but the pool "
+            f"(data.aux_pool) holds {len(candidates)}"
+            + (" of its aux_classes" if classes else "")
+            + "; raise data.aux_pool or ask for fewer rows (leave aux_size and aux_fraction unset to "
+            "take the whole pool)"
+        )
+    return aux_indices(
+        y_train,
+        generator=generator(seed, "attack", attack.name, "aux"),
+        size=size,
+        classes=classes,
+        exclude=_trained(y_train, pool),
+    )
 
 
-def victim_features(vd: VerticalData, victims: Sequence[str], split: str,
-                    ids: Tensor | None = None) -> tuple[Tensor, tuple[int, ...]]:
+def victim_features(
+    vd: VerticalData, victims: Sequence[str], split: str, ids: Tensor | None = None
+) -> tuple[Tensor, tuple[int, ...]]:
     """The victims' slices of ``split`` (rows ``ids``, all when ``None``) concatenated along the last
     axis, and each one's width there."""
     parts = [getattr(vd.passive[passive_index(v)], "x_test" if split == "test" else "x_train") for v in victims]
@@ -159,14 +213,18 @@ def victim_features(vd: VerticalData, victims: Sequence[str], split: str,
 def _check_victims(name: str, attack: Attack, victims: tuple[str, ...], vd: VerticalData) -> None:
     """A list of target parties: an attack built for them, distinct parties, slices that concatenate."""
     if not attack.multi_victim:
-        raise ConfigError(f"attack {name!r} targets one passive party; give victim as one name (several target "
-                          "parties are supported by dmavfl and dmavfl_sync, DMAVFL Table 6)")
+        raise ConfigError(
+            f"attack {name!r} targets one passive party; give victim as one name (several target "
+            "parties are supported by dmavfl and dmavfl_sync, DMAVFL Table 6)"
+        )
     if len(set(victims)) != len(victims):
         raise ConfigError(f"attack {name!r}: the victims {list(victims)} name a party twice")
     shapes = [tuple(vd.passive[passive_index(v)].x_train.shape[1:]) for v in victims]
     if len({shape[:-1] for shape in shapes}) != 1:
-        raise ConfigError(f"attack {name!r}: the victims' slices must agree in every axis but the last to be "
-                          f"reconstructed together; their shapes are {shapes}")
+        raise ConfigError(
+            f"attack {name!r}: the victims' slices must agree in every axis but the last to be "
+            f"reconstructed together; their shapes are {shapes}"
+        )
 
 
 @dataclass
@@ -210,8 +268,9 @@ class AttackPlan:
                     wanted.setdefault(("passive.oracle_bottom", victim, ACTIVE), []).append(attack.name)
             if isinstance(attack, VMaskWeightRecovery) and attack.party != ACTIVE:
                 wanted.setdefault(("vmask.oracle", ACTIVE, attack.party), []).append(attack.name)
-        return [Grant(kind, server, client, tuple(dict.fromkeys(names)))
-                for (kind, server, client), names in wanted.items()]
+        return [
+            Grant(kind, server, client, tuple(dict.fromkeys(names))) for (kind, server, client), names in wanted.items()
+        ]
 
     def prepare(self, fed: Federation) -> None:
         """Install each attack on its own party before training (:meth:`Attack.install`, with what its threat model
@@ -228,8 +287,9 @@ class AttackPlan:
                 assert self.data is not None
                 own = party.data.x_train if party.data is not None else None
                 planned.aux = aux_data(attack, self.data, own, self.seed, self.pool)
-                grant = replace(grant, aux=planned.aux,
-                                generator=generator(self.seed, "attack", attack.name, "corrupt"))
+                grant = replace(
+                    grant, aux=planned.aux, generator=generator(self.seed, "attack", attack.name, "corrupt")
+                )
             for hook in attack.install(party, grant):
                 party.attach(hook)
 
@@ -256,11 +316,14 @@ class _Recorder(PartyHook):
         grads = None
         if self.with_params:
             assert self.party.bottom is not None
-            grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
-                     for p in self.party.bottom.parameters()]
+            grads = [
+                p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+                for p in self.party.bottom.parameters()
+            ]
         assert state.embedding is not None
-        self.planned.records.append(BatchRecord(state.epoch, state.step, state.ids, state.embedding.detach(),
-                                                gradient.detach(), grads))
+        self.planned.records.append(
+            BatchRecord(state.epoch, state.step, state.ids, state.embedding.detach(), gradient.detach(), grads)
+        )
 
 
 def validate_attacks(cfg: ExperimentConfig, vd: VerticalData) -> AttackPlan:
@@ -271,20 +334,25 @@ def validate_attacks(cfg: ExperimentConfig, vd: VerticalData) -> AttackPlan:
     for spec in cfg.attacks:
         attack = create_attack(spec.name, **spec.params())
         if attack.party not in valid_parties:
-            raise ConfigError(f"attack {spec.name!r}: party {attack.party!r} does not exist; "
-                              f"valid parties are: {', '.join(valid_parties)}")
+            raise ConfigError(
+                f"attack {spec.name!r}: party {attack.party!r} does not exist; "
+                f"valid parties are: {', '.join(valid_parties)}"
+            )
         if attack.target == "features":
             passives = valid_parties[:-1]
             victims = victims_of(attack)
             for victim in victims:
                 if victim not in passives or victim == attack.party:
-                    raise ConfigError(f"attack {spec.name!r}: victim {victim!r} must be a passive party other than "
-                                      f"the attacker; valid victims are: {', '.join(passives)}")
+                    raise ConfigError(
+                        f"attack {spec.name!r}: victim {victim!r} must be a passive party other than "
+                        f"the attacker; valid victims are: {', '.join(passives)}"
+                    )
             if not isinstance(attack.victim, str):
                 _check_victims(spec.name, attack, victims, vd)
             if attack.prior != "random":
-                raise CompatibilityError(f"attack {spec.name!r} is a feature attack: its prior is the aux-mean guess; "
-                                         "use prior: random")
+                raise CompatibilityError(
+                    f"attack {spec.name!r} is a feature attack: its prior is the aux-mean guess; use prior: random"
+                )
         attack.check(scenario)
         if attack.prior == "local" and type(attack).local is Attack.local:
             raise CompatibilityError(f"attack {spec.name!r} has no 'local' prior; use prior: random or scratch")

@@ -155,8 +155,15 @@ class RunResult:
                 a["leakage"] = attack_leakage(a)
                 a["direction"] = direction_of(a["metric"])
             attacks.append(AttackResult(**a))
-        return cls(**{**raw, "utility": UtilityResult(**raw["utility"]), "attacks": attacks,
-                      "timing": Timing(**raw["timing"]), "schema_version": raw.get("schema_version", 1)})
+        return cls(
+            **{
+                **raw,
+                "utility": UtilityResult(**raw["utility"]),
+                "attacks": attacks,
+                "timing": Timing(**raw["timing"]),
+                "schema_version": raw.get("schema_version", 1),
+            }
+        )
 
     @property
     def utility_loss(self) -> float | None:
@@ -202,7 +209,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
                 os.fchmod(fd, 0o666 & ~_umask())
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -51,21 +51,27 @@ def resumable(cfg: ExperimentConfig) -> bool:
 def check_resumable(cfg: ExperimentConfig) -> None:
     """Refuse what the checkpoints do not cover yet: the state of attacks and of defenses without a state dict."""
     if cfg.attacks:
-        raise ConfigError("--resume does not cover configs with attacks: the attacks' per-epoch collections (what "
-                          "they recorded, their snapshots) are not in the epoch checkpoints. Run it from the start "
-                          "without --resume")
+        raise ConfigError(
+            "--resume does not cover configs with attacks: the attacks' per-epoch collections (what "
+            "they recorded, their snapshots) are not in the epoch checkpoints. Run it from the start "
+            "without --resume"
+        )
     if _unresumable_defenses(cfg):
-        raise ConfigError(f"--resume covers VMask (and its variants) among the defenses; "
-                          f"{', '.join(_unresumable_defenses(cfg))} keeps state that the epoch checkpoints do not "
-                          "hold. Run it from the start without --resume")
+        raise ConfigError(
+            f"--resume covers VMask (and its variants) among the defenses; "
+            f"{', '.join(_unresumable_defenses(cfg))} keeps state that the epoch checkpoints do not "
+            "hold. Run it from the start without --resume"
+        )
 
 
 def committed_epoch(out_dir: Path) -> int:
     """The last epoch (0-based) every party committed, from the manifest; a :class:`ConfigError` when there is none."""
     path = manifest_path(out_dir)
     if not path.is_file():
-        raise ConfigError(f"nothing to resume: no committed checkpoint in {path.parent} (a run writes one after each "
-                          "epoch every party finished); run without --resume to start from the beginning")
+        raise ConfigError(
+            f"nothing to resume: no committed checkpoint in {path.parent} (a run writes one after each "
+            "epoch every party finished); run without --resume to start from the beginning"
+        )
     return int(json.loads(path.read_text())["epoch"])
 
 
@@ -77,25 +83,32 @@ def write_manifest(out_dir: Path, epoch: int, committed: dict[str, int]) -> None
 def party_state(party: Any) -> dict[str, Any]:
     """``party``'s own training state (its defense halves, models, optimizer, LR schedule, generator; the process's
     torch generator)."""
-    return {"defenses": [d.state_dict() for d in party.defenses],
-            "models": {role: m.state_dict() for role, m in party.models().items()},
-            "optimizer": party.optimizer.state_dict() if party.optimizer is not None else None,
-            "scheduler": party.scheduler.state_dict() if party.scheduler is not None else None,
-            "generator": party.generator.get_state(), "torch_rng": torch.get_rng_state()}
+    return {
+        "defenses": [d.state_dict() for d in party.defenses],
+        "models": {role: m.state_dict() for role, m in party.models().items()},
+        "optimizer": party.optimizer.state_dict() if party.optimizer is not None else None,
+        "scheduler": party.scheduler.state_dict() if party.scheduler is not None else None,
+        "generator": party.generator.get_state(),
+        "torch_rng": torch.get_rng_state(),
+    }
 
 
 def load_party_state(party: Any, state: dict[str, Any]) -> None:
     """Put :func:`party_state`'s ``state`` back into ``party`` (and the process's torch generator): its defense
     halves first, which may change its models' structure (VMask's masked layers)."""
     if len(state["defenses"]) != len(party.defenses):
-        raise ConfigError(f"checkpoint of {party.name} holds {len(state['defenses'])} defense halves, this run has "
-                          f"{len(party.defenses)}: it is another run's checkpoint")
+        raise ConfigError(
+            f"checkpoint of {party.name} holds {len(state['defenses'])} defense halves, this run has "
+            f"{len(party.defenses)}: it is another run's checkpoint"
+        )
     for d, saved in zip(party.defenses, state["defenses"], strict=True):
         d.load_state_dict(saved)
     models = party.models()
     if set(models) != set(state["models"]):
-        raise ConfigError(f"checkpoint of {party.name} holds models {sorted(state['models'])}, this run has "
-                          f"{sorted(models)}: it is another run's checkpoint")
+        raise ConfigError(
+            f"checkpoint of {party.name} holds models {sorted(state['models'])}, this run has "
+            f"{sorted(models)}: it is another run's checkpoint"
+        )
     for role, model in models.items():
         model.load_state_dict(state["models"][role])
     if party.optimizer is not None:
@@ -117,8 +130,10 @@ def load_checkpoint(out_dir: Path, party: str, epoch: int) -> dict[str, Any]:
     their own device when they load it)."""
     path = checkpoint_path(out_dir, party, epoch)
     if not path.is_file():
-        raise ConfigError(f"{party} has no checkpoint of epoch {epoch} ({path} is missing); every party needs its "
-                          f"own OUT/checkpoints/{party}/ of the run to resume")
+        raise ConfigError(
+            f"{party} has no checkpoint of epoch {epoch} ({path} is missing); every party needs its "
+            f"own OUT/checkpoints/{party}/ of the run to resume"
+        )
     state = torch.load(path, weights_only=True, map_location="cpu")
     if state.get("epoch") != epoch:
         raise ConfigError(f"{path} holds epoch {state.get('epoch')}, not {epoch}")

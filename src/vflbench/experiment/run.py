@@ -49,14 +49,18 @@ def check_before_training(cfg: ExperimentConfig, vd: VerticalData, plan: AttackP
     """What the config asks of the data, checked before the run directory is made or training starts:
     the utility metric, and the labelled and auxiliary rows each attack's threat model grants."""
     if cfg.train.metric == "auc" and vd.num_classes != 2:
-        raise ConfigError(f"train.metric 'auc' needs a binary task, but {cfg.data.name} has {vd.num_classes} "
-                          "classes; use train.metric: accuracy")
+        raise ConfigError(
+            f"train.metric 'auc' needs a binary task, but {cfg.data.name} has {vd.num_classes} "
+            "classes; use train.metric: accuracy"
+        )
     counts = torch.bincount(vd.y_train.long(), minlength=vd.num_classes)
     present = counts.nonzero().flatten().tolist()
     if len(present) < 2:
         which = f"only class {present[0]}" if present else "no class"
-        raise DataError(f"the {len(vd.y_train)} training rows of {cfg.data.name} hold {which}; a classifier needs "
-                        "at least two classes (check the label column, or a data.train_size too small to hold two)")
+        raise DataError(
+            f"the {len(vd.y_train)} training rows of {cfg.data.name} hold {which}; a classifier needs "
+            "at least two classes (check the label column, or a data.train_size too small to hold two)"
+        )
     if cfg.evaluation.attacker_search:
         check_search(plan)
     trained = torch.ones(len(vd.y_train), dtype=torch.bool)
@@ -67,9 +71,11 @@ def check_before_training(cfg: ExperimentConfig, vd: VerticalData, plan: AttackP
     for planned in plan.attacks:
         attack = planned.attack
         if attack.known_per_class > smallest:
-            raise ConfigError(f"attack {attack.name!r}: known_per_class {attack.known_per_class} is more than the "
-                              f"smallest class of the {int(trained.sum())} rows the parties train on has ({smallest} "
-                              f"rows, class {int(counts.argmin())}); use known_per_class <= {smallest}")
+            raise ConfigError(
+                f"attack {attack.name!r}: known_per_class {attack.known_per_class} is more than the "
+                f"smallest class of the {int(trained.sum())} rows the parties train on has ({smallest} "
+                f"rows, class {int(counts.argmin())}); use known_per_class <= {smallest}"
+            )
         if wants_aux(attack):
             try:
                 aux_ids(attack, vd.y_train, cfg.seed, plan.pool)
@@ -77,10 +83,17 @@ def check_before_training(cfg: ExperimentConfig, vd: VerticalData, plan: AttackP
                 raise ConfigError(f"attack {attack.name!r}: {exc}") from None
 
 
-def train_run(cfg: ExperimentConfig, vd: VerticalData, *, with_defenses: bool = True, alone: bool = False,
-              progress: Progress | None = None, attacks: AttackPlan | None = None,
-              on_epoch_end: Callable[[int, dict[str, Any]], None] | None = None,
-              held_out: torch.Tensor | None = None) -> TrainedRun:
+def train_run(
+    cfg: ExperimentConfig,
+    vd: VerticalData,
+    *,
+    with_defenses: bool = True,
+    alone: bool = False,
+    progress: Progress | None = None,
+    attacks: AttackPlan | None = None,
+    on_epoch_end: Callable[[int, dict[str, Any]], None] | None = None,
+    held_out: torch.Tensor | None = None,
+) -> TrainedRun:
     """Build and train one federation of ``cfg`` on ``vd`` (with the attackers installed).
 
     ``held_out``: training rows no party trains on; by default the attacks' auxiliary rows that
@@ -90,8 +103,15 @@ def train_run(cfg: ExperimentConfig, vd: VerticalData, *, with_defenses: bool = 
     plan = plan_defenses(cfg, names) if with_defenses else None
     if held_out is None and attacks is not None:
         held_out = attacks.held_out()
-    fed = build_federation(cfg, vd, defenses=plan, alone=alone, keep=attacks.keep if attacks else None,
-                           extra_dims=attacks.extra_dims() if attacks else None, held_out=held_out)
+    fed = build_federation(
+        cfg,
+        vd,
+        defenses=plan,
+        alone=alone,
+        keep=attacks.keep if attacks else None,
+        extra_dims=attacks.extra_dims() if attacks else None,
+        held_out=held_out,
+    )
     if attacks is not None:
         attacks.prepare(fed)
 
@@ -102,24 +122,42 @@ def train_run(cfg: ExperimentConfig, vd: VerticalData, *, with_defenses: bool = 
             on_epoch_end(epoch, record)
 
     tic = time.perf_counter()
-    history = fed.fit(epochs=cfg.train.epochs, batch_size=cfg.train.batch_size,
-                      generator=generator(cfg.seed, "active", "batches"), y_test=vd.y_test,
-                      eval_every=cfg.train.eval_every, progress=progress, on_epoch_end=epoch_end)
+    history = fed.fit(
+        epochs=cfg.train.epochs,
+        batch_size=cfg.train.batch_size,
+        generator=generator(cfg.seed, "active", "batches"),
+        y_test=vd.y_test,
+        eval_every=cfg.train.eval_every,
+        progress=progress,
+        on_epoch_end=epoch_end,
+    )
     return TrainedRun(cfg, vd, fed, history, time.perf_counter() - tic, held_out)
 
 
 def environment(threads: int, device: torch.device | None = None) -> dict[str, Any]:
     """Versions, git commit, thread count and the device the run computed on, for ``env.json``."""
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).parent).stdout.strip() or None
+        sha = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         sha = None
-    return {"vflbench": __version__, "python": platform.python_version(), "torch": torch.__version__,
-            "numpy": np.__version__, "scikit_learn": sklearn.__version__, "platform": platform.platform(),
-            "git_sha": sha, "threads": threads, "interop_threads": torch.get_num_interop_threads(),
-            "device": device_name(device if device is not None else torch.device("cpu")),
-            "cuda": torch.version.cuda}
+    return {
+        "vflbench": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "scikit_learn": sklearn.__version__,
+        "platform": platform.platform(),
+        "git_sha": sha,
+        "threads": threads,
+        "interop_threads": torch.get_num_interop_threads(),
+        "device": device_name(device if device is not None else torch.device("cpu")),
+        "cuda": torch.version.cuda,
+    }
 
 
 def cpu_state_dict(model: torch.nn.Module) -> dict[str, Any]:
@@ -147,8 +185,13 @@ def save_embeddings(run: TrainedRun, directory: Path, n: int) -> None:
     write_bytes_atomic(directory / "embeddings.npz", buffer.getvalue())
 
 
-def run_experiment(cfg: ExperimentConfig, *, out_dir: str | Path | None = None,
-                   data_root: str | Path | None = None, progress: Progress | None = None) -> RunResult:
+def run_experiment(
+    cfg: ExperimentConfig,
+    *,
+    out_dir: str | Path | None = None,
+    data_root: str | Path | None = None,
+    progress: Progress | None = None,
+) -> RunResult:
     """Run ``cfg`` end to end on ``train.device``; if ``out_dir`` is given write ``out_dir/<hash>/``.
 
     ``train.threads`` sets torch's intra-op threads for the run, also with a GPU (the CPU still draws every
@@ -168,8 +211,7 @@ def undefended_config(cfg: ExperimentConfig) -> ExperimentConfig:
     return build_config({**cfg.model_dump(mode="json", exclude={"sweep"}), "defenses": []}).resolved()
 
 
-def undefended_result(cfg: ExperimentConfig, *, out_dir: Path | None,
-                      data_root: str | Path | None) -> dict[str, Any]:
+def undefended_result(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path | None) -> dict[str, Any]:
     """The result of ``cfg`` run without defenses (a run of its own, read from ``out_dir/<hash>/result.json``
     when that exists, so that a sweep's points and tune's trials share one undefended run per config)."""
     plain = undefended_config(cfg)
@@ -180,8 +222,12 @@ def undefended_result(cfg: ExperimentConfig, *, out_dir: Path | None,
         if not mine or path.is_file():
             log.info("undefended attacks: reusing run %s", plain.hash())
             return dict(json.loads(path.read_text()))
-        log.info("undefended attacks: running %s without defenses (run %s) to check that the attacks leak "
-                 "without protection", cfg.hash(), plain.hash())
+        log.info(
+            "undefended attacks: running %s without defenses (run %s) to check that the attacks leak "
+            "without protection",
+            cfg.hash(),
+            plain.hash(),
+        )
         return _run(plain, out_dir=out_dir, data_root=data_root, progress=None).to_dict()
 
 
@@ -195,8 +241,7 @@ def honest_config(cfg: ExperimentConfig) -> ExperimentConfig:
 def needs_honest_reference(cfg: ExperimentConfig, plan: AttackPlan) -> bool:
     """Whether the run's detectors need an honest reference run: it has a detector and a malicious attack (without
     one the run is honest training itself)."""
-    return (any(is_detector(d.name) for d in cfg.defenses)
-            and any(p.attack.phase == "malicious" for p in plan.attacks))
+    return any(is_detector(d.name) for d in cfg.defenses) and any(p.attack.phase == "malicious" for p in plan.attacks)
 
 
 def _honest_result(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path | None) -> dict[str, Any]:
@@ -210,8 +255,12 @@ def _honest_result(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: st
         if not mine or path.is_file():
             log.info("detectors' honest reference: reusing run %s", honest.hash())
             return dict(json.loads(path.read_text()))
-        log.info("detectors' honest reference: running %s without its attacks (run %s) to measure the detectors' "
-                 "false alarms on honest training", cfg.hash(), honest.hash())
+        log.info(
+            "detectors' honest reference: running %s without its attacks (run %s) to measure the detectors' "
+            "false alarms on honest training",
+            cfg.hash(),
+            honest.hash(),
+        )
         return _run(honest, out_dir=out_dir, data_root=data_root, progress=None).to_dict()
 
 
@@ -274,14 +323,16 @@ def _holder_alive(lock: Path) -> bool:
     return True
 
 
-def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path | None,
-         progress: Progress | None) -> RunResult:
+def _run(
+    cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path | None, progress: Progress | None
+) -> RunResult:
     check_components(cfg)
     vd = load_vertical_data(cfg, data_root)
     attack_plan = validate_attacks(cfg, vd)
     check_before_training(cfg, vd, attack_plan)
-    honest = (_honest_result(cfg, out_dir=out_dir, data_root=data_root)
-              if needs_honest_reference(cfg, attack_plan) else None)
+    honest = (
+        _honest_result(cfg, out_dir=out_dir, data_root=data_root) if needs_honest_reference(cfg, attack_plan) else None
+    )
 
     def undefended() -> dict[str, Any] | None:
         """The undefended run's result, asked for once this run has trained: a sweep's defended point trains while
@@ -291,8 +342,7 @@ def _run(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path |
     run_dir = out_dir / cfg.hash() if out_dir else None
     fresh = run_dir is not None and not run_dir.exists()
     try:
-        return _train_and_record(cfg, vd, attack_plan, undefended, run_dir=run_dir, progress=progress,
-                                 honest=honest)
+        return _train_and_record(cfg, vd, attack_plan, undefended, run_dir=run_dir, progress=progress, honest=honest)
     except OSError as exc:  # a full disk, a quota, a directory removed under us
         raise unfinished_run_error(exc, run_dir, fresh=fresh) from None
 
@@ -308,16 +358,25 @@ def unfinished_run_error(exc: OSError, run_dir: Path | None, *, fresh: bool) -> 
         shutil.rmtree(run_dir, ignore_errors=True)
         kept = f"the unfinished run directory {run_dir} was removed"
     else:
-        kept = (f"{run_dir} existed before this run and was left in place; it has no new result.json, and files "
-                "this run rewrote before the failure may be newer than its result.json")
+        kept = (
+            f"{run_dir} existed before this run and was left in place; it has no new result.json, and files "
+            "this run rewrote before the failure may be newer than its result.json"
+        )
     hint = "; free some space and run again" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
     log.debug("writing the run directory failed", exc_info=exc)
     return OSError(exc.errno, f"{what}; {kept}{hint}")
 
 
-def _train_and_record(cfg: ExperimentConfig, vd: VerticalData, attack_plan: AttackPlan,
-                      undefended_result: Callable[[], dict[str, Any] | None], *, run_dir: Path | None,
-                      progress: Progress | None, honest: dict[str, Any] | None = None) -> RunResult:
+def _train_and_record(
+    cfg: ExperimentConfig,
+    vd: VerticalData,
+    attack_plan: AttackPlan,
+    undefended_result: Callable[[], dict[str, Any] | None],
+    *,
+    run_dir: Path | None,
+    progress: Progress | None,
+    honest: dict[str, Any] | None = None,
+) -> RunResult:
     """Train ``cfg``, run its baselines and attacks, and write its run directory ``run_dir`` (if any);
     ``undefended_result()`` gives the undefended run's result (``None`` without defenses or attacks), asked for
     once the training is done; ``honest``: the result of its detectors' honest reference run
@@ -338,8 +397,14 @@ def _train_and_record(cfg: ExperimentConfig, vd: VerticalData, attack_plan: Atta
 
     baselines = pipeline.baselines(run, undefended=undefended, train=baseline)
     attack_results, attack_seconds = pipeline.score(run)
-    result = pipeline.result(run, attacks=attack_results, attack_seconds=attack_seconds,
-                             comm=run.federation.traffic().as_dict(), baselines=baselines, undefended=undefended,
-                             honest=honest)
+    result = pipeline.result(
+        run,
+        attacks=attack_results,
+        attack_seconds=attack_seconds,
+        comm=run.federation.traffic().as_dict(),
+        baselines=baselines,
+        undefended=undefended,
+        honest=honest,
+    )
     directory.write("result.json", result.to_dict())
     return result

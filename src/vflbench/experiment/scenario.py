@@ -45,14 +45,26 @@ def load_vertical_data(cfg: ExperimentConfig, data_root: str | Path | None = Non
     built from it later finds it there)."""
     d = cfg.data
     ds = load_dataset(d.name, root=d.root or data_root, **d.options)
-    ds = subsample(ds, train_size=d.train_size, test_size=d.test_size,
-                   generator=generator(cfg.seed, "data", "subsample"))
-    vd = partition(ds, parties=d.parties, active_has_features=cfg.train.algorithm != "vsnn",
-                   split=d.split, columns=d.columns, standardise=d.standardise)
-    vd.info.update({"dataset": d.name, "parties": d.parties,
-                    "subsampled": d.train_size is not None or d.test_size is not None,
-                    "slice_shapes": [list(p.sample_shape) for p in vd.passive]
-                    + ([list(vd.active.sample_shape)] if vd.active is not None else [])})
+    ds = subsample(
+        ds, train_size=d.train_size, test_size=d.test_size, generator=generator(cfg.seed, "data", "subsample")
+    )
+    vd = partition(
+        ds,
+        parties=d.parties,
+        active_has_features=cfg.train.algorithm != "vsnn",
+        split=d.split,
+        columns=d.columns,
+        standardise=d.standardise,
+    )
+    vd.info.update(
+        {
+            "dataset": d.name,
+            "parties": d.parties,
+            "subsampled": d.train_size is not None or d.test_size is not None,
+            "slice_shapes": [list(p.sample_shape) for p in vd.passive]
+            + ([list(vd.active.sample_shape)] if vd.active is not None else []),
+        }
+    )
     return vd.to(resolve_device(cfg.train.device))
 
 
@@ -136,8 +148,9 @@ def shape_only(part: PartySlice, *, rows: Tensor | None = None) -> PartySlice:
 
 def passive_data(vd: VerticalData, name: str) -> PassiveData:
     """Passive party ``name``'s own part of ``vd`` (copied, so that nothing else of ``vd`` stays reachable)."""
-    return PassiveData(name, _copy_slice(vd.passive[passive_index(name)]), vd.num_classes,
-                       len(vd.passive) + (vd.active is not None))
+    return PassiveData(
+        name, _copy_slice(vd.passive[passive_index(name)]), vd.num_classes, len(vd.passive) + (vd.active is not None)
+    )
 
 
 def active_data(vd: VerticalData, *, granted: Tensor | None = None) -> VerticalData:
@@ -145,9 +158,15 @@ def active_data(vd: VerticalData, *, granted: Tensor | None = None) -> VerticalD
     its layout, holding the training rows ``granted`` (the auxiliary rows a defense's threat model grants the active
     party, :func:`defense_aux_rows`) and nothing else."""
     rows = granted if granted is not None and len(granted) else None
-    return VerticalData(vd.name, vd.num_classes, tuple(shape_only(p, rows=rows) for p in vd.passive),
-                        _copy_slice(vd.active) if vd.active is not None else None, vd.y_train.clone(),
-                        vd.y_test.clone(), info=dict(vd.info))
+    return VerticalData(
+        vd.name,
+        vd.num_classes,
+        tuple(shape_only(p, rows=rows) for p in vd.passive),
+        _copy_slice(vd.active) if vd.active is not None else None,
+        vd.y_train.clone(),
+        vd.y_test.clone(),
+        info=dict(vd.info),
+    )
 
 
 def pool_size(cfg: ExperimentConfig, n: int) -> int:
@@ -173,11 +192,18 @@ def pool_rows(cfg: ExperimentConfig, y_train: Tensor) -> Tensor | None:
         return None
     pool = cfg.data.aux_pool
     if size > (n + 1) // 2:
-        raise ConfigError(f"data.aux_pool {pool} holds out {size} of the {n} training rows, more than half; "
-                          f"give at most {(n + 1) // 2} rows or a share of at most 0.5")
+        raise ConfigError(
+            f"data.aux_pool {pool} holds out {size} of the {n} training rows, more than half; "
+            f"give at most {(n + 1) // 2} rows or a share of at most 0.5"
+        )
     if size > 0.2 * n:
-        log.warning("data.aux_pool holds out %d of the %d training rows (%.0f%%); the papers' auxiliary sets are "
-                    "1-10%% of the training data", size, n, 100.0 * size / n)
+        log.warning(
+            "data.aux_pool holds out %d of the %d training rows (%.0f%%); the papers' auxiliary sets are "
+            "1-10%% of the training data",
+            size,
+            n,
+            100.0 * size / n,
+        )
     return aux_indices(y_train, generator=generator(cfg.seed, "data", "aux_pool"), size=size)
 
 
@@ -188,24 +214,33 @@ def defense_aux_ids(d: Defense, y_train: Tensor, seed: int, pool: Tensor | None)
     if not d.uses_aux:
         return None
     if pool is None or not len(pool):
-        raise ConfigError(f"defense {d.name!r} trains on an auxiliary set disjoint from the rows the parties train "
-                          "on, drawn from a pool of held-out rows: set data.aux_pool (a share of the training rows, "
-                          "e.g. 0.02, or a row count such as 640); the pool is held out for every run of the config, "
-                          "defended or not")
+        raise ConfigError(
+            f"defense {d.name!r} trains on an auxiliary set disjoint from the rows the parties train "
+            "on, drawn from a pool of held-out rows: set data.aux_pool (a share of the training rows, "
+            "e.g. 0.02, or a row count such as 640); the pool is held out for every run of the config, "
+            "defended or not"
+        )
     size = getattr(d, "aux_size", None)
     if size is None:
         return pool
     if size > len(pool):
-        raise ConfigError(f"defense {d.name!r} asks for aux_size {size} rows, but the pool (data.aux_pool) holds "
-                          f"{len(pool)}; raise data.aux_pool or leave aux_size unset to take the whole pool")
+        raise ConfigError(
+            f"defense {d.name!r} asks for aux_size {size} rows, but the pool (data.aux_pool) holds "
+            f"{len(pool)}; raise data.aux_pool or leave aux_size unset to take the whole pool"
+        )
     trained = torch.ones(len(y_train), dtype=torch.bool)
     trained[pool] = False
-    return aux_indices(y_train, size=int(size), generator=generator(seed, "defense", d.name, "aux"),
-                       exclude=torch.nonzero(trained).flatten())
+    return aux_indices(
+        y_train,
+        size=int(size),
+        generator=generator(seed, "defense", d.name, "aux"),
+        exclude=torch.nonzero(trained).flatten(),
+    )
 
 
-def aux_grants(cfg: ExperimentConfig, defenses: Sequence[Defense], y_train: Tensor,
-               pool: Tensor | None) -> list[Tensor | None]:
+def aux_grants(
+    cfg: ExperimentConfig, defenses: Sequence[Defense], y_train: Tensor, pool: Tensor | None
+) -> list[Tensor | None]:
     """The auxiliary labelled rows each of the active party's ``defenses`` is granted (:func:`defense_aux_ids`, in
     order; ``None``: it takes none), drawn once from the pool ``pool`` (:func:`pool_rows`)."""
     return [defense_aux_ids(d, y_train, cfg.seed, pool) for d in defenses]
@@ -238,29 +273,57 @@ def embed_dim_of(cfg: ExperimentConfig, out_dim: int) -> int:
     return m.embed_dim or DEFAULT_EMBED_DIM
 
 
-def _binder(cfg: ExperimentConfig, *, num_classes: int, num_parties: int, active_has_features: bool,
-            link: Callable[[str], Endpoint], aux: Callable[[Defense, str], DefenseAux | None],
-            device: torch.device) -> Callable[[Defense, str], None]:
+def _binder(
+    cfg: ExperimentConfig,
+    *,
+    num_classes: int,
+    num_parties: int,
+    active_has_features: bool,
+    link: Callable[[str], Endpoint],
+    aux: Callable[[Defense, str], DefenseAux | None],
+    device: torch.device,
+) -> Callable[[Defense, str], None]:
     """Bind a defense instance at a party (the same context in one process and in a party's own process)."""
     t, seed = cfg.train, cfg.seed
     assert t.aggregation
-    settings = TrainSettings(lr=t.lr, batch_size=t.batch_size, momentum=t.momentum, weight_decay=t.weight_decay,
-                             epochs=t.epochs)
+    settings = TrainSettings(
+        lr=t.lr, batch_size=t.batch_size, momentum=t.momentum, weight_decay=t.weight_decay, epochs=t.epochs
+    )
     completion = next((a.params() for a in cfg.attacks if a.name == "model_completion"), None)
 
     def bind(d: Defense, party: str) -> None:
-        d.bind(BindContext(party, t.algorithm, num_classes, num_parties,
-                           generator(seed, "defense", d.name, party), generator(seed, "defense", d.name, "shared"),
-                           link=link(party), train=settings, aggregation=t.aggregation,
-                           active_has_features=active_has_features, model_completion=completion,
-                           aux=aux(d, party), device=device))
+        d.bind(
+            BindContext(
+                party,
+                t.algorithm,
+                num_classes,
+                num_parties,
+                generator(seed, "defense", d.name, party),
+                generator(seed, "defense", d.name, "shared"),
+                link=link(party),
+                train=settings,
+                aggregation=t.aggregation,
+                active_has_features=active_has_features,
+                model_completion=completion,
+                aux=aux(d, party),
+                device=device,
+            )
+        )
 
     return bind
 
 
-def passive_party(cfg: ExperimentConfig, name: str, part: PartySlice, *, defenses: Sequence[Defense],
-                   active_defenses: Sequence[Defense], embed_dim: int, bind: Callable[[Defense, str], None],
-                   transcript: Transcript) -> PassiveParty:
+def passive_party(
+    cfg: ExperimentConfig,
+    name: str,
+    part: PartySlice,
+    *,
+    defenses: Sequence[Defense],
+    active_defenses: Sequence[Defense],
+    embed_dim: int,
+    bind: Callable[[Defense, str], None],
+    transcript: Transcript,
+) -> PassiveParty:
     """Passive party ``name`` on its slice ``part``: its defenses bound, its bottom model (wrapped by its own
     defenses), optimizer and schedule. The active party's defenses never receive this party's model: they look at
     an architecture built from the slice's layout (:func:`show_layout`), as in the active party's own process."""
@@ -278,12 +341,27 @@ def passive_party(cfg: ExperimentConfig, name: str, part: PartySlice, *, defense
     opt = make_optimizer(cfg, list(bottom.parameters()))
     for d in defenses:
         d.attach_optimizer(opt, name)
-    return PassiveParty(name, data=part, bottom=bottom, optimizer=opt, scheduler=make_scheduler(cfg, opt),
-                        generator=generator(seed, name, "party"), defenses=list(defenses), transcript=transcript)
+    return PassiveParty(
+        name,
+        data=part,
+        bottom=bottom,
+        optimizer=opt,
+        scheduler=make_scheduler(cfg, opt),
+        generator=generator(seed, name, "party"),
+        defenses=list(defenses),
+        transcript=transcript,
+    )
 
 
-def build_passive(cfg: ExperimentConfig, data: PassiveData, *, defenses: Sequence[Defense], embed_dim: int,
-                  link: Callable[[str], Endpoint], keep: set[str] | None = None) -> PassiveParty:
+def build_passive(
+    cfg: ExperimentConfig,
+    data: PassiveData,
+    *,
+    defenses: Sequence[Defense],
+    embed_dim: int,
+    link: Callable[[str], Endpoint],
+    keep: set[str] | None = None,
+) -> PassiveParty:
     """Passive party ``data.name`` alone, in its own process (:mod:`vflbench.experiment.party`): built from its own
     slice only, its defense halves bound to ``link(name)``, with the bottom model's width ``embed_dim`` as the
     active party sends it (it depends on the active party's label transforms in VLR). The same party, bit for bit,
@@ -292,14 +370,30 @@ def build_passive(cfg: ExperimentConfig, data: PassiveData, *, defenses: Sequenc
     data = replace(data, part=data.part.to(resolve_device(cfg.train.device)))
     if cfg.train.algorithm == "vsnn":
         raise ConfigError("a passive party's own process is not built for VSNN (the active party holds no features)")
-    bind = _binder(cfg, num_classes=data.num_classes, num_parties=data.holders, active_has_features=True,
-                   link=link, aux=lambda d, party: None, device=data.part.x_train.device)
-    return passive_party(cfg, data.name, data.part, defenses=defenses, active_defenses=(), embed_dim=embed_dim,
-                          bind=bind, transcript=Transcript(data.name, keep or ()))
+    bind = _binder(
+        cfg,
+        num_classes=data.num_classes,
+        num_parties=data.holders,
+        active_has_features=True,
+        link=link,
+        aux=lambda d, party: None,
+        device=data.part.x_train.device,
+    )
+    return passive_party(
+        cfg,
+        data.name,
+        data.part,
+        defenses=defenses,
+        active_defenses=(),
+        embed_dim=embed_dim,
+        bind=bind,
+        transcript=Transcript(data.name, keep or ()),
+    )
 
 
-def bind_active(cfg: ExperimentConfig, vd: VerticalData, defenses: Sequence[Defense], *,
-                bind: Callable[[Defense, str], None]) -> tuple[Objective, int]:
+def bind_active(
+    cfg: ExperimentConfig, vd: VerticalData, defenses: Sequence[Defense], *, bind: Callable[[Defense, str], None]
+) -> tuple[Objective, int]:
     """Bind the active party's ``defenses`` and let them transform its labels: the objective it trains on, and the
     bottom models' width that follows from it (:func:`embed_dim_of`). First of the active party's steps: the
     passive parties' bottoms are sized by it."""
@@ -311,31 +405,59 @@ def bind_active(cfg: ExperimentConfig, vd: VerticalData, defenses: Sequence[Defe
     return objective, embed_dim_of(cfg, objective.out_dim)
 
 
-def show_layout(cfg: ExperimentConfig, name: str, layout: PartySlice, defenses: Sequence[Defense], *,
-                embed_dim: int, device: torch.device) -> None:
+def show_layout(
+    cfg: ExperimentConfig,
+    name: str,
+    layout: PartySlice,
+    defenses: Sequence[Defense],
+    *,
+    embed_dim: int,
+    device: torch.device,
+) -> None:
     """Let the active party's ``defenses`` look at passive party ``name``'s bottom architecture, built from its
     slice's ``layout`` only (VMask's shadow architecture, an information bottleneck's widths), never at the
     party's own model; the architecture is then dropped."""
     if not defenses:
         return
     assert cfg.model.bottom is not None
-    architecture = build_bottom(cfg.model.bottom, layout, embed_dim, generator(cfg.seed, name, "architecture"),
-                                device=device, **cfg.model.bottom_options)
+    architecture = build_bottom(
+        cfg.model.bottom,
+        layout,
+        embed_dim,
+        generator(cfg.seed, name, "architecture"),
+        device=device,
+        **cfg.model.bottom_options,
+    )
     for d in defenses:
         architecture = d.wrap_bottom(architecture, name).to(device)
 
 
-def show_layouts(cfg: ExperimentConfig, vd: VerticalData, defenses: Sequence[Defense], *, names: Sequence[str],
-                 embed_dim: int, device: torch.device) -> None:
+def show_layouts(
+    cfg: ExperimentConfig,
+    vd: VerticalData,
+    defenses: Sequence[Defense],
+    *,
+    names: Sequence[str],
+    embed_dim: int,
+    device: torch.device,
+) -> None:
     """:func:`show_layout` for every passive party of ``vd`` (in the active party's own process, where no passive
     party's model exists)."""
     for name, part in zip(names, vd.passive, strict=True):
         show_layout(cfg, name, part, defenses, embed_dim=embed_dim, device=device)
 
 
-def build_active(cfg: ExperimentConfig, vd: VerticalData, *, objective: Objective, embed_dim: int,
-                 defenses: Sequence[Defense], widths: Sequence[int], transcript: Transcript,
-                 device: torch.device) -> ActiveParty:
+def build_active(
+    cfg: ExperimentConfig,
+    vd: VerticalData,
+    *,
+    objective: Objective,
+    embed_dim: int,
+    defenses: Sequence[Defense],
+    widths: Sequence[int],
+    transcript: Transcript,
+    device: torch.device,
+) -> ActiveParty:
     """The active party: its slice (augmented by its defenses), bottom model (none in VSNN), the top model sized by
     what it receives (``widths``: each passive party's embedding width; its own bottom's added), the optimizer over
     both, all wrapped by its ``defenses`` (bound already, :func:`bind_active`)."""
@@ -346,15 +468,22 @@ def build_active(cfg: ExperimentConfig, vd: VerticalData, *, objective: Objectiv
         active_slice = d.augment_features(active_slice).to(device)  # type: ignore[arg-type]
     bottom = None
     if active_slice is not None:
-        bottom = build_bottom(m.bottom, active_slice, embed_dim, generator(seed, ACTIVE, "init"), device=device,
-                              **m.bottom_options)
+        bottom = build_bottom(
+            m.bottom, active_slice, embed_dim, generator(seed, ACTIVE, "init"), device=device, **m.bottom_options
+        )
         for d in defenses:
             bottom = d.wrap_bottom(bottom, ACTIVE).to(device)
     if not widths and active_slice is None:
         raise ConfigError("the active party holds no features in VSNN, so it cannot train alone")
     received = [*widths, *[embed_dim] * (active_slice is not None)]
-    top = build_top(m.top, sum(received) if t.aggregation == "concat" else embed_dim, objective.out_dim,
-                    generator(seed, ACTIVE, "top"), device=device, **m.top_options)
+    top = build_top(
+        m.top,
+        sum(received) if t.aggregation == "concat" else embed_dim,
+        objective.out_dim,
+        generator(seed, ACTIVE, "top"),
+        device=device,
+        **m.top_options,
+    )
     if m.top == "identity" and embed_dim != objective.out_dim:
         raise ConfigError("an identity top model needs bottoms that output the logits")
     for d in defenses:
@@ -362,22 +491,46 @@ def build_active(cfg: ExperimentConfig, vd: VerticalData, *, objective: Objectiv
     opt = make_optimizer(cfg, list(top.parameters()) + (list(bottom.parameters()) if bottom is not None else []))
     for d in defenses:
         d.attach_optimizer(opt, ACTIVE)
-    return ActiveParty(ACTIVE, data=active_slice, bottom=bottom, top=top, objective=objective,
-                       aggregation=t.aggregation, labels=vd.y_train, optimizer=opt, scheduler=make_scheduler(cfg, opt),
-                       generator=generator(seed, ACTIVE, "party"), defenses=list(defenses), transcript=transcript)
+    return ActiveParty(
+        ACTIVE,
+        data=active_slice,
+        bottom=bottom,
+        top=top,
+        objective=objective,
+        aggregation=t.aggregation,
+        labels=vd.y_train,
+        optimizer=opt,
+        scheduler=make_scheduler(cfg, opt),
+        generator=generator(seed, ACTIVE, "party"),
+        defenses=list(defenses),
+        transcript=transcript,
+    )
 
 
-def connect(active: ActiveParty, passives: Sequence[PassiveParty], transport: Transport, *,
-            train_rows: Tensor | None = None, remote: Sequence[PassivePeer] = ()) -> Federation:
+def connect(
+    active: ActiveParty,
+    passives: Sequence[PassiveParty],
+    transport: Transport,
+    *,
+    train_rows: Tensor | None = None,
+    remote: Sequence[PassivePeer] = (),
+) -> Federation:
     """The federation of ``active`` and the passive parties over ``transport``: ``passives`` held in this process
     (each serving its handlers), ``remote`` handles on those in other processes."""
     return Federation(active, passives, channel=transport, train_rows=train_rows, remote=remote)
 
 
-def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: DefensePlan | None = None,
-                     alone: bool = False, keep: dict[str, set[str]] | None = None,
-                     extra_dims: dict[str, int] | None = None, held_out: Tensor | None = None,
-                     device: torch.device | None = None) -> Federation:
+def build_federation(
+    cfg: ExperimentConfig,
+    vd: VerticalData,
+    *,
+    defenses: DefensePlan | None = None,
+    alone: bool = False,
+    keep: dict[str, set[str]] | None = None,
+    extra_dims: dict[str, int] | None = None,
+    held_out: Tensor | None = None,
+    device: torch.device | None = None,
+) -> Federation:
     """Build the parties of ``cfg`` over ``vd`` in one process, joined by an in-memory transport (``alone``: the
     active party by itself): :func:`bind_active`, each passive party (:func:`passive_party`), :func:`build_active`,
     :func:`connect`. A party in its own process builds its side alone (:mod:`vflbench.experiment.party`).
@@ -398,28 +551,75 @@ def build_federation(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Defen
     passive_slices = () if alone else vd.passive
     names = passive_names(len(passive_slices))
     plan = defenses or DefensePlan([], {n: [] for n in names})
+    channel, transcripts = _in_memory_transport(cfg, names, keep, plan, device)
+    pool = pool_rows(cfg, vd.y_train)  # held out of training whatever the attacks and defenses
+    grants = aux_grants(cfg, plan.active, vd.y_train, pool)
+    bind = _binder(
+        cfg,
+        num_classes=vd.num_classes,
+        num_parties=len(passive_slices) + 1,
+        active_has_features=vd.active is not None,
+        link=channel.endpoint,
+        aux=granted_aux(plan.active, grants, vd.y_train, dict(zip(names, passive_slices, strict=True))),
+        device=device,
+    )
+    objective, embed_dim = bind_active(cfg, vd, plan.active, bind=bind)
+    passives = _passive_parties(cfg, names, passive_slices, plan, embed_dim, bind, transcripts)
+    active = build_active(
+        cfg,
+        vd,
+        objective=objective,
+        embed_dim=embed_dim,
+        defenses=plan.active,
+        widths=[embed_dim + (extra_dims or {}).get(n, 0) for n in names],
+        transcript=transcripts[ACTIVE],
+        device=device,
+    )
+    return connect(active, passives, channel, train_rows=train_rows_of(len(vd.y_train), [pool, held_out, *grants]))
+
+
+def _in_memory_transport(
+    cfg: ExperimentConfig,
+    names: Sequence[str],
+    keep: dict[str, set[str]],
+    plan: DefensePlan,
+    device: torch.device,
+) -> tuple[InMemoryTransport, dict[str, Transcript]]:
+    """The federation's in-memory transport with each party's transcript registered on it (keeping the messages
+    ``keep`` names), and the active party's defenses' extra parties (e.g. VMask's dealer) started on it."""
     channel = InMemoryTransport()
     transcripts = {n: Transcript(n, keep.get(n, ())) for n in (*names, ACTIVE)}
     for transcript in transcripts.values():
         channel.register(transcript)
     for d in plan.active:  # e.g. VMask's dealer, a party that is neither of the others
         for extra in d.extra_parties:
-            d.start_party(extra, channel.endpoint(extra), generator(cfg.seed, "defense", d.name, ACTIVE),
-                          device=device)
-    pool = pool_rows(cfg, vd.y_train)  # held out of training whatever the attacks and defenses
-    grants = aux_grants(cfg, plan.active, vd.y_train, pool)
-    bind = _binder(cfg, num_classes=vd.num_classes, num_parties=len(passive_slices) + 1, active_has_features=vd.active
-                   is not None, link=channel.endpoint, aux=granted_aux(plan.active, grants, vd.y_train,
-                                                                      dict(zip(names, passive_slices, strict=True))),
-                   device=device)
-    objective, embed_dim = bind_active(cfg, vd, plan.active, bind=bind)
-    passives = [passive_party(cfg, name, part, defenses=plan.passive[name], active_defenses=plan.active,
-                              embed_dim=embed_dim, bind=bind, transcript=transcripts[name])
-                for name, part in zip(names, passive_slices, strict=True)]
-    active = build_active(cfg, vd, objective=objective, embed_dim=embed_dim, defenses=plan.active,
-                          widths=[embed_dim + (extra_dims or {}).get(n, 0) for n in names],
-                          transcript=transcripts[ACTIVE], device=device)
-    return connect(active, passives, channel, train_rows=train_rows_of(len(vd.y_train), [pool, held_out, *grants]))
+            d.start_party(extra, channel.endpoint(extra), generator(cfg.seed, "defense", d.name, ACTIVE), device=device)
+    return channel, transcripts
+
+
+def _passive_parties(
+    cfg: ExperimentConfig,
+    names: Sequence[str],
+    slices: Sequence[PartySlice],
+    plan: DefensePlan,
+    embed_dim: int,
+    bind: Callable[[Defense, str], None],
+    transcripts: dict[str, Transcript],
+) -> list[PassiveParty]:
+    """Each passive party (:func:`passive_party`) over its slice, with its defenses and transcript, in order."""
+    return [
+        passive_party(
+            cfg,
+            name,
+            part,
+            defenses=plan.passive[name],
+            active_defenses=plan.active,
+            embed_dim=embed_dim,
+            bind=bind,
+            transcript=transcripts[name],
+        )
+        for name, part in zip(names, slices, strict=True)
+    ]
 
 
 @dataclass
@@ -432,10 +632,17 @@ class ActiveSide:
     train_rows: Tensor | None
 
 
-def active_side(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Sequence[Defense],
-                link: Callable[[str], Endpoint], keep: Collection[str] = (),
-                extra_dims: Mapping[str, int] | None = None, held_out: Tensor | None = None,
-                device: torch.device | None = None) -> ActiveSide:
+def active_side(
+    cfg: ExperimentConfig,
+    vd: VerticalData,
+    *,
+    defenses: Sequence[Defense],
+    link: Callable[[str], Endpoint],
+    keep: Collection[str] = (),
+    extra_dims: Mapping[str, int] | None = None,
+    held_out: Tensor | None = None,
+    device: torch.device | None = None,
+) -> ActiveSide:
     """The active party of ``cfg`` in its own process (``vd`` from :func:`active_data`): its defense halves bound to
     ``link(active)``, the passive parties' bottoms shown to them as architectures only (:func:`show_layouts`),
     then :func:`build_active`; the same party, bit for bit, as :func:`build_federation` builds in one process.
@@ -446,20 +653,33 @@ def active_side(cfg: ExperimentConfig, vd: VerticalData, *, defenses: Sequence[D
     names = passive_names(len(vd.passive))
     pool = pool_rows(cfg, vd.y_train)
     grants = aux_grants(cfg, defenses, vd.y_train, pool)
-    bind = _binder(cfg, num_classes=vd.num_classes, num_parties=len(names) + 1,
-                   active_has_features=vd.active is not None, link=link,
-                   aux=granted_aux(defenses, grants, vd.y_train, dict(zip(names, vd.passive, strict=True))),
-                   device=device)
+    bind = _binder(
+        cfg,
+        num_classes=vd.num_classes,
+        num_parties=len(names) + 1,
+        active_has_features=vd.active is not None,
+        link=link,
+        aux=granted_aux(defenses, grants, vd.y_train, dict(zip(names, vd.passive, strict=True))),
+        device=device,
+    )
     objective, embed_dim = bind_active(cfg, vd, defenses, bind=bind)
     show_layouts(cfg, vd, defenses, names=names, embed_dim=embed_dim, device=device)
-    active = build_active(cfg, vd, objective=objective, embed_dim=embed_dim, defenses=defenses,
-                          widths=[embed_dim + (extra_dims or {}).get(n, 0) for n in names],
-                          transcript=Transcript(ACTIVE, keep), device=device)
+    active = build_active(
+        cfg,
+        vd,
+        objective=objective,
+        embed_dim=embed_dim,
+        defenses=defenses,
+        widths=[embed_dim + (extra_dims or {}).get(n, 0) for n in names],
+        transcript=Transcript(ACTIVE, keep),
+        device=device,
+    )
     return ActiveSide(active, embed_dim, train_rows_of(len(vd.y_train), [pool, held_out, *grants]))
 
 
-def granted_aux(defenses: Sequence[Defense], grants: Sequence[Tensor | None], y_train: Tensor,
-                slices: Mapping[str, PartySlice]) -> Callable[[Defense, str], DefenseAux | None]:
+def granted_aux(
+    defenses: Sequence[Defense], grants: Sequence[Tensor | None], y_train: Tensor, slices: Mapping[str, PartySlice]
+) -> Callable[[Defense, str], DefenseAux | None]:
     """The auxiliary set each of the active party's ``defenses`` is granted (``grants``, :func:`aux_grants`): its
     rows, their labels and each passive party's columns of them (``slices``: in the active party's own process,
     the layouts holding only the granted rows, :func:`active_data`)."""

@@ -113,8 +113,11 @@ def _per_batch(sets: Sequence[Scores], y: Tensor, metric: str) -> list[float | N
         scores = _finite(s, y)
         predicted = scores.argmax(1) if scores.dim() == 2 else (scores > 0.5).long()
         truth = y[s.ids]
-        out.append(_balanced_accuracy(predicted, truth) if metric == "balanced_accuracy"
-                   else float((predicted == truth).float().mean()))
+        out.append(
+            _balanced_accuracy(predicted, truth)
+            if metric == "balanced_accuracy"
+            else float((predicted == truth).float().mean())
+        )
     return out
 
 
@@ -136,8 +139,9 @@ def constant_guess(metric: str, groups: Sequence[Tensor]) -> float:
     return sum(values) / len(values)
 
 
-def _select(inf: LabelInference, values: list[float], y_train: Tensor, metric: str, select: str,
-            details: dict[str, Any]) -> int:
+def _select(
+    inf: LabelInference, values: list[float], y_train: Tensor, metric: str, select: str, details: dict[str, Any]
+) -> int:
     """The epoch of ``inf.per_epoch`` the selection rule picks (``values``: each epoch's test score)."""
     if select == "last":
         return len(values) - 1
@@ -152,8 +156,9 @@ def _select(inf: LabelInference, values: list[float], y_train: Tensor, metric: s
     return max(scored)[1]  # the best validation score, the latest epoch among ties
 
 
-def score_inference(inf: LabelInference, y_train: Tensor, y_test: Tensor, metric: str,
-                    select: str = "last") -> tuple[float, dict[str, Any]]:
+def score_inference(
+    inf: LabelInference, y_train: Tensor, y_test: Tensor, metric: str, select: str = "last"
+) -> tuple[float, dict[str, Any]]:
     """The attack's value under ``metric`` and diagnostics (per-split values, batches used, the selection rule
     and the epoch it picked, and ``constant_guess``: what a constant prediction scores on the same rows)."""
     details: dict[str, Any] = dict(inf.details)
@@ -166,12 +171,16 @@ def score_inference(inf: LabelInference, y_train: Tensor, y_test: Tensor, metric
         return value, details
     details["selection"] = "last"
     if inf.batches:
-        scored = [(v, s) for v, s in zip(_per_batch(inf.batches, y_train, metric), inf.batches, strict=True)
-                  if v is not None]
+        scored = [
+            (v, s) for v, s in zip(_per_batch(inf.batches, y_train, metric), inf.batches, strict=True) if v is not None
+        ]
         if not scored:
             raise CompatibilityError("no batch had both classes, so no AUC could be computed")
-        details.update(batches_scored=len(scored), batches_seen=len(inf.batches),
-                       constant_guess=constant_guess(metric, [y_train[s.ids] for _, s in scored]))
+        details.update(
+            batches_scored=len(scored),
+            batches_seen=len(inf.batches),
+            constant_guess=constant_guess(metric, [y_train[s.ids] for _, s in scored]),
+        )
         return float(sum(v for v, _ in scored) / len(scored)), details
     by_split: dict[str, float | None] = {}
     for split, s, y in (("train", inf.train, y_train), ("test", inf.test, y_test)):
@@ -185,8 +194,10 @@ def score_inference(inf: LabelInference, y_train: Tensor, y_test: Tensor, metric
         raise CompatibilityError(f"the attack's {metric} is undefined on every split it returned (one class only)")
     details["scored_split"] = split
     if split == "train" and "test" in by_split:
-        details["split_fallback"] = (f"the test {metric} is undefined (the test rows hold one class), "
-                                     "so the attack is scored on the training split")
+        details["split_fallback"] = (
+            f"the test {metric} is undefined (the test rows hold one class), "
+            "so the attack is scored on the training split"
+        )
         log.warning("attack scored on the training split: %s", details["split_fallback"])
     scores = inf.test if split == "test" else inf.train
     assert scores is not None
@@ -225,8 +236,9 @@ def feature_prior(truth: Tensor, aux: AuxData | None, train_slice: Tensor | None
 
 
 @torch.no_grad()
-def score_features(inf: FeatureInference, run: TrainedRun, victims: Sequence[str],
-                   aux: AuxData | None) -> tuple[float, float, dict[str, Any]]:
+def score_features(
+    inf: FeatureInference, run: TrainedRun, victims: Sequence[str], aux: AuxData | None
+) -> tuple[float, float, dict[str, Any]]:
     """Reconstruction MSE (the value), the aux-mean prior, and diagnostics of a feature attack.
 
     ``details``: ``mse`` per split, ``ssim`` for image slices (Wang et al. 2004, 11x11 Gaussian
@@ -236,7 +248,7 @@ def score_features(inf: FeatureInference, run: TrainedRun, victims: Sequence[str
     victims the truth is their slices concatenated along the last axis, and the real
     embeddings are each victim's bottom model on its own slice, concatenated.
     """
-    from vflbench.metrics.reconstruction import cosine_distance, ssim
+    from vflbench.metrics.reconstruction import ssim
 
     part = run.data.passive[passive_index(victims[0])]
     truth, widths = victim_features(run.data, victims, inf.split, inf.ids)
@@ -250,20 +262,45 @@ def score_features(inf: FeatureInference, run: TrainedRun, victims: Sequence[str
     recon = torch.nan_to_num(recon, nan=0.0, posinf=0.0, neginf=0.0)
     value = float(((recon - truth) ** 2).mean())
     prior = feature_prior(truth, aux, train_slice)
-    details: dict[str, Any] = {**inf.details, "split": inf.split, "n_targets": len(inf.ids), "mse": value,
-                               "prior_mse": prior, "out_of_range_share": outside,
-                               "truth_out_of_range_share": natural,
-                               "out_of_range": outside > natural + OUT_OF_RANGE_FLAG,
-                               "range_reference": "aux rows" if aux is not None else "training slice"}
+    details: dict[str, Any] = {
+        **inf.details,
+        "split": inf.split,
+        "n_targets": len(inf.ids),
+        "mse": value,
+        "prior_mse": prior,
+        "out_of_range_share": outside,
+        "truth_out_of_range_share": natural,
+        "out_of_range": outside > natural + OUT_OF_RANGE_FLAG,
+        "range_reference": "aux rows" if aux is not None else "training slice",
+    }
     if details["out_of_range"]:
-        log.warning("feature attack on %s: %.1f%% of the reconstructed values lie outside the range of the victim's "
-                    "slice on the %s (%.1f%% of the true values; MSE %.4g against the mean guess's %.4g): the attack "
-                    "reconstructs values the data do not take", "+".join(victims), 100 * outside,
-                    details["range_reference"], 100 * natural, value, prior)
+        log.warning(
+            "feature attack on %s: %.1f%% of the reconstructed values lie outside the range of the victim's "
+            "slice on the %s (%.1f%% of the true values; MSE %.4g against the mean guess's %.4g): the attack "
+            "reconstructs values the data do not take",
+            "+".join(victims),
+            100 * outside,
+            details["range_reference"],
+            100 * natural,
+            value,
+            prior,
+        )
     if part.kind == "image" and truth.dim() == 4:
         details["ssim"] = float(ssim(recon, truth, data_range=1.0).mean())
         guess = reference.float().mean(0, keepdim=True).expand_as(truth).contiguous()
         details["prior_ssim"] = float(ssim(guess, truth, data_range=1.0).mean())
+    details.update(_embedding_details(inf, run, victims, truth, widths))
+    return value, prior, details
+
+
+def _embedding_details(
+    inf: FeatureInference, run: TrainedRun, victims: Sequence[str], truth: Tensor, widths: tuple[int, ...]
+) -> dict[str, Any]:
+    """``emb_mse``/``emb_cos`` of the shadow model against the victims' real bottom models (see
+    :func:`score_features`), or why they were not computed; empty when the attack has no shadow model."""
+    from vflbench.metrics.reconstruction import cosine_distance
+
+    details: dict[str, Any] = {}
     bottoms = {v: run.federation.bottom_of(v) for v in victims}
     withheld = [v for v in victims if inf.shadow is not None and bottoms[v] is None]
     if withheld:  # a victim in its own process refused the evaluation-only query of its bottom model
@@ -276,7 +313,7 @@ def score_features(inf: FeatureInference, run: TrainedRun, victims: Sequence[str
         est = torch.cat([inf.shadow(truth[i : i + EVAL_BATCH]) for i in range(0, len(truth), EVAL_BATCH)])
         details["emb_mse"] = float(((est - real) ** 2).mean())
         details["emb_cos"] = float(cosine_distance(est, real).mean())
-    return value, prior, details
+    return details
 
 
 def _embed(bottom: nn.Module | None, x: Tensor) -> Tensor:
@@ -318,8 +355,9 @@ def _feature_once(planned: PlannedAttack, run: TrainedRun, repeat: int) -> tuple
     return value, prior, details
 
 
-def _label_once(planned: PlannedAttack, run: TrainedRun, metric: str,
-                repeat: int) -> tuple[float, float, dict[str, Any]]:
+def _label_once(
+    planned: PlannedAttack, run: TrainedRun, metric: str, repeat: int
+) -> tuple[float, float, dict[str, Any]]:
     """One repeat of a label attack: its value, its prior (never below what a constant guess scores on the same
     rows) and the diagnostics."""
     attack = planned.attack
@@ -331,23 +369,27 @@ def _label_once(planned: PlannedAttack, run: TrainedRun, metric: str,
         model_prior = random_prior(metric, run.data.num_classes)
     else:
         models = scratch_models(run, attack.party, repeat)
-        inference = attack.infer(view.with_models(models)) if attack.prior == "scratch" else attack.local(
-            view.with_models(models))
+        inference = (
+            attack.infer(view.with_models(models))
+            if attack.prior == "scratch"
+            else attack.local(view.with_models(models))
+        )
         model_prior, prior_details = score_inference(_label_inference(inference), y_train, y_test, metric, select)
         details[attack.prior] = prior_details
     floor = details.get("constant_guess", 0.5 if metric == "auc" else 0.0)
     details["prior_model"] = model_prior
     if floor > model_prior:
-        details["prior_floor"] = ("the prior is what a constant guess scores on the same rows, "
-                                  f"{floor:.4f}, above the {attack.prior} prior's {model_prior:.4f}")
+        details["prior_floor"] = (
+            "the prior is what a constant guess scores on the same rows, "
+            f"{floor:.4f}, above the {attack.prior} prior's {model_prior:.4f}"
+        )
     return value, max(model_prior, floor), details
 
 
 def attack_metric(planned: PlannedAttack, run: TrainedRun) -> str:
     """The metric ``planned``'s attack is scored under on ``run`` (``"mse"`` for a feature attack)."""
     attack = planned.attack
-    return "mse" if attack.target == "features" else metric_name(run.data.y_train, run.data.num_classes,
-                                                                 attack.metric)
+    return "mse" if attack.target == "features" else metric_name(run.data.y_train, run.data.num_classes, attack.metric)
 
 
 def repeated(planned: PlannedAttack, run: TrainedRun, metric: str) -> list[tuple[float, float, dict[str, Any]]]:
@@ -355,8 +397,10 @@ def repeated(planned: PlannedAttack, run: TrainedRun, metric: str) -> list[tuple
     them when the attack is repeatable, else one)."""
     attack = planned.attack
     repeats = run.config.evaluation.repeats if attack.repeatable else 1
-    return [_feature_once(planned, run, r) if attack.target == "features" else _label_once(planned, run, metric, r)
-            for r in range(repeats)]
+    return [
+        _feature_once(planned, run, r) if attack.target == "features" else _label_once(planned, run, metric, r)
+        for r in range(repeats)
+    ]
 
 
 def run_attacks(plan: AttackPlan, run: TrainedRun) -> tuple[list[AttackResult], dict[str, float]]:
@@ -383,19 +427,38 @@ def run_attacks(plan: AttackPlan, run: TrainedRun) -> tuple[list[AttackResult], 
             per_epoch = []
             for snapshot in planned.snapshots:
                 models = {k: copy.deepcopy(m) for k, m in snapshot.items()}
-                per_epoch.append(score_inference(_label_inference(attack.infer(view.with_models(models))),
-                                                 run.data.y_train, run.data.y_test, metric, select)[0])
+                per_epoch.append(
+                    score_inference(
+                        _label_inference(attack.infer(view.with_models(models))),
+                        run.data.y_train,
+                        run.data.y_test,
+                        metric,
+                        select,
+                    )[0]
+                )
         seconds[_timing_key(seconds, attack.name)] = time.perf_counter() - tic
         values = [v for v, _, _ in outcomes]
         priors = [p for _, p, _ in outcomes]
         leakages = [leakage_points(metric, v, p) for v, p in zip(values, priors, strict=True)]
         interval = mean_interval({run.config.seed: leakages}, evaluation.confidence)
         details = {"params": planned.spec_params, **outcomes[0][2], "repeats": repeats}
-        results.append(AttackResult(
-            name=attack.name, target=attack.target, metric=metric, direction=direction_of(metric),
-            value=sum(values) / repeats, prior=sum(priors) / repeats,
-            prior_name="aux_mean" if attack.target == "features" else attack.prior,
-            leakage=sum(leakages) / repeats, per_epoch=per_epoch, details=details, values=values, priors=priors,
-            leakages=leakages, leakage_ci=[interval.low, interval.high] if interval.defined else None,
-            ci_basis=interval.basis))
+        results.append(
+            AttackResult(
+                name=attack.name,
+                target=attack.target,
+                metric=metric,
+                direction=direction_of(metric),
+                value=sum(values) / repeats,
+                prior=sum(priors) / repeats,
+                prior_name="aux_mean" if attack.target == "features" else attack.prior,
+                leakage=sum(leakages) / repeats,
+                per_epoch=per_epoch,
+                details=details,
+                values=values,
+                priors=priors,
+                leakages=leakages,
+                leakage_ci=[interval.low, interval.high] if interval.defined else None,
+                ci_basis=interval.basis,
+            )
+        )
     return results, seconds

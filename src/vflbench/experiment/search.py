@@ -71,12 +71,15 @@ log = logging.getLogger(__name__)
 HOLDOUT_SHARE = 0.2
 #: The fewest auxiliary rows a feature attack needs for a search: two to fit on, two to score on.
 MIN_AUX_ROWS = 4
-DEFAULT_ONLY = ("default attacker only: its settings act during training (or it has none to search), so they "
-                "cannot be searched on one trained model")
+DEFAULT_ONLY = (
+    "default attacker only: its settings act during training (or it has none to search), so they "
+    "cannot be searched on one trained model"
+)
 
 
-def candidate_settings(attack: Attack, scenario: Scenario, budget: int,
-                       stream: torch.Generator) -> tuple[list[dict[str, Any]], int]:
+def candidate_settings(
+    attack: Attack, scenario: Scenario, budget: int, stream: torch.Generator
+) -> tuple[list[dict[str, Any]], int]:
     """The settings the search tries (the default first, then at most ``budget - 1`` others of the grid, a
     random subset drawn from ``stream`` when there are more) and the number of distinct settings in the grid
     (the default included). No settings when the attack has no grid here."""
@@ -114,8 +117,9 @@ def with_setting(planned: PlannedAttack, setting: Mapping[str, Any], scenario: S
 def choose(trials: Sequence[Mapping[str, Any]]) -> int:
     """The index of the trial with the best validation score (higher is better; the earliest among ties, so the
     default setting, tried first, wins a tie). Trials without a score (refused settings) are never chosen."""
-    scored = [(t["score"], -i) for i, t in enumerate(trials) if t.get("score") is not None
-              and not math.isnan(t["score"])]
+    scored = [
+        (t["score"], -i) for i, t in enumerate(trials) if t.get("score") is not None and not math.isnan(t["score"])
+    ]
     if not scored:
         raise CompatibilityError("the attacker search could not score any setting on the attacker's validation rows")
     return -max(scored)[1]
@@ -146,16 +150,18 @@ def label_validation_score(inference: LabelInference, holdout: KnownLabels, metr
     under ``last``; the best validation epoch otherwise: ``test_oracle`` has no attacker's counterpart but this)."""
     if inference.per_epoch:
         if any(e.validation is None for e in inference.per_epoch):
-            raise CompatibilityError("the attack returned no scores of the held-out known labels, so its settings "
-                                     "cannot be compared")
+            raise CompatibilityError(
+                "the attack returned no scores of the held-out known labels, so its settings cannot be compared"
+            )
         curve = [score_known(e.validation, holdout, metric) for e in inference.per_epoch]  # type: ignore[arg-type]
         if select == "last":
             return curve[-1]
         finite = [v for v in curve if v is not None]
         return max(finite) if finite else None
     if inference.validation is None:
-        raise CompatibilityError("the attack returned no scores of the held-out known labels, so its settings cannot "
-                                 "be compared")
+        raise CompatibilityError(
+            "the attack returned no scores of the held-out known labels, so its settings cannot be compared"
+        )
     return score_known(inference.validation, holdout, metric)
 
 
@@ -165,12 +171,21 @@ def split_aux(aux: AuxData, stream: torch.Generator) -> tuple[AuxData, Tensor]:
     n = len(aux.ids)
     held = max(2, round(HOLDOUT_SHARE * n))
     if n - held < 2:
-        raise CompatibilityError(f"the attacker search holds out {held} of the {n} auxiliary rows to score settings "
-                                 f"on, which leaves fewer than 2 to fit on; give the attack at least {MIN_AUX_ROWS}")
+        raise CompatibilityError(
+            f"the attacker search holds out {held} of the {n} auxiliary rows to score settings "
+            f"on, which leaves fewer than 2 to fit on; give the attack at least {MIN_AUX_ROWS}"
+        )
     order = torch.randperm(n, generator=stream)
     out, keep = order[:held].sort().values, order[held:].sort().values
-    fit = AuxData(aux.ids[keep], None if aux.own is None else aux.own[keep], aux.victim[keep], aux.labels[keep],
-                  aux.victim_party, aux.classes, aux.victim_widths)
+    fit = AuxData(
+        aux.ids[keep],
+        None if aux.own is None else aux.own[keep],
+        aux.victim[keep],
+        aux.labels[keep],
+        aux.victim_party,
+        aux.classes,
+        aux.victim_widths,
+    )
     return fit, out
 
 
@@ -179,8 +194,9 @@ def feature_validation_mse(inference: FeatureInference, aux: AuxData, held: Tens
     truth = aux.victim[held].float()
     if not torch.equal(inference.ids.cpu(), aux.ids[held].cpu()):
         raise CompatibilityError("the attack reconstructed rows other than the held-out auxiliary rows it was given")
-    recon = torch.nan_to_num(inference.features.detach().float().to(truth.device).reshape(truth.shape),
-                             nan=0.0, posinf=0.0, neginf=0.0)
+    recon = torch.nan_to_num(
+        inference.features.detach().float().to(truth.device).reshape(truth.shape), nan=0.0, posinf=0.0, neginf=0.0
+    )
     return float(((recon - truth) ** 2).mean())
 
 
@@ -197,25 +213,33 @@ class _Validation:
         base = _view(run, planned)
         if attack.target == "features":
             if base.aux is None or len(base.aux.ids) < MIN_AUX_ROWS:
-                raise CompatibilityError(f"the attacker search scores {attack.name}'s settings on held-out auxiliary "
-                                         f"rows, but it has {0 if base.aux is None else len(base.aux.ids)} (at least "
-                                         f"{MIN_AUX_ROWS} are needed)")
+                raise CompatibilityError(
+                    f"the attacker search scores {attack.name}'s settings on held-out auxiliary "
+                    f"rows, but it has {0 if base.aux is None else len(base.aux.ids)} (at least "
+                    f"{MIN_AUX_ROWS} are needed)"
+                )
             self.aux = base.aux
             fit, self.held = split_aux(base.aux, self._stream("holdout"))
-            received = [query_embeddings(run.federation, victim, base.aux.ids[self.held], "train")
-                        for victim in victims_of(attack)]
+            received = [
+                query_embeddings(run.federation, victim, base.aux.ids[self.held], "train")
+                for victim in victims_of(attack)
+            ]
             self.view = dataclasses.replace(base, aux=fit, received=received)
-            self.selected_on = (f"{len(self.held)} of the attacker's {len(base.aux.ids)} auxiliary rows, held out of "
-                                "every setting's fit (reconstruction MSE)")
+            self.selected_on = (
+                f"{len(self.held)} of the attacker's {len(base.aux.ids)} auxiliary rows, held out of "
+                "every setting's fit (reconstruction MSE)"
+            )
         else:
             if base.known is None:
-                raise CompatibilityError(f"the attacker search scores {attack.name}'s settings on its known labels, "
-                                         "but it has none")
-            self.holdout = label_holdout(base.known, int(getattr(attack, "val_per_class", 1)),
-                                         self._stream("holdout"))
+                raise CompatibilityError(
+                    f"the attacker search scores {attack.name}'s settings on its known labels, but it has none"
+                )
+            self.holdout = label_holdout(base.known, int(getattr(attack, "val_per_class", 1)), self._stream("holdout"))
             self.view = dataclasses.replace(base, holdout=self.holdout)
-            self.selected_on = (f"{len(self.holdout.ids)} of the attacker's {len(base.known.ids)} known labels, held "
-                                f"out of every setting's fine-tuning ({metric})")
+            self.selected_on = (
+                f"{len(self.holdout.ids)} of the attacker's {len(base.known.ids)} known labels, held "
+                f"out of every setting's fine-tuning ({metric})"
+            )
 
     def _stream(self, *what: str) -> torch.Generator:
         return generator(self.seed, "attack", self.name, "search", *what)
@@ -229,8 +253,9 @@ class _Validation:
             if not isinstance(inference, FeatureInference):
                 raise CompatibilityError(f"feature attack {attack.name!r} returned {type(inference).__name__}")
             return -feature_validation_mse(inference, self.aux, self.held)
-        return label_validation_score(_label_inference(inference), self.holdout, self.metric,
-                                      getattr(attack, "select", "last"))
+        return label_validation_score(
+            _label_inference(inference), self.holdout, self.metric, getattr(attack, "select", "last")
+        )
 
 
 def search_attack(planned: PlannedAttack, run: TrainedRun, result: AttackResult) -> None:
@@ -239,8 +264,12 @@ def search_attack(planned: PlannedAttack, run: TrainedRun, result: AttackResult)
     attack = planned.attack
     evaluation = run.config.evaluation
     scenario = scenario_of(run.config, run.data)
-    settings, size = candidate_settings(attack, scenario, evaluation.search_budget,
-                                        generator(run.config.seed, "attack", draws_of(attack), "search", "grid"))
+    settings, size = candidate_settings(
+        attack,
+        scenario,
+        evaluation.search_budget,
+        generator(run.config.seed, "attack", draws_of(attack), "search", "grid"),
+    )
     if not settings:
         result.details["search"] = {"status": "default attacker only", "why": DEFAULT_ONLY}
         return
@@ -257,8 +286,7 @@ def search_attack(planned: PlannedAttack, run: TrainedRun, result: AttackResult)
             candidate, trial["refused"] = None, str(exc)
         if trial.get("score") is not None:
             trial["validation"] = -trial["score"] if attack.target == "features" else trial["score"]
-        log.info("attacker search %s: %s -> %s", attack.name, setting,
-                 trial.get("validation", trial.get("refused")))
+        log.info("attacker search %s: %s -> %s", attack.name, setting, trial.get("validation", trial.get("refused")))
         trials.append(trial)
         candidates.append(candidate)
     best = choose(trials)
@@ -279,10 +307,15 @@ def search_attack(planned: PlannedAttack, run: TrainedRun, result: AttackResult)
     result.leakages_worst = leakages
     result.leakage_worst_ci = [interval.low, interval.high] if interval.defined else None
     result.details["search"] = {
-        "status": "searched", "grid_size": size, "budget": evaluation.search_budget,
-        "selected_on": validation.selected_on, "validation_metric": metric,
+        "status": "searched",
+        "grid_size": size,
+        "budget": evaluation.search_budget,
+        "selected_on": validation.selected_on,
+        "validation_metric": metric,
         "tried": [{k: v for k, v in t.items() if k != "score"} for t in trials],
-        "chosen": dict(chosen), "chosen_is_default": best == 0}
+        "chosen": dict(chosen),
+        "chosen_is_default": best == 0,
+    }
 
 
 def search_attacks(plan: AttackPlan, run: TrainedRun, results: Sequence[AttackResult]) -> dict[str, float]:
@@ -312,7 +345,9 @@ def check_search(plan: AttackPlan) -> None:
             continue
         held = int(getattr(attack, "val_per_class", 1))
         if attack.known_per_class <= held:
-            raise ConfigError(f"attack {attack.name!r}: the attacker search scores its settings on val_per_class "
-                              f"({held}) of its known labels of every class, held out of their fine-tuning, but "
-                              f"known_per_class is {attack.known_per_class}; raise known_per_class or turn "
-                              "evaluation.attacker_search off")
+            raise ConfigError(
+                f"attack {attack.name!r}: the attacker search scores its settings on val_per_class "
+                f"({held}) of its known labels of every class, held out of their fine-tuning, but "
+                f"known_per_class is {attack.known_per_class}; raise known_per_class or turn "
+                "evaluation.attacker_search off"
+            )

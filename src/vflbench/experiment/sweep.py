@@ -37,7 +37,7 @@ from vflbench.experiment.config import (
     load_yaml,
 )
 from vflbench.experiment.lock import exclusive
-from vflbench.experiment.results import read_result, write_atomic
+from vflbench.experiment.results import AttackResult, RunResult, read_result, write_atomic
 from vflbench.experiment.workers import WORKER_PRELOAD, fork_server, start_sweep_workers
 from vflbench.metrics.scores import (
     NO_PROTECTION_SCORE,
@@ -71,8 +71,9 @@ class SweepConfig(BaseModel):
     baseline: bool = Field(True, description="add a no-defense run per seed (needed for utility loss)")
     workers: int = Field(1, ge=1)
     executor: Literal["local", "ray"] = "local"
-    attacker_search: bool = Field(False, description="run the attacker search on every point (sets "
-                                  "evaluation.attacker_search on each)")
+    attacker_search: bool = Field(
+        False, description="run the attacker search on every point (sets evaluation.attacker_search on each)"
+    )
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,10 @@ def sweep_settings(cfg: ExperimentConfig) -> SweepConfig:
         return SweepConfig.model_validate(cfg.sweep or {})
     except ValidationError as exc:
         valid = ", ".join(SweepConfig.model_fields)
-        raise ConfigError(f"invalid sweep section ({valid} are valid keys): "
-                          + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
+        raise ConfigError(
+            f"invalid sweep section ({valid} are valid keys): "
+            + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        ) from None
 
 
 def expand(cfg: ExperimentConfig) -> list[SweepPoint]:
@@ -201,10 +204,18 @@ def _check_data(points: Sequence[SweepPoint], data_root: str | None) -> None:
             raise ConfigError(f"sweep point {point.hash} (seed {point.config.seed}) is invalid: {exc}") from None
 
 
-def run_sweep(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = False, data_root: str | None = None,
-              workers: int | None = None, runner: Callable[[dict[str, Any], str, str | None], str] = _run_point,
-              on_done: Callable[[SweepPoint], None] | None = None,
-              on_start: Callable[[int, int], None] | None = None, force: bool = False) -> pd.DataFrame:
+def run_sweep(
+    cfg: ExperimentConfig,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    data_root: str | None = None,
+    workers: int | None = None,
+    runner: Callable[[dict[str, Any], str, str | None], str] = _run_point,
+    on_done: Callable[[SweepPoint], None] | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+    force: bool = False,
+) -> pd.DataFrame:
     """Run every point (skipping finished ones with ``resume``); write summary.csv and scores.csv.
 
     With one worker the points run in this process; with ``n`` (local executor) they run in ``n`` worker
@@ -234,27 +245,44 @@ def run_sweep(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = Fals
     if settings.executor == "local":  # a cluster's workers may see datasets this machine does not
         _check_data(todo, data_root)
     out.mkdir(parents=True, exist_ok=True)
-    with exclusive(out / SWEEP_LOCK, busy=f"another sweep (pid {{pid}}) is writing into {out}; wait for it to "
-                                          "end, or give this one another --out"):
+    with exclusive(
+        out / SWEEP_LOCK,
+        busy=f"another sweep (pid {{pid}}) is writing into {out}; wait for it to end, or give this one another --out",
+    ):
         write_atomic(out / "sweep.yaml", cfg.to_yaml())
         log.info("sweep: %d points, %d to run, %d already done", len(points), len(todo), len(points) - len(todo))
         if on_start is not None:
             on_start(len(todo), len(points))
         runs_dir = str(out / RUNS)
         try:
-            if settings.executor == "ray":
-                _run_ray(todo, runs_dir, data_root, on_done)
-            elif context is None:
-                for point in todo:
-                    runner(point.config.model_dump(mode="json"), runs_dir, data_root)
-                    if on_done is not None:
-                        on_done(point)
-            else:
-                _run_pool(todo, runs_dir, data_root, n_workers, runner, on_done, context)
+            _run_points(todo, runs_dir, data_root, settings.executor, context, n_workers, runner, on_done)
         except BaseException:
             _collect_finished(out, points)
             raise
         return collect(out, points)
+
+
+def _run_points(
+    todo: Sequence[SweepPoint],
+    runs_dir: str,
+    data_root: str | None,
+    executor: str,
+    context: multiprocessing.context.BaseContext | None,
+    n_workers: int,
+    runner: Callable[[dict[str, Any], str, str | None], str],
+    on_done: Callable[[SweepPoint], None] | None,
+) -> None:
+    """Run the points ``todo`` where the sweep says: as Ray tasks, in this process (no worker ``context``), or
+    on a pool of ``n_workers`` local workers; ``on_done`` as each one finishes."""
+    if executor == "ray":
+        _run_ray(todo, runs_dir, data_root, on_done)
+    elif context is None:
+        for point in todo:
+            runner(point.config.model_dump(mode="json"), runs_dir, data_root)
+            if on_done is not None:
+                on_done(point)
+    else:
+        _run_pool(todo, runs_dir, data_root, n_workers, runner, on_done, context)
 
 
 #: What a sweep's section says about how to run its points, not which points it has.
@@ -267,10 +295,17 @@ def _changes(before: Any, after: Any, path: str = "") -> list[tuple[str, Any, An
     if before == after:
         return []
     if isinstance(before, dict) and isinstance(after, dict):
-        return [c for key in sorted(before.keys() | after.keys(), key=str)
-                for c in _changes(before.get(key, _ABSENT), after.get(key, _ABSENT), f"{path}.{key}" if path else key)]
-    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after) \
-            and all(isinstance(v, (dict, list)) for v in before + after):
+        return [
+            c
+            for key in sorted(before.keys() | after.keys(), key=str)
+            for c in _changes(before.get(key, _ABSENT), after.get(key, _ABSENT), f"{path}.{key}" if path else key)
+        ]
+    if (
+        isinstance(before, list)
+        and isinstance(after, list)
+        and len(before) == len(after)
+        and all(isinstance(v, (dict, list)) for v in before + after)
+    ):
         return [c for i, (x, y) in enumerate(zip(before, after, strict=True)) for c in _changes(x, y, f"{path}.{i}")]
     return [(path or "config", before, after)]
 
@@ -290,24 +325,26 @@ def check_same_definition(cfg: ExperimentConfig, out: Path) -> None:
     stored = out / "sweep.yaml"
     if not stored.is_file():
         return
-    how = (f"to continue the sweep in {out}, resume it with its own definition (the config it was started "
-           f"with, as recorded in {stored}); to run this one, give a new --out, or add --force to continue in "
-           f"{out} with the new definition (finished points whose config is unchanged are reused; summary.csv "
-           "then describes the new sweep only)")
+    how = (
+        f"to continue the sweep in {out}, resume it with its own definition (the config it was started "
+        f"with, as recorded in {stored}); to run this one, give a new --out, or add --force to continue in "
+        f"{out} with the new definition (finished points whose config is unchanged are reused; summary.csv "
+        "then describes the new sweep only)"
+    )
     try:
         before = _definition(build_config(load_yaml(stored.read_text(), str(stored)) or {}))
     except (VFLBenchError, OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"--resume: cannot read the definition of the sweep in {out} ({exc}); {how}") from None
     changed = _changes(before, _definition(cfg))
     if changed:
+
         def show(value: Any) -> str:
             text = "(absent)" if value is _ABSENT else json.dumps(value)
             return text if len(text) <= 60 else text[:57] + "..."
 
         shown = "; ".join(f"{path}: {show(old)} -> {show(new)}" for path, old, new in changed[:4])
         more = f"; and {len(changed) - 4} more" if len(changed) > 4 else ""
-        raise ConfigError(f"--resume: the sweep in {out} was started with another definition ({shown}{more}); "
-                          f"{how}")
+        raise ConfigError(f"--resume: the sweep in {out} was started with another definition ({shown}{more}); {how}")
 
 
 _ABSENT = object()
@@ -324,8 +361,9 @@ def _collect_finished(out: Path, points: Sequence[SweepPoint]) -> None:
         log.exception("could not write the summary of the finished points")
         return
     done = table["config_hash"].nunique() if not table.empty else 0
-    log.warning("sweep stopped: %d of %d points finished; their summary is in %s", done, len(points),
-                out / "summary.csv")
+    log.warning(
+        "sweep stopped: %d of %d points finished; their summary is in %s", done, len(points), out / "summary.csv"
+    )
 
 
 def _worker_init() -> None:
@@ -392,10 +430,15 @@ def _longest_first(points: Sequence[SweepPoint]) -> list[SweepPoint]:
     return sorted(points, key=lambda p: (-p.config.train.epochs, bool(p.config.defenses)))
 
 
-def _run_pool(todo: Sequence[SweepPoint], runs_dir: str, data_root: str | None, n_workers: int,
-              runner: Callable[[dict[str, Any], str, str | None], str],
-              on_done: Callable[[SweepPoint], None] | None,
-              context: multiprocessing.context.BaseContext | None = None) -> None:
+def _run_pool(
+    todo: Sequence[SweepPoint],
+    runs_dir: str,
+    data_root: str | None,
+    n_workers: int,
+    runner: Callable[[dict[str, Any], str, str | None], str],
+    on_done: Callable[[SweepPoint], None] | None,
+    context: multiprocessing.context.BaseContext | None = None,
+) -> None:
     """Run ``todo`` on ``n_workers`` worker processes (from ``context``, by default :func:`_worker_context`),
     longest points first, while this process only hands them out and reports them.
 
@@ -405,12 +448,12 @@ def _run_pool(todo: Sequence[SweepPoint], runs_dir: str, data_root: str | None, 
     point) the queued points are cancelled and the workers ended before re-raising.
     """
     before = set(multiprocessing.active_children())
-    pool = ProcessPoolExecutor(max_workers=n_workers, mp_context=context or _worker_context(),
-                               initializer=_worker_init)
+    pool = ProcessPoolExecutor(max_workers=n_workers, mp_context=context or _worker_context(), initializer=_worker_init)
     try:
         # the first submissions start the workers: each waits for the fork server's imports (here, not in a worker)
-        pending = {pool.submit(runner, p.config.model_dump(mode="json"), runs_dir, data_root): p
-                   for p in _longest_first(todo)}
+        pending = {
+            pool.submit(runner, p.config.model_dump(mode="json"), runs_dir, data_root): p for p in _longest_first(todo)
+        }
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
@@ -431,8 +474,12 @@ def _run_pool(todo: Sequence[SweepPoint], runs_dir: str, data_root: str | None, 
         raise
 
 
-def _run_ray(points: Sequence[SweepPoint], runs_dir: str, data_root: str | None,
-             on_done: Callable[[SweepPoint], None] | None = None) -> None:
+def _run_ray(
+    points: Sequence[SweepPoint],
+    runs_dir: str,
+    data_root: str | None,
+    on_done: Callable[[SweepPoint], None] | None = None,
+) -> None:
     """Run the points as Ray tasks (one CPU each) on the Ray cluster this process is connected to (``RAY_ADDRESS``),
     or on a new local instance; an interruption or a failed point cancels the tasks still queued.
 
@@ -452,24 +499,13 @@ def _run_ray(points: Sequence[SweepPoint], runs_dir: str, data_root: str | None,
         ray.init(include_dashboard=False, log_to_driver=False)
     remote = ray.remote(num_cpus=1)(_run_point_shipped)
     runs = Path(runs_dir)
-
-    def reference(cfg: ExperimentConfig) -> str | None:
-        return undefended_config(cfg).hash() if cfg.defenses and cfg.attacks else None
-
-    waiting: dict[str, list[SweepPoint]] = {}
-    first: list[SweepPoint] = []
-    for point in points:
-        ref = reference(point.config)
-        if ref is None or (runs / ref / "result.json").is_file():
-            first.append(point)
-        else:
-            waiting.setdefault(ref, []).append(point)
+    first, waiting = _split_by_reference(points, runs)
     hashes = {p.hash for p in points}
     extra = {ref: undefended_config(later[0].config) for ref, later in waiting.items() if ref not in hashes}
     pending: dict[Any, tuple[str, SweepPoint | None]] = {}
 
     def submit(cfg: ExperimentConfig, point: SweepPoint | None) -> None:
-        ref = reference(cfg)
+        ref = _reference_hash(cfg)
         given = {f"{ref}/result.json": (runs / ref / "result.json").read_bytes()} if ref is not None else {}
         pending[remote.remote(cfg.model_dump(mode="json"), data_root, given)] = (cfg.hash(), point)
 
@@ -492,6 +528,29 @@ def _run_ray(points: Sequence[SweepPoint], runs_dir: str, data_root: str | None,
         raise
 
 
+def _reference_hash(cfg: ExperimentConfig) -> str | None:
+    """The hash of the undefended run whose result a defended point with attacks reads, else ``None``."""
+    from vflbench.experiment.run import undefended_config
+
+    return undefended_config(cfg).hash() if cfg.defenses and cfg.attacks else None
+
+
+def _split_by_reference(
+    points: Sequence[SweepPoint], runs: Path
+) -> tuple[list[SweepPoint], dict[str, list[SweepPoint]]]:
+    """The points that can start now (no undefended reference, or its result is in ``runs`` already), and the
+    others by the hash of the reference they wait for, each in the sweep's order."""
+    waiting: dict[str, list[SweepPoint]] = {}
+    first: list[SweepPoint] = []
+    for point in points:
+        ref = _reference_hash(point.config)
+        if ref is None or (runs / ref / "result.json").is_file():
+            first.append(point)
+        else:
+            waiting.setdefault(ref, []).append(point)
+    return first, waiting
+
+
 def _run_point_shipped(config: dict[str, Any], data_root: str | None, given: dict[str, bytes]) -> dict[str, bytes]:
     """A Ray task: run one point in a temporary runs directory on this node, after placing the files ``given`` there
     (an undefended reference's ``result.json``, by path relative to the runs directory), and return every file the
@@ -505,9 +564,13 @@ def _run_point_shipped(config: dict[str, Any], data_root: str | None, given: dic
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
         _run_point(config, str(runs), data_root)
-        return {rel: path.read_bytes() for path in sorted(runs.rglob("*"))
-                if path.is_file() and not path.name.startswith(".")
-                and (rel := path.relative_to(runs).as_posix()) not in given}
+        return {
+            rel: path.read_bytes()
+            for path in sorted(runs.rglob("*"))
+            if path.is_file()
+            and not path.name.startswith(".")
+            and (rel := path.relative_to(runs).as_posix()) not in given
+        }
 
 
 def _write_run_files(runs: Path, files: dict[str, bytes]) -> None:
@@ -550,8 +613,11 @@ def _defense_label(defenses: list[dict[str, Any]], coords: dict[str, Any] | None
         name = defenses[int(parts[1])]["name"]
         knob = getattr(DEFENSES.get(name).factory, "strength_param", None) if name in DEFENSES else None
         if parts[2] not in ("strength", knob):
-            extra.append(f"{'.'.join(parts[2:])}={json.dumps(value)}" if len(defenses) == 1
-                         else f"{name}.{'.'.join(parts[2:])}={json.dumps(value)}")
+            extra.append(
+                f"{'.'.join(parts[2:])}={json.dumps(value)}"
+                if len(defenses) == 1
+                else f"{name}.{'.'.join(parts[2:])}={json.dumps(value)}"
+            )
     return label + (f" [{', '.join(extra)}]" if extra else "")
 
 
@@ -574,8 +640,12 @@ def _summary_metrics(defenses: Sequence[dict[str, Any]], metrics: Path) -> dict[
     ``metrics.jsonl``, by metric name (the first defense that reports one wins)."""
     from vflbench.defenses import DEFENSES
 
-    wanted = [(d["name"], key) for d in defenses if d["name"] in DEFENSES
-              for key in DEFENSES.get(d["name"]).factory.summary_metrics]  # type: ignore[attr-defined]
+    wanted = [
+        (d["name"], key)
+        for d in defenses
+        if d["name"] in DEFENSES
+        for key in DEFENSES.get(d["name"]).factory.summary_metrics  # type: ignore[attr-defined]
+    ]
     if not wanted or not metrics.is_file():
         return {}
     lines = metrics.read_text().splitlines()
@@ -623,61 +693,24 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
         if not path.is_file():
             continue
         result = read_result(path)
-        cfg = point.config
-        base = {"dataset": cfg.data.name, "algorithm": cfg.train.algorithm, "setting": _setting(point),
-                "defense": _defense_label(result.defense, point.coords),
-                "strength": _strength(result.defense), "seed": cfg.seed, "config_hash": point.hash,
-                "confidence": cfg.evaluation.confidence,
-                "utility_metric": result.utility.metric, "utility": result.utility.value,
-                "train_seconds": result.timing.train_seconds}
-        base.update(_summary_metrics(result.defense, out_dir / RUNS / point.hash / "metrics.jsonl"))
-        base.update(detection.run_columns(result.defense))
+        base = _run_columns(out_dir, point, result)
         stacks.append((result.defense, {a.name for a in result.attacks}))
         if not result.attacks:
             rows.append({**base, "attack": None})
             repeats.append(([], None))
             worst_repeats.append(([], None))
         for a in result.attacks:
-            leakage = a.leakage  # rescored by from_dict for results written before leakage had one scale
-            own = [float(v) for v in a.leakages or [leakage]]
-            undefended_repeats = a.undefended_leakages
-            if undefended_repeats is None and a.undefended_leakage is not None:
-                undefended_repeats = [a.undefended_leakage]
-            if undefended_repeats is None and not result.defense:
-                undefended_repeats = own
-            undefended = (sum(undefended_repeats) / len(undefended_repeats)) if undefended_repeats else math.nan
-            worst = [float(v) for v in a.leakages_worst or []]
-            undefended_worst = [float(v) for v in a.undefended_leakages_worst or []]
-            if not undefended_worst and worst and not result.defense:
-                undefended_worst = worst
-            search = a.details.get("search") or {}
-            rows.append({**base, "attack": a.name, "attack_target": a.target, "attack_metric": a.metric,
-                         "attack_direction": a.direction,
-                         "selection": a.details.get("selection", "unknown"),
-                         "attack_value": a.value, "prior": a.prior, "prior_name": a.prior_name,
-                         "leakage": leakage, "repeats": len(own), "undefended_leakage": undefended,
-                         "search": search.get("status", ""),
-                         "attacker_setting": (json.dumps(a.attacker_setting, sort_keys=True)
-                                              if a.attacker_setting is not None else ""),
-                         "leakage_worst": sum(worst) / len(worst) if worst else math.nan,
-                         "undefended_leakage_worst": (sum(undefended_worst) / len(undefended_worst)
-                                                      if undefended_worst else math.nan)})
-            repeats.append((own, None if undefended_repeats is None else [float(v) for v in undefended_repeats]))
-            worst_repeats.append((worst, undefended_worst or None))
+            row, own_repeats, worst_pair = _attack_row(base, a, bool(result.defense))
+            rows.append(row)
+            repeats.append(own_repeats)
+            worst_repeats.append(worst_pair)
     table = pd.DataFrame(rows)
     if table.empty:
         return table
     _group_statistics(table, repeats)
     _group_statistics(table, worst_repeats, WORST_COLUMNS)
     detection.group_statistics(table)
-    vanilla = (table[table["defense"] == NO_DEFENSE].groupby(["dataset", "algorithm", "setting", "seed"])["utility"]
-               .first())
-    keys = list(zip(table["dataset"], table["algorithm"], table["setting"], table["seed"], strict=True))
-    table["utility_loss"] = [100.0 * (vanilla[k] - u) if k in vanilla.index else math.nan
-                             for k, u in zip(keys, table["utility"], strict=True)]
-    scored = [_row_pu(r) for r in table.to_dict("records")]
-    table["pu_score"] = pd.array([score for score, _ in scored], dtype="Int64")
-    table["pu_note"] = [note for _, note in scored]
+    _utility_and_pu(table)
     coverage = adaptive_coverage(stacks)
     write_atomic(out_dir / "summary.csv", table.to_csv(index=False))
     write_atomic(out_dir / "scores.csv", scores_table(table).to_csv(index=False))
@@ -685,27 +718,136 @@ def collect(out_dir: Path, points: Sequence[SweepPoint]) -> pd.DataFrame:
     return table
 
 
+def _run_columns(out_dir: Path, point: SweepPoint, result: RunResult) -> dict[str, Any]:
+    """The columns of :func:`collect` that every row of a finished run shares: its coordinates, utility, time, the
+    defenses' summary metrics (from its ``metrics.jsonl``) and detection columns."""
+    cfg = point.config
+    base = {
+        "dataset": cfg.data.name,
+        "algorithm": cfg.train.algorithm,
+        "setting": _setting(point),
+        "defense": _defense_label(result.defense, point.coords),
+        "strength": _strength(result.defense),
+        "seed": cfg.seed,
+        "config_hash": point.hash,
+        "confidence": cfg.evaluation.confidence,
+        "utility_metric": result.utility.metric,
+        "utility": result.utility.value,
+        "train_seconds": result.timing.train_seconds,
+    }
+    base.update(_summary_metrics(result.defense, out_dir / RUNS / point.hash / "metrics.jsonl"))
+    base.update(detection.run_columns(result.defense))
+    return base
+
+
+def _attack_row(
+    base: dict[str, Any], a: AttackResult, defended: bool
+) -> tuple[dict[str, Any], tuple[list[float], list[float] | None], tuple[list[float], list[float] | None]]:
+    """The row of :func:`collect` for attack result ``a`` of a run (``base``: the run's columns; ``defended``: the
+    run has defenses), and its leakage's repeats beside the undefended run's, of the default attacker and of the
+    searched one (the undefended repeats ``None`` when unknown)."""
+    leakage = a.leakage  # rescored by from_dict for results written before leakage had one scale
+    own = [float(v) for v in a.leakages or [leakage]]
+    undefended_repeats = a.undefended_leakages
+    if undefended_repeats is None and a.undefended_leakage is not None:
+        undefended_repeats = [a.undefended_leakage]
+    if undefended_repeats is None and not defended:
+        undefended_repeats = own
+    undefended = (sum(undefended_repeats) / len(undefended_repeats)) if undefended_repeats else math.nan
+    worst = [float(v) for v in a.leakages_worst or []]
+    undefended_worst = [float(v) for v in a.undefended_leakages_worst or []]
+    if not undefended_worst and worst and not defended:
+        undefended_worst = worst
+    search = a.details.get("search") or {}
+    row = {
+        **base,
+        "attack": a.name,
+        "attack_target": a.target,
+        "attack_metric": a.metric,
+        "attack_direction": a.direction,
+        "selection": a.details.get("selection", "unknown"),
+        "attack_value": a.value,
+        "prior": a.prior,
+        "prior_name": a.prior_name,
+        "leakage": leakage,
+        "repeats": len(own),
+        "undefended_leakage": undefended,
+        "search": search.get("status", ""),
+        "attacker_setting": json.dumps(a.attacker_setting, sort_keys=True) if a.attacker_setting is not None else "",
+        "leakage_worst": sum(worst) / len(worst) if worst else math.nan,
+        "undefended_leakage_worst": sum(undefended_worst) / len(undefended_worst) if undefended_worst else math.nan,
+    }
+    pair = (own, None if undefended_repeats is None else [float(v) for v in undefended_repeats])
+    return row, pair, (worst, undefended_worst or None)
+
+
+def _utility_and_pu(table: pd.DataFrame) -> None:
+    """Add ``utility_loss`` (against the undefended run of the same dataset, algorithm, setting and seed, in
+    percentage points) and the privacy-utility score with its note (``pu_score``, ``pu_note``) to ``table``."""
+    vanilla = (
+        table[table["defense"] == NO_DEFENSE].groupby(["dataset", "algorithm", "setting", "seed"])["utility"].first()
+    )
+    keys = list(zip(table["dataset"], table["algorithm"], table["setting"], table["seed"], strict=True))
+    table["utility_loss"] = [
+        100.0 * (vanilla[k] - u) if k in vanilla.index else math.nan
+        for k, u in zip(keys, table["utility"], strict=True)
+    ]
+    scored = [_row_pu(r) for r in table.to_dict("records")]
+    table["pu_score"] = pd.array([score for score, _ in scored], dtype="Int64")
+    table["pu_note"] = [note for _, note in scored]
+
+
 #: The group statistics of :func:`collect` (the default attacker's), by the name of each column.
-STAT_COLUMNS = {k: k for k in ("leakage_mean", "leakage_ci_low", "leakage_ci_high", "delta_leakage", "delta_ci_low",
-                               "delta_ci_high", "undefended_ci_low", "undefended_ci_high", "ci_basis", "delta_basis",
-                               "n_seeds", "change", "leaks_without_defense")}
+STAT_COLUMNS = {
+    k: k
+    for k in (
+        "leakage_mean",
+        "leakage_ci_low",
+        "leakage_ci_high",
+        "delta_leakage",
+        "delta_ci_low",
+        "delta_ci_high",
+        "undefended_ci_low",
+        "undefended_ci_high",
+        "ci_basis",
+        "delta_basis",
+        "n_seeds",
+        "change",
+        "leaks_without_defense",
+    )
+}
 #: The same statistics of the attacker the search selected (``evaluation.attacker_search``), by the default's name.
-WORST_COLUMNS = {"leakage_mean": "leakage_worst_mean", "leakage_ci_low": "leakage_worst_ci_low",
-                 "leakage_ci_high": "leakage_worst_ci_high", "delta_leakage": "delta_worst",
-                 "delta_ci_low": "delta_worst_ci_low", "delta_ci_high": "delta_worst_ci_high",
-                 "undefended_ci_low": "undefended_worst_ci_low", "undefended_ci_high": "undefended_worst_ci_high",
-                 "ci_basis": "worst_ci_basis", "delta_basis": "worst_delta_basis", "n_seeds": "worst_n_seeds",
-                 "change": "change_worst", "leaks_without_defense": "leaks_worst_without_defense"}
+WORST_COLUMNS = {
+    "leakage_mean": "leakage_worst_mean",
+    "leakage_ci_low": "leakage_worst_ci_low",
+    "leakage_ci_high": "leakage_worst_ci_high",
+    "delta_leakage": "delta_worst",
+    "delta_ci_low": "delta_worst_ci_low",
+    "delta_ci_high": "delta_worst_ci_high",
+    "undefended_ci_low": "undefended_worst_ci_low",
+    "undefended_ci_high": "undefended_worst_ci_high",
+    "ci_basis": "worst_ci_basis",
+    "delta_basis": "worst_delta_basis",
+    "n_seeds": "worst_n_seeds",
+    "change": "change_worst",
+    "leaks_without_defense": "leaks_worst_without_defense",
+}
 
 
-def _group_statistics(table: pd.DataFrame, repeats: list[tuple[list[float], list[float] | None]],
-                      names: dict[str, str] = STAT_COLUMNS) -> None:
+def _group_statistics(
+    table: pd.DataFrame, repeats: list[tuple[list[float], list[float] | None]], names: dict[str, str] = STAT_COLUMNS
+) -> None:
     """Add each row's group statistics (see :func:`collect`) to ``table``, in place, under ``names`` (the default
     attacker's :data:`STAT_COLUMNS`, or the searched attacker's :data:`WORST_COLUMNS`). ``repeats``: each row's
     leakage per repeat and its undefended leakage per repeat (``None`` when unknown); a group without any leakage
     (no search) gets empty cells."""
-    empty: dict[str, Any] = {"ci_basis": "", "delta_basis": "", "n_seeds": 0, "change": "",
-                             "leaks_without_defense": None}
+    empty: dict[str, Any] = {
+        "ci_basis": "",
+        "delta_basis": "",
+        "n_seeds": 0,
+        "change": "",
+        "leaks_without_defense": None,
+    }
     columns: dict[str, list[Any]] = {k: [empty.get(k, math.nan)] * len(table) for k in STAT_COLUMNS}
     attacked = table["attack"].notna()
     for _, group in table[attacked].groupby(GROUP, dropna=False):
@@ -725,16 +867,24 @@ def _group_statistics(table: pd.DataFrame, repeats: list[tuple[list[float], list
         ui = mean_interval(undefended, confidence) if undefended else None
         baseline = group["defense"].iloc[0] == NO_DEFENSE  # its own undefended run: no difference to report
         di = difference_interval(own, undefended, confidence) if undefended and not baseline else None
-        change = "" if di is None else ("lower" if di.below(0.0) else "higher" if di.above(0.0)
-                                        else "no measurable change")
-        values = {"leakage_mean": li.mean, "leakage_ci_low": li.low, "leakage_ci_high": li.high,
-                  "delta_leakage": math.nan if di is None else di.mean,
-                  "delta_ci_low": math.nan if di is None else di.low,
-                  "delta_ci_high": math.nan if di is None else di.high,
-                  "undefended_ci_low": math.nan if ui is None else ui.low,
-                  "undefended_ci_high": math.nan if ui is None else ui.high,
-                  "ci_basis": li.basis, "delta_basis": "" if di is None else di.basis, "n_seeds": li.seeds,
-                  "change": change, "leaks_without_defense": leaks(ui)}
+        change = (
+            "" if di is None else ("lower" if di.below(0.0) else "higher" if di.above(0.0) else "no measurable change")
+        )
+        values = {
+            "leakage_mean": li.mean,
+            "leakage_ci_low": li.low,
+            "leakage_ci_high": li.high,
+            "delta_leakage": math.nan if di is None else di.mean,
+            "delta_ci_low": math.nan if di is None else di.low,
+            "delta_ci_high": math.nan if di is None else di.high,
+            "undefended_ci_low": math.nan if ui is None else ui.low,
+            "undefended_ci_high": math.nan if ui is None else ui.high,
+            "ci_basis": li.basis,
+            "delta_basis": "" if di is None else di.basis,
+            "n_seeds": li.seeds,
+            "change": change,
+            "leaks_without_defense": leaks(ui),
+        }
         for i in rows:
             for key, value in values.items():
                 columns[key][i] = value
@@ -748,15 +898,20 @@ def _true(value: Any) -> bool:
 
 
 def _interval_text(low: float, high: float, confidence: float) -> str:
-    return (f"{round(100 * confidence)}% CI [{low:.2f}, {high:.2f}]" if not (math.isnan(low) or math.isnan(high))
-            else "no interval (one seed and one repeat, or a deterministic attack on one seed)")
+    return (
+        f"{round(100 * confidence)}% CI [{low:.2f}, {high:.2f}]"
+        if not (math.isnan(low) or math.isnan(high))
+        else "no interval (one seed and one repeat, or a deterministic attack on one seed)"
+    )
 
 
 def _undefended_note(row: dict[str, Any]) -> str:
-    return (f"{row['attack']} does not leak measurably without a defense (undefended leakage "
-            f"{row['undefended_leakage']:.2f} points, "
-            f"{_interval_text(row['undefended_ci_low'], row['undefended_ci_high'], row['confidence'])}), so no "
-            "defense can be credited for stopping it")
+    return (
+        f"{row['attack']} does not leak measurably without a defense (undefended leakage "
+        f"{row['undefended_leakage']:.2f} points, "
+        f"{_interval_text(row['undefended_ci_low'], row['undefended_ci_high'], row['confidence'])}), so no "
+        "defense can be credited for stopping it"
+    )
 
 
 def _row_pu(row: dict[str, Any]) -> tuple[int | None, str]:
@@ -773,9 +928,11 @@ def _row_pu(row: dict[str, Any]) -> tuple[int | None, str]:
     if math.isnan(row["utility_loss"]):
         return None, "not scored: no run without defense for this seed (sweep.baseline: false), so no utility loss"
     if row["change"] != "lower":
-        return None, ("no measurable protection: ε_p − ε_p(undefended) = "
-                      f"{row['delta_leakage']:.2f} points, "
-                      f"{_interval_text(row['delta_ci_low'], row['delta_ci_high'], row['confidence'])}")
+        return None, (
+            "no measurable protection: ε_p − ε_p(undefended) = "
+            f"{row['delta_leakage']:.2f} points, "
+            f"{_interval_text(row['delta_ci_low'], row['delta_ci_high'], row['confidence'])}"
+        )
     return pu_score(row["leakage"], row["utility_loss"]), ""
 
 
@@ -802,28 +959,23 @@ def scores_table(table: pd.DataFrame, score_table: ScoreTable = ScoreTable()) ->
     attacked = table.dropna(subset=["attack"]) if "attack" in table else table.iloc[0:0]
     attacked = with_searched(_with_statistics(attacked.reset_index(drop=True)))
     rows = []
-    for (dataset, algorithm, setting, defense), group in attacked.groupby(["dataset", "algorithm", "setting",
-                                                                          "defense"], dropna=False):
-        per = group.groupby(["strength", "attack"], dropna=False).agg(
-            leakage=("leakage_mean", "first"), utility_loss=("utility_loss", "mean"), utility=("utility", "mean"),
-            target=("attack_target", "first"), metric=("attack_metric", "first"),
-            low=("leakage_ci_low", "first"), high=("leakage_ci_high", "first"), delta=("delta_leakage", "first"),
-            delta_low=("delta_ci_low", "first"), delta_high=("delta_ci_high", "first"), change=("change", "first"),
-            leaks=("leaks_without_defense", "first"), confidence=("confidence", "first")).reset_index()
-        notes, scored = [], []
-        for attack, rows_of in per.groupby("attack"):
-            first = rows_of.iloc[0]
-            reason = pu_scorable(first["target"], first["metric"])
-            if reason is not None:
-                notes.append(f"{attack}: left out of s_pu and c_dcs, {reason}")
-            elif not _true(first["leaks"]):
-                notes.append(f"{attack}: left out of s_pu and c_dcs, it does not leak measurably without a "
-                             "defense (the interval of its undefended leakage reaches 0, or there is none)")
-            else:
-                scored.append(attack)
-        row: dict[str, Any] = {"dataset": dataset, "algorithm": algorithm, "setting": setting, "defense": defense,
-                               "verdict": "not scored", "significant": None, "best_strength": None,
-                               "utility_loss": None, "s_pu": None, "c_dcs": None}
+    for (dataset, algorithm, setting, defense), group in attacked.groupby(
+        ["dataset", "algorithm", "setting", "defense"], dropna=False
+    ):
+        per = _per_strength_and_attack(group)
+        notes, scored = _scored_attacks(per)
+        row: dict[str, Any] = {
+            "dataset": dataset,
+            "algorithm": algorithm,
+            "setting": setting,
+            "defense": defense,
+            "verdict": "not scored",
+            "significant": None,
+            "best_strength": None,
+            "utility_loss": None,
+            "s_pu": None,
+            "c_dcs": None,
+        }
         usable = per[per["attack"].isin(scored)]
         if usable.empty:
             notes.append("s_pu and c_dcs not defined: no label attack that leaks measurably without a defense")
@@ -838,15 +990,70 @@ def scores_table(table: pd.DataFrame, score_table: ScoreTable = ScoreTable()) ->
     out = pd.DataFrame(rows)
     if out.empty:
         return out
+    return _ranked(out, table)
+
+
+def _per_strength_and_attack(group: pd.DataFrame) -> pd.DataFrame:
+    """One row per (strength, attack) of a defense's rows in :func:`scores_table`: the group statistics of the
+    leakage (the first of the group's rows), the mean utility and utility loss, the attack's target and metric."""
+    return (
+        group.groupby(["strength", "attack"], dropna=False)
+        .agg(
+            leakage=("leakage_mean", "first"),
+            utility_loss=("utility_loss", "mean"),
+            utility=("utility", "mean"),
+            target=("attack_target", "first"),
+            metric=("attack_metric", "first"),
+            low=("leakage_ci_low", "first"),
+            high=("leakage_ci_high", "first"),
+            delta=("delta_leakage", "first"),
+            delta_low=("delta_ci_low", "first"),
+            delta_high=("delta_ci_high", "first"),
+            change=("change", "first"),
+            leaks=("leaks_without_defense", "first"),
+            confidence=("confidence", "first"),
+        )
+        .reset_index()
+    )
+
+
+def _scored_attacks(per: pd.DataFrame) -> tuple[list[str], list[Any]]:
+    """The notes naming each attack of ``per`` that :func:`scores_table` leaves out of ``s_pu`` and ``c_dcs`` (and
+    why: a feature attack, or no measurable leakage without a defense), and the attacks it scores."""
+    notes, scored = [], []
+    for attack, rows_of in per.groupby("attack"):
+        first = rows_of.iloc[0]
+        reason = pu_scorable(first["target"], first["metric"])
+        if reason is not None:
+            notes.append(f"{attack}: left out of s_pu and c_dcs, {reason}")
+        elif not _true(first["leaks"]):
+            notes.append(
+                f"{attack}: left out of s_pu and c_dcs, it does not leak measurably without a "
+                "defense (the interval of its undefended leakage reaches 0, or there is none)"
+            )
+        else:
+            scored.append(attack)
+    return notes, scored
+
+
+def _ranked(out: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of :func:`scores_table` with the detectors' column (where the sweep has detectors), ranked by verdict,
+    then by ``s_pu``, then by utility loss."""
     detectors = detection.scores_column(table)
     if detectors:
-        out["detectors"] = [detectors.get(key, "") for key in zip(out["dataset"], out["algorithm"], out["setting"],
-                                                                   out["defense"], strict=True)]
+        out["detectors"] = [
+            detectors.get(key, "")
+            for key in zip(out["dataset"], out["algorithm"], out["setting"], out["defense"], strict=True)
+        ]
     order = out["verdict"].map(VERDICTS.index)
-    return (out.assign(_order=order, _score=-out["s_pu"].astype(float).fillna(-1.0),
-                       _loss=out["utility_loss"].astype(float))
-            .sort_values(["_order", "_score", "_loss"], kind="stable").drop(columns=["_order", "_score", "_loss"])
-            .reset_index(drop=True))
+    return (
+        out.assign(
+            _order=order, _score=-out["s_pu"].astype(float).fillna(-1.0), _loss=out["utility_loss"].astype(float)
+        )
+        .sort_values(["_order", "_score", "_loss"], kind="stable")
+        .drop(columns=["_order", "_score", "_loss"])
+        .reset_index(drop=True)
+    )
 
 
 #: How scores.csv names the attacker an attack's search selected.
@@ -872,10 +1079,15 @@ def with_searched(table: pd.DataFrame) -> pd.DataFrame:
 
 def _worst_entry(worst: pd.Series) -> dict[str, Any]:
     """scores.csv's columns on the worst attack at a strength: its leakage and ε_p − ε_p(undefended), with intervals."""
-    return {"worst_attack": worst["attack"], "worst_leakage": round(float(worst["leakage"]), 2),
-            "worst_ci_low": round(float(worst["low"]), 2), "worst_ci_high": round(float(worst["high"]), 2),
-            "delta_leakage": round(float(worst["delta"]), 2), "delta_ci_low": round(float(worst["delta_low"]), 2),
-            "delta_ci_high": round(float(worst["delta_high"]), 2)}
+    return {
+        "worst_attack": worst["attack"],
+        "worst_leakage": round(float(worst["leakage"]), 2),
+        "worst_ci_low": round(float(worst["low"]), 2),
+        "worst_ci_high": round(float(worst["high"]), 2),
+        "delta_leakage": round(float(worst["delta"]), 2),
+        "delta_ci_low": round(float(worst["delta_low"]), 2),
+        "delta_ci_high": round(float(worst["delta_high"]), 2),
+    }
 
 
 def _with_statistics(table: pd.DataFrame) -> pd.DataFrame:
@@ -888,8 +1100,10 @@ def _with_statistics(table: pd.DataFrame) -> pd.DataFrame:
         if column not in table:
             table[column] = default
     undefended = table["undefended_leakage"] if "undefended_leakage" in table else pd.Series(math.nan, table.index)
-    _group_statistics(table, [([float(v)], None if pd.isna(u) else [float(u)])
-                              for v, u in zip(table["leakage"], undefended, strict=True)])
+    _group_statistics(
+        table,
+        [([float(v)], None if pd.isna(u) else [float(u)]) for v, u in zip(table["leakage"], undefended, strict=True)],
+    )
     return table
 
 
@@ -897,8 +1111,9 @@ def _at(frame: pd.DataFrame, strength: float | None) -> pd.DataFrame:
     return frame[(frame["strength"] == strength) | (frame["strength"].isna() & (strength is None))]
 
 
-def _optimal(usable: pd.DataFrame, per: pd.DataFrame, defense: str, score_table: ScoreTable,
-             notes: list[str]) -> dict[str, Any]:
+def _optimal(
+    usable: pd.DataFrame, per: pd.DataFrame, defense: str, score_table: ScoreTable, notes: list[str]
+) -> dict[str, Any]:
     """The scores.csv entries of one defense with label attacks to score (see :func:`scores_table`)."""
     points, protecting = [], []
     for strength, at in usable.groupby("strength", dropna=False):
@@ -915,13 +1130,21 @@ def _optimal(usable: pd.DataFrame, per: pd.DataFrame, defense: str, score_table:
         at = _at(usable, strength)
         worst = at.loc[at["leakage"].idxmax()]
         where = "it has no strength knob" if strength is None else f"at strength {strength:g}"
-        notes.append("no measurable protection: at no strength is the worst attack's leakage measurably below its "
-                     f"undefended leakage ({where}, {worst['attack']}: ε_p − ε_p(undefended) = "
-                     f"{worst['delta']:.2f} points, "
-                     f"{_interval_text(worst['delta_low'], worst['delta_high'], worst['confidence'])})")
-        return {"verdict": "no measurable protection", "significant": False, **_worst_entry(worst),
-                **{f"eps_p.{k}": round(v, 2) for k, v in zip(_at(per, strength)["attack"],
-                                                            _at(per, strength)["leakage"], strict=True)}}
+        notes.append(
+            "no measurable protection: at no strength is the worst attack's leakage measurably below its "
+            f"undefended leakage ({where}, {worst['attack']}: ε_p − ε_p(undefended) = "
+            f"{worst['delta']:.2f} points, "
+            f"{_interval_text(worst['delta_low'], worst['delta_high'], worst['confidence'])})"
+        )
+        return {
+            "verdict": "no measurable protection",
+            "significant": False,
+            **_worst_entry(worst),
+            **{
+                f"eps_p.{k}": round(v, 2)
+                for k, v in zip(_at(per, strength)["attack"], _at(per, strength)["leakage"], strict=True)
+            },
+        }
     best = optimal_pu_score(points if baseline else protecting, score_table, no_protection=baseline)
     if baseline:
         notes.append("s_pu 0 by Kang's convention for 'No Protect' (Tables 10-14)")
@@ -931,11 +1154,17 @@ def _optimal(usable: pd.DataFrame, per: pd.DataFrame, defense: str, score_table:
     by_type: dict[str, list[float]] = {}
     for _, r in at.iterrows():
         by_type.setdefault(ATTACK_TYPES.get(r["target"], str(r["target"])), []).append(
-            dcs(r["utility"], r["leakage"] / 100.0, main_ideal=vanilla_utility, attack_ideal=0.0))
+            dcs(r["utility"], r["leakage"] / 100.0, main_ideal=vanilla_utility, attack_ideal=0.0)
+        )
     entry: dict[str, Any] = {
-        "verdict": "no protection (baseline)" if baseline else "protects", "significant": None if baseline else True,
-        "best_strength": best.strength, "utility_loss": round(best.utility_loss, 2), "s_pu": best.score,
-        "c_dcs": round(comprehensive_dcs({k: type_dcs(v) for k, v in by_type.items()}), 4), **_worst_entry(worst)}
+        "verdict": "no protection (baseline)" if baseline else "protects",
+        "significant": None if baseline else True,
+        "best_strength": best.strength,
+        "utility_loss": round(best.utility_loss, 2),
+        "s_pu": best.score,
+        "c_dcs": round(comprehensive_dcs({k: type_dcs(v) for k, v in by_type.items()}), 4),
+        **_worst_entry(worst),
+    }
     if baseline:
         entry = {k: v for k, v in entry.items() if not k.startswith("delta")}
     at_all = _at(per, best.strength)
@@ -944,8 +1173,14 @@ def _optimal(usable: pd.DataFrame, per: pd.DataFrame, defense: str, score_table:
 
 
 def _coverage_row(defense: str, adaptive: str, kind: str, evaluated: bool) -> dict[str, Any]:
-    note = "" if evaluated else (f"{defense} was not evaluated against its adaptive {kind} {adaptive}; "
-                                 "its scores hold only against the attacks that were run")
+    note = (
+        ""
+        if evaluated
+        else (
+            f"{defense} was not evaluated against its adaptive {kind} {adaptive}; "
+            "its scores hold only against the attacks that were run"
+        )
+    )
     if note:
         log.warning("note: %s", note)
     return {"defense": defense, "adaptive": adaptive, "kind": kind, "evaluated": evaluated, "note": note}
@@ -969,7 +1204,8 @@ def adaptive_coverage(stacks: Sequence[tuple[list[dict[str, Any]], set[str]]]) -
             registered = "" if attack in ATTACKS else " (not registered in this build)"
             rows.append(_coverage_row(name, attack + registered, "attack", evaluated))
         for param, value in getattr(cls, "adaptive_settings", ()):
-            evaluated = any(d.get("params", {}).get(param) == value
-                            for defenses, _ in runs for d in defenses if d["name"] == name)
+            evaluated = any(
+                d.get("params", {}).get(param) == value for defenses, _ in runs for d in defenses if d["name"] == name
+            )
             rows.append(_coverage_row(name, f"{param}: {json.dumps(value)}", "setting", evaluated))
     return pd.DataFrame(rows, columns=["defense", "adaptive", "kind", "evaluated", "note"])

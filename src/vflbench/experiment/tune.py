@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,31 +58,21 @@ def _evaluate(cfg: ExperimentConfig, out: Path, data_root: str | None) -> RunRes
     return read_result(out / RUNS / point.hash / "result.json")
 
 
-def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: float, high: float, steps: int = 6,
-         data_root: str | None = None) -> TuneResult:
+def tune(
+    cfg: ExperimentConfig,
+    out_dir: str | Path,
+    *,
+    budget: float,
+    low: float,
+    high: float,
+    steps: int = 6,
+    data_root: str | None = None,
+) -> TuneResult:
     """Search ``cfg.defenses[0]``'s strength in [low, high] for the best utility with worst ε_p <= budget.
 
     Every tried strength runs each seed of the config's ``sweep.seeds`` (the config's ``seed`` when it
     has none); its utility and each attack's leakage are the means over them."""
-    if len(cfg.defenses) != 1:
-        raise ConfigError("tune needs exactly one defense in the config (its strength is searched)")
-    if not cfg.attacks:
-        raise ConfigError("tune needs at least one attack: the budget bounds the worst attack's leakage")
-    if not 0 < low < high:
-        raise ConfigError(f"tune needs 0 < low < high, got low={low}, high={high}")
-    name = cfg.defenses[0].name
-    cls = DEFENSES.get(name).factory
-    if getattr(cls, "strength_param", None) is None:
-        raise ConfigError(f"defense {name!r} has no strength knob to tune")
-    larger_is_stronger = getattr(cls, "strength_direction", "larger is stronger").startswith("larger")
-    from vflbench.attacks import ATTACKS
-
-    features = [s.name for s in cfg.attacks if getattr(ATTACKS.get(s.name).factory, "target", None) != "labels"]
-    if features:
-        raise ConfigError(f"tune bounds label leakage (points of AUC or accuracy above the prior) and cannot take "
-                          f"the feature attack(s) {', '.join(features)}: their leakage is in points of "
-                          "100*(1 - MSE/MSE_prior), another scale. Tune against label attacks only, or sweep the "
-                          "strength with `vflbench sweep` and read the feature leakage there")
+    name, larger_is_stronger = _check_tune(cfg, low, high)
     out = Path(out_dir)
     seeds = [int(s) for s in (cfg.sweep or {}).get("seeds") or [cfg.seed]]
     base = cfg.model_dump(mode="json", exclude={"sweep"})
@@ -98,18 +89,75 @@ def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: floa
             points.append(point)
             results.append((seed, _evaluate(point.config, out, data_root)))
         utility = sum(r.utility.value for _, r in results) / len(results)
-        leakage: dict[str, Interval] = {}
-        for i, spec in enumerate(cfg.attacks):
-            label = spec.name if spec.name not in leakage else f"{spec.name}#{i}"
-            leakage[label] = mean_interval({seed: [float(v) for v in r.attacks[i].leakages or [r.attacks[i].leakage]]
-                                            for seed, r in results}, cfg.evaluation.confidence)
-            searched = {seed: [float(v) for v in r.attacks[i].leakages_worst or []] for seed, r in results}
-            if any(searched.values()):
-                leakage[label + SEARCHED] = mean_interval(searched, cfg.evaluation.confidence)
-        return utility, leakage
+        return utility, _leakage_intervals(cfg, results)
 
     log.info("tune %s: seeds %s (each tried strength is the mean over them)", name, seeds)
     vanilla, undefended = evaluate({**base, "defenses": []}, {})
+    usable = _usable_attackers(cfg, undefended, seeds)
+    result = TuneResult(name, budget, seeds)
+
+    def trial(strength: float) -> bool:
+        raw = json.loads(json.dumps(base))
+        apply_override(raw, ["defenses", "0", "strength"], strength)
+        utility, leakage = evaluate(raw, {"strength": strength})
+        label, worst = max(((k, v) for k, v in leakage.items() if k in usable), key=lambda kv: kv[1].mean)
+        return _record_trial(result, strength, label, worst, utility, vanilla)
+
+    strong, weak = (high, low) if larger_is_stronger else (low, high)
+    _bisect(trial, strong, weak, steps)
+    met = [t for t in result.trace if t["meets"]]
+    result.chosen = min(met, key=lambda t: t["utility_loss"]) if met else None
+    collect(out, points)
+    write_json(out / "tune.json", asdict(result))
+    return result
+
+
+def _check_tune(cfg: ExperimentConfig, low: float, high: float) -> tuple[str, bool]:
+    """Refuse a config :func:`tune` cannot search (not exactly one defense with a strength knob, no attack, a
+    feature attack, not ``0 < low < high``); the defense's name, and whether a larger strength is stronger."""
+    if len(cfg.defenses) != 1:
+        raise ConfigError("tune needs exactly one defense in the config (its strength is searched)")
+    if not cfg.attacks:
+        raise ConfigError("tune needs at least one attack: the budget bounds the worst attack's leakage")
+    if not 0 < low < high:
+        raise ConfigError(f"tune needs 0 < low < high, got low={low}, high={high}")
+    name = cfg.defenses[0].name
+    cls = DEFENSES.get(name).factory
+    if getattr(cls, "strength_param", None) is None:
+        raise ConfigError(f"defense {name!r} has no strength knob to tune")
+    larger_is_stronger = getattr(cls, "strength_direction", "larger is stronger").startswith("larger")
+    from vflbench.attacks import ATTACKS
+
+    features = [s.name for s in cfg.attacks if getattr(ATTACKS.get(s.name).factory, "target", None) != "labels"]
+    if features:
+        raise ConfigError(
+            f"tune bounds label leakage (points of AUC or accuracy above the prior) and cannot take "
+            f"the feature attack(s) {', '.join(features)}: their leakage is in points of "
+            "100*(1 - MSE/MSE_prior), another scale. Tune against label attacks only, or sweep the "
+            "strength with `vflbench sweep` and read the feature leakage there"
+        )
+    return name, larger_is_stronger
+
+
+def _leakage_intervals(cfg: ExperimentConfig, results: list[tuple[int, RunResult]]) -> dict[str, Interval]:
+    """The leakage (points) of every attacker over the ``results`` of the seeds (each attack's default one and,
+    with the attacker search, the one it selected) with its interval over seeds × repeats, by its label."""
+    leakage: dict[str, Interval] = {}
+    for i, spec in enumerate(cfg.attacks):
+        label = spec.name if spec.name not in leakage else f"{spec.name}#{i}"
+        leakage[label] = mean_interval(
+            {seed: [float(v) for v in r.attacks[i].leakages or [r.attacks[i].leakage]] for seed, r in results},
+            cfg.evaluation.confidence,
+        )
+        searched = {seed: [float(v) for v in r.attacks[i].leakages_worst or []] for seed, r in results}
+        if any(searched.values()):
+            leakage[label + SEARCHED] = mean_interval(searched, cfg.evaluation.confidence)
+    return leakage
+
+
+def _usable_attackers(cfg: ExperimentConfig, undefended: dict[str, Interval], seeds: list[int]) -> set[str]:
+    """The attackers that leak measurably without a defense (whose leakage the budget bounds); a clear error for an
+    attack none of whose attackers does, or whose leakage has no interval."""
     usable: set[str] = set()
     for label, interval in undefended.items():
         if leaks(interval):
@@ -118,31 +166,53 @@ def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: floa
         if label.endswith(SEARCHED) or label in usable or label + SEARCHED in usable:
             continue
         if leaks(interval) is None:
-            raise ConfigError(f"tune cannot tell whether attack {label!r} leaks without a defense: seeds {seeds} "
-                              f"with evaluation.repeats {cfg.evaluation.repeats} give no interval of its leakage; "
-                              "give sweep.seeds (at least 3) or evaluation.repeats >= 2")
-        raise ConfigError(f"attack {label!r} does not leak measurably without a defense (undefended "
-                          f"leakage {interval.mean:.2f} points, {round(100 * interval.confidence)}% interval "
-                          f"[{interval.low:.2f}, {interval.high:.2f}] over seeds {seeds}), so every strength "
-                          "would meet the budget and tune would credit the defense for stopping nothing; "
-                          "strengthen the attack (more epochs, other parameters, evaluation.attacker_search) or "
-                          "leave it out")
-    result = TuneResult(name, budget, seeds)
+            raise ConfigError(
+                f"tune cannot tell whether attack {label!r} leaks without a defense: seeds {seeds} "
+                f"with evaluation.repeats {cfg.evaluation.repeats} give no interval of its leakage; "
+                "give sweep.seeds (at least 3) or evaluation.repeats >= 2"
+            )
+        raise ConfigError(
+            f"attack {label!r} does not leak measurably without a defense (undefended "
+            f"leakage {interval.mean:.2f} points, {round(100 * interval.confidence)}% interval "
+            f"[{interval.low:.2f}, {interval.high:.2f}] over seeds {seeds}), so every strength "
+            "would meet the budget and tune would credit the defense for stopping nothing; "
+            "strengthen the attack (more epochs, other parameters, evaluation.attacker_search) or "
+            "leave it out"
+        )
+    return usable
 
-    def trial(strength: float) -> bool:
-        raw = json.loads(json.dumps(base))
-        apply_override(raw, ["defenses", "0", "strength"], strength)
-        utility, leakage = evaluate(raw, {"strength": strength})
-        label, worst = max(((k, v) for k, v in leakage.items() if k in usable), key=lambda kv: kv[1].mean)
-        bound = worst.high if worst.defined else worst.mean
-        entry = {"strength": strength, "worst_attack": label, "worst_leakage": worst.mean, "worst_ci_high": worst.high,
-                 "utility": utility, "utility_loss": 100.0 * (vanilla - utility), "meets": bound <= budget}
-        result.trace.append(entry)
-        log.info("tune %s strength=%g worst_eps_p=%.2f (upper bound %.2f) eps_u=%.2f", name, strength, worst.mean,
-                 bound, entry["utility_loss"])
-        return bool(entry["meets"])
 
-    strong, weak = (high, low) if larger_is_stronger else (low, high)
+def _record_trial(
+    result: TuneResult, strength: float, label: str, worst: Interval, utility: float, vanilla: float
+) -> bool:
+    """Add the trial of ``strength`` (worst attacker ``label`` with leakage ``worst``) to ``result.trace`` and log
+    it; whether it meets the budget (the upper end of the worst leakage's interval, else its mean, within it)."""
+    name, budget = result.defense, result.budget
+    bound = worst.high if worst.defined else worst.mean
+    entry = {
+        "strength": strength,
+        "worst_attack": label,
+        "worst_leakage": worst.mean,
+        "worst_ci_high": worst.high,
+        "utility": utility,
+        "utility_loss": 100.0 * (vanilla - utility),
+        "meets": bound <= budget,
+    }
+    result.trace.append(entry)
+    log.info(
+        "tune %s strength=%g worst_eps_p=%.2f (upper bound %.2f) eps_u=%.2f",
+        name,
+        strength,
+        worst.mean,
+        bound,
+        entry["utility_loss"],
+    )
+    return bool(entry["meets"])
+
+
+def _bisect(trial: Callable[[float], bool], strong: float, weak: float, steps: int) -> None:
+    """Try the strongest strength, then the weakest; when only the strongest meets the budget, bisect between them
+    (geometrically) for ``steps - 2`` more trials."""
     if trial(strong) and not trial(weak):
         failing, meeting = weak, strong
         for _ in range(max(steps - 2, 0)):
@@ -151,8 +221,3 @@ def tune(cfg: ExperimentConfig, out_dir: str | Path, *, budget: float, low: floa
                 meeting = mid
             else:
                 failing = mid
-    met = [t for t in result.trace if t["meets"]]
-    result.chosen = min(met, key=lambda t: t["utility_loss"]) if met else None
-    collect(out, points)
-    write_json(out / "tune.json", asdict(result))
-    return result

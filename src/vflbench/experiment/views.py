@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _view(run: TrainedRun, planned: PlannedAttack, models: dict[str, nn.Module] | None = None,
-          repeat: int = 0) -> PartyView:
+def _view(
+    run: TrainedRun, planned: PlannedAttack, models: dict[str, nn.Module] | None = None, repeat: int = 0
+) -> PartyView:
     """The attacker's view for repeat ``repeat`` of the attack (repeat 0: the draws of a single run; every further
     repeat its own known labels, unless the attack used them during training, and its own random stream)."""
     attack = planned.attack
@@ -41,8 +42,9 @@ def _view(run: TrainedRun, planned: PlannedAttack, models: dict[str, nn.Module] 
     known = known_labels(attack, run.data.y_train, run.config.seed, run.held_out, redraw)
     aux = planned.aux
     if aux is None and wants_aux(attack):
-        aux = aux_data(attack, run.data, party.data.x_train if party.data is not None else None, run.config.seed,
-                       run.held_out)
+        aux = aux_data(
+            attack, run.data, party.data.x_train if party.data is not None else None, run.config.seed, run.held_out
+        )
     received = []
     if attack.target == "features" and "embedding" in attack.reads and party.name == ACTIVE:
         ids, split = feature_targets(attack, run.data, aux, run.config.seed, run.held_out)
@@ -50,14 +52,22 @@ def _view(run: TrainedRun, planned: PlannedAttack, models: dict[str, nn.Module] 
     assert party.data is not None or attack.target == "features"
     stream = ("run",) if repeat == 0 else ("run", repeat)
     return PartyView(
-        party=party.name, scenario=scenario_of(run.config, run.data), data=party.data,
+        party=party.name,
+        scenario=scenario_of(run.config, run.data),
+        data=party.data,
         models=models if models is not None else {k: attacker_copy(m) for k, m in party.models().items()},
-        transcript=party.transcript, records=planned.records, known=known,
-        generator=generator(run.config.seed, "attack", draws_of(attack), *stream), aux=aux, received=received)
+        transcript=party.transcript,
+        records=planned.records,
+        known=known,
+        generator=generator(run.config.seed, "attack", draws_of(attack), *stream),
+        aux=aux,
+        received=received,
+    )
 
 
-def feature_targets(attack: Attack, vd: VerticalData, aux: AuxData | None, seed: int,
-                    pool: Tensor | None = None) -> tuple[Tensor, str]:
+def feature_targets(
+    attack: Attack, vd: VerticalData, aux: AuxData | None, seed: int, pool: Tensor | None = None
+) -> tuple[Tensor, str]:
     """The rows a feature attack is scored on: ``n_targets`` rows of ``target_split`` (all when
     ``None``), drawn with a seeded generator; training rows are rows the parties trained on (never the
     pool) and never the auxiliary rows."""
@@ -98,6 +108,7 @@ def scratch_models(run: TrainedRun, party: str, repeat: int = 0) -> dict[str, nn
     scenario = scenario_of(run.config, run.data)
     assert data is not None and cfg.model.bottom
     stream = ("scratch",) if repeat == 0 else ("scratch", repeat)
-    bottom = build_bottom(cfg.model.bottom, data, scenario.embed_dim, generator(cfg.seed, party, *stream),
-                          **cfg.model.bottom_options)
+    bottom = build_bottom(
+        cfg.model.bottom, data, scenario.embed_dim, generator(cfg.seed, party, *stream), **cfg.model.bottom_options
+    )
     return {"bottom": bottom}

@@ -37,8 +37,9 @@ RESCALE = f"{NAMESPACE}.rescale"
 def _meta_int(request: Message, key: str) -> int:
     value = request.meta.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{request.kind!r} request from {request.sender!r}: meta[{key!r}] must be an integer >= 0, "
-                         f"got {value!r}")
+        raise ValueError(
+            f"{request.kind!r} request from {request.sender!r}: meta[{key!r}] must be an integer >= 0, got {value!r}"
+        )
     return value
 
 
@@ -79,20 +80,26 @@ class PaillierKeyHolder:
             self.widths[request.sender] = width
             return request.reply(public_key_to_wire(self.public_key), meta={"key_bits": self.n.bit_length()})
         if request.sender not in self.widths:
-            raise RuntimeError(f"paillier_he: {request.sender!r} sent {request.kind!r} without asking for the public "
-                               f"key first ({PUBLIC_KEY!r} at setup)")
+            raise RuntimeError(
+                f"paillier_he: {request.sender!r} sent {request.kind!r} without asking for the public "
+                f"key first ({PUBLIC_KEY!r} at setup)"
+            )
         if request.kind == SHARE:
             cts = self.ops.from_wire(request.payload)
             if cts.ndim != 2 or cts.shape[1] != self.widths[request.sender]:
-                raise ValueError(f"paillier_he: {request.sender!r} sent an embedding share of shape {cts.shape}; "
-                                 f"its encrypted layer has {self.widths[request.sender]} outputs")
+                raise ValueError(
+                    f"paillier_he: {request.sender!r} sent an embedding share of shape {cts.shape}; "
+                    f"its encrypted layer has {self.widths[request.sender]} outputs"
+                )
             self.accept_share(request.sender, cts, _meta_int(request, "scale"))
             return request.reply()
         if request.kind == RESCALE:
             out = self.rescale(self.ops.from_wire(request.payload), _meta_int(request, "shift"))
             return request.reply(self.ops.to_wire(out))
-        raise RuntimeError(f"paillier_he: the key holder answers {PUBLIC_KEY!r}, {SHARE!r} and {RESCALE!r} "
-                           f"requests, not {request.kind!r}")
+        raise RuntimeError(
+            f"paillier_he: the key holder answers {PUBLIC_KEY!r}, {SHARE!r} and {RESCALE!r} "
+            f"requests, not {request.kind!r}"
+        )
 
     def _decrypt(self, cts: np.ndarray, purpose: str) -> list[int]:
         """Unsigned plaintexts in ``[0, n)`` (phe's CRT decryption)."""
@@ -115,8 +122,10 @@ class PaillierKeyHolder:
         tic = time.perf_counter()
         vals = [signed(v, self.n) / 2**scale for v in self._decrypt(cts, "embedding_share")]
         if any(abs(v) >= 2.0**MAG for v in vals):
-            raise OverflowError("paillier_he: a decrypted embedding left the fixed-point range (|h| >= 2^32); "
-                                "training diverged or precision/key_bits are too small")
+            raise OverflowError(
+                "paillier_he: a decrypted embedding left the fixed-point range (|h| >= 2^32); "
+                "training diverged or precision/key_bits are too small"
+            )
         self._shares[party] = torch.tensor(vals, dtype=torch.float64).reshape(cts.shape)
         self.seconds["decrypt"] += time.perf_counter() - tic
 

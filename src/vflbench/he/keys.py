@@ -16,8 +16,10 @@ from torch import Tensor
 
 from vflbench.errors import ConfigError
 
-HE_EXTRA = ("paillier_he needs the optional 'he' extra (phe>=1.5, gmpy2>=2.1): "
-            "pip install 'vflbench[he]'  (or: pip install phe gmpy2)")
+HE_EXTRA = (
+    "paillier_he needs the optional 'he' extra (phe>=1.5, gmpy2>=2.1): "
+    "pip install 'vflbench[he]'  (or: pip install phe gmpy2)"
+)
 
 
 def load_phe() -> Any:
@@ -55,6 +57,7 @@ def public_key_to_wire(public: Any) -> Tensor:
 def public_key_from_wire(wire: Tensor) -> Any:
     """phe's public key for the ``n`` that :func:`public_key_to_wire` sent."""
     if wire.dtype != torch.uint8 or wire.dim() != 1 or not len(wire):
-        raise ValueError(f"expected a Paillier public key as uint8 bytes, got {wire.dtype} of shape "
-                         f"{tuple(wire.shape)}")
+        raise ValueError(
+            f"expected a Paillier public key as uint8 bytes, got {wire.dtype} of shape {tuple(wire.shape)}"
+        )
     return load_phe().PaillierPublicKey(int.from_bytes(wire.cpu().numpy().tobytes(), "big"))

@@ -77,8 +77,16 @@ class PaillierLinear(nn.Module):
     ``generator``: the passive party's own generator, from which the shares ``S`` are drawn.
     """
 
-    def __init__(self, linear: nn.Linear, *, public_key: Any, link: KeyHolderLink, precision: int,
-                 generator: torch.Generator, pool: int = 0) -> None:
+    def __init__(
+        self,
+        linear: nn.Linear,
+        *,
+        public_key: Any,
+        link: KeyHolderLink,
+        precision: int,
+        generator: torch.Generator,
+        pool: int = 0,
+    ) -> None:
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
@@ -97,9 +105,11 @@ class PaillierLinear(nn.Module):
         self.rescale_above = max_scale - 2 * f
         if self.rescale_above < 3 * f:
             need = key_bits - self.rescale_above + 3 * f
-            raise ConfigError(f"paillier_he: key_bits={key_bits} leaves no room for precision={precision} with "
-                              f"{self.in_features} inputs (need key_bits >= {need}); use a larger key or less "
-                              "precision")
+            raise ConfigError(
+                f"paillier_he: key_bits={key_bits} leaves no room for precision={precision} with "
+                f"{self.in_features} inputs (need key_bits >= {need}); use a larger key or less "
+                "precision"
+            )
         with torch.no_grad():
             self.params: dict[str, EncTensor] = {"weight": self._encrypt_initial(linear.weight.T, f)}
             if linear.bias is not None:
@@ -122,13 +132,16 @@ class PaillierLinear(nn.Module):
         return EncTensor(self.ops.encrypt(encode(x, f)), f)
 
     def extra_repr(self) -> str:  # noqa: D102
-        return (f"in_features={self.in_features}, out_features={self.out_features}, encrypted, "
-                f"precision={self.precision}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, encrypted, precision={self.precision}"
+        )
 
     # checkpoints carry the ciphertexts (plain integers), never a key
     def get_extra_state(self) -> dict[str, Any]:  # noqa: D102
-        return {name: {"cts": [int(c) for c in t.cts.ravel().tolist()], "shape": list(t.shape), "scale": t.scale}
-                for name, t in self.params.items()}
+        return {
+            name: {"cts": [int(c) for c in t.cts.ravel().tolist()], "shape": list(t.shape), "scale": t.scale}
+            for name, t in self.params.items()
+        }
 
     def set_extra_state(self, state: dict[str, Any]) -> None:  # noqa: D102
         for name, t in state.items():
@@ -159,8 +172,10 @@ class PaillierLinear(nn.Module):
         if self._inputs is None:
             raise RuntimeError("paillier_he: a cut gradient arrived without a training forward pass")
         if d.shape != (self._inputs.shape[0], self.out_features):
-            raise ValueError(f"paillier_he: encrypted gradient of shape {d.shape}, expected "
-                             f"{(self._inputs.shape[0], self.out_features)}")
+            raise ValueError(
+                f"paillier_he: encrypted gradient of shape {d.shape}, expected "
+                f"{(self._inputs.shape[0], self.out_features)}"
+            )
         tic = time.perf_counter()
         x, self._inputs = self._inputs, None
         pending = {"weight": EncTensor(self.ops.matmul(x.T, d), scale + self.precision)}
@@ -173,12 +188,17 @@ class PaillierLinear(nn.Module):
         """torch's SGD step on the ciphertexts, with ``group``'s hyperparameters (called after ``optimizer.step``)."""
         if self._pending is None:
             return
-        if not isinstance(optimizer, torch.optim.SGD) or group.get("nesterov") or group.get("dampening", 0) \
-                or group.get("maximize"):
+        if (
+            not isinstance(optimizer, torch.optim.SGD)
+            or group.get("nesterov")
+            or group.get("dampening", 0)
+            or group.get("maximize")
+        ):
             raise CompatibilityError(
                 f"paillier_he updates its encrypted layer with SGD (momentum and weight decay allowed); the passive "
                 f"party's optimizer is {type(optimizer).__name__} with nesterov={group.get('nesterov')}, "
-                f"dampening={group.get('dampening')}, maximize={group.get('maximize')}. Use train.optimizer: sgd.")
+                f"dampening={group.get('dampening')}, maximize={group.get('maximize')}. Use train.optimizer: sgd."
+            )
         tic = time.perf_counter()
         ops, f = self.ops, self.precision
         lr, mu, wd = float(group["lr"]), float(group.get("momentum", 0.0)), float(group.get("weight_decay", 0.0))
@@ -220,8 +240,10 @@ def replace_last_linear(model: nn.Module, make: Callable[[nn.Linear], nn.Module]
     """Replace ``model``'s last ``nn.Linear`` (its output layer) in place by ``make(that layer)``."""
     layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
     if not layers or linear_layers(model)[-1] is not layers[-1]:
-        raise CompatibilityError("paillier_he needs a bottom model whose last layer is an nn.Linear "
-                                 "(the interactive layer); zoo models logreg, mlp2, mlp3, lenet5 qualify")
+        raise CompatibilityError(
+            "paillier_he needs a bottom model whose last layer is an nn.Linear "
+            "(the interactive layer); zoo models logreg, mlp2, mlp3, lenet5 qualify"
+        )
     last = layers[-1]
     for parent in model.modules():
         for name, child in parent.named_children():
@@ -253,8 +275,9 @@ class ShareCombiningTop(nn.Module):
     (its columns of the concatenated input; ``(party, 0, 0)`` under ``sum``/``mean``).
     """
 
-    def __init__(self, top: nn.Module, holder: HolderRef, layout: list[tuple[str, int, int]], how: str,
-                 parts: int) -> None:
+    def __init__(
+        self, top: nn.Module, holder: HolderRef, layout: list[tuple[str, int, int]], how: str, parts: int
+    ) -> None:
         super().__init__()
         self.top = top
         self.holder = holder
@@ -269,8 +292,10 @@ class ShareCombiningTop(nn.Module):
         for party, start, end in self.layout:
             share = self.holder.take_share(party)
             if share is None or share.shape[0] != z.shape[0]:
-                raise RuntimeError(f"paillier_he: no decrypted embedding share of {party} for this batch of "
-                                   f"{z.shape[0]} rows (the top model must follow that party's forward pass)")
+                raise RuntimeError(
+                    f"paillier_he: no decrypted embedding share of {party} for this batch of "
+                    f"{z.shape[0]} rows (the top model must follow that party's forward pass)"
+                )
             share = share.to(z.device, z.dtype)  # decrypted on the CPU
             if self.how == "concat":
                 extra[:, start:end] += share

@@ -146,8 +146,9 @@ class PaillierOps:
         if executor is None:
             return _obfuscators(self.n, count, self._powmod, self._crt)
         crt = None if self._crt is None else tuple(int(v) for v in self._crt)
-        futures = [executor.submit(work_obfuscators, int(self.n), b - a, self.use_gmpy2, crt)
-                   for a, b in self._chunks(count)]
+        futures = [
+            executor.submit(work_obfuscators, int(self.n), b - a, self.use_gmpy2, crt) for a, b in self._chunks(count)
+        ]
         return [self._mpz(v) for f in futures for v in f.result()]
 
     def _embed(self, m: int) -> Any:
@@ -180,14 +181,16 @@ class PaillierOps:
     def add_plain(self, cts: np.ndarray, plaintext: np.ndarray) -> np.ndarray:
         """``[[x]] -> [[x + p]]`` for integer plaintexts ``p`` (broadcast)."""
         a, b = np.broadcast_arrays(cts, plaintext)
-        return self._array([c * self._embed(p) % self.n2 for c, p in zip(a.ravel().tolist(), b.ravel().tolist(),
-                                                                          strict=True)], a.shape)
+        return self._array(
+            [c * self._embed(p) % self.n2 for c, p in zip(a.ravel().tolist(), b.ravel().tolist(), strict=True)], a.shape
+        )
 
     def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """``[[x]], [[y]] -> [[x + y]]`` (broadcast)."""
         a, b = np.broadcast_arrays(x, y)
-        return self._array([u * v % self.n2 for u, v in zip(a.ravel().tolist(), b.ravel().tolist(), strict=True)],
-                           a.shape)
+        return self._array(
+            [u * v % self.n2 for u, v in zip(a.ravel().tolist(), b.ravel().tolist(), strict=True)], a.shape
+        )
 
     def mul_int(self, cts: np.ndarray, k: int) -> np.ndarray:
         """``[[x]] -> [[k x]]`` for one integer ``k``."""
@@ -218,8 +221,10 @@ class PaillierOps:
             result = _lin_rows(self.n2, rows, cols, self._powmod, self._invert)
         else:
             ints = [[int(c) for c in col] for col in cols]
-            futures = [executor.submit(work_lin, int(self.n2), rows[a:b], ints, self.use_gmpy2)
-                       for a, b in self._chunks(len(rows))]
+            futures = [
+                executor.submit(work_lin, int(self.n2), rows[a:b], ints, self.use_gmpy2)
+                for a, b in self._chunks(len(rows))
+            ]
             result = [[self._mpz(v) for v in row] for f in futures for row in f.result()]
         out = np.empty((len(rows), cts.shape[1]), dtype=object)
         for i, row in enumerate(result):
@@ -236,8 +241,10 @@ class PaillierOps:
     def from_wire(self, wire: Tensor) -> np.ndarray:
         """Parse :meth:`to_wire`'s bytes back into ciphertexts (checked to lie in ``[1, n^2)``)."""
         if wire.dtype != torch.uint8 or wire.dim() < 1 or wire.shape[-1] != self.nbytes:
-            raise ValueError(f"expected Paillier ciphertext bytes (uint8, last dimension {self.nbytes}), got "
-                             f"{wire.dtype} of shape {tuple(wire.shape)}")
+            raise ValueError(
+                f"expected Paillier ciphertext bytes (uint8, last dimension {self.nbytes}), got "
+                f"{wire.dtype} of shape {tuple(wire.shape)}"
+            )
         raw = wire.cpu().contiguous().numpy().tobytes()
         L = self.nbytes
         vals = [self._mpz(int.from_bytes(raw[i : i + L], "big")) for i in range(0, len(raw), L)]

@@ -32,8 +32,9 @@ KANG_SCORE_TABLE: tuple[tuple[int, float, float], ...] = (
 
 
 #: Which direction of each attack metric means more leakage.
-DIRECTIONS: Mapping[str, str] = MappingProxyType({"auc": "higher", "accuracy": "higher",
-                                                  "balanced_accuracy": "higher", "mse": "lower", "ssim": "higher"})
+DIRECTIONS: Mapping[str, str] = MappingProxyType(
+    {"auc": "higher", "accuracy": "higher", "balanced_accuracy": "higher", "mse": "lower", "ssim": "higher"}
+)
 
 
 def direction_of(metric: str) -> str:
@@ -79,8 +80,10 @@ def leaks(interval: Interval | None) -> bool | None:
 def pu_scorable(target: str, metric: str) -> str | None:
     """``None`` when Kang's score table applies to an attack, otherwise the reason it does not."""
     if target != "labels" or direction_of(metric) != "higher":
-        return ("not defined for feature attacks: Kang's score table (Table 8) and PU scores (eq. 21-22) "
-                "apply to label leakage only (§8.3)")
+        return (
+            "not defined for feature attacks: Kang's score table (Table 8) and PU scores (eq. 21-22) "
+            "apply to label leakage only (§8.3)"
+        )
     return None
 
 
@@ -128,8 +131,12 @@ class OptimalPU:
 NO_PROTECTION_SCORE = 0
 
 
-def optimal_pu_score(points: Iterable[tuple[float | None, float, Mapping[str, float]]],
-                     table: ScoreTable = ScoreTable(), *, no_protection: bool = False) -> OptimalPU:
+def optimal_pu_score(
+    points: Iterable[tuple[float | None, float, Mapping[str, float]]],
+    table: ScoreTable = ScoreTable(),
+    *,
+    no_protection: bool = False,
+) -> OptimalPU:
     """Kang eq. 22: max over strengths v of PU(max over attacks of ε_p(K, v), ε_u(v)).
 
     ``points`` are ``(strength, utility_loss, {attack: leakage})``; ties keep the first point. A
@@ -140,8 +147,10 @@ def optimal_pu_score(points: Iterable[tuple[float | None, float, Mapping[str, fl
     best: OptimalPU | None = None
     for strength, loss, leakages in points:
         if not leakages:
-            raise ValueError(f"optimal_pu_score: strength {strength} has no attack results; "
-                             "eq. 22 needs at least one attack's leakage per strength")
+            raise ValueError(
+                f"optimal_pu_score: strength {strength} has no attack results; "
+                "eq. 22 needs at least one attack's leakage per strength"
+            )
         worst = max(leakages.values())
         score = pu_score(worst, loss, table)
         if best is None or score > best.score:

@@ -74,8 +74,11 @@ def _t_interval(values: Sequence[float], confidence: float) -> tuple[float, floa
 
 
 def _finite(per_seed: Mapping[int, Sequence[float]]) -> dict[int, list[float]]:
-    return {s: [float(v) for v in vs if not math.isnan(float(v))] for s, vs in per_seed.items()
-            if any(not math.isnan(float(v)) for v in vs)}
+    return {
+        s: [float(v) for v in vs if not math.isnan(float(v))]
+        for s, vs in per_seed.items()
+        if any(not math.isnan(float(v)) for v in vs)
+    }
 
 
 def mean_interval(per_seed: Mapping[int, Sequence[float]], confidence: float = CONFIDENCE) -> Interval:
@@ -98,8 +101,9 @@ def mean_interval(per_seed: Mapping[int, Sequence[float]], confidence: float = C
     return Interval(mean, low, high, "repeats", 1, len(values), confidence)
 
 
-def difference_interval(treated: Mapping[int, Sequence[float]], control: Mapping[int, Sequence[float]],
-                        confidence: float = CONFIDENCE) -> Interval:
+def difference_interval(
+    treated: Mapping[int, Sequence[float]], control: Mapping[int, Sequence[float]], confidence: float = CONFIDENCE
+) -> Interval:
     """The mean of ``treated − control`` and its interval, paired by seed (module docstring).
 
     Only seeds present in both count. With one common seed, Welch's interval over the two sets of

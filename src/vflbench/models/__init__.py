@@ -14,16 +14,31 @@ from vflbench.models.base import check_fits, init_parameters, linear_layers
 from vflbench.models.registry import MODELS, TOP_MODELS
 from vflbench.models.top import inference_head
 
-__all__ = ["MODELS", "TOP_MODELS", "build_bottom", "build_top", "check_fits", "inference_head",
-           "init_parameters", "linear_layers"]
+__all__ = [
+    "MODELS",
+    "TOP_MODELS",
+    "build_bottom",
+    "build_top",
+    "check_fits",
+    "inference_head",
+    "init_parameters",
+    "linear_layers",
+]
 
 
 BOTTOM_RESERVED = ("input_shape", "out_dim", "meta")
 TOP_RESERVED = ("in_dim", "num_classes")
 
 
-def build_bottom(name: str, part: PartySlice, out_dim: int, generator: torch.Generator, *,
-                 device: torch.device | str | None = None, **options: Any) -> nn.Module:
+def build_bottom(
+    name: str,
+    part: PartySlice,
+    out_dim: int,
+    generator: torch.Generator,
+    *,
+    device: torch.device | str | None = None,
+    **options: Any,
+) -> nn.Module:
     """Build and seed bottom model ``name`` for a party's slice (on the CPU, so that its initial weights are the
     same on every device), check that it fits, and move it to ``device`` (default: where the slice's features
     are)."""
@@ -32,9 +47,11 @@ def build_bottom(name: str, part: PartySlice, out_dim: int, generator: torch.Gen
     try:
         model = entry.factory(input_shape=part.sample_shape, out_dim=out_dim, meta=dict(part.meta), **options)
     except ValueError as exc:
-        raise ConfigError(f"model {name!r} does not fit a party's input of shape {part.sample_shape}: {exc}. "
-                          "Use a model for this input (e.g. mlp2 for small or tabular slices) "
-                          "or fewer parties.") from None
+        raise ConfigError(
+            f"model {name!r} does not fit a party's input of shape {part.sample_shape}: {exc}. "
+            "Use a model for this input (e.g. mlp2 for small or tabular slices) "
+            "or fewer parties."
+        ) from None
     dtype = part.x_train.dtype
     width = check_fits(model, part.sample_shape, name, dtype)
     if width != out_dim:
@@ -42,8 +59,15 @@ def build_bottom(name: str, part: PartySlice, out_dim: int, generator: torch.Gen
     return init_parameters(model, generator).to(part.x_train.device if device is None else device)
 
 
-def build_top(name: str, in_dim: int, num_classes: int, generator: torch.Generator, *,
-              device: torch.device | str | None = None, **options: Any) -> nn.Module:
+def build_top(
+    name: str,
+    in_dim: int,
+    num_classes: int,
+    generator: torch.Generator,
+    *,
+    device: torch.device | str | None = None,
+    **options: Any,
+) -> nn.Module:
     """Build and seed top model ``name`` (on the CPU, see :func:`build_bottom`), then move it to ``device``."""
     entry = TOP_MODELS.get(name)
     TOP_MODELS.check(name, options, reserved=TOP_RESERVED, noun="option")

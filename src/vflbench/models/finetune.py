@@ -31,10 +31,24 @@ def supervised_loss(outputs: Tensor, y: Tensor) -> Tensor:
     return F.cross_entropy(outputs, y)
 
 
-def complete(bottom: nn.Module, x: Tensor, y: Tensor, x_eval: Tensor, *, num_classes: int, embed_dim: int,
-             head: bool = True, epochs: int = 50, optimizer: str = "adam", lr: float = 1e-3,
-             batch_size: int | None = 16, head_hidden: int = 64, finetune_bottom: bool = True,
-             momentum: float = 0.9, generator: torch.Generator) -> list[Tensor]:
+def complete(
+    bottom: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    x_eval: Tensor,
+    *,
+    num_classes: int,
+    embed_dim: int,
+    head: bool = True,
+    epochs: int = 50,
+    optimizer: str = "adam",
+    lr: float = 1e-3,
+    batch_size: int | None = 16,
+    head_hidden: int = 64,
+    finetune_bottom: bool = True,
+    momentum: float = 0.9,
+    generator: torch.Generator,
+) -> list[Tensor]:
     """Model completion's fine-tuning (VMask Algorithm 3): attach an inference head to ``bottom``
     (or none: the bottom outputs the logits), train on ``(x, y)`` for ``epochs`` passes, and return
     the model's outputs on ``x_eval`` after every pass. Used by the attack and by VMask's simulation. Runs
@@ -45,8 +59,7 @@ def complete(bottom: nn.Module, x: Tensor, y: Tensor, x_eval: Tensor, *, num_cla
         modules.append(init_parameters(inference_head(embed_dim, num_classes, head_hidden), generator).to(x.device))
     model = nn.Sequential(*modules)
     params = model.parameters() if finetune_bottom or not head else modules[-1].parameters()
-    opt = (torch.optim.Adam(params, lr=lr) if optimizer == "adam"
-           else torch.optim.SGD(params, lr=lr, momentum=momentum))
+    opt = torch.optim.Adam(params, lr=lr) if optimizer == "adam" else torch.optim.SGD(params, lr=lr, momentum=momentum)
     size = batch_size or len(y)
     outputs = []
     for _ in range(epochs):
@@ -86,10 +99,24 @@ def stackable(model: nn.Module) -> bool:
     return _chain(model) is not None
 
 
-def complete_stacked(bottoms: list[nn.Module], x: Tensor, y: Tensor, x_eval: Tensor, *,
-                     generators: list[torch.Generator], num_classes: int, embed_dim: int, head: bool = True,
-                     epochs: int = 50, optimizer: str = "adam", lr: float = 1e-3, batch_size: int | None = 16,
-                     head_hidden: int = 64, finetune_bottom: bool = True, momentum: float = 0.9) -> list[list[Tensor]]:
+def complete_stacked(
+    bottoms: list[nn.Module],
+    x: Tensor,
+    y: Tensor,
+    x_eval: Tensor,
+    *,
+    generators: list[torch.Generator],
+    num_classes: int,
+    embed_dim: int,
+    head: bool = True,
+    epochs: int = 50,
+    optimizer: str = "adam",
+    lr: float = 1e-3,
+    batch_size: int | None = 16,
+    head_hidden: int = 64,
+    finetune_bottom: bool = True,
+    momentum: float = 0.9,
+) -> list[list[Tensor]]:
     """:func:`complete` for several :func:`stackable` bottom models of one architecture at once, the
     i-th with ``generators[i]``, as one stacked model: each Linear's weights are stacked and applied with
     batched products (``baddbmm``, one product per model, as ``nn.Linear`` computes it), so the per-step
@@ -100,8 +127,7 @@ def complete_stacked(bottoms: list[nn.Module], x: Tensor, y: Tensor, x_eval: Ten
     for bottom, generator in zip(bottoms, generators, strict=True):
         modules: list[nn.Module] = [bottom]
         if head:
-            modules.append(init_parameters(inference_head(embed_dim, num_classes, head_hidden), generator)
-                           .to(x.device))
+            modules.append(init_parameters(inference_head(embed_dim, num_classes, head_hidden), generator).to(x.device))
         chain = _chain(nn.Sequential(*modules))
         if chain is None:
             raise ValueError("complete_stacked fine-tunes sequences of Flatten, Linear and ReLU only; use complete()")
@@ -119,7 +145,7 @@ def complete_stacked(bottoms: list[nn.Module], x: Tensor, y: Tensor, x_eval: Ten
             assert isinstance(layer, nn.Linear)  # one architecture: the same layer at every position
             linears.append(layer)
         weight = torch.stack([m.weight.detach() for m in linears])
-        bias = (torch.stack([m.bias.detach() for m in linears]).unsqueeze(1) if module.bias is not None else None)
+        bias = torch.stack([m.bias.detach() for m in linears]).unsqueeze(1) if module.bias is not None else None
         for t in (weight, bias):
             if t is not None and (finetune_bottom or not head or j >= n_bottom):
                 trained.append(t.requires_grad_(True))
@@ -136,8 +162,9 @@ def complete_stacked(bottoms: list[nn.Module], x: Tensor, y: Tensor, x_eval: Ten
                 h = torch.bmm(h, weight.mT) if bias is None else torch.baddbmm(bias, h, weight.mT)
         return h
 
-    opt = (torch.optim.Adam(trained, lr=lr) if optimizer == "adam"
-           else torch.optim.SGD(trained, lr=lr, momentum=momentum))
+    opt = (
+        torch.optim.Adam(trained, lr=lr) if optimizer == "adam" else torch.optim.SGD(trained, lr=lr, momentum=momentum)
+    )
     size = batch_size or len(y)
     outputs: list[list[Tensor]] = [[] for _ in chains]
     for _ in range(epochs):

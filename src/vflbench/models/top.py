@@ -8,8 +8,9 @@ from vflbench.models.registry import TOP_MODELS
 from vflbench.registry import WIDTH
 
 
-@TOP_MODELS.register("mlp2", constraints={"hidden": WIDTH},
-                 summary="Linear -> ReLU -> Linear (VMask's top model and inference head)")
+@TOP_MODELS.register(
+    "mlp2", constraints={"hidden": WIDTH}, summary="Linear -> ReLU -> Linear (VMask's top model and inference head)"
+)
 def top_mlp2(*, in_dim: int, num_classes: int, hidden: int = 64) -> nn.Module:
     """Two fully connected layers."""
     return nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))

@@ -16,8 +16,7 @@ from torch import Tensor, nn
 from vflbench.models.registry import CHANNELS, MODELS, MULTIPLIER
 
 # Simonyan & Zisserman (2015), Table 1, configuration B; "M" is a 2x2 max-pool.
-VGG13_CONFIG: tuple[int | str, ...] = (64, 64, "M", 128, 128, "M", 256, 256, "M",
-                                       512, 512, "M", 512, 512, "M")
+VGG13_CONFIG: tuple[int | str, ...] = (64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 RESNET18_BLOCKS: tuple[int, ...] = (2, 2, 2, 2)
 RESNET18_CHANNELS: tuple[int, ...] = (64, 128, 256, 512)
 
@@ -25,8 +24,7 @@ RESNET18_CHANNELS: tuple[int, ...] = (64, 128, 256, 512)
 def _image_shape(input_shape: Sequence[int], name: str) -> tuple[int, int, int]:
     """Return (C, H, W) or raise ValueError for a slice that is not an image strip."""
     if len(input_shape) != 3:
-        raise ValueError(f"{name} needs an image slice of shape (C, H, W), "
-                         f"got {tuple(input_shape)}")
+        raise ValueError(f"{name} needs an image slice of shape (C, H, W), got {tuple(input_shape)}")
     c, h, w = (int(s) for s in input_shape)
     if min(c, h, w) < 1:
         raise ValueError(f"{name} needs a non-empty image strip, got {tuple(input_shape)}")
@@ -50,8 +48,7 @@ class VGG13(nn.Module):
     Linear layer.
     """
 
-    def __init__(self, input_shape: Sequence[int], out_dim: int,
-                 width_multiplier: float = 1.0) -> None:
+    def __init__(self, input_shape: Sequence[int], out_dim: int, width_multiplier: float = 1.0) -> None:
         super().__init__()
         channels, height, width = _image_shape(input_shape, "vgg13")
         layers: list[nn.Module] = []
@@ -75,10 +72,14 @@ class VGG13(nn.Module):
         return self.classifier(self.pool(self.features(x)).flatten(1))
 
 
-@MODELS.register("vgg13", constraints={"width_multiplier": MULTIPLIER},
-                 summary="VGG-13 with BatchNorm, CIFAR variant (VMask's CIFAR model)")
-def vgg13(*, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None = None,
-          width_multiplier: float = 1.0) -> nn.Module:
+@MODELS.register(
+    "vgg13",
+    constraints={"width_multiplier": MULTIPLIER},
+    summary="VGG-13 with BatchNorm, CIFAR variant (VMask's CIFAR model)",
+)
+def vgg13(
+    *, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None = None, width_multiplier: float = 1.0
+) -> nn.Module:
     """VGG-13 (config B) for an image strip (C, H, W); ``width_multiplier`` scales channels."""
     return VGG13(input_shape, out_dim, width_multiplier)
 
@@ -123,13 +124,11 @@ class ResNet18(nn.Module):
     first block) the shortcut conv, then the Linear layer.
     """
 
-    def __init__(self, input_shape: Sequence[int], out_dim: int,
-                 width_multiplier: float = 1.0) -> None:
+    def __init__(self, input_shape: Sequence[int], out_dim: int, width_multiplier: float = 1.0) -> None:
         super().__init__()
         channels, _, _ = _image_shape(input_shape, "resnet18")
         stem = _scaled(RESNET18_CHANNELS[0], width_multiplier)
-        self.stem = nn.Sequential(nn.Conv2d(channels, stem, 3, padding=1, bias=False),
-                                  nn.BatchNorm2d(stem), nn.ReLU())
+        self.stem = nn.Sequential(nn.Conv2d(channels, stem, 3, padding=1, bias=False), nn.BatchNorm2d(stem), nn.ReLU())
         blocks: list[nn.Module] = []
         width = stem
         stages = zip(RESNET18_BLOCKS, RESNET18_CHANNELS, strict=True)
@@ -147,10 +146,14 @@ class ResNet18(nn.Module):
         return self.classifier(self.pool(self.layers(self.stem(x))).flatten(1))
 
 
-@MODELS.register("resnet18", constraints={"width_multiplier": MULTIPLIER},
-                 summary="ResNet-18, CIFAR variant (VMask's and Kang et al.'s CIFAR model)")
-def resnet18(*, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None = None,
-             width_multiplier: float = 1.0) -> nn.Module:
+@MODELS.register(
+    "resnet18",
+    constraints={"width_multiplier": MULTIPLIER},
+    summary="ResNet-18, CIFAR variant (VMask's and Kang et al.'s CIFAR model)",
+)
+def resnet18(
+    *, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None = None, width_multiplier: float = 1.0
+) -> nn.Module:
     """ResNet-18 for an image strip of shape (C, H, W); ``width_multiplier`` scales channels."""
     return ResNet18(input_shape, out_dim, width_multiplier)
 
@@ -165,8 +168,7 @@ class Conv2(nn.Module):
     need at least 4x4 pixels.
     """
 
-    def __init__(self, input_shape: Sequence[int], out_dim: int,
-                 channels: Sequence[int] = (32, 64)) -> None:
+    def __init__(self, input_shape: Sequence[int], out_dim: int, channels: Sequence[int] = (32, 64)) -> None:
         super().__init__()
         in_channels, height, width = _image_shape(input_shape, "conv2")
         if len(channels) != 2:
@@ -176,8 +178,12 @@ class Conv2(nn.Module):
         if h < 1 or w < 1:
             raise ValueError(f"conv2 needs strips of at least 4x4 pixels, got {height}x{width}")
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, c1, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(c1, c2, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(in_channels, c1, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
         )
         self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(c2 * h * w, out_dim))
 
@@ -186,10 +192,12 @@ class Conv2(nn.Module):
         return self.classifier(self.features(x))
 
 
-@MODELS.register("conv2", constraints={"channels": CHANNELS},
-                 summary="2 conv layers + projection (Kang et al.'s FMNIST model)")
-def conv2(*, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None = None,
-          channels: Sequence[int] = (32, 64)) -> nn.Module:
+@MODELS.register(
+    "conv2", constraints={"channels": CHANNELS}, summary="2 conv layers + projection (Kang et al.'s FMNIST model)"
+)
+def conv2(
+    *, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None = None, channels: Sequence[int] = (32, 64)
+) -> nn.Module:
     """Two 5x5 conv + ReLU + max-pool stages and a Linear projection for a strip (C, H, W)."""
     return Conv2(input_shape, out_dim, channels)
 
@@ -212,9 +220,11 @@ class ConvMap(nn.Module):
             raise ValueError(f"conv_map: channels must be one or more counts, got {tuple(channels)}")
         last = int(channels[-1])
         if out_dim != last * height * width:
-            raise ValueError(f"conv_map outputs channels[-1] x H x W = {last} x {height} x {width} = "
-                             f"{last * height * width} values per row, so model.embed_dim must be "
-                             f"{last * height * width}, got {out_dim}")
+            raise ValueError(
+                f"conv_map outputs channels[-1] x H x W = {last} x {height} x {width} = "
+                f"{last * height * width} values per row, so model.embed_dim must be "
+                f"{last * height * width}, got {out_dim}"
+            )
         layers: list[nn.Module] = []
         c = in_channels
         for ch in (int(x) for x in channels):
@@ -228,10 +238,13 @@ class ConvMap(nn.Module):
         return self.features(x).flatten(1)
 
 
-@MODELS.register("conv_map", constraints={"channels": CHANNELS},
-                 summary="3x3 conv + BN + ReLU layers, no pooling/Linear: a pixel-aligned map "
-                                     "(URVFL's ClientNet)")
-def conv_map(*, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None = None,
-             channels: Sequence[int] = (16, 16)) -> nn.Module:
+@MODELS.register(
+    "conv_map",
+    constraints={"channels": CHANNELS},
+    summary="3x3 conv + BN + ReLU layers, no pooling/Linear: a pixel-aligned map (URVFL's ClientNet)",
+)
+def conv_map(
+    *, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None = None, channels: Sequence[int] = (16, 16)
+) -> nn.Module:
     """Pixel-aligned embedding of a strip (C, H, W): ``out_dim`` must be ``channels[-1] * H * W``."""
     return ConvMap(input_shape, out_dim, channels)

@@ -29,16 +29,21 @@ def logreg(*, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | N
 
 
 @MODELS.register("mlp2", constraints={"hidden": WIDTH}, summary="2 fully connected layers with ReLU")
-def mlp2(*, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None = None,
-         hidden: int = 64) -> nn.Module:
+def mlp2(
+    *, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None = None, hidden: int = 64
+) -> nn.Module:
     """Flatten -> Linear(hidden) -> ReLU -> Linear(out_dim)."""
     return _mlp(math.prod(input_shape), (hidden,), out_dim)
 
 
-@MODELS.register("mlp3", constraints={"hidden": Param("units of the two hidden layers", ge=1, le=WIDTH.le)},
-                 summary="3 fully connected layers with ReLU (VMask's MLP3)")
-def mlp3(*, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None = None,
-         hidden: Sequence[int] = (256, 128)) -> nn.Module:
+@MODELS.register(
+    "mlp3",
+    constraints={"hidden": Param("units of the two hidden layers", ge=1, le=WIDTH.le)},
+    summary="3 fully connected layers with ReLU (VMask's MLP3)",
+)
+def mlp3(
+    *, input_shape: Sequence[int], out_dim: int, meta: dict[str, Any] | None = None, hidden: Sequence[int] = (256, 128)
+) -> nn.Module:
     """Flatten -> Linear -> ReLU -> Linear -> ReLU -> Linear(out_dim)."""
     return _mlp(math.prod(input_shape), tuple(hidden), out_dim)
 
@@ -54,16 +59,24 @@ class LeNet5(nn.Module):
         super().__init__()
         channels, height, width = input_shape
         self.features = nn.Sequential(
-            nn.Conv2d(channels, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(channels, 6, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
         )
         h = ((height // 2) - 4) // 2
         w = ((width // 2) - 4) // 2
         if h < 1 or w < 1:
             raise ValueError(f"LeNet5 needs strips of at least 12x12 pixels, got {height}x{width}")
         self.classifier = nn.Sequential(
-            nn.Flatten(), nn.Linear(16 * h * w, 120), nn.ReLU(),
-            nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, out_dim),
+            nn.Flatten(),
+            nn.Linear(16 * h * w, 120),
+            nn.ReLU(),
+            nn.Linear(120, 84),
+            nn.ReLU(),
+            nn.Linear(84, out_dim),
         )
 
     def forward(self, x):  # noqa: D102

@@ -33,8 +33,9 @@ def time_shared_linear(
     g = torch.Generator().manual_seed(seed)
     plain = nn.Linear(n_in, n_out)
     session = local_session(Dealer(seed + 1), noise=torch.Generator().manual_seed(seed + 3))
-    shared = mask_layer(plain, link=session.passive, generator_passive=torch.Generator().manual_seed(seed + 2),
-                        sigma=0.01)
+    shared = mask_layer(
+        plain, link=session.passive, generator_passive=torch.Generator().manual_seed(seed + 2), sigma=0.01
+    )
     x = torch.rand(batch, n_in, generator=g, requires_grad=True)
     gy = torch.randn(batch, n_out, generator=g)
 

@@ -93,8 +93,15 @@ class WeightMask:
 
     def as_dict(self) -> dict[str, object]:
         """Plain values for a checkpoint."""
-        return {"mask_id": self.mask_id, "owner": self.owner, "layer": self.layer, "shape": list(self.shape),
-                "passive_seed": self.passive_seed, "active_seed": self.active_seed, "taken": self.taken}
+        return {
+            "mask_id": self.mask_id,
+            "owner": self.owner,
+            "layer": self.layer,
+            "shape": list(self.shape),
+            "passive_seed": self.passive_seed,
+            "active_seed": self.active_seed,
+            "taken": self.taken,
+        }
 
 
 class TripleReuseError(RuntimeError):
@@ -246,15 +253,18 @@ class Dealer(ServiceHandle):
         try:
             return self._masks[int(mask_id)]
         except KeyError:
-            raise KeyError(f"{self.name}: no current weight mask {mask_id} (never opened, or retired by a newer "
-                           "mask of its layer)") from None
+            raise KeyError(
+                f"{self.name}: no current weight mask {mask_id} (never opened, or retired by a newer mask of its layer)"
+            ) from None
 
     def take_mask(self, mask_id: int, owner: str, layer: str) -> int:
         """The active party's seed of mask ``mask_id`` of ``owner``'s layer ``layer`` (taken once)."""
         mask = self._mask(mask_id)
         if (mask.owner, mask.layer) != (owner, layer):
-            raise PermissionError(f"{self.name}: weight mask {mask_id} belongs to layer {mask.layer!r} of "
-                                  f"{mask.owner!r}, not to layer {layer!r} of {owner!r}")
+            raise PermissionError(
+                f"{self.name}: weight mask {mask_id} belongs to layer {mask.layer!r} of "
+                f"{mask.owner!r}, not to layer {layer!r} of {owner!r}"
+            )
         if mask.taken:
             raise TripleReuseError(f"{self.name}: the active party already took its seed of weight mask {mask_id}")
         mask.taken = True
@@ -275,8 +285,10 @@ class Dealer(ServiceHandle):
             weight = self._weights[mask.mask_id] = weight_mask(mask.active_seed, mask.shape, device=dev)
         b = weight.t() if meta.get("transpose") else weight
         if tuple(b.shape) != b_shape:
-            raise ValueError(f"{self.name}: a triple with a weight operand of shape {b_shape} against weight mask "
-                             f"{mask_id} of shape {mask.shape}")
+            raise ValueError(
+                f"{self.name}: a triple with a weight operand of shape {b_shape} against weight mask "
+                f"{mask_id} of shape {mask.shape}"
+            )
         tid = self._next_id
         self._next_id += 1
         a = operand_mask(mask.passive_seed, tid, a_shape, device=dev)
@@ -292,8 +304,10 @@ class Dealer(ServiceHandle):
         """Deliver ``party``'s half of triple ``triple_id`` (each half can be taken once)."""
         key = (int(triple_id), int(party))
         if 0 <= key[0] < self._retired:
-            raise TripleReuseError(f"{self.name}: triple {triple_id} was issued before the checkpoint this dealer "
-                                   "resumed from; a triple is never dealt twice")
+            raise TripleReuseError(
+                f"{self.name}: triple {triple_id} was issued before the checkpoint this dealer "
+                "resumed from; a triple is never dealt twice"
+            )
         if key in self._taken:
             raise TripleReuseError(f"{self.name}: party {party} already took its half of triple {triple_id}")
         try:
@@ -319,11 +333,18 @@ class Dealer(ServiceHandle):
     def state_dict(self) -> dict[str, object]:
         """The dealer's generator and counters, for a checkpoint between products (no half may be pending)."""
         if self._pending:
-            raise RuntimeError(f"{self.name}: {len(self._pending)} triple halves are issued but not taken; a "
-                               "checkpoint is taken between products (at an epoch boundary)")
-        return {"generator": self._gen.get_state(), "next_id": self._next_id, "issued": dict(self.issued),
-                "issued_elements": self.issued_elements, "next_mask": self._next_mask,
-                "masks": [m.as_dict() for m in self._masks.values()]}
+            raise RuntimeError(
+                f"{self.name}: {len(self._pending)} triple halves are issued but not taken; a "
+                "checkpoint is taken between products (at an epoch boundary)"
+            )
+        return {
+            "generator": self._gen.get_state(),
+            "next_id": self._next_id,
+            "issued": dict(self.issued),
+            "issued_elements": self.issued_elements,
+            "next_mask": self._next_mask,
+            "masks": [m.as_dict() for m in self._masks.values()],
+        }
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Continue from :meth:`state_dict`: new triples get fresh ids, and every id issued before the checkpoint
@@ -336,9 +357,18 @@ class Dealer(ServiceHandle):
         self._taken.clear()
         self._used.clear()
         self._next_mask = int(state.get("next_mask", 0))  # type: ignore[call-overload]
-        masks = [WeightMask(int(m["mask_id"]), str(m["owner"]), str(m["layer"]), tuple(int(n) for n in m["shape"]),
-                            int(m["passive_seed"]), int(m["active_seed"]), bool(m["taken"]))
-                 for m in state.get("masks", [])]  # type: ignore[attr-defined]
+        masks = [
+            WeightMask(
+                int(m["mask_id"]),
+                str(m["owner"]),
+                str(m["layer"]),
+                tuple(int(n) for n in m["shape"]),
+                int(m["passive_seed"]),
+                int(m["active_seed"]),
+                bool(m["taken"]),
+            )
+            for m in state.get("masks", [])  # type: ignore[attr-defined]
+        ]
         self._masks = {m.mask_id: m for m in masks}
         self._current = {(m.owner, m.layer): m.mask_id for m in masks}
         self._weights.clear()
@@ -381,8 +411,7 @@ def _operation(meta: Mapping[str, object]) -> tuple[str, Callable[[Tensor, Tenso
         return "conv2d", lambda a, b: ring_conv2d(a, b, stride=st, padding=pd)
     if op == "conv2d_input_grad":
         size = _shape(meta["size"])
-        return "conv2d_input_grad", lambda a, b: ring_conv2d_input_grad(a, b, (size[0], size[1]), stride=st,
-                                                                         padding=pd)
+        return "conv2d_input_grad", lambda a, b: ring_conv2d_input_grad(a, b, (size[0], size[1]), stride=st, padding=pd)
     raise ValueError(f"unknown triple operation {op!r}; valid: matmul, mul, conv2d, conv2d_input_grad")
 
 
@@ -399,8 +428,9 @@ def issue_from_meta(dealer: Dealer, meta: Mapping[str, object]) -> int:
         return dealer.issue_conv2d(a, b, stride=(stride[0], stride[1]), padding=(padding[0], padding[1]))
     if op == "conv2d_input_grad":
         size = _shape(meta["size"])
-        return dealer.issue_conv2d_input_grad(a, b, (size[0], size[1]), stride=(stride[0], stride[1]),
-                                              padding=(padding[0], padding[1]))
+        return dealer.issue_conv2d_input_grad(
+            a, b, (size[0], size[1]), stride=(stride[0], stride[1]), padding=(padding[0], padding[1])
+        )
     raise ValueError(f"unknown triple operation {op!r}; valid: matmul, mul, conv2d, conv2d_input_grad")
 
 
@@ -433,16 +463,19 @@ class DealerService:
         from, the dealer's generator and counters (:meth:`Dealer.state_dict`); a restored dealer refuses every
         triple it issued before."""
         if request.sender != ACTIVE:
-            raise PermissionError(f"{request.sender!r} asked the dealer for {request.kind}; only the active party "
-                                  "coordinates checkpoints")
+            raise PermissionError(
+                f"{request.sender!r} asked the dealer for {request.kind}; only the active party coordinates checkpoints"
+            )
         if request.kind == "dealer.checkpoint":
             if self.save is None:
                 return request.reply(meta={"committed": -1})
             self.save(request.epoch, self.dealer.state_dict())
             return request.reply(meta={"committed": request.epoch})
         if self.load is None:
-            raise RuntimeError(f"{self.dealer.name} was asked to resume from epoch {request.epoch} but was started "
-                               "without --resume and --out")
+            raise RuntimeError(
+                f"{self.dealer.name} was asked to resume from epoch {request.epoch} but was started "
+                "without --resume and --out"
+            )
         self.dealer.load_state_dict(self.load(request.epoch))
         self._issuer.clear()
         return request.reply(meta={"resumed": request.epoch, "next_triple": self.dealer.retired_below})
@@ -458,19 +491,23 @@ class DealerService:
             return self._fixed_mask(request)
         if request.kind == "dealer.triple":
             if request.sender == ACTIVE:
-                raise PermissionError("the active party is party 1 of VMask's products; it takes its halves "
-                                      "with dealer.take")
+                raise PermissionError(
+                    "the active party is party 1 of VMask's products; it takes its halves with dealer.take"
+                )
             tid = issue_from_meta(self.dealer, request.meta)
             self._issuer[tid] = request.sender
             half = self.dealer.take(tid, 0)
         elif request.kind == "dealer.take":
             if request.sender != ACTIVE:
-                raise PermissionError(f"{request.sender!r} asked for party 1's half of a triple; only the "
-                                      "active party may take it")
+                raise PermissionError(
+                    f"{request.sender!r} asked for party 1's half of a triple; only the active party may take it"
+                )
             tid = int(request.meta["triple"])  # type: ignore[arg-type]
             if tid < self.dealer.retired_below:
-                raise TripleReuseError(f"{self.dealer.name}: triple {tid} was issued before the checkpoint this "
-                                       "dealer resumed from; a triple is never dealt twice")
+                raise TripleReuseError(
+                    f"{self.dealer.name}: triple {tid} was issued before the checkpoint this "
+                    "dealer resumed from; a triple is never dealt twice"
+                )
             if tid not in self._issuer:
                 raise KeyError(f"{self.dealer.name}: no triple {tid} was issued")
             half = self.dealer.take(tid, 1)
@@ -484,23 +521,28 @@ class DealerService:
         meta = request.meta
         if request.kind == "dealer.take_mask":
             if request.sender != ACTIVE:
-                raise PermissionError(f"{request.sender!r} asked for the active party's seed of a weight mask; only "
-                                      "the active party may take it")
+                raise PermissionError(
+                    f"{request.sender!r} asked for the active party's seed of a weight mask; only "
+                    "the active party may take it"
+                )
             seed = self.dealer.take_mask(int(meta["mask"]), str(meta["party"]), str(meta["layer"]))  # type: ignore[arg-type]
             return request.reply(torch.tensor([seed], dtype=torch.int64))
         if request.sender == ACTIVE:
-            raise PermissionError(f"the active party sent {request.kind}; weight masks and their triples are asked "
-                                  "for by the passive party whose layer is masked")
+            raise PermissionError(
+                f"the active party sent {request.kind}; weight masks and their triples are asked "
+                "for by the passive party whose layer is masked"
+            )
         if request.kind == "dealer.mask":
             mask_id, seed = self.dealer.open_mask(request.sender, str(meta["layer"]), _shape(meta["shape"]))
             return request.reply(torch.tensor([seed], dtype=torch.int64), meta={"mask": mask_id})
         if request.kind == "dealer.triple":
             tid, c0 = self.dealer.issue_masked(request.sender, int(meta["mask"]), meta)  # type: ignore[arg-type]
             return request.reply(c0, meta={"triple": tid})
-        raise ValueError(f"unknown dealer request {request.kind!r} with a weight mask; valid: dealer.mask, "
-                         "dealer.take_mask, dealer.triple")
+        raise ValueError(
+            f"unknown dealer request {request.kind!r} with a weight mask; valid: dealer.mask, "
+            "dealer.take_mask, dealer.triple"
+        )
 
 
-DEALER_KINDS = ("dealer.triple", "dealer.take", "dealer.mask", "dealer.take_mask", "dealer.checkpoint",
-                "dealer.resume")
+DEALER_KINDS = ("dealer.triple", "dealer.take", "dealer.mask", "dealer.take_mask", "dealer.checkpoint", "dealer.resume")
 """The requests :class:`DealerService` answers."""

@@ -201,8 +201,10 @@ class SharedLayer(nn.Module, ABC):
             raise ValueError(f"unknown truncation {truncation!r}; valid: {', '.join(TRUNCATIONS)}")
         self.protocol: Protocol = resolve_protocol(protocol, truncation)
         if (self.protocol == "fixed_mask") != passive.fixed_mask:
-            raise ValueError(f"protocol {self.protocol!r} needs a share holder "
-                             f"{'with' if self.protocol == 'fixed_mask' else 'without'} a weight opening")
+            raise ValueError(
+                f"protocol {self.protocol!r} needs a share holder "
+                f"{'with' if self.protocol == 'fixed_mask' else 'without'} a weight opening"
+            )
         self.passive = passive
         self.peer = peer
         self.randomness = randomness
@@ -248,16 +250,20 @@ class SharedLayer(nn.Module, ABC):
         f = self.frac_bits
         p = self.passive
         spec: BilinearSpec = layer_spec(self.geometry, stage, v_ring.shape, p.weight_share.shape, input_size)
-        z = (self._fixed_mask_product(v_ring, spec, stage, input_size) if self.protocol == "fixed_mask"
-             else self._beaver_product(v_ring, spec, stage, input_size))
+        z = (
+            self._fixed_mask_product(v_ring, spec, stage, input_size)
+            if self.protocol == "fixed_mask"
+            else self._beaver_product(v_ring, spec, stage, input_size)
+        )
         if self.truncation == "reveal":
             z = truncate_public(z, f)
         # decode(z) * scale * out_factor in one multiply: 2^-f * scale * out_factor is exact for a
         # power-of-two out_factor, so the result is the same as multiplying one factor at a time
         return z.to(torch.float64).mul_(float(p.scale) * out_factor / 2.0**f)
 
-    def _fixed_mask_product(self, v_ring: Tensor, spec: BilinearSpec, stage: Stage,
-                            input_size: tuple[int, int] | None) -> Tensor:
+    def _fixed_mask_product(
+        self, v_ring: Tensor, spec: BilinearSpec, stage: Stage, input_size: tuple[int, int] | None
+    ) -> Tensor:
         """The ``fixed_mask`` protocol at P_k (:mod:`vflbench.mpc.parties`): the untruncated ring product
         ``op(v, W)`` (+ the bias at ``2f`` fractional bits), reconstructed at P_k."""
         p = self.passive
@@ -273,8 +279,9 @@ class SharedLayer(nn.Module, ABC):
         b0 = p.bias_share.to(dev) if (spec.bias_view is not None and p.bias_share is not None) else None
         return add_bias_share(z, b0, spec, 0, self.truncation, self.frac_bits)
 
-    def _beaver_product(self, v_ring: Tensor, spec: BilinearSpec, stage: Stage,
-                        input_size: tuple[int, int] | None) -> Tensor:
+    def _beaver_product(
+        self, v_ring: Tensor, spec: BilinearSpec, stage: Stage, input_size: tuple[int, int] | None
+    ) -> Tensor:
         """The ``beaver`` protocol at P_k: a fresh triple per product, both operands opened; the product
         reconstructed at P_k (untruncated with ``reveal``, from locally truncated shares with ``secureml``)."""
         f = self.frac_bits
@@ -314,8 +321,9 @@ class SharedLayer(nn.Module, ABC):
         assert self.observation is not None
         p = self.passive
         scale = float(p.scale)
-        self.observation.opened(Opening(stage, operand, opened, step * scale, p.weight_share, p.bias_share,
-                                        self.frac_bits, scale))
+        self.observation.opened(
+            Opening(stage, operand, opened, step * scale, p.weight_share, p.bias_share, self.frac_bits, scale)
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         """The layer's output for ``x``, computed with P_K by the secret-shared protocol."""
@@ -570,8 +578,16 @@ def mask_layer(
     b0, b1 = (None, None) if b_ring is None else share(b_ring, generator_passive)
     peer = ActivePeer(link, name or type(layer).__name__)
     mask = peer.open_mask(w0.shape, phase=phase) if chosen == "fixed_mask" else None
-    opening = peer.share_weights(w1, b1, geometry=geometry, sigma=sigma, frac_bits=frac_bits, truncation=truncation,
-                                 phase=phase, mask=None if mask is None else mask[0])
+    opening = peer.share_weights(
+        w1,
+        b1,
+        geometry=geometry,
+        sigma=sigma,
+        frac_bits=frac_bits,
+        truncation=truncation,
+        phase=phase,
+        mask=None if mask is None else mask[0],
+    )
     passive = PassiveShareHolder(w0, b0, frac_bits=frac_bits, dtype=layer.weight.dtype, fixed_mask=mask is not None)
     if mask is not None and opening is not None:
         passive.set_opening(mask[0], mask[1], opening)
@@ -610,21 +626,32 @@ def restored_layer(
     if truncation not in TRUNCATIONS:
         raise ValueError(f"unknown truncation {truncation!r}; valid: {', '.join(TRUNCATIONS)}")
     chosen = resolve_protocol(protocol, truncation)
-    geometry: Meta = ({"kind": "conv", "stride": shape_meta(layer.stride), "padding": shape_meta(_conv_padding(layer))}
-                      if isinstance(layer, nn.Conv2d) else {"kind": "linear"})
+    geometry: Meta = (
+        {"kind": "conv", "stride": shape_meta(layer.stride), "padding": shape_meta(_conv_padding(layer))}
+        if isinstance(layer, nn.Conv2d)
+        else {"kind": "linear"}
+    )
     zeros = torch.zeros(layer.weight.shape, dtype=torch.int64, device=layer.weight.device)
     bias = None if layer.bias is None else torch.zeros(layer.bias.shape, dtype=torch.int64, device=layer.weight.device)
-    passive = PassiveShareHolder(zeros, bias, frac_bits=frac_bits, dtype=layer.weight.dtype,
-                                 fixed_mask=chosen == "fixed_mask")
-    common = {"peer": ActivePeer(link, name or type(layer).__name__),
-              "randomness": PartyRandomness(generator_passive, party=link.owner), "geometry": geometry,
-              "sigma": sigma, "frac_bits": frac_bits, "truncation": truncation, "observation": observation,
-              "protocol": chosen}
+    passive = PassiveShareHolder(
+        zeros, bias, frac_bits=frac_bits, dtype=layer.weight.dtype, fixed_mask=chosen == "fixed_mask"
+    )
+    common = {
+        "peer": ActivePeer(link, name or type(layer).__name__),
+        "randomness": PartyRandomness(generator_passive, party=link.owner),
+        "geometry": geometry,
+        "sigma": sigma,
+        "frac_bits": frac_bits,
+        "truncation": truncation,
+        "observation": observation,
+        "protocol": chosen,
+    }
     return _shared(layer, passive, common)
 
 
-def _shared(layer: nn.Linear | nn.Conv2d, passive: PassiveShareHolder,
-            common: dict[str, Any]) -> SharedLinear | SharedConv2d:
+def _shared(
+    layer: nn.Linear | nn.Conv2d, passive: PassiveShareHolder, common: dict[str, Any]
+) -> SharedLinear | SharedConv2d:
     if isinstance(layer, nn.Conv2d):
         return SharedConv2d(
             passive,

@@ -40,10 +40,14 @@ class MaskableLayer(nn.Module):
     def __init__(self, layer: nn.Linear | nn.Conv2d, name: str = "") -> None:
         super().__init__()
         self.conv = isinstance(layer, nn.Conv2d)
-        self.config: dict[str, Any] = ({"stride": layer.stride, "padding": layer.padding}
-                                       if isinstance(layer, nn.Conv2d) else {})
-        self.shape: tuple[Any, ...] = ((layer.in_channels, layer.out_channels, layer.kernel_size)
-                                       if isinstance(layer, nn.Conv2d) else (layer.in_features, layer.out_features))
+        self.config: dict[str, Any] = (
+            {"stride": layer.stride, "padding": layer.padding} if isinstance(layer, nn.Conv2d) else {}
+        )
+        self.shape: tuple[Any, ...] = (
+            (layer.in_channels, layer.out_channels, layer.kernel_size)
+            if isinstance(layer, nn.Conv2d)
+            else (layer.in_features, layer.out_features)
+        )
         self.weight = layer.weight
         self.bias = layer.bias
         self.shared: SharedLayer | None = None
@@ -61,8 +65,9 @@ class MaskableLayer(nn.Module):
         device, dtype = weight.device, weight.dtype
         if self.conv:
             c_in, c_out, k = self.shape
-            layer: nn.Linear | nn.Conv2d = nn.Conv2d(c_in, c_out, k, bias=bias is not None, **self.config,
-                                                     device=device, dtype=dtype)
+            layer: nn.Linear | nn.Conv2d = nn.Conv2d(
+                c_in, c_out, k, bias=bias is not None, **self.config, device=device, dtype=dtype
+            )
         else:
             layer = nn.Linear(self.shape[0], self.shape[1], bias=bias is not None, device=device, dtype=dtype)
         with torch.no_grad():
@@ -90,7 +95,8 @@ class MaskableLayer(nn.Module):
         except RingOverflowError as exc:
             raise RingOverflowError(
                 f"vmask: a secret-shared layer left the fixed-point range ({exc}); training diverged or the "
-                "inputs are far outside [-2^31, 2^31]: lower train.lr, or set the defense's frac_bits lower") from None
+                "inputs are far outside [-2^31, 2^31]: lower train.lr, or set the defense's frac_bits lower"
+            ) from None
 
     def mask(self, **kwargs: Any) -> None:
         """P_k shares the layer (Algorithm 1, lines 2-6) and drops its plaintext weight (``kwargs``:
@@ -221,5 +227,3 @@ class AttackerBottom(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:  # noqa: D102
         return self.inner(x)
-
-

@@ -79,8 +79,12 @@ class ObservationPoint(ServiceHandle):
 
     def masked(self, weight: Tensor, bias: Tensor | None, weight_share: Tensor, bias_share: Tensor | None) -> None:
         """Tell the observers that the layer was masked."""
-        self._masking = (weight.detach().clone(), None if bias is None else bias.detach().clone(),
-                         weight_share.clone(), None if bias_share is None else bias_share.clone())
+        self._masking = (
+            weight.detach().clone(),
+            None if bias is None else bias.detach().clone(),
+            weight_share.clone(),
+            None if bias_share is None else bias_share.clone(),
+        )
         for o in self.observers:
             o.masked(*self._masking)
 
@@ -94,5 +98,3 @@ class ObservationPoint(ServiceHandle):
         self._masking = None
         for o in self.observers:
             o.unmasked()
-
-

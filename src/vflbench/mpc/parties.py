@@ -84,8 +84,7 @@ from vflbench.protocol.channel import Channel, Endpoint
 from vflbench.protocol.messages import ACTIVE, DEALER, Message, Phase
 
 #: The kinds of VMask's secret-sharing protocol (what ``mpc_bytes`` sums; ``vmask.oracle`` is not one).
-PROTOCOL_KINDS = ("vmask.share", "vmask.forward", "vmask.backward", "vmask.decay", "vmask.renormalize",
-                  "vmask.release")
+PROTOCOL_KINDS = ("vmask.share", "vmask.forward", "vmask.backward", "vmask.decay", "vmask.renormalize", "vmask.release")
 
 Protocol = Literal["fixed_mask", "beaver"]
 PROTOCOLS: tuple[str, ...] = ("fixed_mask", "beaver")
@@ -101,8 +100,10 @@ def resolve_protocol(protocol: str | None, truncation: str) -> Protocol:
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown masked-layer protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
     if protocol == "fixed_mask" and truncation != "reveal":
-        raise ValueError(f"the fixed_mask protocol reconstructs the untruncated product (truncation 'reveal'); "
-                         f"truncation {truncation!r} needs protocol 'beaver'")
+        raise ValueError(
+            f"the fixed_mask protocol reconstructs the untruncated product (truncation 'reveal'); "
+            f"truncation {truncation!r} needs protocol 'beaver'"
+        )
     return "fixed_mask" if protocol == "fixed_mask" else "beaver"
 
 
@@ -143,8 +144,16 @@ class ActiveShareHolder:
     """P_K's state for one masked layer: its weight and bias shares, the public scale, the layer's
     public geometry and P_K's noise generator. Its methods are P_K's side of each protocol step."""
 
-    def __init__(self, *, name: str, geometry: Meta, frac_bits: int, truncation: str, generator: torch.Generator,
-                 record_received: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        geometry: Meta,
+        frac_bits: int,
+        truncation: str,
+        generator: torch.Generator,
+        record_received: bool = False,
+    ) -> None:
         self.name = name
         self.geometry = dict(geometry)
         self.frac_bits = frac_bits
@@ -193,8 +202,9 @@ class ActiveShareHolder:
         """The layer's shared product of ``stage`` (derived by P_K from public values only)."""
         return layer_spec(self.geometry, stage, operand, self.require().shape, input_size)
 
-    def bilinear(self, spec: BilinearSpec, x1: Tensor, e0: Tensor, d0: Tensor, t1: TripleShare,
-                 *, tag: str) -> tuple[Tensor, Tensor, Tensor]:
+    def bilinear(
+        self, spec: BilinearSpec, x1: Tensor, e0: Tensor, d0: Tensor, t1: TripleShare, *, tag: str
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """P_K's side of a shared product: returns its openings ``(e1, d1)`` and its output share."""
         self._log(tag, x1, e0, d0)
         w1 = self.require().to(x1.device)
@@ -219,8 +229,10 @@ class ActiveShareHolder:
         if self.mask_seed is None:
             raise RuntimeError(f"layer {self.name!r} uses the beaver protocol; a fixed_mask product needs a mask")
         if triple_id <= self.last_triple:
-            raise TripleReuseError(f"layer {self.name!r}: triple {triple_id} is not later than the last one used "
-                                   f"({self.last_triple}); a triple is used once")
+            raise TripleReuseError(
+                f"layer {self.name!r}: triple {triple_id} is not later than the last one used "
+                f"({self.last_triple}); a triple is used once"
+            )
         self.last_triple = int(triple_id)
         w1 = self.require().to(e.device)
         z1 = spec.op(e, spec.weight_operand(w1))
@@ -243,8 +255,11 @@ class ActiveShareHolder:
         """Algorithm 1 lines 9-10: add fresh noise to P_K's shares, hand them over and forget them."""
         w1 = self.require()
         w1 = w1 + self._noise(w1.shape, sigma).to(w1.device)
-        b1 = None if self.bias_share is None else self.bias_share + self._noise(self.bias_share.shape,
-                                                                                 sigma).to(w1.device)
+        b1 = (
+            None
+            if self.bias_share is None
+            else self.bias_share + self._noise(self.bias_share.shape, sigma).to(w1.device)
+        )
         self.weight_share, self.bias_share = None, None
         self.mask_id = self.mask_seed = None
         return w1, b1
@@ -264,8 +279,9 @@ class ActiveShares:
     :meth:`handle` from its own handler instead.
     """
 
-    def __init__(self, link: Endpoint, *, noise: NoiseSource, sigma: float | None = None,
-                 record_received: bool = False) -> None:
+    def __init__(
+        self, link: Endpoint, *, noise: NoiseSource, sigma: float | None = None, record_received: bool = False
+    ) -> None:
         self.link = link
         self.noise = noise
         self.sigma = sigma
@@ -294,9 +310,12 @@ class ActiveShares:
         if request.meta.get("mask") is None:
             return request.reply()
         mask_id = int(request.meta["mask"])  # type: ignore[arg-type]
-        taken = self.link.call("dealer.take_mask", DEALER, meta={"mask": mask_id, "party": request.sender,
-                                                                 "layer": str(request.meta["layer"])},
-                               phase=request.phase)
+        taken = self.link.call(
+            "dealer.take_mask",
+            DEALER,
+            meta={"mask": mask_id, "party": request.sender, "layer": str(request.meta["layer"])},
+            phase=request.phase,
+        )
         return request.reply(holder.set_mask(mask_id, int(taken.payload[0])))
 
     def handle(self, request: Message) -> Message:
@@ -305,13 +324,15 @@ class ActiveShares:
         name = str(meta["layer"])
         if step == "share":
             holder = ActiveShareHolder(
-                name=f"{request.sender}.{name}", geometry={k: v for k, v in meta.items() if k in ("kind", "stride",
-                                                                                                 "padding")},
-                frac_bits=int(meta["frac_bits"]), truncation=str(meta["truncation"]),  # type: ignore[arg-type]
-                generator=self.noise(request.sender, name), record_received=self.record_received)
+                name=f"{request.sender}.{name}",
+                geometry={k: v for k, v in meta.items() if k in ("kind", "stride", "padding")},
+                frac_bits=int(meta["frac_bits"]),  # type: ignore[arg-type]
+                truncation=str(meta["truncation"]),  # type: ignore[arg-type]
+                generator=self.noise(request.sender, name),
+                record_received=self.record_received,
+            )
             w1, *rest = request.tensors
-            holder.accept_shares(w1, rest[0] if meta.get("bias") else None,
-                                 sigma=self._sigma(float(meta["sigma"])))  # type: ignore[arg-type]
+            holder.accept_shares(w1, rest[0] if meta.get("bias") else None, sigma=self._sigma(float(meta["sigma"])))  # type: ignore[arg-type]
             self.holders[(request.sender, name)] = holder
             return self._open(holder, request)
         holder = self.holder(request.sender, name)
@@ -340,8 +361,9 @@ class ActiveShares:
         if step == "oracle":
             w1 = holder.require().clone()
             return request.reply(w1, *(() if holder.bias_share is None else (holder.bias_share.clone(),)))
-        raise ValueError(f"unknown VMask request {request.kind!r}; valid: "
-                         f"{', '.join((*PROTOCOL_KINDS, 'vmask.oracle'))}")
+        raise ValueError(
+            f"unknown VMask request {request.kind!r}; valid: {', '.join((*PROTOCOL_KINDS, 'vmask.oracle'))}"
+        )
 
 
 def _mask_meta(mask: int | None) -> dict[str, int]:
@@ -367,18 +389,39 @@ class ActivePeer(ServiceHandle):
     def _call(self, step: str, *tensors: Tensor, phase: Phase, **meta: int | float | str | bool | None) -> Message:
         return self.link.call(f"vmask.{step}", ACTIVE, *tensors, meta={"layer": self.layer, **meta}, phase=phase)
 
-    def share_weights(self, w1: Tensor, b1: Tensor | None, *, geometry: Meta, sigma: float, frac_bits: int,
-                      truncation: str, phase: Phase, mask: int | None = None) -> Tensor | None:
+    def share_weights(
+        self,
+        w1: Tensor,
+        b1: Tensor | None,
+        *,
+        geometry: Meta,
+        sigma: float,
+        frac_bits: int,
+        truncation: str,
+        phase: Phase,
+        mask: int | None = None,
+    ) -> Tensor | None:
         """P_k sends P_K its weight (and bias) share and the layer's public geometry (Algorithm 1). With the dealer's
         weight mask ``mask`` (``fixed_mask``) P_K answers with the opening ``D`` of its share, returned."""
-        reply = self._call("share", w1, *(() if b1 is None else (b1,)), phase=phase, bias=b1 is not None,
-                           sigma=sigma, frac_bits=frac_bits, truncation=truncation, **_mask_meta(mask), **geometry)
+        reply = self._call(
+            "share",
+            w1,
+            *(() if b1 is None else (b1,)),
+            phase=phase,
+            bias=b1 is not None,
+            sigma=sigma,
+            frac_bits=frac_bits,
+            truncation=truncation,
+            **_mask_meta(mask),
+            **geometry,
+        )
         return None if mask is None else reply.payload
 
     def open_mask(self, shape: torch.Size | tuple[int, ...], *, phase: Phase) -> tuple[int, int]:
         """A fresh fixed weight mask for this layer from the dealer (``fixed_mask``): its id and P_k's seed."""
-        reply = self.link.call("dealer.mask", DEALER, meta={"layer": self.layer, "shape": shape_meta(shape)},
-                               phase=phase)
+        reply = self.link.call(
+            "dealer.mask", DEALER, meta={"layer": self.layer, "shape": shape_meta(shape)}, phase=phase
+        )
         return int(reply.meta["mask"]), int(reply.payload[0])  # type: ignore[arg-type]
 
     def triple(self, spec: BilinearSpec, *, phase: Phase) -> TripleShare:
@@ -387,18 +430,29 @@ class ActivePeer(ServiceHandle):
 
     def masked_triple(self, spec: BilinearSpec, mask: int, *, phase: Phase) -> tuple[int, Tensor]:
         """A fresh fixed-mask triple for ``spec`` against weight mask ``mask``: its id and P_k's share ``C0_t``."""
-        reply = self.link.call("dealer.triple", DEALER, meta={**spec.triple, "mask": mask,
-                                                              "transpose": spec.transpose}, phase=phase)
+        reply = self.link.call(
+            "dealer.triple", DEALER, meta={**spec.triple, "mask": mask, "transpose": spec.transpose}, phase=phase
+        )
         return int(reply.meta["triple"]), reply.payload  # type: ignore[arg-type]
 
-    def product(self, stage: Stage, e: Tensor, triple_id: int, *, phase: Phase,
-                input_size: tuple[int, int] | None = None) -> Tensor:
+    def product(
+        self, stage: Stage, e: Tensor, triple_id: int, *, phase: Phase, input_size: tuple[int, int] | None = None
+    ) -> Tensor:
         """One ``fixed_mask`` product: P_k sends its masked operand ``E``; P_K answers with ``z1``."""
         size = "" if input_size is None else f"{input_size[0]},{input_size[1]}"
         return self._call(stage, e, phase=phase, triple=triple_id, input_size=size).payload
 
-    def bilinear(self, stage: Stage, x1: Tensor, e0: Tensor, d0: Tensor, triple_id: int, *, phase: Phase,
-                 input_size: tuple[int, int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def bilinear(
+        self,
+        stage: Stage,
+        x1: Tensor,
+        e0: Tensor,
+        d0: Tensor,
+        triple_id: int,
+        *,
+        phase: Phase,
+        input_size: tuple[int, int] | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """One shared product: P_k sends its share ``x1`` of the operand and its Beaver openings; P_K
         answers with its openings and its output share."""
         size = "" if input_size is None else f"{input_size[0]},{input_size[1]}"
@@ -460,8 +514,15 @@ class PassiveShareHolder(nn.Module):
     mask_id: Tensor | None
     mask_seed: Tensor | None
 
-    def __init__(self, weight_share: Tensor, bias_share: Tensor | None, *, frac_bits: int, dtype: torch.dtype,
-                 fixed_mask: bool = False) -> None:
+    def __init__(
+        self,
+        weight_share: Tensor,
+        bias_share: Tensor | None,
+        *,
+        frac_bits: int,
+        dtype: torch.dtype,
+        fixed_mask: bool = False,
+    ) -> None:
         super().__init__()
         self.frac_bits = frac_bits
         self.fixed_mask = fixed_mask
@@ -544,8 +605,13 @@ class LocalSession:
     dealer: Dealer
 
 
-def local_session(dealer: Dealer | int, *, noise: NoiseSource | torch.Generator | None = None,
-                  record_active_inbox: bool = False, passive: str = "passive_1") -> LocalSession:
+def local_session(
+    dealer: Dealer | int,
+    *,
+    noise: NoiseSource | torch.Generator | None = None,
+    record_active_inbox: bool = False,
+    passive: str = "passive_1",
+) -> LocalSession:
     """Connect a passive party, the active party and the dealer ``dealer`` (or a seed) by a channel.
 
     ``noise``: the active party's noise generator (one for all layers) or a per-layer source

@@ -77,8 +77,9 @@ class BilinearSpec:
 Shape = torch.Size | tuple[int, ...]
 
 
-def layer_spec(geometry: Meta, stage: Stage, operand: Shape, weight: Shape,
-               input_size: tuple[int, int] | None = None) -> BilinearSpec:
+def layer_spec(
+    geometry: Meta, stage: Stage, operand: Shape, weight: Shape, input_size: tuple[int, int] | None = None
+) -> BilinearSpec:
     """The shared product of a masked layer's ``stage`` for an operand of shape ``operand``.
 
     ``geometry``: ``{"kind": "linear"}`` or ``{"kind": "conv", "stride": "h,w", "padding": "h,w"}``;
@@ -89,26 +90,43 @@ def layer_spec(geometry: Meta, stage: Stage, operand: Shape, weight: Shape,
     if geometry["kind"] == "linear":
         out_features, in_features = w
         if stage == "forward":
-            return BilinearSpec({"op": "matmul", "a": shape_meta(a), "b": shape_meta((in_features, out_features))},
-                                ring_matmul, lambda m: m.t(), lambda b: b, transpose=True)
-        return BilinearSpec({"op": "matmul", "a": shape_meta(a), "b": shape_meta((out_features, in_features))},
-                            ring_matmul, lambda m: m, None)
+            return BilinearSpec(
+                {"op": "matmul", "a": shape_meta(a), "b": shape_meta((in_features, out_features))},
+                ring_matmul,
+                lambda m: m.t(),
+                lambda b: b,
+                transpose=True,
+            )
+        return BilinearSpec(
+            {"op": "matmul", "a": shape_meta(a), "b": shape_meta((out_features, in_features))},
+            ring_matmul,
+            lambda m: m,
+            None,
+        )
     st, pd = meta_shape(geometry["stride"]), meta_shape(geometry["padding"])
     stride, padding = (st[0], st[1]), (pd[0], pd[1])
     conv = {"a": shape_meta(a), "b": shape_meta(w), "stride": shape_meta(stride), "padding": shape_meta(padding)}
     if stage == "forward":
-        return BilinearSpec({"op": "conv2d", **conv}, lambda x, m: ring_conv2d(x, m, stride=stride, padding=padding),
-                            lambda m: m, lambda b: b.view(1, -1, 1, 1))
+        return BilinearSpec(
+            {"op": "conv2d", **conv},
+            lambda x, m: ring_conv2d(x, m, stride=stride, padding=padding),
+            lambda m: m,
+            lambda b: b.view(1, -1, 1, 1),
+        )
     if input_size is None:
         raise ValueError("the backward product of a convolution needs the input's spatial size")
     size = (int(input_size[0]), int(input_size[1]))
-    return BilinearSpec({"op": "conv2d_input_grad", **conv, "size": shape_meta(size)},
-                        lambda g, m: ring_conv2d_input_grad(g, m, size, stride=stride, padding=padding),
-                        lambda m: m, None)
+    return BilinearSpec(
+        {"op": "conv2d_input_grad", **conv, "size": shape_meta(size)},
+        lambda g, m: ring_conv2d_input_grad(g, m, size, stride=stride, padding=padding),
+        lambda m: m,
+        None,
+    )
 
 
-def add_bias_share(z: Tensor, bias: Tensor | None, spec: BilinearSpec, party: int, truncation: str,
-                   frac_bits: int) -> Tensor:
+def add_bias_share(
+    z: Tensor, bias: Tensor | None, spec: BilinearSpec, party: int, truncation: str, frac_bits: int
+) -> Tensor:
     """Truncate (``"secureml"``) and add this party's bias share at the right scale (in place into ``z``)."""
     if truncation == "secureml":
         z = truncate_share(z, party, frac_bits)

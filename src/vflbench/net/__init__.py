@@ -7,6 +7,22 @@ from vflbench.net.policy import DEFAULT_RULES, SURFACE, Policy, Rule, role_of
 from vflbench.net.provision import Credentials, provision
 from vflbench.net.transport import NetChannel, NetOptions, WireStats
 
-__all__ = ["BarrierTimeout", "Credentials", "DEFAULT_RULES", "Frame", "NetChannel", "NetError", "NetOptions",
-           "PeerFailed", "Policy", "ProtocolError", "Rule", "SURFACE", "WireStats", "decode", "encode", "provision",
-           "role_of"]
+__all__ = [
+    "BarrierTimeout",
+    "Credentials",
+    "DEFAULT_RULES",
+    "Frame",
+    "NetChannel",
+    "NetError",
+    "NetOptions",
+    "PeerFailed",
+    "Policy",
+    "ProtocolError",
+    "Rule",
+    "SURFACE",
+    "WireStats",
+    "decode",
+    "encode",
+    "provision",
+    "role_of",
+]

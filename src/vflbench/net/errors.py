@@ -25,8 +25,9 @@ class PeerFailed(NetError):
     (-1 when unknown); ``reason``: its words.
     """
 
-    def __init__(self, message: str, *, party: str, epoch: int = -1, step: int = -1, reason: str = "",
-                 origin: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, party: str, epoch: int = -1, step: int = -1, reason: str = "", origin: str | None = None
+    ) -> None:
         super().__init__(message)
         self.party = party
         self.origin = party if origin is None else origin

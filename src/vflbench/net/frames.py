@@ -64,17 +64,25 @@ PHASES = ("train", "eval", "setup")
 ROLES = ("send", "request", "reply")
 #: The dtypes a tensor may have on the wire (name -> torch dtype); anything else is refused.
 DTYPES: dict[str, torch.dtype] = {
-    "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
-    "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64,
-    "uint8": torch.uint8, "bool": torch.bool,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
 }
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 _KIND = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*\Z")
 _KIND_OR_EMPTY = re.compile(r"([A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*)?\Z")
 _NAME = re.compile(r"[A-Za-z0-9_-]+\Z")
 _RUN = re.compile(r"[A-Za-z0-9_.:-]*\Z")
-_HEADER_KEYS = frozenset({"type", "kind", "receiver", "run", "epoch", "step", "phase", "role", "call", "meta",
-                          "ids", "tensors"})
+_HEADER_KEYS = frozenset(
+    {"type", "kind", "receiver", "run", "epoch", "step", "phase", "role", "call", "meta", "ids", "tensors"}
+)
 _SPEC_KEYS = frozenset({"dtype", "shape", "nbytes"})
 _INT64 = (-(2**63), 2**63 - 1)
 _POSITION = (-1, 2**53)
@@ -104,22 +112,46 @@ class Frame:
     @classmethod
     def of(cls, message: Message, *, run: str, call: int = 0) -> Frame:
         """The frame that carries ``message`` (its sender is not written: the link says who sent it)."""
-        return cls("message", message.kind, message.receiver, run, message.epoch, message.step, message.phase,
-                   message.role, call, dict(message.meta), message.ids, message.tensors)
+        return cls(
+            "message",
+            message.kind,
+            message.receiver,
+            run,
+            message.epoch,
+            message.step,
+            message.phase,
+            message.role,
+            call,
+            dict(message.meta),
+            message.ids,
+            message.tensors,
+        )
 
     def message(self, sender: str) -> Message:
         """The message this frame carries, from ``sender`` (the authenticated peer)."""
         if self.type != "message" or not self.tensors:
             raise ProtocolError(f"a {self.type!r} frame carries no message")
         first, *rest = self.tensors
-        return Message(self.kind, sender, self.receiver, first, self.ids, self.epoch, self.step,
-                       self.phase, tuple(rest), dict(self.meta), self.role)  # type: ignore[arg-type]
+        return Message(
+            self.kind,
+            sender,
+            self.receiver,
+            first,
+            self.ids,
+            self.epoch,
+            self.step,
+            self.phase,  # type: ignore[arg-type]
+            tuple(rest),
+            dict(self.meta),
+            self.role,  # type: ignore[arg-type]
+        )
 
 
 def _check_byte_order() -> None:
     if sys.byteorder != "little":
-        raise NetError("vflbench frames carry little-endian buffers; this machine is big-endian, which is not "
-                       "supported")
+        raise NetError(
+            "vflbench frames carry little-endian buffers; this machine is big-endian, which is not supported"
+        )
 
 
 def _tensor_bytes(t: Tensor) -> tuple[dict[str, Any], memoryview]:
@@ -151,18 +183,29 @@ def encode(frame: Frame) -> bytes:
         spec, buf = _tensor_bytes(t)
         specs.append(spec)
         bufs.append(buf)
-    fields = {"type": frame.type, "kind": frame.kind, "receiver": frame.receiver, "run": frame.run,
-              "epoch": _plain(frame.epoch), "step": _plain(frame.step), "phase": frame.phase, "role": frame.role,
-              "call": _plain(frame.call), "meta": {k: _plain(v) for k, v in frame.meta.items()}, "ids": ids_spec,
-              "tensors": specs}
+    fields = {
+        "type": frame.type,
+        "kind": frame.kind,
+        "receiver": frame.receiver,
+        "run": frame.run,
+        "epoch": _plain(frame.epoch),
+        "step": _plain(frame.step),
+        "phase": frame.phase,
+        "role": frame.role,
+        "call": _plain(frame.call),
+        "meta": {k: _plain(v) for k, v in frame.meta.items()},
+        "ids": ids_spec,
+        "tensors": specs,
+    }
     try:  # the receiver would refuse it: fail here, naming the field, before anything is sent
         _check_header(fields)
     except ProtocolError as exc:
         raise ProtocolError(f"cannot send this frame: {exc}") from None
     header = msgpack.packb(fields, use_bin_type=True)
     if len(header) > MAX_HEADER_BYTES:
-        raise ProtocolError(f"cannot send this frame: its header takes {len(header)} bytes, over the limit of "
-                            f"{MAX_HEADER_BYTES}")
+        raise ProtocolError(
+            f"cannot send this frame: its header takes {len(header)} bytes, over the limit of {MAX_HEADER_BYTES}"
+        )
     return b"".join([_PREFIX.pack(MAGIC, VERSION, len(header)), header, ids_buf, *bufs])
 
 
@@ -173,16 +216,19 @@ def _refuse_ext(code: int, data: bytes) -> Any:
 def _int(header: Mapping[str, Any], key: str, bounds: tuple[int, int]) -> int:
     value = header[key]
     if type(value) is not int or not bounds[0] <= value <= bounds[1]:
-        raise ProtocolError(f"frame header field {key!r} must be an integer in [{bounds[0]}, {bounds[1]}], "
-                            f"got {_show(value)}")
+        raise ProtocolError(
+            f"frame header field {key!r} must be an integer in [{bounds[0]}, {bounds[1]}], got {_show(value)}"
+        )
     return value
 
 
 def _str(header: Mapping[str, Any], key: str, pattern: re.Pattern[str], *, limit: int = 128) -> str:
     value = header[key]
     if type(value) is not str or len(value) > limit or not pattern.match(value):
-        raise ProtocolError(f"frame header field {key!r} must be a string matching {pattern.pattern!r} of at most "
-                            f"{limit} characters, got {_show(value)}")
+        raise ProtocolError(
+            f"frame header field {key!r} must be a string matching {pattern.pattern!r} of at most "
+            f"{limit} characters, got {_show(value)}"
+        )
     return value
 
 
@@ -200,42 +246,56 @@ def _show(value: Any) -> str:
 
 def _meta(value: Any) -> dict[str, Scalar]:
     if type(value) is not dict or len(value) > MAX_META:
-        raise ProtocolError(f"frame header field 'meta' must be a map of at most {MAX_META} entries, "
-                            f"got {_show(value)}")
+        raise ProtocolError(
+            f"frame header field 'meta' must be a map of at most {MAX_META} entries, got {_show(value)}"
+        )
     out: dict[str, Scalar] = {}
     for key, item in value.items():
         if type(key) is not str or not key or len(key) > 64:
             raise ProtocolError(f"a 'meta' key must be a string of 1 to 64 characters, got {_show(key)}")
-        ok = (item is None or type(item) in (bool, float)
-              or (type(item) is int and _INT64[0] <= item <= _INT64[1])
-              or (type(item) is str and len(item) <= MAX_STR))
+        ok = (
+            item is None
+            or type(item) in (bool, float)
+            or (type(item) is int and _INT64[0] <= item <= _INT64[1])
+            or (type(item) is str and len(item) <= MAX_STR)
+        )
         if not ok:
-            raise ProtocolError(f"'meta' value {key!r} must be None, a bool, a 64-bit integer, a float or a string "
-                                f"of at most {MAX_STR} characters, got {_show(item)}")
+            raise ProtocolError(
+                f"'meta' value {key!r} must be None, a bool, a 64-bit integer, a float or a string "
+                f"of at most {MAX_STR} characters, got {_show(item)}"
+            )
         out[key] = item
     return out
 
 
 def _spec(value: Any, what: str) -> tuple[torch.dtype, tuple[int, ...], int]:
     if type(value) is not dict or set(value) != _SPEC_KEYS:
-        raise ProtocolError(f"{what}: a tensor description must be a map with exactly the keys dtype, shape, "
-                            f"nbytes, got {_show(value)}")
+        raise ProtocolError(
+            f"{what}: a tensor description must be a map with exactly the keys dtype, shape, nbytes, got {_show(value)}"
+        )
     dtype = DTYPES.get(value["dtype"]) if type(value["dtype"]) is str else None
     if dtype is None:
         raise ProtocolError(f"{what}: dtype {_show(value['dtype'])} is not allowed; allowed: {', '.join(DTYPES)}")
     shape = value["shape"]
-    if (type(shape) is not list or len(shape) > MAX_NDIM
-            or any(type(s) is not int or not 0 <= s <= 2**40 for s in shape)):
-        raise ProtocolError(f"{what}: shape must be a list of at most {MAX_NDIM} non-negative integers, "
-                            f"got {_show(shape)}")
+    if (
+        type(shape) is not list
+        or len(shape) > MAX_NDIM
+        or any(type(s) is not int or not 0 <= s <= 2**40 for s in shape)
+    ):
+        raise ProtocolError(
+            f"{what}: shape must be a list of at most {MAX_NDIM} non-negative integers, got {_show(shape)}"
+        )
     if math.prod(max(s, 1) for s in shape) > MAX_ELEMENTS:
-        raise ProtocolError(f"{what}: shape {tuple(shape)} spans more than 2^40 elements (empty dimensions counted "
-                            "as 1), which no message of the protocol has")
+        raise ProtocolError(
+            f"{what}: shape {tuple(shape)} spans more than 2^40 elements (empty dimensions counted "
+            "as 1), which no message of the protocol has"
+        )
     nbytes = value["nbytes"]
     expected = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if type(nbytes) is not int or nbytes != expected:
-        raise ProtocolError(f"{what}: {value['dtype']} of shape {tuple(shape)} takes {expected} bytes, "
-                            f"but nbytes says {_show(nbytes)}")
+        raise ProtocolError(
+            f"{what}: {value['dtype']} of shape {tuple(shape)} takes {expected} bytes, but nbytes says {_show(nbytes)}"
+        )
     return dtype, tuple(shape), nbytes
 
 
@@ -247,8 +307,9 @@ def _check_header(header: Any) -> tuple[Frame, list[_Spec]]:
     of the schema; :class:`ProtocolError` otherwise."""
     if type(header) is not dict or set(header) != _HEADER_KEYS:
         keys = sorted(map(str, header)) if type(header) is dict else _show(header)
-        raise ProtocolError(f"frame header must be a map with exactly the keys {', '.join(sorted(_HEADER_KEYS))}; "
-                            f"got {keys}")
+        raise ProtocolError(
+            f"frame header must be a map with exactly the keys {', '.join(sorted(_HEADER_KEYS))}; got {keys}"
+        )
     ftype = _choice(header, "type", FRAME_TYPES)
     kind = _str(header, "kind", _KIND if ftype == "message" else _KIND_OR_EMPTY)
     receiver = _str(header, "receiver", _NAME, limit=64)
@@ -259,8 +320,10 @@ def _check_header(header: Any) -> tuple[Frame, list[_Spec]]:
     meta = _meta(header["meta"])
     specs = header["tensors"]
     if type(specs) is not list or len(specs) > MAX_TENSORS or (ftype == "message" and not specs):
-        raise ProtocolError(f"frame header field 'tensors' must list 1 to {MAX_TENSORS} tensor descriptions for a "
-                            f"message (0 or more for control frames), got {_show(specs)}")
+        raise ProtocolError(
+            f"frame header field 'tensors' must list 1 to {MAX_TENSORS} tensor descriptions for a "
+            f"message (0 or more for control frames), got {_show(specs)}"
+        )
     ids_spec = _spec(header["ids"], "ids")
     if ids_spec[0] != torch.int64 or len(ids_spec[1]) != 1:
         raise ProtocolError(f"ids must be a 1-d int64 tensor, got {ids_spec[0]} of shape {ids_spec[1]}")
@@ -283,12 +346,23 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX
     if version != VERSION:
         raise ProtocolError(f"frame version {version} is not supported (this side speaks version {VERSION})")
     if header_len > MAX_HEADER_BYTES or _PREFIX.size + header_len > len(view):
-        raise ProtocolError(f"frame header length {header_len} is over the limit of {MAX_HEADER_BYTES} bytes "
-                            f"or past the frame's end ({len(view)} bytes)")
+        raise ProtocolError(
+            f"frame header length {header_len} is over the limit of {MAX_HEADER_BYTES} bytes "
+            f"or past the frame's end ({len(view)} bytes)"
+        )
     try:
-        header = msgpack.unpackb(view[_PREFIX.size:_PREFIX.size + header_len], raw=False, strict_map_key=True,
-                                 use_list=True, ext_hook=_refuse_ext, max_str_len=MAX_STR, max_bin_len=0,
-                                 max_ext_len=0, max_array_len=max(MAX_TENSORS, MAX_NDIM), max_map_len=MAX_META)
+        header = msgpack.unpackb(
+            view[_PREFIX.size : _PREFIX.size + header_len],
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            ext_hook=_refuse_ext,
+            max_str_len=MAX_STR,
+            max_bin_len=0,
+            max_ext_len=0,
+            max_array_len=max(MAX_TENSORS, MAX_NDIM),
+            max_map_len=MAX_META,
+        )
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises several types for malformed input; all mean the same here
@@ -297,8 +371,10 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX
     base, parsed = _check_header(header)
     offset = _PREFIX.size + header_len
     if offset + sum(p[2] for p in parsed) != len(view):
-        raise ProtocolError(f"frame of {len(view)} bytes does not match its header ({header_len} header bytes and "
-                            f"{sum(p[2] for p in parsed)} tensor bytes after the {_PREFIX.size}-byte prefix)")
+        raise ProtocolError(
+            f"frame of {len(view)} bytes does not match its header ({header_len} header bytes and "
+            f"{sum(p[2] for p in parsed)} tensor bytes after the {_PREFIX.size}-byte prefix)"
+        )
     tensors = []
     for i, (dtype, shape, nbytes) in enumerate(parsed):
         what = "ids" if i == 0 else f"tensor {i - 1}"
@@ -306,7 +382,7 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX
             if nbytes == 0:
                 t = torch.empty(shape, dtype=dtype)
             else:
-                t = torch.frombuffer(bytearray(view[offset:offset + nbytes]), dtype=dtype).reshape(shape)
+                t = torch.frombuffer(bytearray(view[offset : offset + nbytes]), dtype=dtype).reshape(shape)
         except (RuntimeError, ValueError) as exc:  # after the checks above this is not expected; refuse, never crash
             raise ProtocolError(f"{what}: {dtype} of shape {shape} cannot be built: {exc}") from None
         if nbytes and dtype == torch.bool and int(t.view(torch.uint8).max()) > 1:

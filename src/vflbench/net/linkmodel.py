@@ -36,8 +36,9 @@ class LinkProfile:
 #: on 836 Mbit/s Ethernet; the paper gives no latency, 0.1 ms one-way is a typical switched LAN) and a WAN of
 #: 100 Mbit/s with 50 ms one-way delay (the issue's profile).
 LINK_PROFILES: dict[str, LinkProfile] = {
-    "lan_836mbit": LinkProfile(836.0, 0.1, "VMask (NDSS 2025) Table III's testbed: 836 Mbit/s Ethernet; "
-                                           "latency assumed 0.1 ms"),
+    "lan_836mbit": LinkProfile(
+        836.0, 0.1, "VMask (NDSS 2025) Table III's testbed: 836 Mbit/s Ethernet; latency assumed 0.1 ms"
+    ),
     "wan_100mbit_50ms": LinkProfile(100.0, 50.0, "100 Mbit/s, 50 ms one-way"),
 }
 
@@ -52,8 +53,9 @@ def project(seconds: float, frames: int, nbytes: int, profile: LinkProfile) -> f
 SHAPES = {"lan": "lan_836mbit", "wan": "wan_100mbit_50ms"}
 
 
-def shape_profile(shape: str | None = None, *, bandwidth_mbit: float | None = None,
-                  latency_ms: float | None = None) -> LinkProfile | None:
+def shape_profile(
+    shape: str | None = None, *, bandwidth_mbit: float | None = None, latency_ms: float | None = None
+) -> LinkProfile | None:
     """The link a traffic shaper enforces: a named profile (``lan``, ``wan`` or a key of :data:`LINK_PROFILES`), or
     ``bandwidth_mbit`` (Mbit/s) with ``latency_ms`` (one-way ms, default 0); ``None`` when nothing is asked."""
     if shape is not None and (bandwidth_mbit is not None or latency_ms is not None):
@@ -66,6 +68,8 @@ def shape_profile(shape: str | None = None, *, bandwidth_mbit: float | None = No
     if bandwidth_mbit is None and latency_ms is None:
         return None
     if bandwidth_mbit is None or bandwidth_mbit <= 0 or (latency_ms is not None and latency_ms < 0):
-        raise ConfigError(f"a shaped link needs --bandwidth-mbit > 0 (and --latency-ms >= 0), got {bandwidth_mbit} "
-                          f"Mbit/s and {latency_ms} ms")
+        raise ConfigError(
+            f"a shaped link needs --bandwidth-mbit > 0 (and --latency-ms >= 0), got {bandwidth_mbit} "
+            f"Mbit/s and {latency_ms} ms"
+        )
     return LinkProfile(float(bandwidth_mbit), float(latency_ms or 0.0), "shaped by hand")

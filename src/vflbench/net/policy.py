@@ -57,8 +57,9 @@ def role_of(name: str) -> str:
         return "dealer"
     if _PASSIVE.match(name):
         return "passive"
-    raise ConfigError(f"{name!r} is not a party name; valid names are {ACTIVE!r}, {DEALER!r} and 'passive_<k>' "
-                      "(k = 1, 2, ...)")
+    raise ConfigError(
+        f"{name!r} is not a party name; valid names are {ACTIVE!r}, {DEALER!r} and 'passive_<k>' (k = 1, 2, ...)"
+    )
 
 
 @dataclass(frozen=True)
@@ -87,16 +88,30 @@ def requests(kinds: Iterable[str], client: str, server: str, *, granted: bool = 
     ``granted``: evaluation-only requests, allowed only between the parties of a grant."""
     out: list[Rule] = []
     for k in kinds:
-        out += [Rule(k, client, server, frozenset({"request"}), granted),
-                Rule(k, server, client, frozenset({"reply"}), granted)]
+        out += [
+            Rule(k, client, server, frozenset({"request"}), granted),
+            Rule(k, server, client, frozenset({"reply"}), granted),
+        ]
     return tuple(out)
 
 
-VMASK_REQUESTS = ("vmask.setup", "vmask.share", "vmask.forward", "vmask.backward", "vmask.decay", "vmask.renormalize",
-                  "vmask.release")
+VMASK_REQUESTS = (
+    "vmask.setup",
+    "vmask.share",
+    "vmask.forward",
+    "vmask.backward",
+    "vmask.decay",
+    "vmask.renormalize",
+    "vmask.release",
+)
 PAILLIER_REQUESTS = ("paillier.public_key", "paillier.share", "paillier.rescale")
-REMOTE_PASSIVE_REQUESTS = ("passive.forward", "passive.backward", "passive.end_epoch", "passive.checkpoint",
-                           "passive.resume")
+REMOTE_PASSIVE_REQUESTS = (
+    "passive.forward",
+    "passive.backward",
+    "passive.end_epoch",
+    "passive.checkpoint",
+    "passive.resume",
+)
 
 #: The protocol's whole surface (see the module docstring).
 SURFACE: tuple[Rule, ...] = (
@@ -131,14 +146,20 @@ class Policy:
         for rule in self.rules:
             for role in (rule.sender, rule.receiver):
                 if role not in ROLES:
-                    raise ConfigError(f"policy rule {rule}: {role!r} is not a role; valid roles are "
-                                      f"{', '.join(ROLES)}")
+                    raise ConfigError(f"policy rule {rule}: {role!r} is not a role; valid roles are {', '.join(ROLES)}")
             if rule.granted and rule.kind not in EVALUATION_ONLY:
-                raise ConfigError(f"policy rule {rule}: only evaluation-only kinds ({', '.join(EVALUATION_ONLY)}) "
-                                  "need a grant")
+                raise ConfigError(
+                    f"policy rule {rule}: only evaluation-only kinds ({', '.join(EVALUATION_ONLY)}) need a grant"
+                )
         for grant in self.grants:
-            if not any(r.granted and r.kind == grant.kind and r.sender == role_of(grant.client)
-                       and r.receiver == role_of(grant.server) and "request" in r.roles for r in self.rules):
+            if not any(
+                r.granted
+                and r.kind == grant.kind
+                and r.sender == role_of(grant.client)
+                and r.receiver == role_of(grant.server)
+                and "request" in r.roles
+                for r in self.rules
+            ):
                 raise ConfigError(f"no rule of this policy lets {grant.describe()} pass")
 
     def with_grants(self, grants: Iterable[Grant]) -> Policy:
@@ -165,8 +186,9 @@ class Policy:
             if r.sender != role:
                 continue
             for how in sorted(r.roles):
-                if r.granted and not any(g.kind == r.kind and sender == (g.client if how == "request" else g.server)
-                                         for g in self.grants):
+                if r.granted and not any(
+                    g.kind == r.kind and sender == (g.client if how == "request" else g.server) for g in self.grants
+                ):
                     continue
                 groups.setdefault((r.receiver, how), []).append(r.kind)
         plural = {"send": "messages", "request": "requests", "reply": "replies"}
@@ -184,14 +206,21 @@ class Policy:
             server, client = (receiver, sender) if role == "request" else (sender, receiver)
             if any(g.kind == kind and g.server == server and g.client == client for g in self.grants):
                 return
-            held = "; this run grants only " + ", ".join(sorted(g.describe() for g in self.grants)) \
-                if self.grants else "; this run grants none"
-            raise ProtocolError(f"{sender} ({s}) may not send {kind!r} as a {role} to {receiver} ({r}): it is an "
-                                f"evaluation-only query of {EVALUATION_ONLY[kind]}, which {server} answers for "
-                                f"{client} only when the run's plan grants it{held}")
+            held = (
+                "; this run grants only " + ", ".join(sorted(g.describe() for g in self.grants))
+                if self.grants
+                else "; this run grants none"
+            )
+            raise ProtocolError(
+                f"{sender} ({s}) may not send {kind!r} as a {role} to {receiver} ({r}): it is an "
+                f"evaluation-only query of {EVALUATION_ONLY[kind]}, which {server} answers for "
+                f"{client} only when the run's plan grants it{held}"
+            )
         allowed = self.allowed(sender)
-        raise ProtocolError(f"{sender} ({s}) may not send {kind!r} as a {role} to {receiver} ({r}); a {s} party "
-                            f"may send: {'; '.join(allowed) if allowed else 'nothing'}")
+        raise ProtocolError(
+            f"{sender} ({s}) may not send {kind!r} as a {role} to {receiver} ({r}); a {s} party "
+            f"may send: {'; '.join(allowed) if allowed else 'nothing'}"
+        )
 
     def peers(self, name: str, parties: Collection[str]) -> list[str]:
         """The parties among ``parties`` that ``name`` exchanges any kind of message with (its links)."""

@@ -44,8 +44,10 @@ class Credentials:
         paths = [directory / f for f in ("ca.pem", "cert.pem", "key.pem")]
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
-            raise ConfigError(f"credentials in {directory} are incomplete: missing {', '.join(missing)} "
-                              "(write them with `vflbench net provision`)")
+            raise ConfigError(
+                f"credentials in {directory} are incomplete: missing {', '.join(missing)} "
+                "(write them with `vflbench net provision`)"
+            )
         ca, cert, key = (p.read_bytes() for p in paths)
         return cls(certificate_name(cert), ca, cert, key)
 
@@ -60,13 +62,15 @@ def certificate_name(cert_pem: bytes) -> str:
 
 
 def _name(project: str, common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, project),
-                      x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    return x509.Name(
+        [x509.NameAttribute(NameOID.ORGANIZATION_NAME, project), x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    )
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _write(path: Path, data: bytes, *, secret: bool) -> None:
@@ -75,8 +79,14 @@ def _write(path: Path, data: bytes, *, secret: bool) -> None:
         f.write(data)
 
 
-def provision(directory: Path, parties: Sequence[str], *, project: str = "vflbench", days: int = 365,
-              now: datetime.datetime | None = None) -> None:
+def provision(
+    directory: Path,
+    parties: Sequence[str],
+    *,
+    project: str = "vflbench",
+    days: int = 365,
+    now: datetime.datetime | None = None,
+) -> None:
     """Write a new CA and one certificate and key per party in ``parties`` under ``directory`` (see the module
     docstring). Refuses to overwrite an existing CA or party directory; ``days``: validity of every certificate."""
     if not parties:
@@ -87,39 +97,69 @@ def provision(directory: Path, parties: Sequence[str], *, project: str = "vflben
         raise ConfigError(f"party names must be distinct, got {', '.join(parties)}")
     if days < 1:
         raise ConfigError(f"certificates must be valid for at least one day, got days={days}")
-    clashes = [str(p) for p in (directory / "ca.pem", directory / "ca-key.pem", *(directory / n for n in parties))
-               if p.exists()]
+    clashes = [
+        str(p)
+        for p in (directory / "ca.pem", directory / "ca-key.pem", *(directory / n for n in parties))
+        if p.exists()
+    ]
     if clashes:
-        raise ConfigError(f"{', '.join(clashes)} already exist; provision into a new directory (a second CA would "
-                          "not be trusted by the parties of the first)")
+        raise ConfigError(
+            f"{', '.join(clashes)} already exist; provision into a new directory (a second CA would "
+            "not be trusted by the parties of the first)"
+        )
     start = (now or datetime.datetime.now(datetime.timezone.utc)) - datetime.timedelta(minutes=5)
     end = start + datetime.timedelta(days=days)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = _name(project, f"{project} vflbench CA")
-    ca_cert = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-               .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
-               .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-               .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
-                                            data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                            crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
-               .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-               .sign(ca_key, hashes.SHA256()))
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
     directory.mkdir(parents=True, exist_ok=True)
     _write(directory / "ca.pem", ca_pem, secret=False)
     _write(directory / "ca-key.pem", _pem_key(ca_key), secret=True)
     for name in parties:
         key = ec.generate_private_key(ec.SECP256R1())
-        cert = (x509.CertificateBuilder().subject_name(_name(project, name)).issuer_name(ca_name)
-                .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                .not_valid_before(start).not_valid_after(end)
-                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
-                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
-                                                      ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-                               critical=False)
-                .sign(ca_key, hashes.SHA256()))
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name(project, name))
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(start)
+            .not_valid_after(end)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+            .add_extension(
+                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                critical=False,
+            )
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
         party_dir = directory / name
         party_dir.mkdir(mode=0o700)
         _write(party_dir / "ca.pem", ca_pem, secret=False)

@@ -107,8 +107,10 @@ class Shaper:
 
     def __init__(self, profile: LinkProfile) -> None:
         if profile.bandwidth_mbit_s <= 0 or profile.latency_ms < 0:
-            raise ConfigError(f"a shaped link needs a bandwidth > 0 Mbit/s and a latency >= 0 ms, got "
-                              f"{profile.bandwidth_mbit_s} Mbit/s and {profile.latency_ms} ms")
+            raise ConfigError(
+                f"a shaped link needs a bandwidth > 0 Mbit/s and a latency >= 0 ms, got "
+                f"{profile.bandwidth_mbit_s} Mbit/s and {profile.latency_ms} ms"
+            )
         self.profile = profile
         self._free = 0.0
 
@@ -131,8 +133,12 @@ class WireStats:
 
     def as_dict(self) -> dict[str, int]:
         """Plain values for result.json."""
-        return {"frames_sent": self.frames_sent, "bytes_sent": self.bytes_sent,
-                "frames_received": self.frames_received, "bytes_received": self.bytes_received}
+        return {
+            "frames_sent": self.frames_sent,
+            "bytes_sent": self.bytes_sent,
+            "frames_received": self.frames_received,
+            "bytes_received": self.bytes_received,
+        }
 
 
 @dataclass
@@ -190,9 +196,18 @@ class NetChannel:
     :meth:`close` (or :meth:`abort`) yourself.
     """
 
-    def __init__(self, *, name: str, run: str, parties: Collection[str], addresses: Mapping[str, str],
-                 credentials: Credentials | None = None, insecure: bool = False, policy: Policy | None = None,
-                 options: NetOptions | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        run: str,
+        parties: Collection[str],
+        addresses: Mapping[str, str],
+        credentials: Credentials | None = None,
+        insecure: bool = False,
+        policy: Policy | None = None,
+        options: NetOptions | None = None,
+    ) -> None:
         self.name = name
         self.run = run
         self.parties = parties
@@ -207,8 +222,10 @@ class NetChannel:
         if name not in parties:
             raise ConfigError(f"party {name!r} is not among the run's parties ({', '.join(parties)})")
         if (credentials is None) == (not insecure):
-            raise ConfigError("give a party either its credentials (mutual TLS) or insecure=True (loopback only), "
-                              "not both and not neither")
+            raise ConfigError(
+                "give a party either its credentials (mutual TLS) or insecure=True (loopback only), "
+                "not both and not neither"
+            )
         if credentials is not None and credentials.name != name:
             raise ConfigError(f"the certificate given to party {name!r} is party {credentials.name!r}'s")
         peers = self.policy.peers(name, parties)
@@ -217,13 +234,17 @@ class NetChannel:
         needed = self.dials + ([name] if self.accepts else [])
         missing = [p for p in needed if p not in addresses]
         if missing:
-            raise ConfigError(f"party {name!r} needs the listening address of {', '.join(missing)}; "
-                              f"given: {', '.join(f'{k}={v}' for k, v in addresses.items()) or 'none'}")
+            raise ConfigError(
+                f"party {name!r} needs the listening address of {', '.join(missing)}; "
+                f"given: {', '.join(f'{k}={v}' for k, v in addresses.items()) or 'none'}"
+            )
         if insecure:
             remote = [f"{p}={addresses[p]}" for p in needed if not is_loopback(addresses[p])]
             if remote:
-                raise ConfigError(f"insecure mode runs on loopback addresses only, but {', '.join(remote)} is not; "
-                                  "provision certificates with `vflbench net provision`")
+                raise ConfigError(
+                    f"insecure mode runs on loopback addresses only, but {', '.join(remote)} is not; "
+                    "provision certificates with `vflbench net provision`"
+                )
             log.warning("party %s: INSECURE links (no TLS): peers are who they claim to be; loopback only", name)
         self._transcripts: dict[str, Transcript] = {name: Transcript(name)}
         self.stats: dict[str, CommStats] = {"train": CommStats(), "eval": CommStats(), "setup": CommStats()}
@@ -282,27 +303,38 @@ class NetChannel:
 
     def _channel_options(self) -> list[tuple[str, Any]]:
         o = self.options
-        return [("grpc.keepalive_time_ms", o.keepalive_ms), ("grpc.keepalive_timeout_ms", o.keepalive_timeout_ms),
-                ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0),
-                ("grpc.max_send_message_length", o.max_frame_bytes),
-                ("grpc.max_receive_message_length", o.max_frame_bytes)]
+        return [
+            ("grpc.keepalive_time_ms", o.keepalive_ms),
+            ("grpc.keepalive_timeout_ms", o.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.max_send_message_length", o.max_frame_bytes),
+            ("grpc.max_receive_message_length", o.max_frame_bytes),
+        ]
 
     def listen(self) -> str | None:
         """Start listening if this party accepts peers; returns the bound address (``None`` for a dial-only party)."""
         if not self.accepts or self._server is not None:
             return self._address
-        options = [*self._channel_options(),
-                   ("grpc.http2.min_recv_ping_interval_without_data_ms", self.options.keepalive_ms // 2),
-                   ("grpc.http2.max_ping_strikes", 0)]
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=len(self.accepts) + 2,
-                                                        thread_name_prefix=f"vfl-{self.name}-server"),
-                             options=options, maximum_concurrent_rpcs=len(self.accepts) + 2)
+        options = [
+            *self._channel_options(),
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", self.options.keepalive_ms // 2),
+            ("grpc.http2.max_ping_strikes", 0),
+        ]
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=len(self.accepts) + 2, thread_name_prefix=f"vfl-{self.name}-server"),
+            options=options,
+            maximum_concurrent_rpcs=len(self.accepts) + 2,
+        )
         handler = grpc.stream_stream_rpc_method_handler(self._accept)
         server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("vflbench.Link", {"Open": handler})])
         address = self.addresses[self.name]
         if self.credentials is not None:
-            creds = grpc.ssl_server_credentials([(self.credentials.key, self.credentials.cert)],
-                                                root_certificates=self.credentials.ca, require_client_auth=True)
+            creds = grpc.ssl_server_credentials(
+                [(self.credentials.key, self.credentials.cert)],
+                root_certificates=self.credentials.ca,
+                require_client_auth=True,
+            )
             port = server.add_secure_port(address, creds)
         else:
             port = server.add_insecure_port(address)
@@ -339,12 +371,17 @@ class NetChannel:
                 if self._failure is not None:
                     raise self._failure
                 missing = [f"{p} ({self._expectation(p)})" for p in self.peers if p not in self._greeted]
-                missing += [f"{p} (linked, but {p} still waits for its other peers)" for p in self.dials
-                            if p in self._greeted and p not in self._ready]
+                missing += [
+                    f"{p} (linked, but {p} still waits for its other peers)"
+                    for p in self.dials
+                    if p in self._greeted and p not in self._ready
+                ]
             if missing:
                 refused = "".join(f"; refused a link from {who}: {why}" for who, why in self._refused.items())
-                raise BarrierTimeout(f"start-up barrier of {self.name}: not ready within "
-                                     f"{self.options.start_timeout:g} s: " + "; ".join(missing) + refused)
+                raise BarrierTimeout(
+                    f"start-up barrier of {self.name}: not ready within "
+                    f"{self.options.start_timeout:g} s: " + "; ".join(missing) + refused
+                )
         except BaseException as exc:
             self.abort(f"start-up failed: {exc}")
             raise
@@ -370,8 +407,9 @@ class NetChannel:
             self._links[peer] = link
         self._put(link, Frame("hello", receiver=peer, run=self.run, meta={"party": self.name, "version": VERSION}))
         link.call = channel.stream_stream(METHOD)(link.outgoing(), wait_for_ready=True)
-        threading.Thread(target=self._read, args=(link, link.call), name=f"vfl-{self.name}-from-{peer}",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._read, args=(link, link.call), name=f"vfl-{self.name}-from-{peer}", daemon=True
+        ).start()
 
     def _accept(self, frames: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         """The listener's side of one link: check the dialer, then stream frames both ways."""
@@ -397,8 +435,9 @@ class NetChannel:
                     raise ProtocolError(f"{peer} is already linked to {self.name}")
                 link = _Link(peer, shaper=self._shaper())
                 # the greeting goes out first: once the link is listed, this party's thread may send on it
-                self._put(link, Frame("hello", receiver=peer, run=self.run,
-                                      meta={"party": self.name, "version": VERSION}))
+                self._put(
+                    link, Frame("hello", receiver=peer, run=self.run, meta={"party": self.name, "version": VERSION})
+                )
                 self._links[peer] = link
                 self._greeted.add(peer)
                 self._cond.notify_all()
@@ -411,8 +450,9 @@ class NetChannel:
             return
         self._count_in(peer, len(first))
         context.add_callback(lambda: link.outbox.put(None))
-        threading.Thread(target=self._read, args=(link, frames), name=f"vfl-{self.name}-from-{peer}",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._read, args=(link, frames), name=f"vfl-{self.name}-from-{peer}", daemon=True
+        ).start()
         yield from link.outgoing()
         # Ending the handler ends the stream both ways: first let the dialer finish sending (its goodbye).
         link.finished.wait()
@@ -420,14 +460,16 @@ class NetChannel:
     def _check_hello(self, frame: Frame, certified: str | None) -> str:
         claimed = frame.meta.get("party")
         if frame.type != "hello" or not isinstance(claimed, str):
-            raise ProtocolError(f"the first frame on a link must be a greeting naming its party, got a {frame.type!r} "
-                                "frame")
+            raise ProtocolError(
+                f"the first frame on a link must be a greeting naming its party, got a {frame.type!r} frame"
+            )
         if certified is not None and claimed != certified:
             raise ProtocolError(f"a peer certified as {certified!r} greeted as {claimed!r}")
         role_of(claimed)
         if frame.meta.get("version") != VERSION:
-            raise ProtocolError(f"{claimed} speaks frame version {frame.meta.get('version')!r}, {self.name} speaks "
-                                f"{VERSION}")
+            raise ProtocolError(
+                f"{claimed} speaks frame version {frame.meta.get('version')!r}, {self.name} speaks {VERSION}"
+            )
         if frame.run != self.run:
             raise ProtocolError(f"{claimed} is in run {frame.run!r}, {self.name} in run {self.run!r}")
         if frame.receiver != self.name:
@@ -471,18 +513,25 @@ class NetChannel:
             if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
                 self._fail(ProtocolError(f"{peer} refused the link from {self.name}: {details}"))
             elif too_large and too_large.group(1) == "CLIENT":  # gRPC refused a frame the peer sent to this party
-                why = (f"{peer} sent a frame of {too_large.group(2)} bytes, which exceeds the limit of "
-                       f"{too_large.group(3)} bytes")
+                why = (
+                    f"{peer} sent a frame of {too_large.group(2)} bytes, which exceeds the limit of "
+                    f"{too_large.group(3)} bytes"
+                )
                 log.error("party %s refused a frame from %s: %s", self.name, peer, why)
                 self._fail(ProtocolError(f"{self.name} refused a frame from {peer}: {why}"))
             elif too_large:  # the peer's gRPC refused a frame of this party's
-                self._lost(peer, f"{peer} refused a frame of {too_large.group(2)} bytes from {self.name}, which "
-                                 f"exceeds its limit of {too_large.group(3)} bytes")
+                self._lost(
+                    peer,
+                    f"{peer} refused a frame of {too_large.group(2)} bytes from {self.name}, which "
+                    f"exceeds its limit of {too_large.group(3)} bytes",
+                )
             elif code is None and not details:  # a listener's stream that ended without a status
                 self._lost(peer, self._closed_without_goodbye(peer))
             else:
-                self._lost(peer, f"the connection to {peer} broke ({getattr(code, 'name', 'no status')}: "
-                                 f"{details or 'no detail'})")
+                self._lost(
+                    peer,
+                    f"the connection to {peer} broke ({getattr(code, 'name', 'no status')}: {details or 'no detail'})",
+                )
             return
         except Exception as exc:  # a bug here must not leave the party's thread waiting forever
             log.exception("party %s: reading from %s failed", self.name, peer)
@@ -491,8 +540,10 @@ class NetChannel:
         self._lost(peer, self._closed_without_goodbye(peer))
 
     def _closed_without_goodbye(self, peer: str) -> str:
-        return (f"{peer} closed the connection without a goodbye (its process ended or was killed, the network "
-                f"dropped, or it sent a frame larger than the limit of {self.options.max_frame_bytes} bytes)")
+        return (
+            f"{peer} closed the connection without a goodbye (its process ended or was killed, the network "
+            f"dropped, or it sent a frame larger than the limit of {self.options.max_frame_bytes} bytes)"
+        )
 
     def _lost(self, peer: str, why: str) -> None:
         with self._cond:
@@ -502,14 +553,33 @@ class NetChannel:
         if link is not None:
             link.outbox.put(None)
         epoch, step = self._peer_position[peer]
-        self._fail(PeerFailed(f"{peer} failed{_at(epoch, step)}: {why} (noticed by {self.name})",
-                              party=peer, epoch=epoch, step=step, reason=why))
+        self._fail(
+            PeerFailed(
+                f"{peer} failed{_at(epoch, step)}: {why} (noticed by {self.name})",
+                party=peer,
+                epoch=epoch,
+                step=step,
+                reason=why,
+            )
+        )
 
     def _refuse(self, link: _Link, exc: ProtocolError) -> None:
         log.error("party %s refused a frame from %s: %s", self.name, link.peer, exc)
         epoch, step = self._position
-        self._put(link, Frame("abort", receiver=link.peer, run=self.run, meta={
-            "origin": self.name, "epoch": epoch, "step": step, "reason": f"refused a frame from {link.peer}: {exc}"}))
+        self._put(
+            link,
+            Frame(
+                "abort",
+                receiver=link.peer,
+                run=self.run,
+                meta={
+                    "origin": self.name,
+                    "epoch": epoch,
+                    "step": step,
+                    "reason": f"refused a frame from {link.peer}: {exc}",
+                },
+            ),
+        )
         link.outbox.put(None)
         self._fail(ProtocolError(f"{self.name} refused a frame from {link.peer}: {exc}"))
 
@@ -560,12 +630,21 @@ class NetChannel:
             with self._cond:
                 self._said_bye.add(peer)
             link.outbox.put(None)
-            self._fail(PeerFailed(f"{what}{_at(epoch, step)}: {reason} (noticed by {self.name})", party=peer,
-                                  origin=origin, epoch=epoch, step=step, reason=reason))
+            self._fail(
+                PeerFailed(
+                    f"{what}{_at(epoch, step)}: {reason} (noticed by {self.name})",
+                    party=peer,
+                    origin=origin,
+                    epoch=epoch,
+                    step=step,
+                    reason=reason,
+                )
+            )
             return
         if frame.receiver != self.name:
-            raise ProtocolError(f"{peer} addressed a {frame.kind!r} frame to {frame.receiver!r} on its link to "
-                                f"{self.name}")
+            raise ProtocolError(
+                f"{peer} addressed a {frame.kind!r} frame to {frame.receiver!r} on its link to {self.name}"
+            )
         self.policy.check(frame.kind, peer, self.name, frame.role)
         message = _placed(frame.message(peer), self.options.device)
         if message.step >= 0:
@@ -574,13 +653,17 @@ class NetChannel:
             if frame.role == "reply":
                 request = self._pending.pop((peer, frame.call), None)
                 if request is None:
-                    raise ProtocolError(f"{peer} replied to call {frame.call} ({frame.kind!r}), which {self.name} "
-                                        "did not make or already has an answer to")
+                    raise ProtocolError(
+                        f"{peer} replied to call {frame.call} ({frame.kind!r}), which {self.name} "
+                        "did not make or already has an answer to"
+                    )
                 asked = (request.kind, request.phase, request.epoch, request.step)
                 if (message.kind, message.phase, message.epoch, message.step) != asked:
-                    raise ProtocolError(f"{peer} answered call {frame.call} ({request.kind!r}, {request.phase} epoch "
-                                        f"{request.epoch} step {request.step}) with a {message.kind!r} reply for "
-                                        f"{message.phase} epoch {message.epoch} step {message.step}")
+                    raise ProtocolError(
+                        f"{peer} answered call {frame.call} ({request.kind!r}, {request.phase} epoch "
+                        f"{request.epoch} step {request.step}) with a {message.kind!r} reply for "
+                        f"{message.phase} epoch {message.epoch} step {message.step}"
+                    )
                 self._replies[(peer, frame.call)] = message
             elif frame.role == "request":
                 self._requests.append((message, frame.call))
@@ -590,8 +673,7 @@ class NetChannel:
 
     # ----------------------------------------------------------------- waiting
 
-    def _wait(self, ready: Callable[[], T | None], *, what: str, peer: str | None,
-              timeout: float | None = -1.0) -> T:
+    def _wait(self, ready: Callable[[], T | None], *, what: str, peer: str | None, timeout: float | None = -1.0) -> T:
         """Wait for ``ready()`` to give a value, answering peers' requests meanwhile."""
         limit = self.options.receive_timeout if timeout == -1.0 else timeout
         deadline = None if limit is None else time.monotonic() + limit
@@ -607,14 +689,20 @@ class NetChannel:
                         request, call = self._requests.popleft()
                         break
                     if peer is not None and peer in self._said_bye:
-                        raise PeerFailed(f"{peer} closed its link while {self.name} waited for {what}", party=peer,
-                                         reason="closed")
+                        raise PeerFailed(
+                            f"{peer} closed its link while {self.name} waited for {what}", party=peer, reason="closed"
+                        )
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         who = peer or "any peer"
                         epoch, step = self._position
-                        raise PeerFailed(f"{who} sent nothing for {limit:g} s while {self.name} waited for {what}"
-                                         f"{_at(epoch, step)}", party=who, epoch=epoch, step=step, reason="timeout")
+                        raise PeerFailed(
+                            f"{who} sent nothing for {limit:g} s while {self.name} waited for {what}{_at(epoch, step)}",
+                            party=who,
+                            epoch=epoch,
+                            step=step,
+                            reason="timeout",
+                        )
                     self._cond.wait(remaining)
             self._answer(request, call)
             deadline = None if limit is None else time.monotonic() + limit
@@ -624,9 +712,12 @@ class NetChannel:
         namespace = request.kind.split(".", 1)[0]
         handler = self._handlers.get(namespace)
         if handler is None:
-            raise self.refuse(request.sender, f"{request.sender} sent a {request.kind!r} request, but {self.name} "
-                                              f"serves no {namespace!r} requests in this run (it serves: "
-                                              f"{', '.join(sorted(self._handlers)) or 'none'})")
+            raise self.refuse(
+                request.sender,
+                f"{request.sender} sent a {request.kind!r} request, but {self.name} "
+                f"serves no {namespace!r} requests in this run (it serves: "
+                f"{', '.join(sorted(self._handlers)) or 'none'})",
+            )
         try:
             reply = handler(request)
         except ProtocolError as exc:
@@ -634,11 +725,19 @@ class NetChannel:
                 raise
             raise self.refuse(request.sender, str(exc)) from None  # the handler's own check of the request
         except _MALFORMED as exc:
-            log.debug("party %s: the %r handler failed on %s's request", self.name, request.kind, request.sender,
-                      exc_info=True)
-            raise self.refuse(request.sender, f"{self.name} could not answer {request.sender}'s {request.kind!r} "
-                                              f"request{_at(request.epoch, request.step)}: {type(exc).__name__}: "
-                                              f"{exc}") from None
+            log.debug(
+                "party %s: the %r handler failed on %s's request",
+                self.name,
+                request.kind,
+                request.sender,
+                exc_info=True,
+            )
+            raise self.refuse(
+                request.sender,
+                f"{self.name} could not answer {request.sender}'s {request.kind!r} "
+                f"request{_at(request.epoch, request.step)}: {type(exc).__name__}: "
+                f"{exc}",
+            ) from None
         if reply.role != "reply" or reply.receiver != request.sender or reply.kind != request.kind:
             raise NetError(f"the {request.kind!r} handler of {self.name!r} did not answer its request")
         self._transmit(reply, call)
@@ -655,8 +754,10 @@ class NetChannel:
     def _put(self, link: _Link, frame: Frame) -> None:
         data = encode(frame)
         if len(data) > self.options.max_frame_bytes:
-            raise NetError(f"{self.name} cannot send a {frame.kind or frame.type!r} frame of {len(data)} bytes to "
-                           f"{link.peer}: it exceeds the limit of {self.options.max_frame_bytes} bytes")
+            raise NetError(
+                f"{self.name} cannot send a {frame.kind or frame.type!r} frame of {len(data)} bytes to "
+                f"{link.peer}: it exceeds the limit of {self.options.max_frame_bytes} bytes"
+            )
         with self._cond:  # the party's thread and a server thread may both send (a greeting, a refusal)
             w = self.wire[link.peer]
             w.frames_sent += 1
@@ -671,8 +772,10 @@ class NetChannel:
                 raise self._failure
             link = self._links.get(message.receiver)
         if link is None or message.receiver not in self._greeted:
-            raise NetError(f"party {self.name!r} has no link to {message.receiver!r} (its links: "
-                           f"{', '.join(self.peers) or 'none'}); was the channel started?")
+            raise NetError(
+                f"party {self.name!r} has no link to {message.receiver!r} (its links: "
+                f"{', '.join(self.peers) or 'none'}); was the channel started?"
+            )
         self.policy.check(message.kind, self.name, message.receiver, message.role)
         self._put(link, Frame.of(message, run=self.run, call=call))
         return self._consume(message)
@@ -717,8 +820,10 @@ class NetChannel:
         (messages are matched by these keys, not by arrival order alone)."""
         message = self._wait(lambda: self._pop(sender, kind), what=f"{kind!r} from {sender}", peer=sender)
         if (message.epoch, message.step, message.phase) != (epoch, step, phase):
-            raise ProtocolError(f"{sender} sent {kind!r} for {message.phase} epoch {message.epoch} step "
-                                f"{message.step} when {self.name} expected {phase} epoch {epoch} step {step}")
+            raise ProtocolError(
+                f"{sender} sent {kind!r} for {message.phase} epoch {message.epoch} step "
+                f"{message.step} when {self.name} expected {phase} epoch {epoch} step {step}"
+            )
         return self._consume(message)
 
     def _pop(self, sender: str, kind: str) -> Message | None:
@@ -732,8 +837,9 @@ class NetChannel:
         with self._cond:
             self._pending[key] = request
         self._transmit(request, call)
-        reply = self._wait(lambda: self._replies.pop(key, None), what=f"the reply to {request.kind!r}",
-                           peer=request.receiver)
+        reply = self._wait(
+            lambda: self._replies.pop(key, None), what=f"the reply to {request.kind!r}", peer=request.receiver
+        )
         return self._consume(reply)
 
     def serve(self, owner: str, namespace: str, handler: Handler) -> None:
@@ -752,15 +858,15 @@ class NetChannel:
         """The oldest ``kind`` message from ``sender`` (waiting for it, answering requests meanwhile)."""
         if owner != self.name:
             raise ValueError(f"the channel of party {self.name!r} holds no mailbox of {owner!r}")
-        return self._consume(self._wait(lambda: self._pop(sender, kind), what=f"{kind!r} from {sender}",
-                                        peer=sender))
+        return self._consume(self._wait(lambda: self._pop(sender, kind), what=f"{kind!r} from {sender}", peer=sender))
 
     def serve_forever(self, *, timeout: float | None = -1.0) -> None:
         """Answer requests until every peer has said goodbye (the dealer's loop). ``timeout``: the longest time
         without a request (``receive_timeout`` by default; ``None``: no limit, keepalive still detects dead
         peers)."""
-        self._wait(lambda: True if set(self.peers) <= self._said_bye else None, what="requests", peer=None,
-                   timeout=timeout)
+        self._wait(
+            lambda: True if set(self.peers) <= self._said_bye else None, what="requests", peer=None, timeout=timeout
+        )
 
     # ----------------------------------------------------------------- ending
 
@@ -778,8 +884,11 @@ class NetChannel:
             while not set(self._greeted) <= self._said_bye and self._failure is None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    log.info("party %s closed before %s said goodbye", self.name,
-                                ", ".join(sorted(set(self._greeted) - self._said_bye)))
+                    log.info(
+                        "party %s closed before %s said goodbye",
+                        self.name,
+                        ", ".join(sorted(set(self._greeted) - self._said_bye)),
+                    )
                     break
                 self._cond.wait(remaining)
         self._teardown(links, deadline)
@@ -798,8 +907,15 @@ class NetChannel:
         with self._cond:
             links = list(self._links.values())
         for link in links:
-            self._put(link, Frame("abort", receiver=link.peer, run=self.run,
-                                  meta={"origin": origin, "epoch": epoch, "step": step, "reason": reason[:4000]}))
+            self._put(
+                link,
+                Frame(
+                    "abort",
+                    receiver=link.peer,
+                    run=self.run,
+                    meta={"origin": origin, "epoch": epoch, "step": step, "reason": reason[:4000]},
+                ),
+            )
             link.outbox.put(None)
         self._teardown(links, time.monotonic() + min(1.0, self.options.close_timeout))
 

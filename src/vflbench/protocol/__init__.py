@@ -7,7 +7,28 @@ from vflbench.protocol.messages import ACTIVE, Message, passive_name
 from vflbench.protocol.objective import Objective, default_objective
 from vflbench.protocol.party import ActiveParty, PassiveParty, aggregate
 
-__all__ = ["ACTIVE", "ActiveParty", "BindContext", "Channel", "CommStats", "Defense", "DefenseAux", "Endpoint",
-           "Federation", "History", "InMemoryTransport", "Message", "Objective", "PassiveParty", "Progress",
-           "StepState", "TrainSettings", "Transcript", "Transport",
-           "aggregate", "classification_metrics", "default_objective", "passive_name"]
+__all__ = [
+    "ACTIVE",
+    "ActiveParty",
+    "BindContext",
+    "Channel",
+    "CommStats",
+    "Defense",
+    "DefenseAux",
+    "Endpoint",
+    "Federation",
+    "History",
+    "InMemoryTransport",
+    "Message",
+    "Objective",
+    "PassiveParty",
+    "Progress",
+    "StepState",
+    "TrainSettings",
+    "Transcript",
+    "Transport",
+    "aggregate",
+    "classification_metrics",
+    "default_objective",
+    "passive_name",
+]

@@ -138,12 +138,20 @@ class CommStats:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values for result.json: totals, then ``by_kind`` (kind -> direction -> messages, bytes, rounds)."""
-        return {"messages": self.messages, "bytes_up": self.bytes_up, "bytes_down": self.bytes_down,
-                "messages_up": self.messages_up, "messages_down": self.messages_down,
-                "rounds": self.rounds, "rounds_up": self.rounds_up, "rounds_down": self.rounds_down,
-                "by_kind": {k: {d: {"messages": s.messages, "bytes": s.bytes, "rounds": s.rounds}
-                                for d, s in sorted(v.items())}
-                            for k, v in sorted(self.by_kind.items())}}
+        return {
+            "messages": self.messages,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "messages_up": self.messages_up,
+            "messages_down": self.messages_down,
+            "rounds": self.rounds,
+            "rounds_up": self.rounds_up,
+            "rounds_down": self.rounds_down,
+            "by_kind": {
+                k: {d: {"messages": s.messages, "bytes": s.bytes, "rounds": s.rounds} for d, s in sorted(v.items())}
+                for k, v in sorted(self.by_kind.items())
+            },
+        }
 
 
 class Transport(Protocol):
@@ -233,8 +241,10 @@ class InMemoryTransport:
     def _check_parties(self, message: Message) -> None:
         for name in (message.sender, message.receiver):
             if name not in self._transcripts:
-                raise ValueError(f"{message.kind!r} message between unregistered party {name!r}; "
-                                 f"registered: {', '.join(sorted(self._transcripts))}")
+                raise ValueError(
+                    f"{message.kind!r} message between unregistered party {name!r}; "
+                    f"registered: {', '.join(sorted(self._transcripts))}"
+                )
 
     def serve(self, owner: str, namespace: str, handler: Handler) -> None:
         """Answer requests of kinds ``<namespace>.*`` sent to ``owner`` with ``handler`` (one handler per namespace)."""
@@ -250,8 +260,10 @@ class InMemoryTransport:
         namespace = request.kind.split(".", 1)[0]
         handler = self._handlers.get((request.receiver, namespace))
         if handler is None:
-            raise RuntimeError(f"party {request.receiver!r} serves no {namespace!r} requests "
-                               f"(sent by {request.sender!r}, kind {request.kind!r})")
+            raise RuntimeError(
+                f"party {request.receiver!r} serves no {namespace!r} requests "
+                f"(sent by {request.sender!r}, kind {request.kind!r})"
+            )
         reply = handler(self.send(request))
         if reply.role != "reply" or reply.receiver != request.sender or reply.kind != request.kind:
             raise RuntimeError(f"the {request.kind!r} handler of {request.receiver!r} did not answer its request")
@@ -281,32 +293,76 @@ class Endpoint:
         self._transport = transport
         self.owner = owner
 
-    def _message(self, kind: str, receiver: str, tensors: tuple[Tensor, ...], *, meta: Mapping[str, Scalar] | None,
-                 ids: Tensor | None, epoch: int, step: int, phase: Phase, role: str) -> Message:
+    def _message(
+        self,
+        kind: str,
+        receiver: str,
+        tensors: tuple[Tensor, ...],
+        *,
+        meta: Mapping[str, Scalar] | None,
+        ids: Tensor | None,
+        epoch: int,
+        step: int,
+        phase: Phase,
+        role: str,
+    ) -> Message:
         first, *rest = tensors or (torch.empty(0),)
-        return Message(kind, self.owner, receiver, first, NO_IDS if ids is None else ids, epoch, step, phase,
-                       tuple(rest), dict(meta or {}), role)  # type: ignore[arg-type]
+        return Message(
+            kind,
+            self.owner,
+            receiver,
+            first,
+            NO_IDS if ids is None else ids,
+            epoch,
+            step,
+            phase,
+            tuple(rest),
+            dict(meta or {}),
+            role,  # type: ignore[arg-type]
+        )
 
     @property
     def stats(self) -> Mapping[str, CommStats]:
         """The traffic counted so far, per phase (read only; e.g. a defense reporting its own kinds)."""
         return self._transport.stats
 
-    def call(self, kind: str, receiver: str, *tensors: Tensor, meta: Mapping[str, Scalar] | None = None,
-             ids: Tensor | None = None, epoch: int = -1, step: int = -1, phase: Phase = "train") -> Message:
+    def call(
+        self,
+        kind: str,
+        receiver: str,
+        *tensors: Tensor,
+        meta: Mapping[str, Scalar] | None = None,
+        ids: Tensor | None = None,
+        epoch: int = -1,
+        step: int = -1,
+        phase: Phase = "train",
+    ) -> Message:
         """Send a request to ``receiver`` and return its reply (its handler for ``kind``'s namespace answers)."""
-        return self._transport.call(self._message(kind, receiver, tensors, meta=meta, ids=ids, epoch=epoch,
-                                                 step=step, phase=phase, role="request"))
+        return self._transport.call(
+            self._message(
+                kind, receiver, tensors, meta=meta, ids=ids, epoch=epoch, step=step, phase=phase, role="request"
+            )
+        )
 
     def serve(self, namespace: str, handler: Handler) -> None:
         """Answer requests of kinds ``<namespace>.*`` sent to this party with ``handler(request) -> reply``."""
         self._transport.serve(self.owner, namespace, handler)
 
-    def post(self, kind: str, receiver: str, *tensors: Tensor, meta: Mapping[str, Scalar] | None = None,
-             ids: Tensor | None = None, epoch: int = -1, step: int = -1, phase: Phase = "setup") -> None:
+    def post(
+        self,
+        kind: str,
+        receiver: str,
+        *tensors: Tensor,
+        meta: Mapping[str, Scalar] | None = None,
+        ids: Tensor | None = None,
+        epoch: int = -1,
+        step: int = -1,
+        phase: Phase = "setup",
+    ) -> None:
         """Leave a one-way message in ``receiver``'s mailbox."""
-        self._transport.post(self._message(kind, receiver, tensors, meta=meta, ids=ids, epoch=epoch, step=step,
-                                          phase=phase, role="send"))
+        self._transport.post(
+            self._message(kind, receiver, tensors, meta=meta, ids=ids, epoch=epoch, step=step, phase=phase, role="send")
+        )
 
     def take(self, kind: str, sender: str) -> Message:
         """The oldest message of ``kind`` from ``sender`` in this party's mailbox (an error if there is none)."""

@@ -74,9 +74,14 @@ class Federation:
     training set) are never trained on by any party. Row ids keep their meaning either way.
     """
 
-    def __init__(self, active: ActiveParty, passives: Sequence[PassiveParty] = (),
-                 channel: Transport | None = None, train_rows: Tensor | None = None,
-                 remote: Sequence[PassivePeer] = ()) -> None:
+    def __init__(
+        self,
+        active: ActiveParty,
+        passives: Sequence[PassiveParty] = (),
+        channel: Transport | None = None,
+        train_rows: Tensor | None = None,
+        remote: Sequence[PassivePeer] = (),
+    ) -> None:
         self.active = active
         self.passives = list(passives)
         self.channel: Transport = channel if channel is not None else InMemoryTransport()
@@ -140,10 +145,19 @@ class Federation:
         obj = self.active.objective
         return classification_metrics(obj.scores(out), obj.decode(out), y)
 
-    def fit(self, *, epochs: int, batch_size: int, generator: torch.Generator, y_test: Tensor,
-            eval_every: int = 1, progress: Progress | None = None,
-            on_epoch_end: Callable[[int, dict[str, Any]], None] | None = None, start_epoch: int = 0,
-            history: History | None = None) -> History:
+    def fit(
+        self,
+        *,
+        epochs: int,
+        batch_size: int,
+        generator: torch.Generator,
+        y_test: Tensor,
+        eval_every: int = 1,
+        progress: Progress | None = None,
+        on_epoch_end: Callable[[int, dict[str, Any]], None] | None = None,
+        start_epoch: int = 0,
+        history: History | None = None,
+    ) -> History:
         """THE training loop: shuffled batches of aligned ids, evaluation every ``eval_every``.
 
         ``start_epoch`` and ``history``: continue a run restored after its epoch ``start_epoch - 1`` (with the
@@ -161,14 +175,16 @@ class Federation:
             tic = time.perf_counter()
             refused = 0
             for step in range(steps):
-                refused += self.train_step(order[step * batch_size : (step + 1) * batch_size],
-                                           epoch=epoch, step=step)
+                refused += self.train_step(order[step * batch_size : (step + 1) * batch_size], epoch=epoch, step=step)
                 if progress is not None:
                     progress.advance()
             history.epoch_seconds.append(time.perf_counter() - tic)
             history.refused_updates += refused
-            record: dict[str, Any] = {"epoch": epoch, "loss": self.active.last_loss,
-                                      "seconds": history.epoch_seconds[-1]}
+            record: dict[str, Any] = {
+                "epoch": epoch,
+                "loss": self.active.last_loss,
+                "seconds": history.epoch_seconds[-1],
+            }
             for peer in self.peers:
                 record.update(peer.end_epoch(epoch))
             record.update(self.active.end_epoch(epoch))
@@ -186,8 +202,12 @@ class Federation:
             if progress is not None:
                 progress.epoch_done(record)
             else:
-                log.debug("epoch %d/%d %s", epoch + 1, epochs,
-                         " ".join(f"{k}={v:.4g}" for k, v in record.items() if isinstance(v, float)))
+                log.debug(
+                    "epoch %d/%d %s",
+                    epoch + 1,
+                    epochs,
+                    " ".join(f"{k}={v:.4g}" for k, v in record.items() if isinstance(v, float)),
+                )
             if diverged:
                 break
         return history

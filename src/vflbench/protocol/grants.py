@@ -42,5 +42,10 @@ class Grant:
 
     def as_dict(self, status: str = "granted") -> dict[str, object]:
         """The record ``result.json`` keeps of this grant; ``status``: ``granted`` or who refused it."""
-        return {"kind": self.kind, "server": self.server, "client": self.client, "for": list(self.purpose),
-                "status": status}
+        return {
+            "kind": self.kind,
+            "server": self.server,
+            "client": self.client,
+            "for": list(self.purpose),
+            "status": status,
+        }

@@ -154,8 +154,9 @@ class Defense(Params):
         (called before the party's models are loaded)."""
         raise NotImplementedError(f"defense {self.name!r} keeps no checkpointable state; --resume refuses it")
 
-    def start_party(self, name: str, link: Endpoint, generator: torch.Generator, *,
-                    device: torch.device | None = None) -> None:
+    def start_party(
+        self, name: str, link: Endpoint, generator: torch.Generator, *, device: torch.device | None = None
+    ) -> None:
         """Run the extra party ``name`` (one of :attr:`extra_parties`) at ``link``, before any instance is
         bound; ``generator`` is a fresh generator on the active instance's seed path (a CPU generator);
         ``device``: where the party computes (``train.device``; ``None``: the CPU)."""
@@ -209,7 +210,6 @@ class Defense(Params):
         return {}
 
 
-
 StepFn = Callable[..., list[Tensor]]
 PredictFn = Callable[..., Tensor]
 
@@ -243,8 +243,9 @@ class PartyHook:
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def step(self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int, senders: Sequence[str],
-             proceed: StepFn) -> list[Tensor]:
+    def step(
+        self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int, senders: Sequence[str], proceed: StepFn
+    ) -> list[Tensor]:
         """One training step of the active party (default: the rest of the chain)."""
         return proceed(ids, received, epoch=epoch, step=step, senders=senders)
 

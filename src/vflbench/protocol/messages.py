@@ -79,5 +79,12 @@ class Message:
     def reply(self, *tensors: Tensor, meta: Mapping[str, Scalar] | None = None) -> Message:
         """The answer to this request: same kind and position, sender and receiver swapped."""
         first, *rest = tensors or (torch.empty(0),)
-        return replace(self, sender=self.receiver, receiver=self.sender, payload=first, extra=tuple(rest),
-                       meta=dict(meta or {}), role="reply")
+        return replace(
+            self,
+            sender=self.receiver,
+            receiver=self.sender,
+            payload=first,
+            extra=tuple(rest),
+            meta=dict(meta or {}),
+            role="reply",
+        )

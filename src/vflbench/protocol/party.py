@@ -28,10 +28,18 @@ def aggregate(parts: Sequence[Tensor], how: Aggregation) -> Tensor:
 class Party:
     """State common to both roles. ``optimizer`` covers every trainable model of the party."""
 
-    def __init__(self, name: str, *, data: PartySlice | None, bottom: nn.Module | None,
-                 optimizer: torch.optim.Optimizer | None, generator: torch.Generator,
-                 defenses: Sequence[Defense] = (), transcript: Transcript | None = None,
-                 scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        data: PartySlice | None,
+        bottom: nn.Module | None,
+        optimizer: torch.optim.Optimizer | None,
+        generator: torch.Generator,
+        defenses: Sequence[Defense] = (),
+        transcript: Transcript | None = None,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    ) -> None:
         self.name = name
         self.data = data
         self.bottom = bottom
@@ -48,8 +56,10 @@ class Party:
         if hook.replaces_step:
             taken = [h.name for _, h in self.hooks if h.replaces_step]
             if taken:
-                raise ValueError(f"party {self.name} already runs {taken[0]!r}'s replacement of its step; "
-                                 "one malicious attack per party")
+                raise ValueError(
+                    f"party {self.name} already runs {taken[0]!r}'s replacement of its step; "
+                    "one malicious attack per party"
+                )
         tags = {tag for tag, _ in self.hooks}
         tag, n = hook.name, 1
         while tag in tags:
@@ -94,8 +104,7 @@ class PassiveParty(Party):
         super().__init__(name, **kwargs)  # type: ignore[arg-type]
         self._pending: tuple[Tensor, StepState] | None = None
 
-    def forward(self, ids: Tensor, *, epoch: int, step: int, split: Split = "train",
-                train: bool = True) -> Tensor:
+    def forward(self, ids: Tensor, *, epoch: int, step: int, split: Split = "train", train: bool = True) -> Tensor:
         """Compute the embedding of rows ``ids``; keep the graph when training."""
         assert self.bottom is not None
         x = self.features(split)[ids]
@@ -142,8 +151,16 @@ class ActiveParty(Party):
     never these; ``None``: the objective's targets as given.
     """
 
-    def __init__(self, name: str, *, top: nn.Module, objective: Objective,
-                 aggregation: Aggregation, labels: Tensor | None = None, **kwargs: object) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        top: nn.Module,
+        objective: Objective,
+        aggregation: Aggregation,
+        labels: Tensor | None = None,
+        **kwargs: object,
+    ) -> None:
         super().__init__(name, **kwargs)  # type: ignore[arg-type]
         self.top = top
         self.objective = objective
@@ -163,16 +180,25 @@ class ActiveParty(Party):
                     parts.insert(0, self.bottom(self.features(split)[ids]))
         return self.top(aggregate(parts, self.aggregation))
 
-    def step(self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int,
-             senders: Sequence[str]) -> list[Tensor]:
+    def step(
+        self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int, senders: Sequence[str]
+    ) -> list[Tensor]:
         """One training step on a batch through this party's hooks; returns the cut gradient for each sender."""
         run: StepFn = self.honest_step
         for _, hook in self.hooks:
             run = functools.partial(hook.step, proceed=run)
         return run(ids, received, epoch=epoch, step=step, senders=senders)
 
-    def honest_step(self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int,
-                    senders: Sequence[str], own_bottom: bool = True) -> list[Tensor]:
+    def honest_step(
+        self,
+        ids: Tensor,
+        received: Sequence[Tensor],
+        *,
+        epoch: int,
+        step: int,
+        senders: Sequence[str],
+        own_bottom: bool = True,
+    ) -> list[Tensor]:
         """The protocol's training step: loss, update, and the cut gradient for each sender.
 
         ``own_bottom=False``: the party's own bottom model takes no part in the update (its embedding enters as a

@@ -68,8 +68,7 @@ class PassiveService:
 
     def handlers(self) -> Mapping[str, Callable[[Message], Message]]:
         """The requests this party answers, by kind."""
-        return {"passive.forward": self.forward, "passive.backward": self.backward,
-                "passive.end_epoch": self.end_epoch}
+        return {"passive.forward": self.forward, "passive.backward": self.backward, "passive.end_epoch": self.end_epoch}
 
     def __call__(self, request: Message) -> Message:
         """Answer ``request`` with the handler of its kind."""
@@ -85,14 +84,26 @@ class PassiveService:
     def embed(self, request: Message) -> Tensor:
         """The party's embedding of the requested rows (``meta``: split, train)."""
         split, train = request.meta.get("split"), request.meta.get("train")
-        return self.party.forward(request.ids, epoch=request.epoch, step=request.step,
-                                  split="test" if split == "test" else "train", train=bool(train))
+        return self.party.forward(
+            request.ids,
+            epoch=request.epoch,
+            step=request.step,
+            split="test" if split == "test" else "train",
+            train=bool(train),
+        )
 
     def forward(self, request: Message) -> Message:
         """Post the embedding of the requested rows to the sender (:meth:`embed`); an empty reply."""
         out = self.embed(request)
-        self.endpoint.post("embedding", request.sender, out, ids=request.ids, epoch=request.epoch, step=request.step,
-                           phase=request.phase)
+        self.endpoint.post(
+            "embedding",
+            request.sender,
+            out,
+            ids=request.ids,
+            epoch=request.epoch,
+            step=request.step,
+            phase=request.phase,
+        )
         return request.reply()
 
     def gradient(self, request: Message) -> Message:
@@ -126,8 +137,15 @@ class PassivePeer:
     def forward(self, ids: Tensor, *, epoch: int, step: int, split: Split = "train", train: bool = True) -> Tensor:
         """The party's embedding of rows ``ids`` (phase ``train`` when ``train``, else ``eval``)."""
         phase: Phase = "train" if train else "eval"
-        reply = self.endpoint.call("passive.forward", self.name, ids=ids, epoch=epoch, step=step, phase=phase,
-                                   meta={"split": split, "train": train})
+        reply = self.endpoint.call(
+            "passive.forward",
+            self.name,
+            ids=ids,
+            epoch=epoch,
+            step=step,
+            phase=phase,
+            meta={"split": split, "train": train},
+        )
         return self.embedding(reply, self.endpoint.take("embedding", self.name), ids)
 
     def embedding(self, reply: Message, message: Message, ids: Tensor) -> Tensor:

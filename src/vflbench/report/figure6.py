@@ -45,19 +45,23 @@ def decision_curve(scores: Sequence[float] | np.ndarray, window: int) -> np.ndar
     return (sums[window:] - sums[:-window]) / window
 
 
-def decision_points(steps: Sequence[int] | np.ndarray, scores: Sequence[float] | np.ndarray, panel: Panel,
-                    ) -> tuple[np.ndarray, np.ndarray]:
+def decision_points(
+    steps: Sequence[int] | np.ndarray,
+    scores: Sequence[float] | np.ndarray,
+    panel: Panel,
+) -> tuple[np.ndarray, np.ndarray]:
     """The steps at which ``panel``'s detector decides and its decision statistic there: the mean of the
     last ``window`` scores, from the ``max(window, min_scores)``-th score on."""
     first = max(panel.window, panel.min_scores)
     stat = decision_curve(scores, panel.window)
     if len(scores) < first:
         return np.empty(0, dtype=int), np.empty(0)
-    return np.asarray(steps)[first - 1:], stat[first - panel.window:]
+    return np.asarray(steps)[first - 1 :], stat[first - panel.window :]
 
 
-def detector_scores(runs: Mapping[str, Mapping[str, Any]], panels: Sequence[Panel], path: Path,
-                    title: str = "") -> Path:
+def detector_scores(
+    runs: Mapping[str, Mapping[str, Any]], panels: Sequence[Panel], path: Path, title: str = ""
+) -> Path:
     """Write the Figure 6 plot: one panel per detector configuration, one curve per run."""
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.4), squeeze=False)
     for ax, panel in zip(axes[0], panels, strict=True):

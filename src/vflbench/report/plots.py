@@ -39,15 +39,30 @@ def _point_labels(group: pd.DataFrame) -> dict[tuple[float, float], str]:
 MARKER_POINTS = 5.0
 #: Where a strength label may go relative to its point, in order of preference: (dx, dy) in points, with the text's
 #: alignment. Close ones first; farther ones get a thin leader line to their point.
-_LABEL_SPOTS = [(dx * r, dy * r, ha, va) for r in (1, 2.6, 4.2, 5.8)
-                for dx, dy, ha, va in ((5, 4, "left", "bottom"), (5, -4, "left", "top"), (-5, 4, "right", "bottom"),
-                                       (-5, -4, "right", "top"), (0, 7, "center", "bottom"), (0, -7, "center", "top"),
-                                       (8, 0, "left", "center"), (-8, 0, "right", "center"))]
+_LABEL_SPOTS = [
+    (dx * r, dy * r, ha, va)
+    for r in (1, 2.6, 4.2, 5.8)
+    for dx, dy, ha, va in (
+        (5, 4, "left", "bottom"),
+        (5, -4, "left", "top"),
+        (-5, 4, "right", "bottom"),
+        (-5, -4, "right", "top"),
+        (0, 7, "center", "bottom"),
+        (0, -7, "center", "top"),
+        (8, 0, "left", "center"),
+        (-8, 0, "right", "center"),
+    )
+]
 
 
-def place_labels(ax: plt.Axes, labels: dict[tuple[float, float], str], *,
-                 points: list[tuple[float, float]] | None = None, colors: dict[tuple[float, float], Any] | None = None,
-                 fontsize: float = 7) -> list[Any]:
+def place_labels(
+    ax: plt.Axes,
+    labels: dict[tuple[float, float], str],
+    *,
+    points: list[tuple[float, float]] | None = None,
+    colors: dict[tuple[float, float], Any] | None = None,
+    fontsize: float = 7,
+) -> list[Any]:
     """Write each label next to its point (data coordinates), inside the axes, where it covers no label already
     written and no other point's marker (``points``: every plotted point, by default the labelled ones): the
     first free spot of :data:`_LABEL_SPOTS` (a far one with a leader line), else the first spot. ``colors``: a
@@ -61,14 +76,26 @@ def place_labels(ax: plt.Axes, labels: dict[tuple[float, float], str], *,
     placed: list[Any] = []
     taken: list[Any] = []
     for xy, text in sorted(labels.items()):
-        others = [Bbox.from_extents(px - radius, py - radius, px + radius, py + radius)
-                  for other, (px, py) in markers if other != xy]
+        others = [
+            Bbox.from_extents(px - radius, py - radius, px + radius, py + radius)
+            for other, (px, py) in markers
+            if other != xy
+        ]
         spots = [*_LABEL_SPOTS, _LABEL_SPOTS[0]]  # where nothing is free: the first spot after all
         for i, (dx, dy, ha, va) in enumerate(spots):
             far = abs(dx) > 8 or abs(dy) > 8
-            note = ax.annotate(text, xy, textcoords="offset points", xytext=(dx, dy), ha=ha, va=va, fontsize=fontsize,
-                               zorder=6, color=(colors or {}).get(xy, "black"),
-                               arrowprops={"arrowstyle": "-", "color": "grey", "linewidth": 0.5} if far else None)
+            note = ax.annotate(
+                text,
+                xy,
+                textcoords="offset points",
+                xytext=(dx, dy),
+                ha=ha,
+                va=va,
+                fontsize=fontsize,
+                zorder=6,
+                color=(colors or {}).get(xy, "black"),
+                arrowprops={"arrowstyle": "-", "color": "grey", "linewidth": 0.5} if far else None,
+            )
             note.set_in_layout(False)  # a later tight_layout keeps the axes (and so these distances) as they are
             box = note.get_window_extent(renderer).expanded(1.1, 1.15)
             fits = inside.contains(box.x0, box.y0) and inside.contains(box.x1, box.y1)
@@ -84,9 +111,16 @@ def tradeoff_figure(summary: pd.DataFrame, attack: str) -> plt.Figure:
     """The figure :func:`tradeoff` saves: titled with the dataset, the attack and its metric; each point
     labelled with its defense strength (the legend's title says so), labels placed so that none overlaps."""
     data = summary[summary["attack"] == attack]
-    agg = data.groupby(["defense", "strength"], dropna=False).agg(
-        eps_u=("utility_loss", "mean"), eps_u_std=("utility_loss", "std"),
-        eps_p=("leakage", "mean"), eps_p_std=("leakage", "std")).reset_index()
+    agg = (
+        data.groupby(["defense", "strength"], dropna=False)
+        .agg(
+            eps_u=("utility_loss", "mean"),
+            eps_u_std=("utility_loss", "std"),
+            eps_p=("leakage", "mean"),
+            eps_p_std=("leakage", "std"),
+        )
+        .reset_index()
+    )
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
     markers = iter("osD^v<>phX*")
     labels: dict[tuple[float, float], str] = {}
@@ -95,9 +129,16 @@ def tradeoff_figure(summary: pd.DataFrame, attack: str) -> plt.Figure:
         if defense == NO_DEFENSE:
             continue
         group = group.sort_values("strength")
-        series = ax.errorbar(group["eps_u"], group["eps_p"],
-                             xerr=group["eps_u_std"].fillna(0), yerr=group["eps_p_std"].fillna(0),
-                             marker=next(markers, "o"), linestyle="-", capsize=3, label=defense)
+        series = ax.errorbar(
+            group["eps_u"],
+            group["eps_p"],
+            xerr=group["eps_u_std"].fillna(0),
+            yerr=group["eps_p_std"].fillna(0),
+            marker=next(markers, "o"),
+            linestyle="-",
+            capsize=3,
+            label=defense,
+        )
         for xy, text in _point_labels(group).items():
             # two defenses' points at one place share a label (in black)
             colors[xy] = "black" if xy in labels else series.lines[0].get_color()
@@ -110,8 +151,16 @@ def tradeoff_figure(summary: pd.DataFrame, attack: str) -> plt.Figure:
         pts = list(zip(defended["eps_u"], defended["eps_p"], strict=True))
         front = [pts[i] for i in pareto_front(pts)]
         # hollow rings mark the front's points, so that a front of one point is visible too
-        ax.plot(*zip(*front, strict=True), color="grey", linestyle=":", linewidth=1.5, marker="o",
-                markersize=13, markerfacecolor="none", label="Pareto front")
+        ax.plot(
+            *zip(*front, strict=True),
+            color="grey",
+            linestyle=":",
+            linewidth=1.5,
+            marker="o",
+            markersize=13,
+            markerfacecolor="none",
+            label="Pareto front",
+        )
     ax.set_xlabel("utility loss ε_u (points)")
     ax.set_ylabel("privacy leakage ε_p (points)")
     datasets = ", ".join(sorted(str(d) for d in data["dataset"].dropna().unique())) if "dataset" in data else ""
@@ -122,9 +171,16 @@ def tradeoff_figure(summary: pd.DataFrame, attack: str) -> plt.Figure:
     ax.legend(fontsize=8, title="numbers at points: defense strength" if labels else None, title_fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    place_labels(ax, labels, colors=colors, points=[(float(x), float(y)) for x, y in
-                                                    zip(agg["eps_u"], agg["eps_p"], strict=True)
-                                                    if not (pd.isna(x) or pd.isna(y))])
+    place_labels(
+        ax,
+        labels,
+        colors=colors,
+        points=[
+            (float(x), float(y))
+            for x, y in zip(agg["eps_u"], agg["eps_p"], strict=True)
+            if not (pd.isna(x) or pd.isna(y))
+        ],
+    )
     return fig
 
 
@@ -164,8 +220,9 @@ def tsne_panels(panels: list[tuple[str, np.ndarray, np.ndarray]], path: Path) ->
     return _save(fig, path)
 
 
-def line(x: list[float], ys: dict[str, list[float]], xlabel: str, title: str, path: Path, *,
-         diagonal: bool = False) -> Path:
+def line(
+    x: list[float], ys: dict[str, list[float]], xlabel: str, title: str, path: Path, *, diagonal: bool = False
+) -> Path:
     """A simple multi-line plot (e.g. mask ratio and attack value against the privacy budget);
     ``diagonal`` adds the line y = x (an attack value on it equals the budget)."""
     fig, ax = plt.subplots(figsize=(6.0, 4.0))

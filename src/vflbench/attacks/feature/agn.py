@@ -37,8 +37,10 @@ from vflbench.attacks.feature.common import Adversary, AuxBatches, MaliciousActi
 from vflbench.attacks.registry import ATTACKS
 from vflbench.protocol import ActiveParty
 
-AGN_PAPER = ("Vu, Tre'R, Alharbi, Thai, Active Data Reconstruction Attacks in Vertical Federated Learning "
-             "(IEEE BigData 2023); URVFL's port, duanyiyao/URVFL baseline_module.py agn_attack")
+AGN_PAPER = (
+    "Vu, Tre'R, Alharbi, Thai, Active Data Reconstruction Attacks in Vertical Federated Learning "
+    "(IEEE BigData 2023); URVFL's port, duanyiyao/URVFL baseline_module.py agn_attack"
+)
 
 
 @ATTACKS.register(summary="AGN (Vu et al.): generator + real/fake discriminator send malicious gradients")
@@ -54,15 +56,37 @@ class AGN(MaliciousActiveAttack):
     aux_disjoint = True  # evaluated in DMAVFL's setting (§6.1: D_aux ∩ D_train = ∅)
     has_shadow: ClassVar[bool] = False
 
-    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = None,
-                 aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
-                 n_targets: int | None = None, aux_batch_size: int = 128, lr: float = 1e-4, disc_lr: float = 1e-4,
-                 hidden: int = 256, decoder_width: int = 64, shadow_model: str | None = None,
-                 shadow_options: dict[str, Any] | None = None) -> None:
-        super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
-                         target_split=target_split, n_targets=n_targets, aux_batch_size=aux_batch_size, lr=lr,
-                         shadow_model=shadow_model, shadow_options=shadow_options, hidden=hidden,
-                         decoder_width=decoder_width)
+    def __init__(
+        self,
+        *,
+        victim: str = "passive_1",
+        aux_size: int | None = None,
+        aux_fraction: float | None = None,
+        aux_classes: Sequence[int] | None = None,
+        target_split: Literal["train", "test"] = "test",
+        n_targets: int | None = None,
+        aux_batch_size: int = 128,
+        lr: float = 1e-4,
+        disc_lr: float = 1e-4,
+        hidden: int = 256,
+        decoder_width: int = 64,
+        shadow_model: str | None = None,
+        shadow_options: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            victim=victim,
+            aux_size=aux_size,
+            aux_fraction=aux_fraction,
+            aux_classes=aux_classes,
+            target_split=target_split,
+            n_targets=n_targets,
+            aux_batch_size=aux_batch_size,
+            lr=lr,
+            shadow_model=shadow_model,
+            shadow_options=shadow_options,
+            hidden=hidden,
+            decoder_width=decoder_width,
+        )
         self.disc_lr = disc_lr
 
     def build(self, party: ActiveParty, aux: AuxData, generator: torch.Generator) -> Adversary:  # noqa: D102
@@ -70,11 +94,14 @@ class AGN(MaliciousActiveAttack):
         own_flat = int(math.prod(aux.own.shape[1:])) if aux.own is not None else 0
         victim_flat = int(math.prod(aux.victim.shape[1:]))
         in_dim = own_flat + self.own_width(party, aux) + self.scenario_.embed_dim
-        gen = seeded(decoder_for(in_dim, aux.victim[0], hidden=self.hidden, width=self.decoder_width), generator,
-                     aux.victim)
+        gen = seeded(
+            decoder_for(in_dim, aux.victim[0], hidden=self.hidden, width=self.decoder_width), generator, aux.victim
+        )
         disc = seeded(mlp(own_flat + victim_flat, (self.hidden, self.hidden), 1, leaky=True), generator, aux.victim)
-        optimizers = {"generator": self.adam([own, gen], self.lr),
-                      "discriminator": self.adam([disc], self.disc_lr, amsgrad=True)}
+        optimizers = {
+            "generator": self.adam([own, gen], self.lr),
+            "discriminator": self.adam([disc], self.disc_lr, amsgrad=True),
+        }
         return Adversary(party, aux, AuxBatches(len(aux.ids), generator), generator, own, None, gen, disc, optimizers)
 
     @staticmethod
@@ -105,11 +132,13 @@ class AGN(MaliciousActiveAttack):
         opt_g.step()
         rows = state.batches.next(self.aux_batch_size)
         aux = state.aux
-        real = state.discriminator(self._joint(aux.own[rows] if own_x is not None and aux.own is not None else None,
-                                               aux.victim[rows]))
+        real = state.discriminator(
+            self._joint(aux.own[rows] if own_x is not None and aux.own is not None else None, aux.victim[rows])
+        )
         fake_score = state.discriminator(self._joint(own_x, fake.detach()))
-        loss_d = (F.binary_cross_entropy_with_logits(real, torch.ones_like(real))
-                  + F.binary_cross_entropy_with_logits(fake_score, torch.zeros_like(fake_score)))
+        loss_d = F.binary_cross_entropy_with_logits(real, torch.ones_like(real)) + F.binary_cross_entropy_with_logits(
+            fake_score, torch.zeros_like(fake_score)
+        )
         opt_d = state.optimizers["discriminator"]
         opt_d.zero_grad(set_to_none=True)
         loss_d.backward()

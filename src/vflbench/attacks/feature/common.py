@@ -64,8 +64,10 @@ from vflbench.protocol.party import Party
 from vflbench.registry import BATCH, LEARNING_RATE, MAX_WIDTH, WIDTH, Param
 
 THREAT = "malicious active party with auxiliary labelled samples of the victim's feature space"
-DMAVFL_PAPER = ("Yao et al., Leveraging Label Information for Stealthy Data Stealing in Vertical Federated Learning "
-                "(DMAVFL, arXiv 2404.19582; URVFL, NDSS 2025); duanyiyao/URVFL")
+DMAVFL_PAPER = (
+    "Yao et al., Leveraging Label Information for Stealthy Data Stealing in Vertical Federated Learning "
+    "(DMAVFL, arXiv 2404.19582; URVFL, NDSS 2025); duanyiyao/URVFL"
+)
 EVAL_CHUNK = 1024
 
 
@@ -88,8 +90,9 @@ class ImageDecoder(nn.Module):
     ``(1 + tanh(z)) / 2``: the same reconstruction, in the data's own units.
     """
 
-    def __init__(self, in_dim: int, shape: Sequence[int], width: int = 64,
-                 output: Literal["sigmoid", "tanh"] = "sigmoid") -> None:
+    def __init__(
+        self, in_dim: int, shape: Sequence[int], width: int = 64, output: Literal["sigmoid", "tanh"] = "sigmoid"
+    ) -> None:
         super().__init__()
         if output not in ("sigmoid", "tanh"):
             raise ValueError(f"decoder output must be 'sigmoid' or 'tanh', got {output!r}")
@@ -102,10 +105,14 @@ class ImageDecoder(nn.Module):
         self.fc = nn.Linear(in_dim, width * self.h0 * self.w0)
         self.net = nn.Sequential(
             nn.ReLU(),
-            nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2d(width, half, 3, padding=1),
-            nn.BatchNorm2d(half), nn.ReLU(),
-            nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2d(half, quarter, 3, padding=1),
-            nn.BatchNorm2d(quarter), nn.ReLU(),
+            nn.Upsample(scale_factor=2, mode="nearest"),
+            nn.Conv2d(width, half, 3, padding=1),
+            nn.BatchNorm2d(half),
+            nn.ReLU(),
+            nn.Upsample(scale_factor=2, mode="nearest"),
+            nn.Conv2d(half, quarter, 3, padding=1),
+            nn.BatchNorm2d(quarter),
+            nn.ReLU(),
             nn.Conv2d(quarter, c, 3, padding=1),
         )
 
@@ -149,8 +156,14 @@ class BNConvDAC(nn.Module):
     own batch's statistics (URVFL passes the victim's and the shadow's batches separately).
     """
 
-    def __init__(self, shape: Sequence[int], out_dim: int, channels: Sequence[int] = (64, 128, 64),
-                 strides: Sequence[int] = (2, 2, 1), pool: Sequence[int] = (4, 8)) -> None:
+    def __init__(
+        self,
+        shape: Sequence[int],
+        out_dim: int,
+        channels: Sequence[int] = (64, 128, 64),
+        strides: Sequence[int] = (2, 2, 1),
+        pool: Sequence[int] = (4, 8),
+    ) -> None:
         super().__init__()
         if len(channels) != len(strides) or len(pool) != 2:
             raise ValueError(f"one stride per channel count and a 2-d pool, got {channels}, {strides}, {pool}")
@@ -182,16 +195,24 @@ class MapDecoder(nn.Module):
     image and scores the target half).
     """
 
-    def __init__(self, victim_map: Sequence[int], own_width: int, shape: Sequence[int], width: int = 32,
-                 output: Literal["sigmoid", "tanh"] = "tanh") -> None:
+    def __init__(
+        self,
+        victim_map: Sequence[int],
+        own_width: int,
+        shape: Sequence[int],
+        width: int = 32,
+        output: Literal["sigmoid", "tanh"] = "tanh",
+    ) -> None:
         super().__init__()
         if output not in ("sigmoid", "tanh"):
             raise ValueError(f"decoder output must be 'sigmoid' or 'tanh', got {output!r}")
         cm, hm, wm = (int(s) for s in victim_map)
         c, h, w = (int(s) for s in shape)
         if (hm, wm) != (h, w):
-            raise ValueError(f"a map decoder needs an embedding map aligned with the victim's {h}x{w} strip, "
-                             f"got a {hm}x{wm} map (use a pixel-aligned bottom such as conv_map)")
+            raise ValueError(
+                f"a map decoder needs an embedding map aligned with the victim's {h}x{w} strip, "
+                f"got a {hm}x{wm} map (use a pixel-aligned bottom such as conv_map)"
+            )
         if own_width % (cm * hm):
             raise ValueError(f"the adversary's embedding ({own_width} values) is not a {cm} x {hm} x W map")
         self.victim_map = (cm, hm, wm)
@@ -200,23 +221,34 @@ class MapDecoder(nn.Module):
         self.output = output
         half = max(1, width // 2)
         self.net = nn.Sequential(
-            nn.Conv2d(cm, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
-            nn.Conv2d(width, half, 3, padding=1), nn.BatchNorm2d(half), nn.ReLU(),
+            nn.Conv2d(cm, width, 3, padding=1),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.Conv2d(width, half, 3, padding=1),
+            nn.BatchNorm2d(half),
+            nn.ReLU(),
             nn.Conv2d(half, c, 3, padding=1),
         )
 
     def forward(self, z: Tensor) -> Tensor:  # noqa: D102
         cm, hm, wm = self.victim_map
-        maps = [z[:, self.own_width:].reshape(-1, cm, hm, wm)]
+        maps = [z[:, self.own_width :].reshape(-1, cm, hm, wm)]
         if self.own_width:
             maps.append(z[:, : self.own_width].reshape(-1, cm, hm, self.own_columns))
         out = self.net(torch.cat(maps, 3))[:, :, :, :wm]
         return torch.sigmoid(out) if self.output == "sigmoid" else (1 + torch.tanh(out)) / 2
 
 
-def decoder_for(in_dim: int, sample: Tensor, *, hidden: int, width: int,
-                output: Literal["sigmoid", "tanh"] = "sigmoid", victim_map: Sequence[int] | None = None,
-                own_width: int = 0) -> nn.Module:
+def decoder_for(
+    in_dim: int,
+    sample: Tensor,
+    *,
+    hidden: int,
+    width: int,
+    output: Literal["sigmoid", "tanh"] = "sigmoid",
+    victim_map: Sequence[int] | None = None,
+    own_width: int = 0,
+) -> nn.Module:
     """The decoder f_d from ``in_dim`` values to one sample shaped like ``sample`` (one row);
     ``output`` is the image decoder's output (tabular decoders are linear). With ``victim_map``
     (the (C, H, W) map the victim's embedding is) an image decoder is a :class:`MapDecoder` whose
@@ -266,8 +298,15 @@ class Takeover(PartyHook):
     replaces_step = True
     prefix_models = False
 
-    def __init__(self, name: str, *, step: StepFn, predict: PredictFn | None = None,
-                 models: dict[str, nn.Module] | None = None, honest_epochs: int = 0) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        step: StepFn,
+        predict: PredictFn | None = None,
+        models: dict[str, nn.Module] | None = None,
+        honest_epochs: int = 0,
+    ) -> None:
         super().__init__(name)
         if honest_epochs < 0:
             raise ValueError(f"honest_epochs must be >= 0, got {honest_epochs}")
@@ -277,8 +316,9 @@ class Takeover(PartyHook):
         self.honest_epochs = honest_epochs
         self._honest = honest_epochs > 0
 
-    def step(self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int, senders: Sequence[str],
-             proceed: StepFn) -> list[Tensor]:
+    def step(
+        self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int, senders: Sequence[str], proceed: StepFn
+    ) -> list[Tensor]:
         """The attacker's step instead of the protocol's; the protocol's (honest) step during the first
         ``honest_epochs`` epochs."""
         self._honest = epoch < self.honest_epochs
@@ -334,7 +374,6 @@ class Adversary:
     optimizers: dict[str, torch.optim.Optimizer]
 
 
-
 #: The parameters every feature attack takes: its auxiliary set and its targets.
 AUX_CONSTRAINTS: Mapping[str, Param] = {
     "victim": Param("the passive party whose features are reconstructed"),
@@ -344,11 +383,14 @@ AUX_CONSTRAINTS: Mapping[str, Param] = {
     "target_split": Param("the split whose rows are reconstructed"),
     "n_targets": Param("rows of target_split reconstructed and scored (null: all)", ge=1),
     "shadow_model": Param("the attacker's model of the victim's bottom model (null: the victim's architecture)"),
-    "shadow_options": Param("options of shadow_model")}
+    "shadow_options": Param("options of shadow_model"),
+}
 #: The decoder's sizes, where an attack trains one.
 DECODER_CONSTRAINTS: Mapping[str, Param] = {
-    "hidden": WIDTH, "decoder_width": Param("channels of the image decoder (units of a tabular one)", ge=4,
-                                            le=MAX_WIDTH)}
+    "hidden": WIDTH,
+    "decoder_width": Param("channels of the image decoder (units of a tabular one)", ge=4, le=MAX_WIDTH),
+}
+
 
 class MaliciousActiveAttack(Attack):
     """Base of the malicious active-party feature attacks (target ``features``, phase ``malicious``).
@@ -369,17 +411,32 @@ class MaliciousActiveAttack(Attack):
     party = "active"
     has_shadow: ClassVar[bool] = True
     constraints: ClassVar[Mapping[str, Param]] = {
-        **AUX_CONSTRAINTS, "aux_batch_size": BATCH, "lr": LEARNING_RATE, "disc_lr": Param("the discriminator's (or "
-        "DAC's) learning rate", gt=0), **DECODER_CONSTRAINTS}
+        **AUX_CONSTRAINTS,
+        "aux_batch_size": BATCH,
+        "lr": LEARNING_RATE,
+        "disc_lr": Param("the discriminator's (or DAC's) learning rate", gt=0),
+        **DECODER_CONSTRAINTS,
+    }
     #: epochs of honest training (the protocol's step) before the attack takes over; a subclass may take it as
     #: a parameter
     honest_epochs: int = 0
 
-    def __init__(self, *, victim: str | Sequence[str] = "passive_1", aux_size: int | None = None,
-                 aux_fraction: float | None = None, aux_classes: Sequence[int] | None = None,
-                 target_split: Literal["train", "test"] = "test", n_targets: int | None = None,
-                 aux_batch_size: int = 128, lr: float = 1e-4, shadow_model: str | None = None,
-                 shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64) -> None:
+    def __init__(
+        self,
+        *,
+        victim: str | Sequence[str] = "passive_1",
+        aux_size: int | None = None,
+        aux_fraction: float | None = None,
+        aux_classes: Sequence[int] | None = None,
+        target_split: Literal["train", "test"] = "test",
+        n_targets: int | None = None,
+        aux_batch_size: int = 128,
+        lr: float = 1e-4,
+        shadow_model: str | None = None,
+        shadow_options: dict[str, Any] | None = None,
+        hidden: int = 256,
+        decoder_width: int = 64,
+    ) -> None:
         self.victim = victim
         self.aux_size = aux_size
         self.aux_fraction = aux_fraction
@@ -410,17 +467,23 @@ class MaliciousActiveAttack(Attack):
         require(aux is not None and generator is not None, self.name, "it needs its auxiliary set (data.aux_pool)")
         assert isinstance(party, ActiveParty) and aux is not None and generator is not None
         require(len(aux.ids) >= 2, self.name, "its auxiliary set needs at least 2 rows")
-        require(takeover_by(party) is None, self.name,
-                f"the active party is already run by malicious attack {takeover_by(party)!r}; "
-                "configure one malicious active-party attack per run")
+        require(
+            takeover_by(party) is None,
+            self.name,
+            f"the active party is already run by malicious attack {takeover_by(party)!r}; "
+            "configure one malicious active-party attack per run",
+        )
         self.state_ = self.build(party, aux, generator)
         self.pretrain(self.state_)
         s = self.state_
         models: dict[str, nn.Module] = {"decoder": s.decoder, "discriminator": s.discriminator}
         if s.shadow is not None:
             models["shadow"] = s.shadow
-        return (Takeover(self.name, step=self._step, predict=self.predictor(s), models=models,
-                         honest_epochs=self.honest_epochs),)
+        return (
+            Takeover(
+                self.name, step=self._step, predict=self.predictor(s), models=models, honest_epochs=self.honest_epochs
+            ),
+        )
 
     # -- building blocks ----------------------------------------------------------------
 
@@ -469,8 +532,9 @@ class MaliciousActiveAttack(Attack):
     def attack_step(self, state: Adversary, ids: Tensor, h: Tensor, y: Tensor) -> tuple[Tensor, float]:
         """The malicious gradient for the victim's embedding ``h`` (a leaf) and the attack loss."""
 
-    def _step(self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int,
-              senders: Sequence[str]) -> list[Tensor]:
+    def _step(
+        self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int, senders: Sequence[str]
+    ) -> list[Tensor]:
         s = self.state_
         ks = [list(senders).index(v) for v in victims_of(self)]
         h = torch.cat([received[k] for k in ks], 1).detach().requires_grad_()
@@ -521,8 +585,13 @@ class MaliciousActiveAttack(Attack):
             chunks.append(self.decode(view.models, own_x, r.embeddings[i : i + EVAL_CHUNK]))
         features = torch.cat(chunks) if chunks else torch.empty(0)
         shadow = view.models.get("shadow") if self.has_shadow else None
-        return FeatureInference(r.ids, features, r.split, shadow=shadow, details={"aux_rows": len(view.aux.ids)
-                                                                                 if view.aux is not None else 0})
+        return FeatureInference(
+            r.ids,
+            features,
+            r.split,
+            shadow=shadow,
+            details={"aux_rows": len(view.aux.ids) if view.aux is not None else 0},
+        )
 
 
 def seeded(module: nn.Module, generator: torch.Generator, like: Tensor) -> nn.Module:

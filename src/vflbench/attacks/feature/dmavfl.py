@@ -136,10 +136,12 @@ class DMAVFL(MaliciousActiveAttack):
     aux_disjoint = True
     min_epochs = 25
     min_steps = 500
-    min_epochs_reason = ("With its default settings its DAC (Adam 1e-4, one step per batch) pulls the victim's "
-                         "embeddings into its shadow's distribution only over URVFL's 25 VFL epochs: after the "
-                         "library's 10 it reconstructed worse than guessing the mean (breast_cancer MSE 49 and 56 "
-                         "against 0.85, digits 0.077 against 0.068; docs/decisions/attacks.md, issue 25).")
+    min_epochs_reason = (
+        "With its default settings its DAC (Adam 1e-4, one step per batch) pulls the victim's "
+        "embeddings into its shadow's distribution only over URVFL's 25 VFL epochs: after the "
+        "library's 10 it reconstructed worse than guessing the mean (breast_cancer MSE 49 and 56 "
+        "against 0.85, digits 0.077 against 0.068; docs/decisions/attacks.md, issue 25)."
+    )
 
     constraints: ClassVar[Mapping[str, Param]] = {
         "pretrain_epochs": Param("epochs of pretraining on the auxiliary set (null: the paper's)", ge=0),
@@ -150,30 +152,58 @@ class DMAVFL(MaliciousActiveAttack):
         "decoder_map": Param("the (C, H, W) map an image decoder starts from", ge=1),
         "honest_epochs": EPOCHS,
         "shadow_mode": Param("the shadow model's mode: eval (URVFL's attack) or train (URVFL's detection runs)"),
-        "splitguard": Param("cooperative (train SplitGuard's fake batches as they come, DMAVFL's evaluation) or "
-                            "aware (recognise them and answer honestly)")}
+        "splitguard": Param(
+            "cooperative (train SplitGuard's fake batches as they come, DMAVFL's evaluation) or "
+            "aware (recognise them and answer honestly)"
+        ),
+    }
 
-    def __init__(self, *, victim: str | Sequence[str] = "passive_1", aux_size: int | None = None,
-                 aux_fraction: float | None = None, aux_classes: Sequence[int] | None = None,
-                 target_split: Literal["train", "test"] = "test",
-                 n_targets: int | None = None, pretrain_epochs: int | None = None, aux_batch_size: int = 128,
-                 lr: float = 1e-4, disc_lr: float = 1e-4, shadow_model: str | None = None,
-                 shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64,
-                 decoder_output: Literal["tanh", "sigmoid"] = "tanh",
-                 dac: Literal["mlp", "cnn", "cnn_bn"] | None = None,
-                 dac_map: Sequence[int] | None = None, dac_update: Literal["paper", "urvfl"] = "paper",
-                 decoder_map: Sequence[int] | None = None, honest_epochs: int = 0,
-                 shadow_mode: Literal["eval", "train"] = "eval",
-                 splitguard: Literal["cooperative", "aware"] = "cooperative") -> None:
-        super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
-                         target_split=target_split, n_targets=n_targets, aux_batch_size=aux_batch_size, lr=lr,
-                         shadow_model=shadow_model, shadow_options=shadow_options, hidden=hidden,
-                         decoder_width=decoder_width)
+    def __init__(
+        self,
+        *,
+        victim: str | Sequence[str] = "passive_1",
+        aux_size: int | None = None,
+        aux_fraction: float | None = None,
+        aux_classes: Sequence[int] | None = None,
+        target_split: Literal["train", "test"] = "test",
+        n_targets: int | None = None,
+        pretrain_epochs: int | None = None,
+        aux_batch_size: int = 128,
+        lr: float = 1e-4,
+        disc_lr: float = 1e-4,
+        shadow_model: str | None = None,
+        shadow_options: dict[str, Any] | None = None,
+        hidden: int = 256,
+        decoder_width: int = 64,
+        decoder_output: Literal["tanh", "sigmoid"] = "tanh",
+        dac: Literal["mlp", "cnn", "cnn_bn"] | None = None,
+        dac_map: Sequence[int] | None = None,
+        dac_update: Literal["paper", "urvfl"] = "paper",
+        decoder_map: Sequence[int] | None = None,
+        honest_epochs: int = 0,
+        shadow_mode: Literal["eval", "train"] = "eval",
+        splitguard: Literal["cooperative", "aware"] = "cooperative",
+    ) -> None:
+        super().__init__(
+            victim=victim,
+            aux_size=aux_size,
+            aux_fraction=aux_fraction,
+            aux_classes=aux_classes,
+            target_split=target_split,
+            n_targets=n_targets,
+            aux_batch_size=aux_batch_size,
+            lr=lr,
+            shadow_model=shadow_model,
+            shadow_options=shadow_options,
+            hidden=hidden,
+            decoder_width=decoder_width,
+        )
         if dac_map is not None and len(dac_map) != 3:
             raise ConfigError(f"dmavfl: dac_map must be three positive sizes (C, H, W), got {dac_map!r}")
         if dac in ("cnn", "cnn_bn") and dac_map is None:
-            raise ConfigError(f"dmavfl: dac {dac!r} needs dac_map, the (C, H, W) map the victim's embedding is viewed "
-                              "as")
+            raise ConfigError(
+                f"dmavfl: dac {dac!r} needs dac_map, the (C, H, W) map the victim's embedding is viewed as"
+            )
         self.pretrain_epochs = pretrain_epochs
         self.disc_lr = disc_lr
         self.decoder_output = decoder_output
@@ -190,29 +220,52 @@ class DMAVFL(MaliciousActiveAttack):
     def check(self, scenario: Scenario) -> None:
         """Refuse tasks whose objective has no output per class (binary VLR's single logit): the
         DAC's predictions would have no place there and the untrained top model would answer."""
-        require(not scenario.single_logit, self.name, f"the active party answers with its DAC's "
-                f"{scenario.num_classes} class scores, but binary VLR's objective is one logit; use "
-                "train.algorithm vhnn or vsnn (or a task with more than 2 classes)")
+        require(
+            not scenario.single_logit,
+            self.name,
+            f"the active party answers with its DAC's "
+            f"{scenario.num_classes} class scores, but binary VLR's objective is one logit; use "
+            "train.algorithm vhnn or vsnn (or a task with more than 2 classes)",
+        )
         super().check(scenario)
 
     def build(self, party: ActiveParty, aux: AuxData, generator: torch.Generator) -> Adversary:  # noqa: D102
-        require(party.objective.out_dim == self.scenario_.num_classes, self.name, f"the active party answers "
-                f"with its DAC's {self.scenario_.num_classes} class scores, but the objective has "
-                f"{party.objective.out_dim} outputs (a defense changed it); remove that defense")
+        require(
+            party.objective.out_dim == self.scenario_.num_classes,
+            self.name,
+            f"the active party answers "
+            f"with its DAC's {self.scenario_.num_classes} class scores, but the objective has "
+            f"{party.objective.out_dim} outputs (a defense changed it); remove that defense",
+        )
         own = party.bottom if aux.own is not None else None
         shadow = self.make_shadow(aux, generator)
         embed = self.victim_width()
         own_width = self.own_width(party, aux)
         if self.decoder_map is not None:
-            require(len(victims_of(self)) == 1 and aux.victim.dim() == 4, self.name,
-                    "decoder_map (a decoder of pixel-aligned embedding maps) needs one victim with an image strip")
+            require(
+                len(victims_of(self)) == 1 and aux.victim.dim() == 4,
+                self.name,
+                "decoder_map (a decoder of pixel-aligned embedding maps) needs one victim with an image strip",
+            )
             if math.prod(self.decoder_map) != embed:
-                raise ConfigError(f"dmavfl: decoder_map {tuple(self.decoder_map)} holds "
-                                  f"{math.prod(self.decoder_map)} values, the victim's embedding {embed}")
+                raise ConfigError(
+                    f"dmavfl: decoder_map {tuple(self.decoder_map)} holds "
+                    f"{math.prod(self.decoder_map)} values, the victim's embedding {embed}"
+                )
         try:
-            decoder = seeded(decoder_for(own_width + embed, aux.victim[0], hidden=self.hidden,
-                                          width=self.decoder_width, output=self.decoder_output,
-                                          victim_map=self.decoder_map, own_width=own_width), generator, aux.victim)
+            decoder = seeded(
+                decoder_for(
+                    own_width + embed,
+                    aux.victim[0],
+                    hidden=self.hidden,
+                    width=self.decoder_width,
+                    output=self.decoder_output,
+                    victim_map=self.decoder_map,
+                    own_width=own_width,
+                ),
+                generator,
+                aux.victim,
+            )
         except ValueError as exc:
             raise ConfigError(f"dmavfl: decoder_map {tuple(self.decoder_map or ())}: {exc}") from None
         classes = 2 * self.scenario_.num_classes
@@ -220,15 +273,20 @@ class DMAVFL(MaliciousActiveAttack):
         if kind in ("cnn", "cnn_bn"):
             assert self.dac_map is not None
             if math.prod(self.dac_map) != embed:
-                raise ConfigError(f"dmavfl: dac_map {tuple(self.dac_map)} holds {math.prod(self.dac_map)} values, "
-                                  f"the victims' embedding {embed}")
+                raise ConfigError(
+                    f"dmavfl: dac_map {tuple(self.dac_map)} holds {math.prod(self.dac_map)} values, "
+                    f"the victims' embedding {embed}"
+                )
             dac = seeded((ConvDAC if kind == "cnn" else BNConvDAC)(self.dac_map, classes), generator, aux.victim)
         else:
             dac = seeded(mlp(embed, (self.hidden, self.hidden), classes, leaky=True), generator, aux.victim)
-        optimizers = {"autoencoder": self.adam([own, shadow, decoder], self.lr),
-                      "discriminator": self.adam([dac], self.disc_lr)}
-        return Adversary(party, aux, AuxBatches(len(aux.ids), generator), generator, own, shadow, decoder, dac,
-                         optimizers)
+        optimizers = {
+            "autoencoder": self.adam([own, shadow, decoder], self.lr),
+            "discriminator": self.adam([dac], self.disc_lr),
+        }
+        return Adversary(
+            party, aux, AuxBatches(len(aux.ids), generator), generator, own, shadow, decoder, dac, optimizers
+        )
 
     def _train_mode(self, state: Adversary, training: bool) -> None:
         for m in (state.own, state.shadow, state.decoder):
@@ -274,8 +332,9 @@ class DMAVFL(MaliciousActiveAttack):
         given = class_indices(party.objective.targets[ids])
         return not torch.equal(given, party.labels[ids].to(given.device, given.dtype))
 
-    def _step(self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int,
-              senders: Sequence[str]) -> list[Tensor]:
+    def _step(
+        self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int, senders: Sequence[str]
+    ) -> list[Tensor]:
         """``cooperative``: the malicious step on every batch. ``aware``: the top model takes the honest step on
         every batch (the party's own bottom f_a untouched); its cut gradients are sent for a relabelled batch, the
         malicious step's for the others."""
@@ -320,8 +379,9 @@ class DMAVFL(MaliciousActiveAttack):
         """The reconstruction (:meth:`MaliciousActiveAttack.infer`), with how many training batches got the
         malicious gradient and how many were answered honestly (``splitguard: aware``'s fake batches)."""
         out = super().infer(view)
-        out.details.update(splitguard=self.splitguard, malicious_batches=self.malicious_batches_,
-                           honest_batches=self.honest_batches_)
+        out.details.update(
+            splitguard=self.splitguard, malicious_batches=self.malicious_batches_, honest_batches=self.honest_batches_
+        )
         return out
 
     def predictor(self, state: Adversary) -> Callable[..., Tensor]:
@@ -354,34 +414,69 @@ class DMAVFLSync(DMAVFL):
     """
 
     name = "dmavfl_sync"
-    min_epochs_reason = ("With its default settings, after the library's 10 epochs it reconstructed worse than "
-                         "guessing the mean (digits MSE 0.076 and 0.099 against 0.068, breast_cancer 2.95 and 2.79 "
-                         "against 0.85); after 25, digits 0.055 and 0.057, breast_cancer 1.31 and 0.45 "
-                         "(docs/decisions/attacks.md, issue 25).")
+    min_epochs_reason = (
+        "With its default settings, after the library's 10 epochs it reconstructed worse than "
+        "guessing the mean (digits MSE 0.076 and 0.099 against 0.068, breast_cancer 2.95 and 2.79 "
+        "against 0.85); after 25, digits 0.055 and 0.057, breast_cancer 1.31 and 0.45 "
+        "(docs/decisions/attacks.md, issue 25)."
+    )
     sync = True
 
-    def __init__(self, *, victim: str | Sequence[str] = "passive_1", aux_size: int | None = None,
-                 aux_fraction: float | None = None, aux_classes: Sequence[int] | None = None,
-                 target_split: Literal["train", "test"] = "test",
-                 n_targets: int | None = None, pretrain_epochs: int = 0, aux_batch_size: int = 128,
-                 lr: float = 1e-4, disc_lr: float = 1e-4, shadow_model: str | None = None,
-                 shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64,
-                 decoder_output: Literal["tanh", "sigmoid"] = "tanh",
-                 dac: Literal["mlp", "cnn", "cnn_bn"] | None = None,
-                 dac_map: Sequence[int] | None = None, dac_update: Literal["paper", "urvfl"] = "paper",
-                 decoder_map: Sequence[int] | None = None, honest_epochs: int = 0,
-                 shadow_mode: Literal["eval", "train"] = "eval",
-                 splitguard: Literal["cooperative", "aware"] = "cooperative", hybrid: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        victim: str | Sequence[str] = "passive_1",
+        aux_size: int | None = None,
+        aux_fraction: float | None = None,
+        aux_classes: Sequence[int] | None = None,
+        target_split: Literal["train", "test"] = "test",
+        n_targets: int | None = None,
+        pretrain_epochs: int = 0,
+        aux_batch_size: int = 128,
+        lr: float = 1e-4,
+        disc_lr: float = 1e-4,
+        shadow_model: str | None = None,
+        shadow_options: dict[str, Any] | None = None,
+        hidden: int = 256,
+        decoder_width: int = 64,
+        decoder_output: Literal["tanh", "sigmoid"] = "tanh",
+        dac: Literal["mlp", "cnn", "cnn_bn"] | None = None,
+        dac_map: Sequence[int] | None = None,
+        dac_update: Literal["paper", "urvfl"] = "paper",
+        decoder_map: Sequence[int] | None = None,
+        honest_epochs: int = 0,
+        shadow_mode: Literal["eval", "train"] = "eval",
+        splitguard: Literal["cooperative", "aware"] = "cooperative",
+        hybrid: bool = False,
+    ) -> None:
         if pretrain_epochs > 0 and not hybrid:
-            raise ValueError(f"dmavfl_sync (Algorithm 3) trains f_a, f_e, f_d alongside and has no pretraining, got "
-                             f"pretrain_epochs={pretrain_epochs}; set pretrain_epochs: 0 (or leave it out), use "
-                             "dmavfl for Algorithms 1-2, or set hybrid: true for pretraining followed by Algorithm 3")
-        super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
-                         target_split=target_split, n_targets=n_targets, pretrain_epochs=pretrain_epochs,
-                         aux_batch_size=aux_batch_size, lr=lr, disc_lr=disc_lr, shadow_model=shadow_model,
-                         shadow_options=shadow_options, hidden=hidden, decoder_width=decoder_width,
-                         decoder_output=decoder_output, dac=dac, dac_map=dac_map, dac_update=dac_update,
-                         decoder_map=decoder_map, honest_epochs=honest_epochs, shadow_mode=shadow_mode,
-                         splitguard=splitguard)
+            raise ValueError(
+                f"dmavfl_sync (Algorithm 3) trains f_a, f_e, f_d alongside and has no pretraining, got "
+                f"pretrain_epochs={pretrain_epochs}; set pretrain_epochs: 0 (or leave it out), use "
+                "dmavfl for Algorithms 1-2, or set hybrid: true for pretraining followed by Algorithm 3"
+            )
+        super().__init__(
+            victim=victim,
+            aux_size=aux_size,
+            aux_fraction=aux_fraction,
+            aux_classes=aux_classes,
+            target_split=target_split,
+            n_targets=n_targets,
+            pretrain_epochs=pretrain_epochs,
+            aux_batch_size=aux_batch_size,
+            lr=lr,
+            disc_lr=disc_lr,
+            shadow_model=shadow_model,
+            shadow_options=shadow_options,
+            hidden=hidden,
+            decoder_width=decoder_width,
+            decoder_output=decoder_output,
+            dac=dac,
+            dac_map=dac_map,
+            dac_update=dac_update,
+            decoder_map=decoder_map,
+            honest_epochs=honest_epochs,
+            shadow_mode=shadow_mode,
+            splitguard=splitguard,
+        )
         self.hybrid = hybrid
-

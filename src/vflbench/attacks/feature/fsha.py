@@ -42,8 +42,10 @@ from vflbench.attacks.registry import ATTACKS
 from vflbench.protocol import ActiveParty
 from vflbench.registry import NON_NEGATIVE, Param
 
-FSHA_PAPER = ("Pasquini, Ateniese, Bernaschi, Unleashing the Tiger: Inference Attacks on Split Learning (CCS 2021); "
-              "pasquini-dario/SplitNN_FSHA; VFL port as in duanyiyao/URVFL baseline_module.py")
+FSHA_PAPER = (
+    "Pasquini, Ateniese, Bernaschi, Unleashing the Tiger: Inference Attacks on Split Learning (CCS 2021); "
+    "pasquini-dario/SplitNN_FSHA; VFL port as in duanyiyao/URVFL baseline_module.py"
+)
 
 
 def gradient_penalty(critic: torch.nn.Module, real: Tensor, fake: Tensor, generator: torch.Generator) -> Tensor:
@@ -69,23 +71,51 @@ class FSHA(MaliciousActiveAttack):
     aux_disjoint = True  # FSHA: the attacker's public set X_pub is not the clients' training set
     min_epochs = 25
     min_steps = 500
-    min_epochs_reason = ("With its default settings its decoder diverged after the library's 10 epochs (breast_cancer "
-                         "MSE 5.6e11 and 2.0e10 against 0.85, every value outside the data's range; digits 0.62 "
-                         "against 0.068) and did not after 25 (breast_cancer 0.85 and 0.84, digits 0.48 and 0.13); it "
-                         "still did not beat the mean guess on digits (docs/decisions/attacks.md, issue 25).")
+    min_epochs_reason = (
+        "With its default settings its decoder diverged after the library's 10 epochs (breast_cancer "
+        "MSE 5.6e11 and 2.0e10 against 0.85, every value outside the data's range; digits 0.62 "
+        "against 0.068) and did not after 25 (breast_cancer 0.85 and 0.84, digits 0.48 and 0.13); it "
+        "still did not beat the mean guess on digits (docs/decisions/attacks.md, issue 25)."
+    )
 
-    constraints: ClassVar[Mapping[str, Param]] = {"gradient_penalty": NON_NEGATIVE,
-                                                  "wgan": Param("train the discriminator as a WGAN-GP critic")}
+    constraints: ClassVar[Mapping[str, Param]] = {
+        "gradient_penalty": NON_NEGATIVE,
+        "wgan": Param("train the discriminator as a WGAN-GP critic"),
+    }
 
-    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = None,
-                 aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
-                 n_targets: int | None = None, aux_batch_size: int = 128, lr: float = 1e-5, disc_lr: float = 1e-4,
-                 gradient_penalty: float = 500.0, wgan: bool = True, shadow_model: str | None = None,
-                 shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64) -> None:
-        super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
-                         target_split=target_split, n_targets=n_targets, aux_batch_size=aux_batch_size, lr=lr,
-                         shadow_model=shadow_model, shadow_options=shadow_options, hidden=hidden,
-                         decoder_width=decoder_width)
+    def __init__(
+        self,
+        *,
+        victim: str = "passive_1",
+        aux_size: int | None = None,
+        aux_fraction: float | None = None,
+        aux_classes: Sequence[int] | None = None,
+        target_split: Literal["train", "test"] = "test",
+        n_targets: int | None = None,
+        aux_batch_size: int = 128,
+        lr: float = 1e-5,
+        disc_lr: float = 1e-4,
+        gradient_penalty: float = 500.0,
+        wgan: bool = True,
+        shadow_model: str | None = None,
+        shadow_options: dict[str, Any] | None = None,
+        hidden: int = 256,
+        decoder_width: int = 64,
+    ) -> None:
+        super().__init__(
+            victim=victim,
+            aux_size=aux_size,
+            aux_fraction=aux_fraction,
+            aux_classes=aux_classes,
+            target_split=target_split,
+            n_targets=n_targets,
+            aux_batch_size=aux_batch_size,
+            lr=lr,
+            shadow_model=shadow_model,
+            shadow_options=shadow_options,
+            hidden=hidden,
+            decoder_width=decoder_width,
+        )
         self.disc_lr = disc_lr
         self.gradient_penalty = gradient_penalty
         self.wgan = wgan
@@ -94,13 +124,21 @@ class FSHA(MaliciousActiveAttack):
         own = party.bottom if aux.own is not None else None
         pilot = self.make_shadow(aux, generator)
         embed = self.scenario_.embed_dim
-        decoder = seeded(decoder_for(self.own_width(party, aux) + embed, aux.victim[0], hidden=self.hidden,
-                                     width=self.decoder_width), generator, aux.victim)
+        decoder = seeded(
+            decoder_for(
+                self.own_width(party, aux) + embed, aux.victim[0], hidden=self.hidden, width=self.decoder_width
+            ),
+            generator,
+            aux.victim,
+        )
         critic = seeded(mlp(embed, (self.hidden, self.hidden), 1, leaky=True), generator, aux.victim)
-        optimizers = {"autoencoder": self.adam([own, pilot, decoder], self.lr),
-                      "discriminator": self.adam([critic], self.disc_lr)}
-        return Adversary(party, aux, AuxBatches(len(aux.ids), generator), generator, own, pilot, decoder, critic,
-                         optimizers)
+        optimizers = {
+            "autoencoder": self.adam([own, pilot, decoder], self.lr),
+            "discriminator": self.adam([critic], self.disc_lr),
+        }
+        return Adversary(
+            party, aux, AuxBatches(len(aux.ids), generator), generator, own, pilot, decoder, critic, optimizers
+        )
 
     def attack_step(self, state: Adversary, ids: Tensor, h: Tensor, y: Tensor) -> tuple[Tensor, float]:  # noqa: D102
         rows = state.batches.next(self.aux_batch_size)
@@ -128,8 +166,9 @@ class FSHA(MaliciousActiveAttack):
                 loss_d = loss_d + self.gradient_penalty * gradient_penalty(critic, z_priv, z_pub, state.generator)
         else:
             pub, priv = critic(z_pub), critic(z_priv)
-            loss_d = (F.binary_cross_entropy_with_logits(pub, torch.ones_like(pub))
-                      + F.binary_cross_entropy_with_logits(priv, torch.zeros_like(priv)))
+            loss_d = F.binary_cross_entropy_with_logits(pub, torch.ones_like(pub)) + F.binary_cross_entropy_with_logits(
+                priv, torch.zeros_like(priv)
+            )
         opt_d = state.optimizers["discriminator"]
         opt_d.zero_grad(set_to_none=True)
         loss_d.backward()

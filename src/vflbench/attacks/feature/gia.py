@@ -36,8 +36,9 @@ from vflbench.attacks.feature.honest import CuriousActiveAttack, fit_regression,
 from vflbench.attacks.registry import ATTACKS
 from vflbench.registry import BATCH, EPOCHS, LEARNING_RATE, NON_NEGATIVE, Param
 
-PAPER = ("GIA as described and evaluated in DMAVFL (Yao et al., arXiv 2404.19582) §2.1/§6.2, ref. [18]; "
-         "URVFL's gia_attack")
+PAPER = (
+    "GIA as described and evaluated in DMAVFL (Yao et al., arXiv 2404.19582) §2.1/§6.2, ref. [18]; URVFL's gia_attack"
+)
 
 
 @ATTACKS.register(summary="GIA: shadow fitted to the victim's aux embeddings, then per-row input optimisation")
@@ -55,25 +56,53 @@ class GIA(CuriousActiveAttack):
     aux_disjoint = False  # GIA inserts its aux features into the victim's data (DMAVFL §2.1)
     phase: ClassVar[Phase] = "observer"  # it keeps the victim's embeddings of the aux rows during training
     search_space: ClassVar[Mapping[str, tuple[Any, ...]]] = {
-        "shadow_lr": (1e-4, 1e-3, 1e-2), "opt_lr": (1e-3, 1e-2, 1e-1), "opt_steps": (Scale(1.0), Scale(4.0))}
+        "shadow_lr": (1e-4, 1e-3, 1e-2),
+        "opt_lr": (1e-3, 1e-2, 1e-1),
+        "opt_steps": (Scale(1.0), Scale(4.0)),
+    }
     """The shadow's fit and the per-row inversion, both after training."""
 
     constraints: ClassVar[Mapping[str, Param]] = {
-        "shadow_epochs": EPOCHS, "shadow_lr": LEARNING_RATE, "batch_size": BATCH,
-        "opt_steps": Param("optimisation steps per row", ge=0), "opt_lr": LEARNING_RATE,
+        "shadow_epochs": EPOCHS,
+        "shadow_lr": LEARNING_RATE,
+        "batch_size": BATCH,
+        "opt_steps": Param("optimisation steps per row", ge=0),
+        "opt_lr": LEARNING_RATE,
         "bounds": Param("clamp reconstructions to the auxiliary set's range ('aux') or not (null)"),
-        "init": Param("the starting point of the optimisation"), "tv_weight": NON_NEGATIVE}
+        "init": Param("the starting point of the optimisation"),
+        "tv_weight": NON_NEGATIVE,
+    }
 
-    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,
-                 aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
-                 n_targets: int | None = None, shadow_epochs: int = 50, shadow_lr: float = 1e-4,
-                 batch_size: int = 128, opt_steps: int = 50, opt_lr: float = 1e-3,
-                 bounds: Literal["aux"] | None = None, init: Literal["zeros", "aux_mean"] = "zeros",
-                 tv_weight: float = 0.0, shadow_model: str | None = None,
-                 shadow_options: dict[str, Any] | None = None) -> None:
-        super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
-                         target_split=target_split, n_targets=n_targets, shadow_model=shadow_model,
-                         shadow_options=shadow_options)
+    def __init__(
+        self,
+        *,
+        victim: str = "passive_1",
+        aux_size: int | None = None,
+        aux_fraction: float | None = 0.1,
+        aux_classes: Sequence[int] | None = None,
+        target_split: Literal["train", "test"] = "test",
+        n_targets: int | None = None,
+        shadow_epochs: int = 50,
+        shadow_lr: float = 1e-4,
+        batch_size: int = 128,
+        opt_steps: int = 50,
+        opt_lr: float = 1e-3,
+        bounds: Literal["aux"] | None = None,
+        init: Literal["zeros", "aux_mean"] = "zeros",
+        tv_weight: float = 0.0,
+        shadow_model: str | None = None,
+        shadow_options: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            victim=victim,
+            aux_size=aux_size,
+            aux_fraction=aux_fraction,
+            aux_classes=aux_classes,
+            target_split=target_split,
+            n_targets=n_targets,
+            shadow_model=shadow_model,
+            shadow_options=shadow_options,
+        )
         self.shadow_epochs = shadow_epochs
         self.shadow_lr = shadow_lr
         self.batch_size = batch_size
@@ -95,13 +124,37 @@ class GIA(CuriousActiveAttack):
         assert aux is not None
         rows, h_aux = self.aux_embeddings(view)
         shadow = self.build_shadow(aux, view.generator)
-        losses = fit_regression(shadow, aux.victim[rows], h_aux, epochs=self.shadow_epochs, lr=self.shadow_lr,
-                                batch_size=self.batch_size, generator=view.generator)
+        losses = fit_regression(
+            shadow,
+            aux.victim[rows],
+            h_aux,
+            epochs=self.shadow_epochs,
+            lr=self.shadow_lr,
+            batch_size=self.batch_size,
+            generator=view.generator,
+        )
         r, _ = self.targets(view)
         bounds = (float(aux.victim.min()), float(aux.victim.max())) if self.bounds == "aux" else None
-        features = invert_embeddings(shadow, r.embeddings, aux.victim.shape[1:], steps=self.opt_steps,
-                                     lr=self.opt_lr, tv_weight=self.tv_weight, l2_weight=0.0, bounds=bounds,
-                                     init=aux.victim.mean(0) if self.init == "aux_mean" else None, amsgrad=True)
-        return FeatureInference(r.ids, features, r.split, shadow=shadow,
-                                details={"aux_rows": len(aux.ids), "aux_embeddings": len(rows),
-                                         "shadow_losses": losses[-1:] if losses else []})
+        features = invert_embeddings(
+            shadow,
+            r.embeddings,
+            aux.victim.shape[1:],
+            steps=self.opt_steps,
+            lr=self.opt_lr,
+            tv_weight=self.tv_weight,
+            l2_weight=0.0,
+            bounds=bounds,
+            init=aux.victim.mean(0) if self.init == "aux_mean" else None,
+            amsgrad=True,
+        )
+        return FeatureInference(
+            r.ids,
+            features,
+            r.split,
+            shadow=shadow,
+            details={
+                "aux_rows": len(aux.ids),
+                "aux_embeddings": len(rows),
+                "shadow_losses": losses[-1:] if losses else [],
+            },
+        )

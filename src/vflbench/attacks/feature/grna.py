@@ -49,8 +49,10 @@ from vflbench.attacks.feature.honest import (
 from vflbench.attacks.registry import ATTACKS
 from vflbench.registry import BATCH, EPOCHS, LEARNING_RATE, NON_NEGATIVE, WIDTH, Param
 
-PAPER = ("Luo et al., Feature Inference Attack on Model Predictions in Vertical Federated Learning (GRNA, ICDE 2021); "
-         "xinjianluo/featureinference-vfl; evaluated in DMAVFL §6.2 (Yao et al., arXiv 2404.19582)")
+PAPER = (
+    "Luo et al., Feature Inference Attack on Model Predictions in Vertical Federated Learning (GRNA, ICDE 2021); "
+    "xinjianluo/featureinference-vfl; evaluated in DMAVFL §6.2 (Yao et al., arXiv 2404.19582)"
+)
 VICTIM_BOTTOM = "victim_bottom"
 
 
@@ -91,25 +93,57 @@ class GRNA(CuriousActiveAttack):
     aux_disjoint = False  # GRNA has no aux set; our shadow needs the victim's training-time aux embeddings
     phase: ClassVar[Phase] = "observer"  # it keeps the victim's embeddings of the aux rows during training
     search_space: ClassVar[Mapping[str, tuple[Any, ...]]] = {
-        "lr": (1e-4, 1e-3), "epochs": (Scale(0.5), Scale(1.0), Scale(2.0)), "var_lambda": (0.0, 0.25, 1.0)}
+        "lr": (1e-4, 1e-3),
+        "epochs": (Scale(0.5), Scale(1.0), Scale(2.0)),
+        "var_lambda": (0.0, 0.25, 1.0),
+    }
     """The generator's training after training (what it kept during training is not searched)."""
 
     constraints: ClassVar[Mapping[str, Param]] = {
-        "epochs": EPOCHS, "batch_size": BATCH, "lr": LEARNING_RATE, "var_lambda": NON_NEGATIVE,
-        "mean_lambda": NON_NEGATIVE, "hidden": Param("the generator's hidden widths", ge=1, le=WIDTH.le),
+        "epochs": EPOCHS,
+        "batch_size": BATCH,
+        "lr": LEARNING_RATE,
+        "var_lambda": NON_NEGATIVE,
+        "mean_lambda": NON_NEGATIVE,
+        "hidden": Param("the generator's hidden widths", ge=1, le=WIDTH.le),
         "victim_model": Param("a shadow model trained on the auxiliary set, or the victim's own (white box)"),
-        "shadow_epochs": EPOCHS, "shadow_lr": LEARNING_RATE, "shadow_batch_size": BATCH}
+        "shadow_epochs": EPOCHS,
+        "shadow_lr": LEARNING_RATE,
+        "shadow_batch_size": BATCH,
+    }
 
-    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,
-                 aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
-                 n_targets: int | None = None, epochs: int = 60, batch_size: int = 64, lr: float = 1e-4,
-                 var_lambda: float = 0.25, mean_lambda: float = 0.0, hidden: Sequence[int] = (600, 200, 100),
-                 victim_model: Literal["shadow", "white_box"] = "shadow", shadow_epochs: int = 50,
-                 shadow_lr: float = 1e-3, shadow_batch_size: int = 64, shadow_model: str | None = None,
-                 shadow_options: dict[str, Any] | None = None) -> None:
-        super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
-                         target_split=target_split, n_targets=n_targets, shadow_model=shadow_model,
-                         shadow_options=shadow_options)
+    def __init__(
+        self,
+        *,
+        victim: str = "passive_1",
+        aux_size: int | None = None,
+        aux_fraction: float | None = 0.1,
+        aux_classes: Sequence[int] | None = None,
+        target_split: Literal["train", "test"] = "test",
+        n_targets: int | None = None,
+        epochs: int = 60,
+        batch_size: int = 64,
+        lr: float = 1e-4,
+        var_lambda: float = 0.25,
+        mean_lambda: float = 0.0,
+        hidden: Sequence[int] = (600, 200, 100),
+        victim_model: Literal["shadow", "white_box"] = "shadow",
+        shadow_epochs: int = 50,
+        shadow_lr: float = 1e-3,
+        shadow_batch_size: int = 64,
+        shadow_model: str | None = None,
+        shadow_options: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            victim=victim,
+            aux_size=aux_size,
+            aux_fraction=aux_fraction,
+            aux_classes=aux_classes,
+            target_split=target_split,
+            n_targets=n_targets,
+            shadow_model=shadow_model,
+            shadow_options=shadow_options,
+        )
         self.epochs = epochs
         self.batch_size = batch_size
         self.lr = lr
@@ -124,9 +158,12 @@ class GRNA(CuriousActiveAttack):
     def check(self, scenario: Scenario) -> None:
         """Also: the runner grants no threat model the victim's bottom model yet."""
         super().check(scenario)
-        require(self.victim_model != "white_box", self.name,
-                "victim_model 'white_box' needs the victim's trained bottom model, which no threat model of the "
-                "runner grants the attacker yet; use victim_model: shadow")
+        require(
+            self.victim_model != "white_box",
+            self.name,
+            "victim_model 'white_box' needs the victim's trained bottom model, which no threat model of the "
+            "runner grants the attacker yet; use victim_model: shadow",
+        )
 
     def records_aux(self) -> bool:  # noqa: D102
         return self.victim_model == "shadow"
@@ -138,8 +175,15 @@ class GRNA(CuriousActiveAttack):
             return view.models[VICTIM_BOTTOM], {}
         rows, h_aux = self.aux_embeddings(view)
         shadow = self.build_shadow(aux, view.generator)
-        losses = fit_regression(shadow, aux.victim[rows], h_aux, epochs=self.shadow_epochs, lr=self.shadow_lr,
-                                batch_size=self.shadow_batch_size, generator=view.generator)
+        losses = fit_regression(
+            shadow,
+            aux.victim[rows],
+            h_aux,
+            epochs=self.shadow_epochs,
+            lr=self.shadow_lr,
+            batch_size=self.shadow_batch_size,
+            generator=view.generator,
+        )
         return shadow, {"aux_embeddings": len(rows), "shadow_loss": losses[-1] if losses else None}
 
     def infer(self, view: PartyView) -> FeatureInference:
@@ -194,9 +238,21 @@ class GRNA(CuriousActiveAttack):
             losses.append(sum(total) / len(total))
         gen.eval()
         with torch.no_grad():
-            features = torch.cat([gen(generator_input(torch.arange(i, min(i + 1024, len(r.ids)))))
-                                  for i in range(0, len(r.ids), 1024)]) if len(r.ids) else torch.empty(0)
+            features = (
+                torch.cat(
+                    [
+                        gen(generator_input(torch.arange(i, min(i + 1024, len(r.ids)))))
+                        for i in range(0, len(r.ids), 1024)
+                    ]
+                )
+                if len(r.ids)
+                else torch.empty(0)
+            )
         shadow = victim_fn if self.victim_model == "shadow" else None
-        return FeatureInference(r.ids, features, r.split, shadow=shadow,
-                                details={"aux_rows": len(aux.ids), **details,
-                                         "generator_loss": losses[-1] if losses else None})
+        return FeatureInference(
+            r.ids,
+            features,
+            r.split,
+            shadow=shadow,
+            details={"aux_rows": len(aux.ids), **details, "generator_loss": losses[-1] if losses else None},
+        )

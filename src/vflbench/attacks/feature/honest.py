@@ -65,8 +65,10 @@ from vflbench.protocol.hooks import PartyHook, StepFn
 from vflbench.protocol.party import Party, aggregate
 from vflbench.registry import Param
 
-THREAT = ("honest-but-curious active party with auxiliary labelled samples of the victim's feature space; "
-          "it follows the protocol and only computes on what it holds and receives")
+THREAT = (
+    "honest-but-curious active party with auxiliary labelled samples of the victim's feature space; "
+    "it follows the protocol and only computes on what it holds and receives"
+)
 
 StepCallback = Callable[[ActiveParty, Tensor, Tensor, int, int], None]
 
@@ -141,9 +143,19 @@ def adam(modules: Sequence[nn.Module], lr: float, **kwargs: Any) -> torch.optim.
     return torch.optim.Adam([p for m in modules for p in m.parameters()], lr=lr, **kwargs)
 
 
-def fit_regression(model: nn.Module, x: Tensor, target: Tensor, *, epochs: int, lr: float, batch_size: int,
-                   generator: torch.Generator, eps: float = 1e-8, amsgrad: bool = False,
-                   halve_every: int | None = None) -> list[float]:
+def fit_regression(
+    model: nn.Module,
+    x: Tensor,
+    target: Tensor,
+    *,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    generator: torch.Generator,
+    eps: float = 1e-8,
+    amsgrad: bool = False,
+    halve_every: int | None = None,
+) -> list[float]:
     """Fit ``model(x) ~ target`` with MSE and Adam; the mean loss of each epoch.
 
     ``halve_every``: halve the learning rate every that many epochs (He et al.'s schedule).
@@ -166,9 +178,20 @@ def fit_regression(model: nn.Module, x: Tensor, target: Tensor, *, epochs: int, 
     return losses
 
 
-def invert_embeddings(model: nn.Module, u: Tensor, shape: Sequence[int], *, steps: int, lr: float,
-                      tv_weight: float, l2_weight: float, bounds: tuple[float, float] | None,
-                      init: Tensor | None = None, eps: float = 1e-8, amsgrad: bool = False) -> Tensor:
+def invert_embeddings(
+    model: nn.Module,
+    u: Tensor,
+    shape: Sequence[int],
+    *,
+    steps: int,
+    lr: float,
+    tv_weight: float,
+    l2_weight: float,
+    bounds: tuple[float, float] | None,
+    init: Tensor | None = None,
+    eps: float = 1e-8,
+    amsgrad: bool = False,
+) -> Tensor:
     """Optimise inputs x~ so that ``model(x~) ~ u`` (He et al.'s rMLE; Kang eq. 12).
 
     x~ starts at ``init`` (one sample, broadcast to every row; zeros when ``None``, as He et al.).
@@ -227,16 +250,24 @@ class StepObserver(PartyHook):
     attacker's own models (listed in the party's models as ``<tag>.<role>``).
     """
 
-    def __init__(self, name: str, party: ActiveParty, *, victim: str, callback: StepCallback | None = None,
-                 models: dict[str, nn.Module] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        party: ActiveParty,
+        *,
+        victim: str,
+        callback: StepCallback | None = None,
+        models: dict[str, nn.Module] | None = None,
+    ) -> None:
         super().__init__(name)
         self.party = party
         self.victim = victim
         self.callback = callback
         self._models = dict(models or {})
 
-    def step(self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int, senders: Sequence[str],
-             proceed: StepFn) -> list[Tensor]:
+    def step(
+        self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int, senders: Sequence[str], proceed: StepFn
+    ) -> list[Tensor]:
         """The step as it would run, then the attacker's side computation on what it received."""
         gradients = proceed(ids, received, epoch=epoch, step=step, senders=senders)
         if self.callback is not None:
@@ -279,12 +310,23 @@ class CuriousActiveAttack(Attack):
     victim: str
     constraints: ClassVar[Mapping[str, Param]] = AUX_CONSTRAINTS
 
-    def __init__(self, *, victim: str, aux_size: int | None, aux_fraction: float | None,
-                 aux_classes: Sequence[int] | None, target_split: Literal["train", "test"],
-                 n_targets: int | None, shadow_model: str | None, shadow_options: dict[str, Any] | None) -> None:
+    def __init__(
+        self,
+        *,
+        victim: str,
+        aux_size: int | None,
+        aux_fraction: float | None,
+        aux_classes: Sequence[int] | None,
+        target_split: Literal["train", "test"],
+        n_targets: int | None,
+        shadow_model: str | None,
+        shadow_options: dict[str, Any] | None,
+    ) -> None:
         if aux_size is None and aux_fraction is None and not self.aux_disjoint:
-            raise ValueError("a feature attack whose auxiliary rows are trained on needs an auxiliary set: give "
-                             "aux_size or aux_fraction")
+            raise ValueError(
+                "a feature attack whose auxiliary rows are trained on needs an auxiliary set: give "
+                "aux_size or aux_fraction"
+            )
         self.victim = victim
         self.aux_size = aux_size
         self.aux_fraction = aux_fraction
@@ -310,10 +352,13 @@ class CuriousActiveAttack(Attack):
         require(scenario.num_parties >= 2, self.name, "it needs a passive party to attack")
         require_training(self, scenario)
         if self.uses_top():
-            require(scenario.num_parties == 2, self.name,
-                    f"it runs the active party's top model on a simulated embedding of the victim, which needs "
-                    f"exactly one passive party (the other parties' embeddings of the auxiliary rows are unknown), "
-                    f"but the scenario has {scenario.num_parties - 1}")
+            require(
+                scenario.num_parties == 2,
+                self.name,
+                f"it runs the active party's top model on a simulated embedding of the victim, which needs "
+                f"exactly one passive party (the other parties' embeddings of the auxiliary rows are unknown), "
+                f"but the scenario has {scenario.num_parties - 1}",
+            )
         self.scenario_ = scenario
 
     def install(self, party: Party, grant: ThreatGrant) -> Sequence[PartyHook]:
@@ -321,12 +366,18 @@ class CuriousActiveAttack(Attack):
         training-time state, and an observer of the steps when it needs one."""
         require(isinstance(party, ActiveParty), self.name, "the attacker must be the active party")
         aux, generator = grant.aux, grant.generator
-        require(aux is not None and generator is not None, self.name,
-                "it needs its auxiliary set (aux_size or aux_fraction)")
+        require(
+            aux is not None and generator is not None,
+            self.name,
+            "it needs its auxiliary set (aux_size or aux_fraction)",
+        )
         assert isinstance(party, ActiveParty) and aux is not None and generator is not None
         require(len(aux.ids) >= 2, self.name, "its auxiliary set needs at least 2 rows")
-        require(torch.is_floating_point(aux.victim), self.name,
-                "the victim's features are integer codes (tokens or categories), which it cannot reconstruct")
+        require(
+            torch.is_floating_point(aux.victim),
+            self.name,
+            "the victim's features are integer codes (tokens or categories), which it cannot reconstruct",
+        )
         self.aux_ = aux
         self.aux_h_: Tensor | None = None
         self.aux_seen_ = torch.zeros(len(aux.ids), dtype=torch.bool)
@@ -390,8 +441,9 @@ class CuriousActiveAttack(Attack):
                 return torch.arange(len(aux.ids)), r.embeddings
         seen, h = getattr(self, "aux_seen_", None), getattr(self, "aux_h_", None)
         if seen is None or h is None or not seen.any():
-            raise CompatibilityError(f"attack {self.name!r}: no embedding of an auxiliary row was received during "
-                                     "training")
+            raise CompatibilityError(
+                f"attack {self.name!r}: no embedding of an auxiliary row was received during training"
+            )
         kept = torch.nonzero(seen).flatten()  # positions in the auxiliary set the attack trained with
         ids = self.aux_.ids[kept].cpu()
         # positions of those rows in the view's auxiliary set (the same set, or a part of it: the attacker search
@@ -401,8 +453,9 @@ class CuriousActiveAttack(Attack):
         at = torch.searchsorted(sorted_ids, ids).clamp(max=len(sorted_ids) - 1)
         hit = sorted_ids[at] == ids
         if not hit.any():
-            raise CompatibilityError(f"attack {self.name!r}: no embedding of an auxiliary row was received during "
-                                     "training")
+            raise CompatibilityError(
+                f"attack {self.name!r}: no embedding of an auxiliary row was received during training"
+            )
         return order[at[hit]].to(aux.ids.device), h[kept[hit.to(kept.device)]]
 
     def targets(self, view: PartyView) -> tuple[ReceivedEmbeddings, Tensor | None]:

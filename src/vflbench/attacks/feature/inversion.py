@@ -62,13 +62,16 @@ from vflbench.attacks.feature.honest import (
 from vflbench.attacks.registry import ATTACKS
 from vflbench.registry import BATCH, EPOCHS, LEARNING_RATE, NON_NEGATIVE, Param
 
-PAPER = ("He, Zhang & Lee, Model Inversion Attacks Against Collaborative Inference (ACSAC 2019); "
-         "Kang et al., A Framework for Evaluating Privacy-Utility Trade-off in VFL, §6.2 eq. 12 and §8.5.3")
+PAPER = (
+    "He, Zhang & Lee, Model Inversion Attacks Against Collaborative Inference (ACSAC 2019); "
+    "Kang et al., A Framework for Evaluating Privacy-Utility Trade-off in VFL, §6.2 eq. 12 and §8.5.3"
+)
 ADAM_EPS = 1e-3  # He et al.'s Adam epsilon (with AMSGrad) for every optimiser
 
 
-@ATTACKS.register(summary="model inversion of the victim's embeddings: query-free shadow + TV prior, or a black-box "
-                          "inverse network")
+@ATTACKS.register(
+    summary="model inversion of the victim's embeddings: query-free shadow + TV prior, or a black-box inverse network"
+)
 class ModelInversion(CuriousActiveAttack):
     """Model inversion by the honest-but-curious active party (see the module docstring).
 
@@ -84,31 +87,67 @@ class ModelInversion(CuriousActiveAttack):
     name = "model_inversion"
     paper = PAPER
     search_space: ClassVar[Mapping[str, tuple[Any, ...]]] = {
-        "inverse_lr": (1e-4, 1e-3, 1e-2), "inverse_epochs": (Scale(0.5), Scale(1.0), Scale(2.0)),
-        "shadow_lr": (1e-4, 1e-3, 1e-2), "lr": (0.01, 0.1, 1.0), "tv_weight": (0.0, 0.5, 2.0)}
+        "inverse_lr": (1e-4, 1e-3, 1e-2),
+        "inverse_epochs": (Scale(0.5), Scale(1.0), Scale(2.0)),
+        "shadow_lr": (1e-4, 1e-3, 1e-2),
+        "lr": (0.01, 0.1, 1.0),
+        "tv_weight": (0.0, 0.5, 2.0),
+    }
     """Black box: the inverse network's learning rate and epochs; query-free: the shadow's learning rate, the
     inversion's learning rate and its TV weight (:meth:`search_grid` picks the mode's)."""
 
     constraints: ClassVar[Mapping[str, Param]] = {
         "mode": Param("query_free (a shadow model, then optimisation) or black_box (an inverse network)"),
-        "shadow_epochs": EPOCHS, "shadow_lr": LEARNING_RATE, "batch_size": BATCH,
+        "shadow_epochs": EPOCHS,
+        "shadow_lr": LEARNING_RATE,
+        "batch_size": BATCH,
         "halve_every": Param("steps between halvings of the inversion's learning rate", ge=1),
-        "steps": Param("optimisation steps", ge=0), "lr": LEARNING_RATE, "tv_weight": NON_NEGATIVE,
-        "l2_weight": NON_NEGATIVE, "bounds": Param("clamp reconstructions to the auxiliary set's range ('aux') or "
-                                                   "not (null)"),
-        "inverse_epochs": EPOCHS, "inverse_lr": LEARNING_RATE, **DECODER_CONSTRAINTS}
+        "steps": Param("optimisation steps", ge=0),
+        "lr": LEARNING_RATE,
+        "tv_weight": NON_NEGATIVE,
+        "l2_weight": NON_NEGATIVE,
+        "bounds": Param("clamp reconstructions to the auxiliary set's range ('aux') or not (null)"),
+        "inverse_epochs": EPOCHS,
+        "inverse_lr": LEARNING_RATE,
+        **DECODER_CONSTRAINTS,
+    }
 
-    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = 0.1,
-                 aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
-                 n_targets: int | None = None, mode: Literal["query_free", "black_box"] = "black_box",
-                 shadow_epochs: int = 50, shadow_lr: float = 1e-3, batch_size: int = 32, halve_every: int = 10,
-                 steps: int = 500, lr: float = 0.1, tv_weight: float = 2.0, l2_weight: float = 0.0,
-                 bounds: Literal["aux"] | None = "aux", inverse_epochs: int = 50, inverse_lr: float = 1e-3,
-                 shadow_model: str | None = None, shadow_options: dict[str, Any] | None = None, hidden: int = 256,
-                 decoder_width: int = 64) -> None:
-        super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
-                         target_split=target_split, n_targets=n_targets, shadow_model=shadow_model,
-                         shadow_options=shadow_options)
+    def __init__(
+        self,
+        *,
+        victim: str = "passive_1",
+        aux_size: int | None = None,
+        aux_fraction: float | None = 0.1,
+        aux_classes: Sequence[int] | None = None,
+        target_split: Literal["train", "test"] = "test",
+        n_targets: int | None = None,
+        mode: Literal["query_free", "black_box"] = "black_box",
+        shadow_epochs: int = 50,
+        shadow_lr: float = 1e-3,
+        batch_size: int = 32,
+        halve_every: int = 10,
+        steps: int = 500,
+        lr: float = 0.1,
+        tv_weight: float = 2.0,
+        l2_weight: float = 0.0,
+        bounds: Literal["aux"] | None = "aux",
+        inverse_epochs: int = 50,
+        inverse_lr: float = 1e-3,
+        shadow_model: str | None = None,
+        shadow_options: dict[str, Any] | None = None,
+        hidden: int = 256,
+        decoder_width: int = 64,
+    ) -> None:
+        super().__init__(
+            victim=victim,
+            aux_size=aux_size,
+            aux_fraction=aux_fraction,
+            aux_classes=aux_classes,
+            target_split=target_split,
+            n_targets=n_targets,
+            shadow_model=shadow_model,
+            shadow_options=shadow_options,
+        )
         self.mode = mode
         self.shadow_epochs = shadow_epochs
         self.shadow_lr = shadow_lr
@@ -169,25 +208,58 @@ class ModelInversion(CuriousActiveAttack):
         shadow.eval()
         r, _ = self.targets(view)
         bounds = (float(aux.victim.min()), float(aux.victim.max())) if self.bounds == "aux" else None
-        features = invert_embeddings(shadow, r.embeddings, aux.victim.shape[1:], steps=self.steps, lr=self.lr,
-                                     tv_weight=self.tv_weight, l2_weight=self.l2_weight, bounds=bounds,
-                                     eps=ADAM_EPS, amsgrad=True)
-        return FeatureInference(r.ids, features, r.split, shadow=shadow,
-                                details={"mode": self.mode, "aux_rows": len(aux.ids),
-                                         "shadow_loss": losses[-1] if losses else None})
+        features = invert_embeddings(
+            shadow,
+            r.embeddings,
+            aux.victim.shape[1:],
+            steps=self.steps,
+            lr=self.lr,
+            tv_weight=self.tv_weight,
+            l2_weight=self.l2_weight,
+            bounds=bounds,
+            eps=ADAM_EPS,
+            amsgrad=True,
+        )
+        return FeatureInference(
+            r.ids,
+            features,
+            r.split,
+            shadow=shadow,
+            details={"mode": self.mode, "aux_rows": len(aux.ids), "shadow_loss": losses[-1] if losses else None},
+        )
 
     def _black_box(self, view: PartyView) -> FeatureInference:
         """He et al.'s inverse network, trained on the (embedding, features) pairs of the aux rows."""
         aux = view.aux
         assert aux is not None
         rows, h_aux = self.aux_embeddings(view)
-        inverse = seeded(decoder_for(h_aux.shape[1], aux.victim[0], hidden=self.hidden, width=self.decoder_width),
-                         view.generator, h_aux)
-        losses = fit_regression(inverse, h_aux, aux.victim[rows], epochs=self.inverse_epochs, lr=self.inverse_lr,
-                                batch_size=self.batch_size, generator=view.generator, eps=ADAM_EPS, amsgrad=True,
-                                halve_every=self.halve_every)
+        inverse = seeded(
+            decoder_for(h_aux.shape[1], aux.victim[0], hidden=self.hidden, width=self.decoder_width),
+            view.generator,
+            h_aux,
+        )
+        losses = fit_regression(
+            inverse,
+            h_aux,
+            aux.victim[rows],
+            epochs=self.inverse_epochs,
+            lr=self.inverse_lr,
+            batch_size=self.batch_size,
+            generator=view.generator,
+            eps=ADAM_EPS,
+            amsgrad=True,
+            halve_every=self.halve_every,
+        )
         r, _ = self.targets(view)
         features = apply_in_chunks(inverse, r.embeddings)
-        return FeatureInference(r.ids, features, r.split,
-                                details={"mode": self.mode, "aux_rows": len(aux.ids), "aux_embeddings": len(rows),
-                                         "inverse_loss": losses[-1] if losses else None})
+        return FeatureInference(
+            r.ids,
+            features,
+            r.split,
+            details={
+                "mode": self.mode,
+                "aux_rows": len(aux.ids),
+                "aux_embeddings": len(rows),
+                "inverse_loss": losses[-1] if losses else None,
+            },
+        )

@@ -46,8 +46,10 @@ from vflbench.attacks.registry import ATTACKS
 from vflbench.protocol import ActiveParty
 from vflbench.registry import BATCH, EPOCHS, LEARNING_RATE, Param
 
-PAPER = ("Gao & Zhang, Feature Inference Attack on Split Learning with a Pseudo-Client (PCAT; IEEE TDSC 2024), "
-         "adapted to VFL as in DMAVFL §6.2 (Yao et al., arXiv 2404.19582) / URVFL's pcat_attack")
+PAPER = (
+    "Gao & Zhang, Feature Inference Attack on Split Learning with a Pseudo-Client (PCAT; IEEE TDSC 2024), "
+    "adapted to VFL as in DMAVFL §6.2 (Yao et al., arXiv 2404.19582) / URVFL's pcat_attack"
+)
 
 
 @ATTACKS.register(summary="PCAT: pseudo-client trained through the current top model on aux rows + decoder")
@@ -68,22 +70,49 @@ class PCAT(CuriousActiveAttack):
     phase: ClassVar[Phase] = "observer"
     observes_steps = True
     search_space: ClassVar[Mapping[str, tuple[Any, ...]]] = {
-        "decoder_lr": (1e-4, 1e-3, 1e-2), "decoder_epochs": (Scale(0.5), Scale(1.0), Scale(2.0))}
+        "decoder_lr": (1e-4, 1e-3, 1e-2),
+        "decoder_epochs": (Scale(0.5), Scale(1.0), Scale(2.0)),
+    }
     """The decoder, trained after training (the pseudo-client, trained during training, is not searched)."""
 
     constraints: ClassVar[Mapping[str, Param]] = {
-        "aux_batch_size": BATCH, "lr": LEARNING_RATE, "shadow_steps": Param("pseudo-client steps per training step",
-                                                                             ge=0),
-        "decoder_epochs": EPOCHS, "decoder_lr": LEARNING_RATE, **DECODER_CONSTRAINTS}
+        "aux_batch_size": BATCH,
+        "lr": LEARNING_RATE,
+        "shadow_steps": Param("pseudo-client steps per training step", ge=0),
+        "decoder_epochs": EPOCHS,
+        "decoder_lr": LEARNING_RATE,
+        **DECODER_CONSTRAINTS,
+    }
 
-    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = None,
-                 aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
-                 n_targets: int | None = None, aux_batch_size: int = 128, lr: float = 1e-4, shadow_steps: int = 1,
-                 decoder_epochs: int = 30, decoder_lr: float = 1e-4, shadow_model: str | None = None,
-                 shadow_options: dict[str, Any] | None = None, hidden: int = 256, decoder_width: int = 64) -> None:
-        super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
-                         target_split=target_split, n_targets=n_targets, shadow_model=shadow_model,
-                         shadow_options=shadow_options)
+    def __init__(
+        self,
+        *,
+        victim: str = "passive_1",
+        aux_size: int | None = None,
+        aux_fraction: float | None = None,
+        aux_classes: Sequence[int] | None = None,
+        target_split: Literal["train", "test"] = "test",
+        n_targets: int | None = None,
+        aux_batch_size: int = 128,
+        lr: float = 1e-4,
+        shadow_steps: int = 1,
+        decoder_epochs: int = 30,
+        decoder_lr: float = 1e-4,
+        shadow_model: str | None = None,
+        shadow_options: dict[str, Any] | None = None,
+        hidden: int = 256,
+        decoder_width: int = 64,
+    ) -> None:
+        super().__init__(
+            victim=victim,
+            aux_size=aux_size,
+            aux_fraction=aux_fraction,
+            aux_classes=aux_classes,
+            target_split=target_split,
+            n_targets=n_targets,
+            shadow_model=shadow_model,
+            shadow_options=shadow_options,
+        )
         self.aux_batch_size = aux_batch_size
         self.lr = lr
         self.shadow_steps = shadow_steps
@@ -112,8 +141,9 @@ class PCAT(CuriousActiveAttack):
                     with torch.no_grad():
                         own = party.bottom(aux.own[rows])
                 self.shadow_.train()
-                loss = supervised_loss(self.joint_outputs(party.top, own, self.shadow_(aux.victim[rows])),
-                                       aux.labels[rows])
+                loss = supervised_loss(
+                    self.joint_outputs(party.top, own, self.shadow_(aux.victim[rows])), aux.labels[rows]
+                )
                 apply_gradients(loss, params, self.optimizer_)
             self.losses_.append(float(loss.detach()))
 
@@ -129,8 +159,11 @@ class PCAT(CuriousActiveAttack):
         with torch.no_grad():
             parts = [] if own_bottom is None else [apply_in_chunks(own_bottom, aux.own)]
             inputs = torch.cat([*parts, apply_in_chunks(shadow, aux.victim)], 1)
-        decoder = seeded(decoder_for(inputs.shape[1], aux.victim[0], hidden=self.hidden, width=self.decoder_width),
-                         view.generator, inputs)
+        decoder = seeded(
+            decoder_for(inputs.shape[1], aux.victim[0], hidden=self.hidden, width=self.decoder_width),
+            view.generator,
+            inputs,
+        )
         opt = torch.optim.Adam(decoder.parameters(), lr=self.decoder_lr)
         losses = []
         decoder.train()
@@ -152,7 +185,16 @@ class PCAT(CuriousActiveAttack):
             return decoder(torch.cat([*parts, h], 1))
 
         features = apply_in_chunks(decode, own_x, r.embeddings)
-        return FeatureInference(r.ids, features, r.split, shadow=shadow,
-                                details={"aux_rows": len(aux.ids), "decoder_losses": losses,
-                                         "pseudo_client_loss": (sum(self.losses_[-50:]) / len(self.losses_[-50:])
-                                                                if getattr(self, "losses_", None) else None)})
+        return FeatureInference(
+            r.ids,
+            features,
+            r.split,
+            shadow=shadow,
+            details={
+                "aux_rows": len(aux.ids),
+                "decoder_losses": losses,
+                "pseudo_client_loss": (
+                    sum(self.losses_[-50:]) / len(self.losses_[-50:]) if getattr(self, "losses_", None) else None
+                ),
+            },
+        )

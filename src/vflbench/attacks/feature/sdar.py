@@ -64,8 +64,10 @@ from vflbench.attacks.registry import ATTACKS
 from vflbench.protocol import ActiveParty
 from vflbench.registry import BATCH, LEARNING_RATE, NON_NEGATIVE, Param
 
-PAPER = ("Zhu et al., Passive Inference Attacks on Split Learning via Adversarial Regularization (SDAR, NDSS 2025); "
-         "zhxchd/SDAR_SplitNN; adapted to VFL as in DMAVFL §6.2 (Yao et al., arXiv 2404.19582)")
+PAPER = (
+    "Zhu et al., Passive Inference Attacks on Split Learning via Adversarial Regularization (SDAR, NDSS 2025); "
+    "zhxchd/SDAR_SplitNN; adapted to VFL as in DMAVFL §6.2 (Yao et al., arXiv 2404.19582)"
+)
 
 
 def _bce(logits: Tensor, value: float) -> Tensor:
@@ -92,24 +94,51 @@ class SDAR(CuriousActiveAttack):
     observes_steps = True
 
     constraints: ClassVar[Mapping[str, Param]] = {
-        "aux_batch_size": BATCH, "e_lr": LEARNING_RATE, "d_lr": LEARNING_RATE, "lambda1": NON_NEGATIVE,
+        "aux_batch_size": BATCH,
+        "e_lr": LEARNING_RATE,
+        "d_lr": LEARNING_RATE,
+        "lambda1": NON_NEGATIVE,
         "lambda2": NON_NEGATIVE,
         "e_dis_lr": Param("the encoder discriminator's learning rate (null: the original's default)", gt=0),
         "d_dis_lr": Param("the decoder discriminator's learning rate (null: the original's default)", gt=0),
-        "label_dim": Param("width of the label embedding", ge=1), "attack_steps": Param("attack steps per training "
-                                                                                       "step", ge=0),
-        **DECODER_CONSTRAINTS}
+        "label_dim": Param("width of the label embedding", ge=1),
+        "attack_steps": Param("attack steps per training step", ge=0),
+        **DECODER_CONSTRAINTS,
+    }
 
-    def __init__(self, *, victim: str = "passive_1", aux_size: int | None = None, aux_fraction: float | None = None,
-                 aux_classes: Sequence[int] | None = None, target_split: Literal["train", "test"] = "test",
-                 n_targets: int | None = None, aux_batch_size: int = 128, e_lr: float = 1e-3, d_lr: float = 5e-4,
-                 lambda1: float = 0.02, lambda2: float = 1e-5, e_dis_lr: float | None = None,
-                 d_dis_lr: float | None = None, label_dim: int = 50, attack_steps: int = 1,
-                 shadow_model: str | None = None, shadow_options: dict[str, Any] | None = None, hidden: int = 256,
-                 decoder_width: int = 64) -> None:
-        super().__init__(victim=victim, aux_size=aux_size, aux_fraction=aux_fraction, aux_classes=aux_classes,
-                         target_split=target_split, n_targets=n_targets, shadow_model=shadow_model,
-                         shadow_options=shadow_options)
+    def __init__(
+        self,
+        *,
+        victim: str = "passive_1",
+        aux_size: int | None = None,
+        aux_fraction: float | None = None,
+        aux_classes: Sequence[int] | None = None,
+        target_split: Literal["train", "test"] = "test",
+        n_targets: int | None = None,
+        aux_batch_size: int = 128,
+        e_lr: float = 1e-3,
+        d_lr: float = 5e-4,
+        lambda1: float = 0.02,
+        lambda2: float = 1e-5,
+        e_dis_lr: float | None = None,
+        d_dis_lr: float | None = None,
+        label_dim: int = 50,
+        attack_steps: int = 1,
+        shadow_model: str | None = None,
+        shadow_options: dict[str, Any] | None = None,
+        hidden: int = 256,
+        decoder_width: int = 64,
+    ) -> None:
+        super().__init__(
+            victim=victim,
+            aux_size=aux_size,
+            aux_fraction=aux_fraction,
+            aux_classes=aux_classes,
+            target_split=target_split,
+            n_targets=n_targets,
+            shadow_model=shadow_model,
+            shadow_options=shadow_options,
+        )
         self.aux_batch_size = aux_batch_size
         self.e_lr = e_lr
         self.d_lr = d_lr
@@ -130,13 +159,26 @@ class SDAR(CuriousActiveAttack):
             with torch.no_grad(), evaluating(party.bottom):
                 own_width = int(party.bottom(aux.own[:2]).shape[1])
         self.simulator_ = self.build_shadow(aux, generator)
-        decoder = decoder_for(own_width + embed + self.label_dim, aux.victim[0], hidden=self.hidden,
-                              width=self.decoder_width)
+        decoder = decoder_for(
+            own_width + embed + self.label_dim, aux.victim[0], hidden=self.hidden, width=self.decoder_width
+        )
         self.decoder_ = seeded(Conditional(decoder, classes, self.label_dim), generator, aux.victim)
-        self.e_dis_ = seeded(Conditional(mlp(embed + self.label_dim, (self.hidden, self.hidden), 1, leaky=True),
-                                         classes, self.label_dim), generator, aux.victim)
-        self.d_dis_ = seeded(Conditional(mlp(flat_dim(aux.victim[0]) + self.label_dim, (self.hidden, self.hidden), 1,
-                                             leaky=True), classes, self.label_dim), generator, aux.victim)
+        self.e_dis_ = seeded(
+            Conditional(
+                mlp(embed + self.label_dim, (self.hidden, self.hidden), 1, leaky=True), classes, self.label_dim
+            ),
+            generator,
+            aux.victim,
+        )
+        self.d_dis_ = seeded(
+            Conditional(
+                mlp(flat_dim(aux.victim[0]) + self.label_dim, (self.hidden, self.hidden), 1, leaky=True),
+                classes,
+                self.label_dim,
+            ),
+            generator,
+            aux.victim,
+        )
         e_dis_lr = self.e_dis_lr if self.e_dis_lr is not None else self.e_lr * self.lambda1
         d_dis_lr = self.d_dis_lr if self.d_dis_lr is not None else self.d_lr * self.lambda2
         self.optimizers_ = {
@@ -147,8 +189,11 @@ class SDAR(CuriousActiveAttack):
         }
         self.batches_ = AuxBatches(len(aux.ids), generator)
         self.losses_: dict[str, list[float]] = {k: [] for k in self.optimizers_}
-        self.keys_ = expose_models(party, self.name, {"simulator": self.simulator_, "decoder": self.decoder_,
-                                                      "e_dis": self.e_dis_, "d_dis": self.d_dis_})
+        self.keys_ = expose_models(
+            party,
+            self.name,
+            {"simulator": self.simulator_, "decoder": self.decoder_, "e_dis": self.e_dis_, "d_dis": self.d_dis_},
+        )
 
     def on_step(self, party: ActiveParty, ids: Tensor, h: Tensor, epoch: int, step: int) -> None:
         """``attack_steps`` SDAR rounds with the batch's real embeddings ``h`` and labels."""
@@ -170,8 +215,9 @@ class SDAR(CuriousActiveAttack):
                         own_s = party.bottom(aux.own[rows])
                 # 1. simulator: the task loss through the frozen top model + fool D_e
                 z = self.simulator_(xs)
-                loss_e = supervised_loss(self.joint_outputs(party.top, own_s, z), ys) \
-                    + self.lambda1 * _bce(self.e_dis_(z, ys), 1.0)
+                loss_e = supervised_loss(self.joint_outputs(party.top, own_s, z), ys) + self.lambda1 * _bce(
+                    self.e_dis_(z, ys), 1.0
+                )
                 apply_gradients(loss_e, list(self.simulator_.parameters()), opt["simulator"])
                 # 2. D_e: real (h, y) vs simulated (e(x_s), y_s)
                 loss_ed = _bce(self.e_dis_(h, y), 1.0) + _bce(self.e_dis_(z.detach(), ys), 0.0)
@@ -207,7 +253,13 @@ class SDAR(CuriousActiveAttack):
 
         features = apply_in_chunks(decode, own_x, r.embeddings)
         losses = getattr(self, "losses_", {})
-        return FeatureInference(r.ids, features, r.split, shadow=models[self.keys_["simulator"]],
-                                details={"aux_rows": len(view.aux.ids) if view.aux is not None else 0,
-                                         "final_losses": {k: sum(v[-50:]) / len(v[-50:]) for k, v in losses.items()
-                                                          if v}})
+        return FeatureInference(
+            r.ids,
+            features,
+            r.split,
+            shadow=models[self.keys_["simulator"]],
+            details={
+                "aux_rows": len(view.aux.ids) if view.aux is not None else 0,
+                "final_losses": {k: sum(v[-50:]) / len(v[-50:]) for k, v in losses.items() if v},
+            },
+        )

@@ -54,20 +54,39 @@ class MaliciousSGD(torch.optim.Optimizer):
     gradient at every step). Deterministic: no RNG.
     """
 
-    def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], *, lr: float, momentum: float = 0.0,
-                 dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
-                 gamma_lr_scale_up: float = 1.0, min_ratio: float = 1.0, max_ratio: float = 5.0,
-                 legacy_zero_grad: bool = True) -> None:
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        *,
+        lr: float,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        gamma_lr_scale_up: float = 1.0,
+        min_ratio: float = 1.0,
+        max_ratio: float = 5.0,
+        legacy_zero_grad: bool = True,
+    ) -> None:
         if lr < 0 or momentum < 0 or weight_decay < 0:
-            raise ValueError(f"lr, momentum and weight_decay must be non-negative, got {lr}, {momentum}, "
-                             f"{weight_decay}")
+            raise ValueError(
+                f"lr, momentum and weight_decay must be non-negative, got {lr}, {momentum}, {weight_decay}"
+            )
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         if min_ratio > max_ratio:
             raise ValueError(f"min_ratio ({min_ratio}) exceeds max_ratio ({max_ratio})")
-        defaults = {"lr": lr, "momentum": momentum, "dampening": dampening, "weight_decay": weight_decay,
-                    "nesterov": nesterov, "gamma_lr_scale_up": gamma_lr_scale_up, "min_ratio": min_ratio,
-                    "max_ratio": max_ratio, "legacy_zero_grad": legacy_zero_grad}
+        defaults = {
+            "lr": lr,
+            "momentum": momentum,
+            "dampening": dampening,
+            "weight_decay": weight_decay,
+            "nesterov": nesterov,
+            "gamma_lr_scale_up": gamma_lr_scale_up,
+            "min_ratio": min_ratio,
+            "max_ratio": max_ratio,
+            "legacy_zero_grad": legacy_zero_grad,
+        }
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -107,15 +126,18 @@ class MaliciousSGD(torch.optim.Optimizer):
 def rebuild_scheduler(old: lr_scheduler.LRScheduler, optimizer: torch.optim.Optimizer) -> lr_scheduler.LRScheduler:
     """The same learning-rate schedule, in the same state, driving ``optimizer`` instead."""
     if isinstance(old, lr_scheduler.MultiStepLR):
-        new: lr_scheduler.LRScheduler = lr_scheduler.MultiStepLR(optimizer, sorted(old.milestones.elements()),
-                                                                 old.gamma)
+        new: lr_scheduler.LRScheduler = lr_scheduler.MultiStepLR(
+            optimizer, sorted(old.milestones.elements()), old.gamma
+        )
     elif isinstance(old, lr_scheduler.StepLR):
         new = lr_scheduler.StepLR(optimizer, old.step_size, old.gamma)
     elif isinstance(old, lr_scheduler.CosineAnnealingLR):
         new = lr_scheduler.CosineAnnealingLR(optimizer, old.T_max, old.eta_min)
     else:
-        raise CompatibilityError(f"active_model_completion cannot carry the {type(old).__name__} schedule over "
-                                 "to its malicious optimizer; use schedule constant, step, multistep or cosine")
+        raise CompatibilityError(
+            f"active_model_completion cannot carry the {type(old).__name__} schedule over "
+            "to its malicious optimizer; use schedule constant, step, multistep or cosine"
+        )
     new.load_state_dict(old.state_dict())
     return new
 
@@ -145,22 +167,53 @@ class ActiveModelCompletion(ModelCompletion):
     name = "active_model_completion"
     reads = ("bottom_model",)
     phase: ClassVar[Phase] = "malicious"  # type: ignore[assignment]  # (ModelCompletion's is inferred as a Literal)
-    paper = ("Fu et al., Label Inference Attacks Against VFL (USENIX Security 2022), active model completion "
-             "(malicious local optimizer); FuChong-cyber/label-inference-attacks my_optimizers.py")
-    threat = ("malicious passive party that updates its own bottom model with a scaled-up local optimizer and "
-              "holds a few labelled samples (T1 + local deviation)")
+    paper = (
+        "Fu et al., Label Inference Attacks Against VFL (USENIX Security 2022), active model completion "
+        "(malicious local optimizer); FuChong-cyber/label-inference-attacks my_optimizers.py"
+    )
+    threat = (
+        "malicious passive party that updates its own bottom model with a scaled-up local optimizer and "
+        "holds a few labelled samples (T1 + local deviation)"
+    )
 
-    def __init__(self, *, party: str = "passive_1", known_per_class: int = 4, epochs: int = 50,
-                 optimizer: Literal["adam", "sgd"] = "adam", lr: float = 1e-3, batch_size: int | None = 16,
-                 head_hidden: int = 64, finetune_bottom: bool = True, select: Selection = "last",
-                 val_per_class: int = 1, prior: Prior = "local", every_epoch: bool = False,
-                 gamma_lr_scale_up: float = 1.0,
-                 min_ratio: float = 1.0, max_ratio: float = 5.0, legacy_zero_grad: bool = True,
-                 momentum: float = 0.9, metric: LabelMetric = "auto") -> None:
-        super().__init__(party=party, known_per_class=known_per_class, epochs=epochs, optimizer=optimizer, lr=lr,
-                         batch_size=batch_size, head_hidden=head_hidden, finetune_bottom=finetune_bottom,
-                         select=select, val_per_class=val_per_class, prior=prior, every_epoch=every_epoch,
-                         momentum=momentum, metric=metric)
+    def __init__(
+        self,
+        *,
+        party: str = "passive_1",
+        known_per_class: int = 4,
+        epochs: int = 50,
+        optimizer: Literal["adam", "sgd"] = "adam",
+        lr: float = 1e-3,
+        batch_size: int | None = 16,
+        head_hidden: int = 64,
+        finetune_bottom: bool = True,
+        select: Selection = "last",
+        val_per_class: int = 1,
+        prior: Prior = "local",
+        every_epoch: bool = False,
+        gamma_lr_scale_up: float = 1.0,
+        min_ratio: float = 1.0,
+        max_ratio: float = 5.0,
+        legacy_zero_grad: bool = True,
+        momentum: float = 0.9,
+        metric: LabelMetric = "auto",
+    ) -> None:
+        super().__init__(
+            party=party,
+            known_per_class=known_per_class,
+            epochs=epochs,
+            optimizer=optimizer,
+            lr=lr,
+            batch_size=batch_size,
+            head_hidden=head_hidden,
+            finetune_bottom=finetune_bottom,
+            select=select,
+            val_per_class=val_per_class,
+            prior=prior,
+            every_epoch=every_epoch,
+            momentum=momentum,
+            metric=metric,
+        )
         self.gamma_lr_scale_up = gamma_lr_scale_up
         self.min_ratio = min_ratio
         self.max_ratio = max_ratio
@@ -173,19 +226,33 @@ class ActiveModelCompletion(ModelCompletion):
 
         The granted labels are not used: the malicious optimizer needs none.
         """
-        require(isinstance(party, PassiveParty) and party.optimizer is not None, self.name,
-                "it corrupts a passive party's own optimizer")
+        require(
+            isinstance(party, PassiveParty) and party.optimizer is not None,
+            self.name,
+            "it corrupts a passive party's own optimizer",
+        )
         assert isinstance(party, PassiveParty) and party.optimizer is not None
         old = party.optimizer
-        require(isinstance(old, torch.optim.SGD), self.name,
-                f"its malicious optimizer replaces SGD (Fu et al.'s setting), but the party uses "
-                f"{type(old).__name__}; set train.optimizer: sgd")
+        require(
+            isinstance(old, torch.optim.SGD),
+            self.name,
+            f"its malicious optimizer replaces SGD (Fu et al.'s setting), but the party uses "
+            f"{type(old).__name__}; set train.optimizer: sgd",
+        )
         group = old.param_groups[0]
         params = [p for g in old.param_groups for p in g["params"]]
-        malicious = MaliciousSGD(params, lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],
-                                 weight_decay=group["weight_decay"], nesterov=group["nesterov"],
-                                 gamma_lr_scale_up=self.gamma_lr_scale_up, min_ratio=self.min_ratio,
-                                 max_ratio=self.max_ratio, legacy_zero_grad=self.legacy_zero_grad)
+        malicious = MaliciousSGD(
+            params,
+            lr=group["lr"],
+            momentum=group["momentum"],
+            dampening=group["dampening"],
+            weight_decay=group["weight_decay"],
+            nesterov=group["nesterov"],
+            gamma_lr_scale_up=self.gamma_lr_scale_up,
+            min_ratio=self.min_ratio,
+            max_ratio=self.max_ratio,
+            legacy_zero_grad=self.legacy_zero_grad,
+        )
         if "initial_lr" in group:
             malicious.param_groups[0]["initial_lr"] = group["initial_lr"]
         party.optimizer = malicious

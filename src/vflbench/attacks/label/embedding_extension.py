@@ -76,8 +76,10 @@ def original_bottom(model: nn.Module) -> nn.Module:
     return model.base if isinstance(model, ExtendedBottom) else model
 
 
-@ATTACKS.register(summary="malicious passive party appends dCor-minimising perturbation "
-                                                 "dims to its embedding, then runs model completion (LabObf §4)")
+@ATTACKS.register(
+    summary="malicious passive party appends dCor-minimising perturbation "
+    "dims to its embedding, then runs model completion (LabObf §4)"
+)
 class EmbeddingExtension(Attack):
     """He et al.'s embedding extension attack (§4, Algorithm 1); see the module docstring.
 
@@ -92,10 +94,14 @@ class EmbeddingExtension(Attack):
     reads = ("bottom_model",)
     phase = "malicious"
     requirements = ("concat aggregation",)
-    paper = ("He et al., LabObf: A Label Protection Scheme for Vertical Federated Learning Through Label "
-             "Obfuscation (2024), §4 Eq. 5, Algorithm 1, Table 3")
-    threat = ("malicious passive party holding labelled auxiliary rows, which controls the width and content "
-              "of its uploaded embedding (defeats dCor-style defenses)")
+    paper = (
+        "He et al., LabObf: A Label Protection Scheme for Vertical Federated Learning Through Label "
+        "Obfuscation (2024), §4 Eq. 5, Algorithm 1, Table 3"
+    )
+    threat = (
+        "malicious passive party holding labelled auxiliary rows, which controls the width and content "
+        "of its uploaded embedding (defeats dCor-style defenses)"
+    )
 
     constraints: ClassVar[Mapping[str, Param]] = {
         **{k: v for k, v in ModelCompletion.constraints.items() if k != "momentum"},  # it takes no momentum
@@ -103,14 +109,29 @@ class EmbeddingExtension(Attack):
         "epochs": Param("fine-tuning passes", ge=0),
         "perturb_dims": Param("width of the appended (perturbed) embedding", ge=1),
         "inner_steps": Param("generator steps per batch", ge=0),
-        "generator_lr": Param("the generator's learning rate", gt=0)}
+        "generator_lr": Param("the generator's learning rate", gt=0),
+    }
 
-    def __init__(self, *, party: str = "passive_1", known_per_class: int = 100, perturb_dims: int = 4,
-                 inner_steps: int = 50, generator_lr: float = 5e-2, epochs: int = 50,
-                 optimizer: Literal["adam", "sgd"] = "adam", lr: float = 1e-3, batch_size: int | None = 16,
-                 head_hidden: int = 64, finetune_bottom: bool = True, select: Selection = "last",
-                 val_per_class: int = 1, prior: Prior = "local", every_epoch: bool = False,
-                 metric: LabelMetric = "auto") -> None:
+    def __init__(
+        self,
+        *,
+        party: str = "passive_1",
+        known_per_class: int = 100,
+        perturb_dims: int = 4,
+        inner_steps: int = 50,
+        generator_lr: float = 5e-2,
+        epochs: int = 50,
+        optimizer: Literal["adam", "sgd"] = "adam",
+        lr: float = 1e-3,
+        batch_size: int | None = 16,
+        head_hidden: int = 64,
+        finetune_bottom: bool = True,
+        select: Selection = "last",
+        val_per_class: int = 1,
+        prior: Prior = "local",
+        every_epoch: bool = False,
+        metric: LabelMetric = "auto",
+    ) -> None:
         self.party = party
         self.known_per_class = known_per_class
         self.perturb_dims = perturb_dims
@@ -127,18 +148,31 @@ class EmbeddingExtension(Attack):
         self.prior = prior
         self.every_epoch = every_epoch
         self.metric = metric
-        self.completion_ = ModelCompletion(party=party, known_per_class=known_per_class, epochs=epochs,
-                                           optimizer=optimizer, lr=lr, batch_size=batch_size, head_hidden=head_hidden,
-                                           finetune_bottom=finetune_bottom, select=select,
-                                           val_per_class=val_per_class, prior=prior,
-                                           every_epoch=every_epoch, metric=metric)
+        self.completion_ = ModelCompletion(
+            party=party,
+            known_per_class=known_per_class,
+            epochs=epochs,
+            optimizer=optimizer,
+            lr=lr,
+            batch_size=batch_size,
+            head_hidden=head_hidden,
+            finetune_bottom=finetune_bottom,
+            select=select,
+            val_per_class=val_per_class,
+            prior=prior,
+            every_epoch=every_epoch,
+            metric=metric,
+        )
 
     def check(self, scenario: Scenario) -> None:  # noqa: D102
         require(self.party != "active", self.name, "it is run by a passive party")
         check_metric(self.name, self.metric, scenario)
-        require(scenario.aggregation == "concat", self.name,
-                f"it appends dimensions to the uploaded embedding, which needs train.aggregation: concat "
-                f"(got {scenario.aggregation!r})")
+        require(
+            scenario.aggregation == "concat",
+            self.name,
+            f"it appends dimensions to the uploaded embedding, which needs train.aggregation: concat "
+            f"(got {scenario.aggregation!r})",
+        )
 
     def extra_embedding_dims(self) -> int:  # noqa: D102
         return self.perturb_dims
@@ -148,12 +182,18 @@ class EmbeddingExtension(Attack):
     def install(self, party: Party, grant: ThreatGrant) -> Sequence[PartyHook]:
         """Wrap the party's bottom model as ``concat(f, g(f))`` and train ``g`` once (Algorithm 1); the hook trains
         it again after every epoch."""
-        require(isinstance(party, PassiveParty) and party.bottom is not None and party.data is not None, self.name,
-                "it corrupts a passive party's own bottom model")
+        require(
+            isinstance(party, PassiveParty) and party.bottom is not None and party.data is not None,
+            self.name,
+            "it corrupts a passive party's own bottom model",
+        )
         assert isinstance(party, PassiveParty) and party.bottom is not None and party.data is not None
         known = grant.known
-        require(known is not None and len(known.ids) > 1, self.name, "it needs labelled auxiliary rows "
-                "(known_per_class >= 1)")
+        require(
+            known is not None and len(known.ids) > 1,
+            self.name,
+            "it needs labelled auxiliary rows (known_per_class >= 1)",
+        )
         assert known is not None
         base = party.bottom
         x_aux = party.data.x_train[known.ids]
@@ -181,8 +221,10 @@ class EmbeddingExtension(Attack):
                 opt.step()
             perturb.requires_grad_(False)
             with torch.no_grad():
-                record = {"dcor_uploaded": float(distance_correlation(torch.cat([v, perturb(v)], 1), y_aux)),
-                          "dcor_original": float(distance_correlation(v, y_aux))}
+                record = {
+                    "dcor_uploaded": float(distance_correlation(torch.cat([v, perturb(v)], 1), y_aux)),
+                    "dcor_original": float(distance_correlation(v, y_aux)),
+                }
             self.history_.append({"epoch": epoch, **record})
             return {f"{self.name}.{k}": val for k, val in record.items()}
 

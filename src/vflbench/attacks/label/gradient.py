@@ -32,7 +32,9 @@ class _CutGradientAttack(Attack):
         "party": Param("the passive party that attacks"),
         "epochs": Param("the training epochs whose messages are used (null: all)", ge=0),
         "known_per_class": Param("labelled rows per class the attacker knows", ge=0),
-        "iterations": Param("optimisation steps", ge=1), "lr": LEARNING_RATE}
+        "iterations": Param("optimisation steps", ge=1),
+        "lr": LEARNING_RATE,
+    }
 
     def __init__(self, *, party: str = "passive_1", epochs: list[int] | None = None) -> None:
         self.party = party
@@ -47,8 +49,11 @@ class _CutGradientAttack(Attack):
         A payload that is not a float tensor (e.g. Paillier ciphertext bytes under ``paillier_he``)
         is scored as the numbers the attacker received: it has nothing else.
         """
-        return [(m.ids, m.payload if m.payload.is_floating_point() else m.payload.flatten(1).double())
-                for m in view.transcript.of_kind("cut_gradient") if _epochs_ok(m.epoch, self.epochs)]
+        return [
+            (m.ids, m.payload if m.payload.is_floating_point() else m.payload.flatten(1).double())
+            for m in view.transcript.of_kind("cut_gradient")
+            if _epochs_ok(m.epoch, self.epochs)
+        ]
 
 
 @ATTACKS.register(summary="score each sample by the L2 norm of its cut-layer gradient (binary)")
@@ -124,13 +129,17 @@ class DirectLabelInference(_CutGradientAttack):
 
     def check(self, scenario: Scenario) -> None:  # noqa: D102
         super().check(scenario)
-        require(scenario.algorithm == "vlr" or (scenario.top == "identity" and scenario.aggregation == "sum"),
-                self.name, "it needs the cut gradient of a softmax over summed logits: use VLR, or "
-                "model.top: identity with train.aggregation: sum")
+        require(
+            scenario.algorithm == "vlr" or (scenario.top == "identity" and scenario.aggregation == "sum"),
+            self.name,
+            "it needs the cut gradient of a softmax over summed logits: use VLR, or "
+            "model.top: identity with train.aggregation: sum",
+        )
 
     def infer(self, view: PartyView) -> LabelInference:  # noqa: D102
-        return LabelInference(batches=[Scores(ids, -(g.squeeze(1) if g.shape[1] == 1 else g))
-                                       for ids, g in self.messages(view)])
+        return LabelInference(
+            batches=[Scores(ids, -(g.squeeze(1) if g.shape[1] == 1 else g)) for ids, g in self.messages(view)]
+        )
 
 
 class _ModelGradientAttack(_CutGradientAttack):
@@ -139,8 +148,11 @@ class _ModelGradientAttack(_CutGradientAttack):
 
     def check(self, scenario: Scenario) -> None:
         require(self.party != "active", self.name, "it is run by a passive party")
-        require(scenario.algorithm == "vlr", self.name,
-                f"it inverts a linear bottom model's gradients, so it needs VLR (got {scenario.algorithm})")
+        require(
+            scenario.algorithm == "vlr",
+            self.name,
+            f"it inverts a linear bottom model's gradients, so it needs VLR (got {scenario.algorithm})",
+        )
 
     def batches(self, view: PartyView) -> list[tuple[Tensor, Tensor, Tensor, Tensor, Tensor]]:
         """(ids, X with a ones column, u^B, grad of [W b] as (m+1, out)) per chosen batch."""
@@ -185,8 +197,9 @@ class GradientInversion(_ModelGradientAttack):
     paper = "Kang et al., eq. 11 (gradient inversion, after Zhu et al. 2019 and Liu et al. CoAE 2022)"
     threat = "passive party with plaintext batch model gradients (T1)"
 
-    def __init__(self, *, party: str = "passive_1", epochs: list[int] | None = None, iterations: int = 200,
-                 lr: float = 0.1) -> None:
+    def __init__(
+        self, *, party: str = "passive_1", epochs: list[int] | None = None, iterations: int = 200, lr: float = 0.1
+    ) -> None:
         super().__init__(party=party, epochs=epochs)
         self.iterations = iterations
         self.lr = lr
@@ -198,9 +211,9 @@ class GradientInversion(_ModelGradientAttack):
         batches = []
         for size, items in groups.items():
             ids = [it[0] for it in items]
-            xb = torch.stack([it[1] for it in items])            # (n, b, m+1)
-            u_b = torch.stack([it[2] for it in items])           # (n, b, out)
-            grad = torch.stack([it[3] for it in items])          # (n, m+1, out)
+            xb = torch.stack([it[1] for it in items])  # (n, b, m+1)
+            u_b = torch.stack([it[2] for it in items])  # (n, b, out)
+            grad = torch.stack([it[3] for it in items])  # (n, m+1, out)
             scale = grad.flatten(1).norm(dim=1).clamp_min(1e-12)[:, None, None]
             label_logits = torch.zeros_like(u_b, requires_grad=True)
             u_a = torch.zeros_like(u_b, requires_grad=True)
@@ -209,8 +222,11 @@ class GradientInversion(_ModelGradientAttack):
             single = u_b.shape[2] == 1
             for _ in range(self.iterations):
                 z = u_b + u_a
-                residue = (torch.sigmoid(z) - torch.sigmoid(label_logits)) if single else \
-                    (z.softmax(2) - label_logits.softmax(2))
+                residue = (
+                    (torch.sigmoid(z) - torch.sigmoid(label_logits))
+                    if single
+                    else (z.softmax(2) - label_logits.softmax(2))
+                )
                 # X^T r as (r^T X)^T: the same sums in another order (float32 rounding apart), 5x faster
                 # than a batched matrix-vector product on a CPU
                 estimate = (residue.transpose(1, 2) @ xb).transpose(1, 2) / size

@@ -50,10 +50,14 @@ class LabObfAdaptiveMixMatch(MixMatchCompletion):
 
     name = "labobf_adaptive_mixmatch"
     shares_draws_with = "model_completion_mixmatch"
-    paper = ("adaptive attack on He et al., LabObf (2024), Algorithm 2; then Fu et al. model completion with "
-             "MixMatch (USENIX Security 2022)")
-    threat = ("honest-but-curious passive party holding a few labelled samples, its own unlabelled rows and the "
-              "random attribute column it appended itself (T1)")
+    paper = (
+        "adaptive attack on He et al., LabObf (2024), Algorithm 2; then Fu et al. model completion with "
+        "MixMatch (USENIX Security 2022)"
+    )
+    threat = (
+        "honest-but-curious passive party holding a few labelled samples, its own unlabelled rows and the "
+        "random attribute column it appended itself (T1)"
+    )
 
     def complete(self, view: PartyView, bottom: nn.Module) -> LabelInference:
         """MixMatch model completion on the view with the attribute column held constant."""

@@ -120,25 +120,50 @@ class MixMatchCompletion(ModelCompletion):
     name = "model_completion_mixmatch"
     reads = ("bottom_model",)
     phase = "post_training"
-    paper = ("Fu et al., Label Inference Attacks Against VFL (USENIX Security 2022), passive model completion "
-             "with MixMatch (Berthelot et al., NeurIPS 2019); FuChong-cyber/label-inference-attacks "
-             "model_completion.py")
+    paper = (
+        "Fu et al., Label Inference Attacks Against VFL (USENIX Security 2022), passive model completion "
+        "with MixMatch (Berthelot et al., NeurIPS 2019); FuChong-cyber/label-inference-attacks "
+        "model_completion.py"
+    )
     threat = "honest-but-curious passive party holding a few labelled samples and its own unlabelled rows (T1)"
     batch_size: int
     search_space: ClassVar[Mapping[str, tuple[Any, ...]]] = {
-        "lr": (5e-4, 2e-3, 8e-3), "epochs": (Scale(0.5), Scale(1.0), Scale(2.0)), "lambda_u": (10.0, 50.0, 100.0)}
+        "lr": (5e-4, 2e-3, 8e-3),
+        "epochs": (Scale(0.5), Scale(1.0), Scale(2.0)),
+        "lambda_u": (10.0, 50.0, 100.0),
+    }
     constraints: ClassVar[Mapping[str, Param]] = {
-        "epochs": Param("MixMatch epochs", ge=1), "val_iteration": Param("steps per MixMatch epoch", ge=1),
-        "batch_size": BATCH, "lr": LEARNING_RATE, "alpha": Param("the Beta(alpha, alpha) of the mixing", gt=0),
-        "lambda_u": Param("weight of the unlabelled loss"), "temperature": POSITIVE,
-        "ema_decay": Param("decay of the weights' moving average", ge=0, le=1)}
+        "epochs": Param("MixMatch epochs", ge=1),
+        "val_iteration": Param("steps per MixMatch epoch", ge=1),
+        "batch_size": BATCH,
+        "lr": LEARNING_RATE,
+        "alpha": Param("the Beta(alpha, alpha) of the mixing", gt=0),
+        "lambda_u": Param("weight of the unlabelled loss"),
+        "temperature": POSITIVE,
+        "ema_decay": Param("decay of the weights' moving average", ge=0, le=1),
+    }
 
-    def __init__(self, *, party: str = "passive_1", known_per_class: int = 4, epochs: int = 10,
-                 val_iteration: int = 1024, batch_size: int = 16, lr: float = 2e-3, alpha: float = 0.75,
-                 lambda_u: float = 50.0, temperature: float = 0.8, ema_decay: float = 0.999,
-                 head_hidden: int = 64, finetune_bottom: bool = True, select: Selection = "last",
-                 val_per_class: int = 1, prior: Prior = "local", every_epoch: bool = False,
-                 metric: LabelMetric = "auto") -> None:
+    def __init__(
+        self,
+        *,
+        party: str = "passive_1",
+        known_per_class: int = 4,
+        epochs: int = 10,
+        val_iteration: int = 1024,
+        batch_size: int = 16,
+        lr: float = 2e-3,
+        alpha: float = 0.75,
+        lambda_u: float = 50.0,
+        temperature: float = 0.8,
+        ema_decay: float = 0.999,
+        head_hidden: int = 64,
+        finetune_bottom: bool = True,
+        select: Selection = "last",
+        val_per_class: int = 1,
+        prior: Prior = "local",
+        every_epoch: bool = False,
+        metric: LabelMetric = "auto",
+    ) -> None:
         self.party = party
         self.known_per_class = known_per_class
         self.epochs = epochs
@@ -160,16 +185,25 @@ class MixMatchCompletion(ModelCompletion):
 
     def check(self, scenario: Scenario) -> None:  # noqa: D102
         super().check(scenario)
-        require(scenario.algorithm != "vlr", self.name,
-                "MixMatch needs an inference head, but in VLR the bottom model outputs the logits; "
-                "use model_completion (a sigmoid on the bottom model) instead")
-        require(scenario.bottom not in MIXUP_INCOMPATIBLE_BOTTOMS, self.name,
-                f"the {scenario.bottom!r} bottom model reads integer codes or token ids, which mixup cannot mix")
+        require(
+            scenario.algorithm != "vlr",
+            self.name,
+            "MixMatch needs an inference head, but in VLR the bottom model outputs the logits; "
+            "use model_completion (a sigmoid on the bottom model) instead",
+        )
+        require(
+            scenario.bottom not in MIXUP_INCOMPATIBLE_BOTTOMS,
+            self.name,
+            f"the {scenario.bottom!r} bottom model reads integer codes or token ids, which mixup cannot mix",
+        )
         per_class = self.known_per_class - (self.val_per_class if self.select == "validation" else 0)
         known = per_class * scenario.num_classes
-        require(self.batch_size <= known, self.name,
-                f"batch_size ({self.batch_size}) exceeds the {known} known labels it fine-tunes on "
-                f"({per_class} per class); lower batch_size or raise known_per_class")
+        require(
+            self.batch_size <= known,
+            self.name,
+            f"batch_size ({self.batch_size}) exceeds the {known} known labels it fine-tunes on "
+            f"({per_class} per class); lower batch_size or raise known_per_class",
+        )
 
     def infer(self, view: PartyView) -> LabelInference:  # noqa: D102
         return self.complete(view, view.bottom())
@@ -183,8 +217,10 @@ class MixMatchCompletion(ModelCompletion):
         assert view.known is not None
         x_all = view.data.x_train
         if not x_all.is_floating_point():
-            raise CompatibilityError(f"attack {self.name!r} cannot run here: the features are integer "
-                                     "codes or token ids, which mixup cannot mix")
+            raise CompatibilityError(
+                f"attack {self.name!r} cannot run here: the features are integer "
+                "codes or token ids, which mixup cannot mix"
+            )
         k = view.scenario.num_classes
         gen = view.generator
         head = init_parameters(inference_head(view.scenario.embed_dim, k, self.head_hidden), gen).to(x_all.device)
@@ -241,11 +277,20 @@ class MixMatchCompletion(ModelCompletion):
                             avg.mul_(self.ema_decay).add_(live, alpha=1.0 - self.ema_decay)
                             live.mul_(decay)
             train_scores = class_scores(predict(ema, x_all))
-            per_epoch.append(LabelInference(
-                train=Scores(train_ids, train_scores, "train"),
-                test=Scores(test_ids, class_scores(predict(ema, view.data.x_test)), "test"),
-                validation=None if val is None else Scores(val.ids, train_scores[val.ids])))
-        return LabelInference(per_epoch=per_epoch,
-                              details={"known_labels": len(x_l), "unlabelled": len(x_u), "trained": True,
-                                       "validation_labels": 0 if val is None else len(val.ids),
-                                       "interleaved": interleaved})
+            per_epoch.append(
+                LabelInference(
+                    train=Scores(train_ids, train_scores, "train"),
+                    test=Scores(test_ids, class_scores(predict(ema, view.data.x_test)), "test"),
+                    validation=None if val is None else Scores(val.ids, train_scores[val.ids]),
+                )
+            )
+        return LabelInference(
+            per_epoch=per_epoch,
+            details={
+                "known_labels": len(x_l),
+                "unlabelled": len(x_u),
+                "trained": True,
+                "validation_labels": 0 if val is None else len(val.ids),
+                "interleaved": interleaved,
+            },
+        )

@@ -72,8 +72,9 @@ def _ring_delta(now: Tensor, start: Tensor, frac_bits: int) -> Tensor:
     return (now - start).to(torch.float64) * 2.0**-frac_bits
 
 
-def transposed_patches(g: Tensor, kernel: tuple[int, int], stride: tuple[int, int], padding: tuple[int, int],
-                       size: tuple[int, int]) -> Tensor:
+def transposed_patches(
+    g: Tensor, kernel: tuple[int, int], stride: tuple[int, int], padding: tuple[int, int], size: tuple[int, int]
+) -> Tensor:
     """The design matrix of a conv layer's input gradient in its weight: rows ``(b, i, j)`` of the
     input, columns ``(o, m_u, m_v)`` with ``dx[b, c, i, j] = sum g_cols[(b,i,j), (o,m_u,m_v)] *
     W[o, c, kh-1-m_u, kw-1-m_v]``."""
@@ -130,8 +131,9 @@ class LayerRecorder:
         self.open = False
         self._reset()
 
-    def known(self, weight_share: Tensor, bias_share: Tensor | None, frac_bits: int,
-              scale: float = 1.0) -> tuple[Tensor, Tensor | None]:
+    def known(
+        self, weight_share: Tensor, bias_share: Tensor | None, frac_bits: int, scale: float = 1.0
+    ) -> tuple[Tensor, Tensor | None]:
         """``W_known``: P_k's weight before masking plus its own updates since (from its share); on the CPU."""
         w = self.weight0 + _ring_delta(weight_share.cpu(), self.share0, frac_bits) * scale
         b = None
@@ -159,8 +161,7 @@ class LayerRecorder:
             self.rows["backward"] += len(design)
 
     @staticmethod
-    def _add(acc: tuple[Tensor, Tensor] | None, design: Tensor, resid: Tensor,
-             weight: float) -> tuple[Tensor, Tensor]:
+    def _add(acc: tuple[Tensor, Tensor] | None, design: Tensor, resid: Tensor, weight: float) -> tuple[Tensor, Tensor]:
         gram, cross = design.T @ design * weight, design.T @ resid * weight
         return (gram, cross) if acc is None else (acc[0] + gram, acc[1] + cross)
 
@@ -238,9 +239,16 @@ def solve_linear(rec: LayerRecorder) -> tuple[Tensor, Tensor, dict[str, Any]]:
     rt = torch.where(ok, (u.T @ (b_b + b_f.T) @ v) / torch.where(ok, denom, 1.0), 0.0)
     r = u @ rt @ v.T
     r_b = (sr - r @ sx) / s1 if s1 > 0 else torch.zeros(n_out, dtype=torch.float64)
-    info = {"unknowns": n_in * n_out, "forward_rank": int((mu > thr).sum()), "forward_full_rank": n_in,
-            "backward_rank": int((lam > thr).sum()), "backward_full_rank": n_out,
-            "determined_fraction": float(ok.double().mean()), "solvable": bool(ok.all()), "used": "both channels"}
+    info = {
+        "unknowns": n_in * n_out,
+        "forward_rank": int((mu > thr).sum()),
+        "forward_full_rank": n_in,
+        "backward_rank": int((lam > thr).sum()),
+        "backward_full_rank": n_out,
+        "determined_fraction": float(ok.double().mean()),
+        "solvable": bool(ok.all()),
+        "used": "both channels",
+    }
     return r, r_b, info
 
 
@@ -256,8 +264,13 @@ def solve_conv(rec: LayerRecorder) -> tuple[Tensor, Tensor, dict[str, Any]]:
     mu = torch.linalg.eigvalsh(a_f)
     lam = torch.linalg.eigvalsh(a_d)
     thr = _threshold(mu, lam)
-    info: dict[str, Any] = {"unknowns": n, "forward_rank": int((mu > thr).sum()), "forward_full_rank": ckk,
-                            "backward_rank": int((lam > thr).sum()), "backward_full_rank": okk}
+    info: dict[str, Any] = {
+        "unknowns": n,
+        "forward_rank": int((mu > thr).sum()),
+        "forward_full_rank": ckk,
+        "backward_rank": int((lam > thr).sum()),
+        "backward_full_rank": okk,
+    }
     if n <= DENSE_LIMIT:
         m_f = torch.kron(torch.eye(c_out, dtype=torch.float64), a_f)
         a6 = a_d.reshape(c_out, kh, kw, c_out, kh, kw).flip(1, 2, 4, 5)
@@ -274,8 +287,11 @@ def solve_conv(rec: LayerRecorder) -> tuple[Tensor, Tensor, dict[str, Any]]:
         ok = mu_f > thr
         inv = v_f @ torch.diag(torch.where(ok, 1.0 / torch.where(ok, mu_f, 1.0), 0.0)) @ v_f.T
         r_mat = (inv @ b_f).T
-        info.update(determined_fraction=float(ok.double().mean()), solvable=bool(ok.all()),
-                    used=f"forward channel only ({n} unknowns > {DENSE_LIMIT} for the dense joint solve)")
+        info.update(
+            determined_fraction=float(ok.double().mean()),
+            solvable=bool(ok.all()),
+            used=f"forward channel only ({n} unknowns > {DENSE_LIMIT} for the dense joint solve)",
+        )
     r_b = (sr - r_mat @ sx) / s1 if s1 > 0 else torch.zeros(c_out, dtype=torch.float64)
     return r_mat.reshape(c_out, c_in, kh, kw), r_b, info
 
@@ -301,8 +317,10 @@ class RecordedVMaskAttack(ModelCompletion):
 
     def _check_every_epoch(self, every_epoch: bool) -> None:
         if every_epoch:
-            raise ValueError("every_epoch is not supported: the masked weights are taken from the final masking "
-                             "episode, at the end of training")
+            raise ValueError(
+                "every_epoch is not supported: the masked weights are taken from the final masking "
+                "episode, at the end of training"
+            )
 
     def install(self, party: Party, grant: ThreatGrant) -> Sequence[PartyHook]:
         """Attach a recorder to every maskable layer of P_k's VMask bottom model (P_k's own code, on its own layers:
@@ -322,8 +340,11 @@ class RecordedVMaskAttack(ModelCompletion):
         masked = bottom.masked if isinstance(bottom, AttackerBottom) else ()
         reports = [self._install(bottom, name) for name in masked] if isinstance(bottom, AttackerBottom) else []
         result = self.complete(view, bottom)
-        result.details.update(attacker_view=self.attacker_view if masked else "plain", layers=reports,
-                              unsolvable=[r["name"] for r in reports if not r.get("solvable", True)])
+        result.details.update(
+            attacker_view=self.attacker_view if masked else "plain",
+            layers=reports,
+            unsolvable=[r["name"] for r in reports if not r.get("solvable", True)],
+        )
         return result
 
     @torch.no_grad()
@@ -341,13 +362,13 @@ class RecordedVMaskAttack(ModelCompletion):
         self.evaluation_only(layer, rec, w_hat, b_hat, report)
         return report
 
-    def evaluation_only(self, layer: MaskableLayer, rec: LayerRecorder, w_hat: Tensor, b_hat: Tensor | None,
-                        report: dict[str, Any]) -> None:
+    def evaluation_only(
+        self, layer: MaskableLayer, rec: LayerRecorder, w_hat: Tensor, b_hat: Tensor | None, report: dict[str, Any]
+    ) -> None:
         """EVALUATION ONLY, after the weights are in place: add to ``report`` what a simulation oracle says of
         them (nothing by default; no inference may depend on it)."""
 
-    def fill(self, name: str, layer: MaskableLayer,
-             rec: LayerRecorder) -> tuple[Tensor, Tensor | None, dict[str, Any]]:
+    def fill(self, name: str, layer: MaskableLayer, rec: LayerRecorder) -> tuple[Tensor, Tensor | None, dict[str, Any]]:
         """The weight and bias P_k puts into masked layer ``name`` (``layer``, its record ``rec``), and a report."""
         raise NotImplementedError
 
@@ -372,25 +393,56 @@ class VMaskWeightRecovery(RecordedVMaskAttack):
 
     name = "vmask_weight_recovery"
     reads: ClassVar[tuple[str, ...]] = ("bottom_model", "masked_layer_openings")
-    paper = ("adaptive attack on Tan et al., VMask (NDSS 2025), Algorithm 5 / §IV-D; then Fu et al. model "
-             "completion (USENIX Security 2022)")
-    threat = ("honest-but-curious passive party P_k that keeps its weight before masking, its own updates and "
-              "what the secure layers reconstruct to it, and holds a few labelled samples")
+    paper = (
+        "adaptive attack on Tan et al., VMask (NDSS 2025), Algorithm 5 / §IV-D; then Fu et al. model "
+        "completion (USENIX Security 2022)"
+    )
+    threat = (
+        "honest-but-curious passive party P_k that keeps its weight before masking, its own updates and "
+        "what the secure layers reconstruct to it, and holds a few labelled samples"
+    )
 
     constraints: ClassVar[Mapping[str, Param]] = {
         "max_openings": Param("openings of the secure layers recorded per layer (null: all)", ge=1),
-        "fallback": Param("directions no channel determines: keep W_known (tracked) or take the decoded share")}
+        "fallback": Param("directions no channel determines: keep W_known (tracked) or take the decoded share"),
+    }
 
-    def __init__(self, *, party: str = "passive_1", known_per_class: int = 4, epochs: int = 50,
-                 optimizer: Literal["adam", "sgd"] = "adam", lr: float = 1e-3, batch_size: int | None = 16,
-                 head_hidden: int = 64, finetune_bottom: bool = True, select: Selection = "last",
-                 val_per_class: int = 1, prior: Prior = "local", every_epoch: bool = False, momentum: float = 0.9,
-                 metric: LabelMetric = "auto", max_openings: int | None = 64,
-                 fallback: Literal["tracked", "share"] = "tracked") -> None:
-        super().__init__(party=party, known_per_class=known_per_class, epochs=epochs, optimizer=optimizer, lr=lr,
-                         batch_size=batch_size, head_hidden=head_hidden, finetune_bottom=finetune_bottom,
-                         select=select, val_per_class=val_per_class, prior=prior, every_epoch=every_epoch,
-                         momentum=momentum, metric=metric)
+    def __init__(
+        self,
+        *,
+        party: str = "passive_1",
+        known_per_class: int = 4,
+        epochs: int = 50,
+        optimizer: Literal["adam", "sgd"] = "adam",
+        lr: float = 1e-3,
+        batch_size: int | None = 16,
+        head_hidden: int = 64,
+        finetune_bottom: bool = True,
+        select: Selection = "last",
+        val_per_class: int = 1,
+        prior: Prior = "local",
+        every_epoch: bool = False,
+        momentum: float = 0.9,
+        metric: LabelMetric = "auto",
+        max_openings: int | None = 64,
+        fallback: Literal["tracked", "share"] = "tracked",
+    ) -> None:
+        super().__init__(
+            party=party,
+            known_per_class=known_per_class,
+            epochs=epochs,
+            optimizer=optimizer,
+            lr=lr,
+            batch_size=batch_size,
+            head_hidden=head_hidden,
+            finetune_bottom=finetune_bottom,
+            select=select,
+            val_per_class=val_per_class,
+            prior=prior,
+            every_epoch=every_epoch,
+            momentum=momentum,
+            metric=metric,
+        )
         self._check_every_epoch(every_epoch)
         self.max_openings = max_openings
         self.fallback = fallback
@@ -398,8 +450,7 @@ class VMaskWeightRecovery(RecordedVMaskAttack):
     def _openings(self) -> int | None:
         return self.max_openings
 
-    def fill(self, name: str, layer: MaskableLayer,
-             rec: LayerRecorder) -> tuple[Tensor, Tensor | None, dict[str, Any]]:
+    def fill(self, name: str, layer: MaskableLayer, rec: LayerRecorder) -> tuple[Tensor, Tensor | None, dict[str, Any]]:
         """The recovered weights ``W_known + R`` of the masked layer, and its :class:`LayerRecovery` (as a dict)."""
         w_known, b_known = self.own_record(layer, rec)
         r, r_b, info = (solve_conv if rec.conv else solve_linear)(rec)
@@ -413,24 +464,37 @@ class VMaskWeightRecovery(RecordedVMaskAttack):
             used = "P_k's decoded share (fallback: share; neither channel has full rank)"
         elif not info["solvable"]:
             used += "; directions neither channel sees keep W_known (fallback: tracked)"
-        report = LayerRecovery(name=name, kind="conv" if rec.conv else "linear",
-                               forward_openings=rec.counts["forward"], backward_openings=rec.counts["backward"],
-                               used=used, **info)
+        report = LayerRecovery(
+            name=name,
+            kind="conv" if rec.conv else "linear",
+            forward_openings=rec.counts["forward"],
+            backward_openings=rec.counts["backward"],
+            used=used,
+            **info,
+        )
         if not report.solvable:
-            log.info("vmask_weight_recovery: layer %s not solvable (forward rank %d/%d, backward rank %d/%d)", name,
-                     report.forward_rank, report.forward_full_rank, report.backward_rank, report.backward_full_rank)
+            log.info(
+                "vmask_weight_recovery: layer %s not solvable (forward rank %d/%d, backward rank %d/%d)",
+                name,
+                report.forward_rank,
+                report.forward_full_rank,
+                report.backward_rank,
+                report.backward_full_rank,
+            )
         return w_hat, b_hat, asdict(report)
 
-    def evaluation_only(self, layer: MaskableLayer, rec: LayerRecorder, w_hat: Tensor, b_hat: Tensor | None,
-                        report: dict[str, Any]) -> None:
+    def evaluation_only(
+        self, layer: MaskableLayer, rec: LayerRecorder, w_hat: Tensor, b_hat: Tensor | None, report: dict[str, Any]
+    ) -> None:
         """EVALUATION ONLY: the recovered layer's errors against the true effective weights
         (:func:`_evaluation_only_errors`), in ``report["evaluation_only"]``."""
         w_known, b_known = self.own_record(layer, rec)
         report["evaluation_only"] = _evaluation_only_errors(layer, rec, w_hat, b_hat, w_known, b_known)
 
 
-@ATTACKS.register(summary="VMask's passive party runs model completion on its own record of its masked weights "
-                          "(no solve)")
+@ATTACKS.register(
+    summary="VMask's passive party runs model completion on its own record of its masked weights (no solve)"
+)
 class VMaskOwnRecord(RecordedVMaskAttack):
     """Model completion on the bottom model whose masked layers P_k fills with its own record:
     ``W_known``, its weight before masking plus the updates it applied to its share since (it computes
@@ -445,33 +509,73 @@ class VMaskOwnRecord(RecordedVMaskAttack):
     name = "vmask_own_record"
     reads: ClassVar[tuple[str, ...]] = ("bottom_model", "own_masked_weights")
     attacker_view: ClassVar[str] = "own_record"
-    paper = ("adaptive attack on Tan et al., VMask (NDSS 2025), Algorithm 1 / §IV-D (P_k's own record, no "
-             "solve); then Fu et al. model completion (USENIX Security 2022)")
-    threat = ("honest-but-curious passive party P_k that keeps its weight before masking and its own updates, and "
-              "holds a few labelled samples")
+    paper = (
+        "adaptive attack on Tan et al., VMask (NDSS 2025), Algorithm 1 / §IV-D (P_k's own record, no "
+        "solve); then Fu et al. model completion (USENIX Security 2022)"
+    )
+    threat = (
+        "honest-but-curious passive party P_k that keeps its weight before masking and its own updates, and "
+        "holds a few labelled samples"
+    )
 
-    def __init__(self, *, party: str = "passive_1", known_per_class: int = 4, epochs: int = 50,
-                 optimizer: Literal["adam", "sgd"] = "adam", lr: float = 1e-3, batch_size: int | None = 16,
-                 head_hidden: int = 64, finetune_bottom: bool = True, select: Selection = "last",
-                 val_per_class: int = 1, prior: Prior = "local", every_epoch: bool = False, momentum: float = 0.9,
-                 metric: LabelMetric = "auto") -> None:
-        super().__init__(party=party, known_per_class=known_per_class, epochs=epochs, optimizer=optimizer, lr=lr,
-                         batch_size=batch_size, head_hidden=head_hidden, finetune_bottom=finetune_bottom,
-                         select=select, val_per_class=val_per_class, prior=prior, every_epoch=every_epoch,
-                         momentum=momentum, metric=metric)
+    def __init__(
+        self,
+        *,
+        party: str = "passive_1",
+        known_per_class: int = 4,
+        epochs: int = 50,
+        optimizer: Literal["adam", "sgd"] = "adam",
+        lr: float = 1e-3,
+        batch_size: int | None = 16,
+        head_hidden: int = 64,
+        finetune_bottom: bool = True,
+        select: Selection = "last",
+        val_per_class: int = 1,
+        prior: Prior = "local",
+        every_epoch: bool = False,
+        momentum: float = 0.9,
+        metric: LabelMetric = "auto",
+    ) -> None:
+        super().__init__(
+            party=party,
+            known_per_class=known_per_class,
+            epochs=epochs,
+            optimizer=optimizer,
+            lr=lr,
+            batch_size=batch_size,
+            head_hidden=head_hidden,
+            finetune_bottom=finetune_bottom,
+            select=select,
+            val_per_class=val_per_class,
+            prior=prior,
+            every_epoch=every_epoch,
+            momentum=momentum,
+            metric=metric,
+        )
         self._check_every_epoch(every_epoch)
 
-    def fill(self, name: str, layer: MaskableLayer,
-             rec: LayerRecorder) -> tuple[Tensor, Tensor | None, dict[str, Any]]:
+    def fill(self, name: str, layer: MaskableLayer, rec: LayerRecorder) -> tuple[Tensor, Tensor | None, dict[str, Any]]:
         """``W_known`` of the masked layer (:meth:`RecordedVMaskAttack.own_record`) and what was used."""
         w_known, b_known = self.own_record(layer, rec)
-        return w_known, b_known, {"name": name, "kind": "conv" if rec.conv else "linear",
-                                  "used": "P_k's own record: its weight before masking plus its own updates "
-                                          "(no solve)"}
+        return (
+            w_known,
+            b_known,
+            {
+                "name": name,
+                "kind": "conv" if rec.conv else "linear",
+                "used": "P_k's own record: its weight before masking plus its own updates (no solve)",
+            },
+        )
 
 
-def _evaluation_only_errors(layer: MaskableLayer, rec: LayerRecorder, w_hat: Tensor, b_hat: Tensor | None,
-                            w_known: Tensor, b_known: Tensor | None) -> dict[str, float | None]:
+def _evaluation_only_errors(
+    layer: MaskableLayer,
+    rec: LayerRecorder,
+    w_hat: Tensor,
+    b_hat: Tensor | None,
+    w_known: Tensor,
+    b_known: Tensor | None,
+) -> dict[str, float | None]:
     """EVALUATION ONLY, after the recovery: errors against the true effective weights (a simulation
     oracle neither party has) of the recovered layer and, for scale, of ``W_known`` alone.
 
@@ -492,7 +596,12 @@ def _evaluation_only_errors(layer: MaskableLayer, rec: LayerRecorder, w_hat: Ten
     output_error = None
     if rec.fwd is not None:
         gram = rec.fwd[0]
-        output_error = math.sqrt(max(float(torch.trace(err @ gram @ err.T)), 0.0)
-                                 / max(float(torch.trace(truth @ gram @ truth.T)), 1e-300))
-    return {"relative_error": float(err.norm()) / norm, "max_abs_error": float(err.abs().max()),
-            "output_relative_error": output_error, "relative_error_known_only": float(known.norm()) / norm}
+        output_error = math.sqrt(
+            max(float(torch.trace(err @ gram @ err.T)), 0.0) / max(float(torch.trace(truth @ gram @ truth.T)), 1e-300)
+        )
+    return {
+        "relative_error": float(err.norm()) / norm,
+        "max_abs_error": float(err.abs().max()),
+        "output_relative_error": output_error,
+        "relative_error_known_only": float(known.norm()) / norm,
+    }
