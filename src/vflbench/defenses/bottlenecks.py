@@ -21,7 +21,6 @@ from vflbench.defenses.building import (
     gaussian_kl,
     needs_width,
     normal_like,
-    output_width,
 )
 from vflbench.errors import CompatibilityError
 from vflbench.models.base import init_parameters, linear_layers
@@ -123,52 +122,50 @@ class MutualInformationDefense(Defense):
         aggregation = context.aggregation
         if aggregation not in (None, "concat"):
             raise CompatibilityError(f"mid needs train.aggregation: concat, not {aggregation!r}")
-        self.widths_: dict[str, int | None] = {}
         self.top_: _MIDTop | None = None
 
-    def wrap_bottom(self, model: nn.Module, party: str) -> nn.Module:  # noqa: D102
-        self.widths_[party] = output_width(model)  # the active party sees every bottom's width here
-        return model
-
-    def wrap_top(self, model: nn.Module) -> nn.Module:  # noqa: D102
+    def wrap_top(self, model: nn.Module) -> nn.Module:
+        """The top model behind a MID layer on each passive party's slice of its input (the slices of the top
+        model's input layout, ``BindContext.top_layout``); the active party's own slice passes as it is."""
         layers = linear_layers(model)
         if isinstance(model, Identity) or not layers or not isinstance(layers[0], nn.Linear):
             raise CompatibilityError(
                 "mid needs a top model that starts with a Linear layer on the concatenated "
                 "embeddings; the identity top (VLR) has none."
             )
+        layout = self.context_.top_layout
+        if layout is None:
+            raise CompatibilityError(
+                "mid needs the top model's input layout (BindContext.top_layout, given to the active party's "
+                "instance by Defense.bind_top before its models are built)"
+            )
+        if layout.how != "concat":
+            raise CompatibilityError(
+                "mid needs train.aggregation: concat; with sum or mean the per-party "
+                "embeddings cannot be separated at the top model."
+            )
         in_dim = layers[0].in_features
-        order = ([ACTIVE] if ACTIVE in self.widths_ else []) + [p for p in self.widths_ if p != ACTIVE]
-        widths = [self.widths_[p] for p in order]
-        if any(w is None for w in widths):
-            raise CompatibilityError("mid needs bottom models that end in a Linear layer (to slice the top input)")
-        total = sum(w for w in widths if w is not None)
-        if total != in_dim:
-            if len(widths) > 1 and in_dim in widths:
-                raise CompatibilityError(
-                    "mid needs train.aggregation: concat; with sum or mean the per-party "
-                    "embeddings cannot be separated at the top model."
-                )
+        if layout.width != in_dim:
+            widths = {p.party: p.width for p in layout.parts}
             raise CompatibilityError(
                 f"mid cannot split the top model's input of width {in_dim} into the parties' "
-                f"embeddings (widths {dict(zip(order, widths, strict=True))})."
+                f"embeddings (widths {widths})."
             )
-        slices: list[tuple[int, int, _MIDLayer | None]] = []
-        start = 0
-        for party, width in zip(order, widths, strict=True):
-            assert width is not None
-            mid = (
+        slices = [
+            (
+                p.start,
+                p.end,
                 None
-                if party == ACTIVE
+                if p.party == ACTIVE
                 else _MIDLayer(
-                    width,
+                    p.width,
                     bottleneck_scale=self.bottleneck_scale,
                     std_shift=self.std_shift,
                     generator=self.context_.generator,
-                )
+                ),
             )
-            slices.append((start, start + width, mid))
-            start += width
+            for p in layout.parts
+        ]
         self.top_ = _MIDTop(model, slices)
         return self.top_
 

@@ -77,8 +77,8 @@ reproducible up to the last bit of rescaled values.
 
 Use it alone and place it last among defenses: it changes what the embedding and cut-gradient
 messages carry (a share and ciphertext bytes), so attacks and defenses that read those messages
-see exactly that. Any aggregation works; it is read from ``BindContext.aggregation`` when
-given, else inferred (``concat`` from the top model's input width, ``sum`` for VLR).
+see exactly that. Any aggregation works; the key holder adds each passive party's share where the top
+model's input layout (``BindContext.top_layout``, laid out once by the experiment) puts that party's embedding.
 """
 
 from __future__ import annotations
@@ -150,28 +150,23 @@ class PaillierHE(Defense):
         load_phe()
         self.holder_: PaillierKeyHolder | None = None
         self.layer_: PaillierLinear | None = None
-        self.own_bottom_: bool = False
-        self.own_width_: int | None = None
-        self.layout_: list[tuple[str, int, int]] | None = None  # the top model's, shared (not the model itself)
-        self.top_in_dim_: int | None = None
         if context.party == ACTIVE:
             self.holder_ = PaillierKeyHolder(self.key_bits, pool=self.pool)
             self._link().serve(NAMESPACE, self._handle)
 
     def _handle(self, request: Message) -> Message:
-        """The key holder answers; a passive party's key request that arrives after the top model was built (its
-        party in another process) completes the top model's layout."""
+        """The key holder answers a passive party of the federation (another sender is refused)."""
         assert self.holder_ is not None
         reply = self.holder_.handle(request)
-        if self.layout_ is not None and request.sender not in {p for p, _, _ in self.layout_}:
-            layout, how, _ = self._layout(self.top_in_dim_)
-            if how == "mean":
-                raise CompatibilityError(
-                    "paillier_he with passive parties in other processes supports concat and "
-                    "sum aggregation, not mean (the share count is fixed when the top is built)"
-                )
-            self.layout_[:] = layout
+        self._check_senders()
         return reply
+
+    def _check_senders(self) -> None:
+        assert self.holder_ is not None
+        known = {passive_name(i) for i in range(1, self.context_.num_parties)}
+        strangers = sorted(set(self.holder_.widths) - known)
+        if strangers:
+            raise CompatibilityError(f"paillier_he: unexpected parties {strangers} asked for the public key")
 
     def _link(self) -> Endpoint:
         if self.context_.link is None:
@@ -196,13 +191,8 @@ class PaillierHE(Defense):
 
     def wrap_bottom(self, model: nn.Module, party: str) -> nn.Module:
         """Each instance changes only its own party's bottom model: the passive party's gets the encrypted
-        layer; the active party's is noted for its width (another party's model passes untouched)."""
-        if party != self.context_.party:
-            return model
-        if party == ACTIVE:
-            layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
-            self.own_bottom_ = True
-            self.own_width_ = layers[-1].out_features if layers else None
+        layer; the active party's and another party's pass untouched."""
+        if party != self.context_.party or party == ACTIVE:
             return model
         link = KeyHolderLink(self._link())
 
@@ -225,47 +215,22 @@ class PaillierHE(Defense):
         return model
 
     def wrap_top(self, model: nn.Module) -> nn.Module:
-        """The active party's top model behind the addition of its decrypted embedding shares (laid out by the
-        passive parties' key requests so far; the later ones complete the layout, see :meth:`_handle`)."""
+        """The active party's top model behind the addition of each passive party's decrypted embedding share, where
+        the top model's input layout (``BindContext.top_layout``) puts that party's embedding."""
         assert self.holder_ is not None
-        layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
-        self.top_in_dim_ = layers[0].in_features if layers else None
-        layout, how, parts = self._layout(self.top_in_dim_)
-        self.layout_ = layout
-        return ShareCombiningTop(model, HolderRef(self.holder_), layout, how, parts)
-
-    def _layout(self, in_dim: int | None) -> tuple[list[tuple[str, int, int]], str, int]:
-        """The columns of each passive party's embedding share in the top model's input, the aggregation and the
-        number of embeddings aggregated."""
-        holder = self.holder_
-        assert holder is not None
-        known = [passive_name(i) for i in range(1, self.context_.num_parties)]
-        strangers = sorted(set(holder.widths) - set(known))
-        if strangers:
-            raise CompatibilityError(f"paillier_he: unexpected parties {strangers} asked for the public key")
-        passives = [p for p in known if p in holder.widths]
-        widths: dict[str, int | None] = {ACTIVE: self.own_width_} if self.own_bottom_ else {}
-        widths.update({p: holder.widths[p] for p in passives})
-        order = list(widths)
-        how = self.context_.aggregation or ("sum" if self.context_.algorithm == "vlr" else None)
-        if how is None:
-            if (
-                in_dim is not None and None not in widths.values() and in_dim == sum(w or 0 for w in widths.values())
-            ) or len(order) == 1:
-                how = "concat"
-            else:
-                raise CompatibilityError(
-                    "paillier_he supports concat aggregation (vhnn/vsnn) and sum (vlr); it cannot "
-                    "tell sum from mean here (BindContext.aggregation is not set)"
-                )
-        layout: list[tuple[str, int, int]] = []
-        start = 0
-        for party in order:
-            width = widths[party] or 0
-            if party != ACTIVE:
-                layout.append((party, start, start + width) if how == "concat" else (party, 0, 0))
-            start += width
-        return layout, how, len(order)
+        layout = self.context_.top_layout
+        if layout is None:
+            raise CompatibilityError(
+                "paillier_he needs the top model's input layout (BindContext.top_layout, given to the active "
+                "party's instance by Defense.bind_top before its models are built)"
+            )
+        self._check_senders()
+        shares = [
+            (p.party, p.start, p.end) if layout.how == "concat" else (p.party, 0, 0)
+            for p in layout.parts
+            if p.party != ACTIVE
+        ]
+        return ShareCombiningTop(model, HolderRef(self.holder_), shares, layout.how, len(layout.parts))
 
     def transform_cut_gradient(self, gradient: Tensor, state: StepState) -> Tensor:  # noqa: D102
         if self.holder_ is None or state.receiver not in self.holder_.widths:

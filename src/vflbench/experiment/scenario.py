@@ -26,6 +26,7 @@ from vflbench.protocol import (
     Federation,
     InMemoryTransport,
     PassiveParty,
+    TopLayout,
     TrainSettings,
     Transcript,
     Transport,
@@ -405,6 +406,30 @@ def bind_active(
     return objective, embed_dim_of(cfg, objective.out_dim)
 
 
+def lay_out_top(
+    cfg: ExperimentConfig,
+    vd: VerticalData,
+    defenses: Sequence[Defense],
+    *,
+    names: Sequence[str],
+    embed_dim: int,
+    extra_dims: Mapping[str, int] | None = None,
+) -> TopLayout:
+    """The top model's input layout, computed once (from public widths, never from a party's model) and handed to
+    the active party's ``defenses`` (:meth:`Defense.bind_top`): the active party's own bottom's embedding first (if
+    ``vd`` has an active slice; none in VSNN), then each passive party's in ``names`` order (the order the
+    federation sends them), each ``embed_dim`` wide plus what ``extra_dims`` appends to it, aggregated by
+    ``train.aggregation``. Second of the active party's steps, after :func:`bind_active`; :func:`build_active`
+    builds the top model and the party by it."""
+    assert cfg.train.aggregation
+    own = [(ACTIVE, embed_dim)] if vd.active is not None else []
+    extra = extra_dims or {}
+    layout = TopLayout.of([*own, *((n, embed_dim + extra.get(n, 0)) for n in names)], cfg.train.aggregation)
+    for d in defenses:
+        d.bind_top(layout)
+    return layout
+
+
 def show_layout(
     cfg: ExperimentConfig,
     name: str,
@@ -454,13 +479,13 @@ def build_active(
     objective: Objective,
     embed_dim: int,
     defenses: Sequence[Defense],
-    widths: Sequence[int],
+    layout: TopLayout,
     transcript: Transcript,
     device: torch.device,
 ) -> ActiveParty:
     """The active party: its slice (augmented by its defenses), bottom model (none in VSNN), the top model sized by
-    what it receives (``widths``: each passive party's embedding width; its own bottom's added), the optimizer over
-    both, all wrapped by its ``defenses`` (bound already, :func:`bind_active`)."""
+    what it aggregates (``layout``, :func:`lay_out_top`), the optimizer over both, all wrapped by its ``defenses``
+    (bound already, :func:`bind_active`)."""
     m, t, seed = cfg.model, cfg.train, cfg.seed
     assert m.bottom and m.top and t.aggregation
     active_slice = vd.active
@@ -473,12 +498,11 @@ def build_active(
         )
         for d in defenses:
             bottom = d.wrap_bottom(bottom, ACTIVE).to(device)
-    if not widths and active_slice is None:
+    if not layout.parts:
         raise ConfigError("the active party holds no features in VSNN, so it cannot train alone")
-    received = [*widths, *[embed_dim] * (active_slice is not None)]
     top = build_top(
         m.top,
-        sum(received) if t.aggregation == "concat" else embed_dim,
+        layout.width,
         objective.out_dim,
         generator(seed, ACTIVE, "top"),
         device=device,
@@ -497,7 +521,7 @@ def build_active(
         bottom=bottom,
         top=top,
         objective=objective,
-        aggregation=t.aggregation,
+        layout=layout,
         labels=vd.y_train,
         optimizer=opt,
         scheduler=make_scheduler(cfg, opt),
@@ -532,7 +556,8 @@ def build_federation(
     device: torch.device | None = None,
 ) -> Federation:
     """Build the parties of ``cfg`` over ``vd`` in one process, joined by an in-memory transport (``alone``: the
-    active party by itself): :func:`bind_active`, each passive party (:func:`passive_party`), :func:`build_active`,
+    active party by itself): :func:`bind_active`, :func:`lay_out_top`, each passive party (:func:`passive_party`),
+    :func:`build_active`,
     :func:`connect`. A party in its own process builds its side alone (:mod:`vflbench.experiment.party`).
 
     ``extra_dims`` widens a party's uploaded embedding (a malicious passive party appending
@@ -564,6 +589,7 @@ def build_federation(
         device=device,
     )
     objective, embed_dim = bind_active(cfg, vd, plan.active, bind=bind)
+    layout = lay_out_top(cfg, vd, plan.active, names=names, embed_dim=embed_dim, extra_dims=extra_dims)
     passives = _passive_parties(cfg, names, passive_slices, plan, embed_dim, bind, transcripts)
     active = build_active(
         cfg,
@@ -571,7 +597,7 @@ def build_federation(
         objective=objective,
         embed_dim=embed_dim,
         defenses=plan.active,
-        widths=[embed_dim + (extra_dims or {}).get(n, 0) for n in names],
+        layout=layout,
         transcript=transcripts[ACTIVE],
         device=device,
     )
@@ -663,6 +689,7 @@ def active_side(
         device=device,
     )
     objective, embed_dim = bind_active(cfg, vd, defenses, bind=bind)
+    layout = lay_out_top(cfg, vd, defenses, names=names, embed_dim=embed_dim, extra_dims=extra_dims)
     show_layouts(cfg, vd, defenses, names=names, embed_dim=embed_dim, device=device)
     active = build_active(
         cfg,
@@ -670,7 +697,7 @@ def active_side(
         objective=objective,
         embed_dim=embed_dim,
         defenses=defenses,
-        widths=[embed_dim + (extra_dims or {}).get(n, 0) for n in names],
+        layout=layout,
         transcript=Transcript(ACTIVE, keep),
         device=device,
     )

@@ -2,7 +2,7 @@
 
 from vflbench.protocol.channel import Channel, CommStats, Endpoint, InMemoryTransport, Transcript, Transport
 from vflbench.protocol.federation import Federation, History, Progress, classification_metrics
-from vflbench.protocol.hooks import BindContext, Defense, DefenseAux, StepState, TrainSettings
+from vflbench.protocol.hooks import BindContext, Defense, DefenseAux, StepState, TopLayout, TopPart, TrainSettings
 from vflbench.protocol.messages import ACTIVE, Message, passive_name
 from vflbench.protocol.objective import Objective, default_objective
 from vflbench.protocol.party import ActiveParty, PassiveParty, aggregate
@@ -24,6 +24,8 @@ __all__ = [
     "PassiveParty",
     "Progress",
     "StepState",
+    "TopLayout",
+    "TopPart",
     "TrainSettings",
     "Transcript",
     "Transport",

@@ -9,6 +9,7 @@ randomness come from :meth:`Defense.bind`, called once before training.
 |---|---|---|
 | ``augment_features`` | each party, its own slice | once, before models are built |
 | ``transform_labels`` | active | once, before training |
+| ``bind_top`` | active | once, after ``transform_labels``, before any model is wrapped |
 | ``wrap_bottom`` / ``wrap_top`` | either | once, when models are built |
 | ``attach_optimizer`` | either | once, when the party's optimizer is built |
 | ``regularizer`` | either | every batch, extra loss |
@@ -21,7 +22,7 @@ randomness come from :meth:`Defense.bind`, called once before training.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -61,6 +62,55 @@ class DefenseAux:
 
 
 @dataclass(frozen=True)
+class TopPart:
+    """One party's embedding in the top model's input: columns ``start:start + width`` under ``concat``; the whole
+    input (``start`` 0) under ``sum`` and ``mean``."""
+
+    party: str
+    start: int
+    width: int
+
+    @property
+    def end(self) -> int:
+        """The column after this party's last one."""
+        return self.start + self.width
+
+
+@dataclass(frozen=True)
+class TopLayout:
+    """The top model's input: which party's embedding fills which columns, in the order the active party aggregates
+    them (its own bottom's first, if it has one, then what it receives, in the order the passive parties send), and
+    how they are aggregated. Computed once where the federation is built (from public widths, never from another
+    party's model); the active party aggregates by it and its defenses read it (``BindContext.top_layout``)."""
+
+    parts: tuple[TopPart, ...]
+    how: Aggregation
+
+    @classmethod
+    def of(cls, widths: Sequence[tuple[str, int]], how: Aggregation) -> TopLayout:
+        """The layout of embeddings of ``widths`` (``(party, width)`` in aggregation order) aggregated by ``how``."""
+        if how != "concat" and len({w for _, w in widths}) > 1:
+            raise ValueError(f"{how} aggregation needs embeddings of one width, not {dict(widths)}")
+        parts, start = [], 0
+        for party, width in widths:
+            parts.append(TopPart(party, start if how == "concat" else 0, width))
+            start += width
+        return cls(tuple(parts), how)
+
+    @property
+    def width(self) -> int:
+        """The top model's input width: the sum of the embeddings' under ``concat``, else their common width."""
+        if self.how == "concat":
+            return sum(p.width for p in self.parts)
+        return self.parts[0].width if self.parts else 0
+
+    @property
+    def parties(self) -> tuple[str, ...]:
+        """The parties whose embeddings are aggregated, in order."""
+        return tuple(p.party for p in self.parts)
+
+
+@dataclass(frozen=True)
 class BindContext:
     """What a defense learns about the run when it is bound (no other party's data).
 
@@ -71,7 +121,9 @@ class BindContext:
     ``model_completion``: the parameters of a configured ``model_completion`` attack (the attacker
     a defense may simulate), if any. ``device``: where the party's models and data live (``train.device``); a
     defense that makes tensors before it sees any of the party's puts them there (its generators stay on the CPU:
-    draws are made there and moved).
+    draws are made there and moved). ``top_layout``: the top model's input layout (:class:`TopLayout`), at the
+    active party's instances only, and only from :meth:`Defense.bind_top` on (the bottoms' width is known once the
+    label transforms ran): ``None`` until then and at a passive party.
     """
 
     party: str
@@ -87,6 +139,7 @@ class BindContext:
     model_completion: Mapping[str, Any] | None = None
     aux: DefenseAux | None = None
     device: torch.device | None = None
+    top_layout: TopLayout | None = None
 
 
 @dataclass
@@ -165,6 +218,11 @@ class Defense(Params):
     def bind(self, context: BindContext) -> None:
         """Receive the run context before training (store the generator here)."""
         self.context_ = context
+
+    def bind_top(self, layout: TopLayout) -> None:
+        """Receive the top model's input layout (active side: after the label transforms set the bottoms' width,
+        before any model is wrapped); it joins the context as ``context_.top_layout``."""
+        self.context_ = replace(self.context_, top_layout=layout)
 
     def augment_features(self, part: PartySlice) -> PartySlice:
         """Change this party's own feature slice before training (e.g. add an attribute column)."""

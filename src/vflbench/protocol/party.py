@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from vflbench.data.base import PartySlice
 from vflbench.protocol.channel import Transcript
-from vflbench.protocol.hooks import Aggregation, Defense, PartyHook, PredictFn, StepFn, StepState
+from vflbench.protocol.hooks import Aggregation, Defense, PartyHook, PredictFn, StepFn, StepState, TopLayout
 from vflbench.protocol.objective import Objective
 
 Split = Literal["train", "test"]
@@ -148,7 +148,9 @@ class ActiveParty(Party):
 
     ``labels``: the label column the party stores for the training rows (class indices, as loaded). Defenses at
     the party may change what it trains on (the ``objective``'s targets: soft labels, SplitGuard's fake batches),
-    never these; ``None``: the objective's targets as given.
+    never these; ``None``: the objective's targets as given. ``layout``: the top model's input (:class:`TopLayout`,
+    the one its defenses read): the party aggregates its own bottom's embedding first, then the received ones, by
+    ``layout.how``.
     """
 
     def __init__(
@@ -157,14 +159,14 @@ class ActiveParty(Party):
         *,
         top: nn.Module,
         objective: Objective,
-        aggregation: Aggregation,
+        layout: TopLayout,
         labels: Tensor | None = None,
         **kwargs: object,
     ) -> None:
         super().__init__(name, **kwargs)  # type: ignore[arg-type]
         self.top = top
         self.objective = objective
-        self.aggregation = aggregation
+        self.layout = layout
         self.labels = objective.targets if labels is None else labels
 
     def own_models(self) -> dict[str, nn.Module]:  # noqa: D102
@@ -178,7 +180,7 @@ class ActiveParty(Party):
             else:
                 with torch.no_grad():
                     parts.insert(0, self.bottom(self.features(split)[ids]))
-        return self.top(aggregate(parts, self.aggregation))
+        return self.top(aggregate(parts, self.layout.how))
 
     def step(
         self, ids: Tensor, received: Sequence[Tensor], *, epoch: int, step: int, senders: Sequence[str]
