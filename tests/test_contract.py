@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vflbench.attacks import ATTACKS, Attack
+from vflbench.attacks import ATTACKS, Attack, FeatureAttack, LabelAttack
 from vflbench.data import DATASETS
 from vflbench.defenses import DEFENSES, create_defense
 from vflbench.models import MODELS, TOP_MODELS
@@ -44,6 +44,11 @@ def test_attack_contract(entry):
     assert isinstance(cls, type) and issubclass(cls, Attack)
     assert cls.name == entry.name and entry.summary and cls.paper and cls.threat and cls.reads
     assert cls.target in ("labels", "features")
+    # each kind derives from its own base, and carries none of the other kind's attributes
+    own, other = (LabelAttack, FeatureAttack) if cls.target == "labels" else (FeatureAttack, LabelAttack)
+    assert issubclass(cls, own) and not issubclass(cls, other)
+    foreign = ("victim", "aux_size", "target_split") if own is LabelAttack else ("known_per_class", "prior", "select")
+    assert not any(hasattr(cls, a) for a in foreign), f"{cls.__name__} has another kind's attributes"
     assert cls.phase in ("observer", "post_training", "malicious")
     _keyword_only(cls)
     attack = cls()

@@ -226,42 +226,21 @@ class Attack(Params, ABC):
     """Base class of attacks: declare the threat model, implement :meth:`infer`.
 
     Parameters are keyword-only constructor arguments stored unmodified. Class attributes
-    declare the target, what the attack reads, its phase, its requirements, its paper and the
-    prior its leakage is measured against; :meth:`check` enforces requirements before any
-    training; attacks that act during training override :meth:`install`.
-
-    Feature attacks (``target = "features"``) name their ``victim`` passive party (a list of
-    parties where ``multi_victim`` is set: DMAVFL's several target clients), may ask for an
-    auxiliary set (``aux_size`` or ``aux_fraction``, optionally ``aux_classes``), and are
-    scored on ``n_targets`` rows (all when ``None``) of ``target_split``. ``aux_disjoint``
-    declares that the threat model's auxiliary set is disjoint from the training set (DMAVFL
-    §3.2: D_aux ∩ D_train = ∅): the runner then holds those rows out of every party's training.
-
-    Label attacks are scored under ``metric``: ``"auto"`` (AUC for binary tasks, top-1 accuracy
-    otherwise), ``"accuracy"`` or ``"auc"``; their prior is scored under the same metric. Label
-    attacks that let the user choose take it as a keyword parameter (:func:`check_metric`).
+    declare the target, what the attack reads, its phase, its requirements and its paper;
+    :meth:`check` enforces requirements before any training; attacks that act during training
+    override :meth:`install`. Only what every attack needs lives here: an attack derives from
+    :class:`LabelAttack` or :class:`FeatureAttack`, which hold what one kind of attack needs.
     """
 
     name: ClassVar[str] = ""
-    target: ClassVar[Target] = "labels"
+    target: ClassVar[Target]
+    """What the attack infers: set by :class:`LabelAttack` and :class:`FeatureAttack`."""
     reads: ClassVar[tuple[str, ...]] = ()
     phase: ClassVar[Phase] = "post_training"
     requirements: ClassVar[tuple[str, ...]] = ()
     paper: ClassVar[str] = ""
     threat: ClassVar[str] = ""
-    known_per_class: int = 0
     party: str = "passive_1"
-    prior: Prior = "random"
-    metric: LabelMetric = "auto"
-    every_epoch: bool = False
-    victim: str | Sequence[str] = "passive_1"
-    multi_victim: ClassVar[bool] = False
-    aux_size: int | None = None
-    aux_fraction: float | None = None
-    aux_classes: Sequence[int] | None = None
-    aux_disjoint: ClassVar[bool] = False
-    target_split: Literal["train", "test"] = "test"
-    n_targets: int | None = None
     repeatable: ClassVar[bool] = True
     """Whether :meth:`infer` draws anything (its random stream or known labels) after training, so that
     ``evaluation.repeats`` independent repeats on one trained model measure the attack's own randomness;
@@ -312,12 +291,57 @@ class Attack(Params, ABC):
     def infer(self, view: PartyView) -> LabelInference | FeatureInference:
         """Run the attack on the attacker's view."""
 
+
+class LabelAttack(Attack):
+    """Base class of label attacks (``target = "labels"``): they infer the active party's labels.
+
+    The threat model may grant ``known_per_class`` known labels of every class (drawn by the runner, seeded by
+    the attack's name, :func:`draws_of`). The attack is scored under ``metric``: ``"auto"`` (AUC for binary
+    tasks, top-1 accuracy otherwise), ``"accuracy"`` or ``"auc"``; its leakage is measured against ``prior``
+    (``"random"``, ``"scratch"``: the attack run on freshly initialised models, or ``"local"``: :meth:`local`),
+    scored under the same metric. Label attacks that let the user choose the metric take it as a keyword
+    parameter (:func:`check_metric`). ``every_epoch``: the runner snapshots the attacker's models after every
+    epoch and reports the attack on each (``per_epoch``). ``select``: how the runner picks one of a trained
+    attack's per-epoch inferences (:data:`Selection`), with ``val_per_class`` known labels of every class held
+    out for ``"validation"`` (:func:`split_validation`); attacks that fine-tune take both as keyword parameters.
+    """
+
+    target: ClassVar[Target] = "labels"
+    known_per_class: int = 0
+    prior: Prior = "random"
+    metric: LabelMetric = "auto"
+    every_epoch: bool = False
+    select: Selection = "last"
+    val_per_class: int = 1
+
     def local(self, view: PartyView) -> LabelInference:
         """The attacker's prior J_loc: its model trained on its known labels only.
 
         ``view.models`` are freshly initialised models of the attacker's architecture.
         """
         raise CompatibilityError(f"attack {self.name!r} has no 'local' prior; use prior: random or scratch")
+
+
+class FeatureAttack(Attack):
+    """Base class of feature attacks (``target = "features"``): they reconstruct a passive party's features.
+
+    A feature attack names its ``victim`` passive party (a list of parties where ``multi_victim`` is set:
+    DMAVFL's several target clients), may ask for an auxiliary set (``aux_size`` or ``aux_fraction``, optionally
+    ``aux_classes``), and is scored on ``n_targets`` rows (all when ``None``) of ``target_split``; its prior is
+    the auxiliary set's mean. ``aux_disjoint`` declares that the threat model's auxiliary set is disjoint from
+    the training set (DMAVFL §3.2: D_aux ∩ D_train = ∅): the runner then holds those rows out of every party's
+    training.
+    """
+
+    target: ClassVar[Target] = "features"
+    victim: str | Sequence[str] = "passive_1"
+    multi_victim: ClassVar[bool] = False
+    aux_size: int | None = None
+    aux_fraction: float | None = None
+    aux_classes: Sequence[int] | None = None
+    aux_disjoint: ClassVar[bool] = False
+    target_split: Literal["train", "test"] = "test"
+    n_targets: int | None = None
 
 
 def split_validation(
@@ -433,6 +457,6 @@ def draws_of(attack: Attack) -> str:
     return attack.shares_draws_with or attack.name
 
 
-def victims_of(attack: Attack) -> tuple[str, ...]:
+def victims_of(attack: FeatureAttack) -> tuple[str, ...]:
     """The passive parties a feature attack targets (its ``victim``: one name or a list)."""
     return (attack.victim,) if isinstance(attack.victim, str) else tuple(attack.victim)

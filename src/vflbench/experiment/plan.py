@@ -9,7 +9,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch import Tensor, nn
@@ -18,7 +18,9 @@ from vflbench.attacks.base import (
     Attack,
     AuxData,
     BatchRecord,
+    FeatureAttack,
     KnownLabels,
+    LabelAttack,
     Scenario,
     ThreatGrant,
     draws_of,
@@ -86,7 +88,7 @@ def known_labels(
 ) -> KnownLabels | None:
     """The labelled rows the attack's threat model grants (seeded per attack and repeat; never rows of the pool,
     which no party trains on)."""
-    if not attack.known_per_class:
+    if not isinstance(attack, LabelAttack) or not attack.known_per_class:
         return None
     stream = ("known",) if repeat == 0 else ("known", repeat)
     ids = known_label_indices(
@@ -98,10 +100,12 @@ def known_labels(
     return KnownLabels(ids, y_train[ids])
 
 
-def wants_aux(attack: Attack) -> bool:
-    """Whether the attack's threat model grants an auxiliary set (an attack whose set is disjoint from the
-    training set always has one: the pool, or a draw from it)."""
-    return attack.aux_disjoint or attack.aux_size is not None or attack.aux_fraction is not None
+def wants_aux(attack: Attack) -> TypeGuard[FeatureAttack]:
+    """Whether the attack's threat model grants an auxiliary set (only feature attacks ask for one; an attack whose
+    set is disjoint from the training set always has one: the pool, or a draw from it)."""
+    return isinstance(attack, FeatureAttack) and (
+        attack.aux_disjoint or attack.aux_size is not None or attack.aux_fraction is not None
+    )
 
 
 def aux_data(
@@ -129,7 +133,7 @@ def aux_data(
     )
 
 
-def aux_ids(attack: Attack, y_train: Tensor, seed: int, pool: Tensor | None = None) -> Tensor:
+def aux_ids(attack: FeatureAttack, y_train: Tensor, seed: int, pool: Tensor | None = None) -> Tensor:
     """The training rows of the attack's auxiliary set (sorted; the same draw for a seed, an attack and a pool).
 
     An attack whose set is disjoint from the training set (``aux_disjoint``) draws from the pool
@@ -153,7 +157,7 @@ def aux_ids(attack: Attack, y_train: Tensor, seed: int, pool: Tensor | None = No
 
 
 def _aux_from_pool(
-    attack: Attack, y_train: Tensor, seed: int, pool: Tensor | None, size: int | None, fraction: float | None
+    attack: FeatureAttack, y_train: Tensor, seed: int, pool: Tensor | None, size: int | None, fraction: float | None
 ) -> Tensor:
     """The auxiliary rows of an ``aux_disjoint`` attack, drawn from the held-out ``pool`` (see :func:`aux_ids`)."""
     classes = attack.aux_classes
@@ -210,7 +214,7 @@ def victim_features(
     return (parts[0] if len(parts) == 1 else torch.cat(parts, -1)), tuple(int(x.shape[-1]) for x in parts)
 
 
-def _check_victims(name: str, attack: Attack, victims: tuple[str, ...], vd: VerticalData) -> None:
+def _check_victims(name: str, attack: FeatureAttack, victims: tuple[str, ...], vd: VerticalData) -> None:
     """A list of target parties: an attack built for them, distinct parties, slices that concatenate."""
     if not attack.multi_victim:
         raise ConfigError(
@@ -263,7 +267,7 @@ class AttackPlan:
         wanted: dict[tuple[str, str, str], list[str]] = {}
         for planned in self.attacks:
             attack = planned.attack
-            if attack.target == "features" and attack.party == ACTIVE:
+            if isinstance(attack, FeatureAttack) and attack.party == ACTIVE:
                 for victim in victims_of(attack):
                     wanted.setdefault(("passive.oracle_bottom", victim, ACTIVE), []).append(attack.name)
             if isinstance(attack, VMaskWeightRecovery) and attack.party != ACTIVE:
@@ -297,7 +301,7 @@ class AttackPlan:
         """Snapshot the attacker's models for attacks evaluated at every epoch."""
         parties = {p.name: p for p in fed.parties()}
         for planned in self.attacks:
-            if planned.attack.every_epoch:
+            if isinstance(planned.attack, LabelAttack) and planned.attack.every_epoch:
                 models = parties[planned.attack.party].models()
                 planned.snapshots.append({k: attacker_copy(m) for k, m in models.items()})
 
@@ -338,7 +342,7 @@ def validate_attacks(cfg: ExperimentConfig, vd: VerticalData) -> AttackPlan:
                 f"attack {spec.name!r}: party {attack.party!r} does not exist; "
                 f"valid parties are: {', '.join(valid_parties)}"
             )
-        if attack.target == "features":
+        if isinstance(attack, FeatureAttack):
             passives = valid_parties[:-1]
             victims = victims_of(attack)
             for victim in victims:
@@ -349,12 +353,8 @@ def validate_attacks(cfg: ExperimentConfig, vd: VerticalData) -> AttackPlan:
                     )
             if not isinstance(attack.victim, str):
                 _check_victims(spec.name, attack, victims, vd)
-            if attack.prior != "random":
-                raise CompatibilityError(
-                    f"attack {spec.name!r} is a feature attack: its prior is the aux-mean guess; use prior: random"
-                )
         attack.check(scenario)
-        if attack.prior == "local" and type(attack).local is Attack.local:
+        if isinstance(attack, LabelAttack) and attack.prior == "local" and type(attack).local is LabelAttack.local:
             raise CompatibilityError(f"attack {spec.name!r} has no 'local' prior; use prior: random or scratch")
         plan.attacks.append(PlannedAttack(attack, spec.params()))
         kinds = {"cut_gradient"} & set(attack.reads)

@@ -21,6 +21,7 @@ import sklearn
 import torch
 
 from vflbench._version import __version__
+from vflbench.attacks.base import LabelAttack
 from vflbench.data import VerticalData
 from vflbench.devices import device_name, resolve_device
 from vflbench.errors import ConfigError, DataError
@@ -70,7 +71,7 @@ def check_before_training(cfg: ExperimentConfig, vd: VerticalData, plan: AttackP
     smallest = int(counts.min())
     for planned in plan.attacks:
         attack = planned.attack
-        if attack.known_per_class > smallest:
+        if isinstance(attack, LabelAttack) and attack.known_per_class > smallest:
             raise ConfigError(
                 f"attack {attack.name!r}: known_per_class {attack.known_per_class} is more than the "
                 f"smallest class of the {int(trained.sum())} rows the parties train on has ({smallest} "

@@ -35,7 +35,9 @@ from torch import Tensor, nn
 
 from vflbench.attacks.base import (
     AuxData,
+    FeatureAttack,
     FeatureInference,
+    LabelAttack,
     LabelInference,
     Scores,
     victims_of,
@@ -344,6 +346,7 @@ def _timing_key(seconds: dict[str, float], name: str) -> str:
 def _feature_once(planned: PlannedAttack, run: TrainedRun, repeat: int) -> tuple[float, float, dict[str, Any]]:
     """One repeat of a feature attack: the reconstruction MSE, the aux-mean prior and the diagnostics."""
     attack = planned.attack
+    assert isinstance(attack, FeatureAttack)
     view = _view(run, planned, repeat=repeat)
     inference = attack.infer(view)
     if not isinstance(inference, FeatureInference):
@@ -361,8 +364,9 @@ def _label_once(
     """One repeat of a label attack: its value, its prior (never below what a constant guess scores on the same
     rows) and the diagnostics."""
     attack = planned.attack
+    assert isinstance(attack, LabelAttack)
     y_train, y_test = run.data.y_train, run.data.y_test
-    select = getattr(attack, "select", "last")
+    select = attack.select
     view = _view(run, planned, repeat=repeat)
     value, details = score_inference(_label_inference(attack.infer(view)), y_train, y_test, metric, select)
     if attack.prior == "random":
@@ -389,7 +393,9 @@ def _label_once(
 def attack_metric(planned: PlannedAttack, run: TrainedRun) -> str:
     """The metric ``planned``'s attack is scored under on ``run`` (``"mse"`` for a feature attack)."""
     attack = planned.attack
-    return "mse" if attack.target == "features" else metric_name(run.data.y_train, run.data.num_classes, attack.metric)
+    if isinstance(attack, LabelAttack):
+        return metric_name(run.data.y_train, run.data.num_classes, attack.metric)
+    return "mse"
 
 
 def repeated(planned: PlannedAttack, run: TrainedRun, metric: str) -> list[tuple[float, float, dict[str, Any]]]:
@@ -398,7 +404,7 @@ def repeated(planned: PlannedAttack, run: TrainedRun, metric: str) -> list[tuple
     attack = planned.attack
     repeats = run.config.evaluation.repeats if attack.repeatable else 1
     return [
-        _feature_once(planned, run, r) if attack.target == "features" else _label_once(planned, run, metric, r)
+        _label_once(planned, run, metric, r) if isinstance(attack, LabelAttack) else _feature_once(planned, run, r)
         for r in range(repeats)
     ]
 
@@ -421,8 +427,8 @@ def run_attacks(plan: AttackPlan, run: TrainedRun) -> tuple[list[AttackResult], 
         outcomes = repeated(planned, run, metric)
         repeats = len(outcomes)
         per_epoch = None
-        if attack.every_epoch and attack.target == "labels":
-            select = getattr(attack, "select", "last")
+        if isinstance(attack, LabelAttack) and attack.every_epoch:
+            select = attack.select
             view = _view(run, planned)
             per_epoch = []
             for snapshot in planned.snapshots:
@@ -450,7 +456,7 @@ def run_attacks(plan: AttackPlan, run: TrainedRun) -> tuple[list[AttackResult], 
                 direction=direction_of(metric),
                 value=sum(values) / repeats,
                 prior=sum(priors) / repeats,
-                prior_name="aux_mean" if attack.target == "features" else attack.prior,
+                prior_name=attack.prior if isinstance(attack, LabelAttack) else "aux_mean",
                 leakage=sum(leakages) / repeats,
                 per_epoch=per_epoch,
                 details=details,

@@ -41,8 +41,10 @@ from torch import Tensor
 from vflbench.attacks.base import (
     Attack,
     AuxData,
+    FeatureAttack,
     FeatureInference,
     KnownLabels,
+    LabelAttack,
     LabelInference,
     PartyView,
     Scale,
@@ -211,7 +213,7 @@ class _Validation:
         self.metric = metric
         self.run = run
         base = _view(run, planned)
-        if attack.target == "features":
+        if isinstance(attack, FeatureAttack):
             if base.aux is None or len(base.aux.ids) < MIN_AUX_ROWS:
                 raise CompatibilityError(
                     f"the attacker search scores {attack.name}'s settings on held-out auxiliary "
@@ -249,7 +251,7 @@ class _Validation:
         attack = planned.attack
         view: PartyView = dataclasses.replace(self.view, generator=self._stream("run"))
         inference = attack.infer(view)
-        if attack.target == "features":
+        if isinstance(attack, FeatureAttack):
             if not isinstance(inference, FeatureInference):
                 raise CompatibilityError(f"feature attack {attack.name!r} returned {type(inference).__name__}")
             return -feature_validation_mse(inference, self.aux, self.held)
@@ -341,9 +343,9 @@ def check_search(plan: AttackPlan) -> None:
     assert plan.scenario is not None
     for planned in plan.attacks:
         attack = planned.attack
-        if attack.target != "labels" or not attack.search_grid(plan.scenario):
+        if not isinstance(attack, LabelAttack) or not attack.search_grid(plan.scenario):
             continue
-        held = int(getattr(attack, "val_per_class", 1))
+        held = attack.val_per_class
         if attack.known_per_class <= held:
             raise ConfigError(
                 f"attack {attack.name!r}: the attacker search scores its settings on val_per_class "

@@ -10,8 +10,8 @@ import torch
 from torch import Tensor, nn
 
 from vflbench.attacks.base import (
-    Attack,
     AuxData,
+    FeatureAttack,
     PartyView,
     ReceivedEmbeddings,
     draws_of,
@@ -46,10 +46,10 @@ def _view(
             attack, run.data, party.data.x_train if party.data is not None else None, run.config.seed, run.held_out
         )
     received = []
-    if attack.target == "features" and "embedding" in attack.reads and party.name == ACTIVE:
+    if isinstance(attack, FeatureAttack) and "embedding" in attack.reads and party.name == ACTIVE:
         ids, split = feature_targets(attack, run.data, aux, run.config.seed, run.held_out)
         received += [query_embeddings(run.federation, victim, ids, split) for victim in victims_of(attack)]
-    assert party.data is not None or attack.target == "features"
+    assert party.data is not None or isinstance(attack, FeatureAttack)
     stream = ("run",) if repeat == 0 else ("run", repeat)
     return PartyView(
         party=party.name,
@@ -66,7 +66,7 @@ def _view(
 
 
 def feature_targets(
-    attack: Attack, vd: VerticalData, aux: AuxData | None, seed: int, pool: Tensor | None = None
+    attack: FeatureAttack, vd: VerticalData, aux: AuxData | None, seed: int, pool: Tensor | None = None
 ) -> tuple[Tensor, str]:
     """The rows a feature attack is scored on: ``n_targets`` rows of ``target_split`` (all when
     ``None``), drawn with a seeded generator; training rows are rows the parties trained on (never the

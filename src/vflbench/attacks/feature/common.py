@@ -42,14 +42,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vflbench.attacks.base import (
-    Attack,
     AuxData,
+    FeatureAttack,
     FeatureInference,
     PartyView,
     Phase,
     ReceivedEmbeddings,
     Scenario,
-    Target,
     ThreatGrant,
     require,
     require_training,
@@ -392,7 +391,7 @@ DECODER_CONSTRAINTS: Mapping[str, Param] = {
 }
 
 
-class MaliciousActiveAttack(Attack):
+class MaliciousActiveAttack(FeatureAttack):
     """Base of the malicious active-party feature attacks (target ``features``, phase ``malicious``).
 
     Subclasses build their models in :meth:`build` and implement :meth:`attack_step`; the
@@ -402,7 +401,6 @@ class MaliciousActiveAttack(Attack):
     takes precedence) or ``aux_fraction`` (a share of the training split) take that many rows of it.
     """
 
-    target: ClassVar[Target] = "features"
     phase: ClassVar[Phase] = "malicious"
     aux_disjoint: ClassVar[bool] = True
     repeatable = False  # the reconstruction is the decoder trained during training

@@ -45,13 +45,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vflbench.attacks.base import (
-    Attack,
     AuxData,
+    FeatureAttack,
     PartyView,
     Phase,
     ReceivedEmbeddings,
     Scenario,
-    Target,
     ThreatGrant,
     require,
     require_training,
@@ -291,7 +290,7 @@ def expose_models(party: ActiveParty, prefix: str, models: dict[str, nn.Module])
 # ------------------------------------------------------------------------------ the base class
 
 
-class CuriousActiveAttack(Attack):
+class CuriousActiveAttack(FeatureAttack):
     """Base of the honest-but-curious active-party feature attacks.
 
     Subclasses build their training-time state in :meth:`setup` (called from :meth:`install`),
@@ -301,7 +300,6 @@ class CuriousActiveAttack(Attack):
     exactly one passive party). ``aux_size`` (a count) takes precedence over ``aux_fraction``.
     """
 
-    target: ClassVar[Target] = "features"
     phase: ClassVar[Phase] = "post_training"
     reads: ClassVar[tuple[str, ...]] = ("embedding", "bottom_model", "top_model")
     threat = THREAT

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vflbench.attacks.base import (
-    Attack,
+    LabelAttack,
     LabelInference,
     LabelMetric,
     PartyView,
@@ -80,7 +80,7 @@ def original_bottom(model: nn.Module) -> nn.Module:
     summary="malicious passive party appends dCor-minimising perturbation "
     "dims to its embedding, then runs model completion (LabObf §4)"
 )
-class EmbeddingExtension(Attack):
+class EmbeddingExtension(LabelAttack):
     """He et al.'s embedding extension attack (§4, Algorithm 1); see the module docstring.
 
     ``perturb_dims``: width of ``g``'s output (4 in Table 3); ``inner_steps``: generator updates

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vflbench.attacks.base import Attack, LabelInference, PartyView, Scenario, Scores, binary_only, require
+from vflbench.attacks.base import LabelAttack, LabelInference, PartyView, Scenario, Scores, binary_only, require
 from vflbench.attacks.registry import ATTACKS
 from vflbench.registry import LEARNING_RATE, Param
 
@@ -24,7 +24,7 @@ def _epochs_ok(epoch: int, epochs: Sequence[int] | None) -> bool:
     return epochs is None or epoch in epochs
 
 
-class _CutGradientAttack(Attack):
+class _CutGradientAttack(LabelAttack):
     reads = ("cut_gradient",)
     phase = "observer"
     repeatable = False  # a function of the transcript alone

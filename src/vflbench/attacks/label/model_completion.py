@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from vflbench.attacks.base import (
-    Attack,
+    LabelAttack,
     LabelInference,
     LabelMetric,
     PartyView,
@@ -29,7 +29,7 @@ from vflbench.registry import LEARNING_RATE, WIDTH, Param
 
 
 @ATTACKS.register(summary="fine-tune an inference head on the trained bottom model with known labels")
-class ModelCompletion(Attack):
+class ModelCompletion(LabelAttack):
     """Passive model completion: attach an inference head (MLP2) to the attacker's trained
     bottom model and fine-tune both on ``known_per_class`` labels per class (VMask Algorithm 3:
     ``epochs`` passes). In VLR the attacker puts a sigmoid on its bottom model instead, with no
