@@ -165,6 +165,7 @@ def test_dmavfl_sync_refuses_pretraining_unless_a_hybrid_is_asked_for():
 
 
 def test_reproduction_builds_pure_algorithm_3_sync_rows(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the script imports its sibling swap.py, as when run
     spec = importlib.util.spec_from_file_location("reproduce_dmavfl", BENCHMARKS / "reproduce_dmavfl.py")
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up there
