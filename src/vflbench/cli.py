@@ -52,6 +52,18 @@ app.add_typer(party_app, name="party")
 out = Console()
 err = Console(stderr=True)
 
+#: The link-shaping options that `party run` and `launch` share.
+ShapeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--shape", help="shape every link this party sends on: lan (836 Mbit/s, 0.1 ms) or wan (100 Mbit/s, 50 ms)"
+    ),
+]
+BandwidthOption = Annotated[
+    float | None, typer.Option("--bandwidth-mbit", help="shape the links to this bandwidth (Mbit/s)")
+]
+LatencyOption = Annotated[float | None, typer.Option("--latency-ms", help="and this one-way delay (ms)")]
+
 
 def _print_version(value: bool) -> None:
     if value:
@@ -639,16 +651,9 @@ def party_run(
         int | None,
         typer.Option("--stop-after", help="(active party) stop once this many epochs are committed, to resume later"),
     ] = None,
-    shape: Annotated[
-        str | None,
-        typer.Option(
-            "--shape", help="shape every link this party sends on: lan (836 Mbit/s, 0.1 ms) or wan (100 Mbit/s, 50 ms)"
-        ),
-    ] = None,
-    bandwidth_mbit: Annotated[
-        float | None, typer.Option("--bandwidth-mbit", help="shape the links to this bandwidth (Mbit/s)")
-    ] = None,
-    latency_ms: Annotated[float | None, typer.Option("--latency-ms", help="and this one-way delay (ms)")] = None,
+    shape: ShapeOption = None,
+    bandwidth_mbit: BandwidthOption = None,
+    latency_ms: LatencyOption = None,
     refuse_grants: Annotated[
         bool,
         typer.Option(
@@ -744,16 +749,9 @@ def launch(
         int | None,
         typer.Option("--stop-after", help="stop once this many epochs are committed, to continue later with --resume"),
     ] = None,
-    shape: Annotated[
-        str | None,
-        typer.Option(
-            "--shape", help="shape every link this party sends on: lan (836 Mbit/s, 0.1 ms) or wan (100 Mbit/s, 50 ms)"
-        ),
-    ] = None,
-    bandwidth_mbit: Annotated[
-        float | None, typer.Option("--bandwidth-mbit", help="shape the links to this bandwidth (Mbit/s)")
-    ] = None,
-    latency_ms: Annotated[float | None, typer.Option("--latency-ms", help="and this one-way delay (ms)")] = None,
+    shape: ShapeOption = None,
+    bandwidth_mbit: BandwidthOption = None,
+    latency_ms: LatencyOption = None,
     device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N (train.device)")] = None,
 ) -> None:
     """Run every party (and VMask's dealer) as its own local process over loopback mutual-TLS gRPC; the active party

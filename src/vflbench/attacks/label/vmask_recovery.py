@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Literal
@@ -368,9 +369,9 @@ class RecordedVMaskAttack(ModelCompletion):
         """EVALUATION ONLY, after the weights are in place: add to ``report`` what a simulation oracle says of
         them (nothing by default; no inference may depend on it)."""
 
+    @abstractmethod
     def fill(self, name: str, layer: MaskableLayer, rec: LayerRecorder) -> tuple[Tensor, Tensor | None, dict[str, Any]]:
         """The weight and bias P_k puts into masked layer ``name`` (``layer``, its record ``rec``), and a report."""
-        raise NotImplementedError
 
     @staticmethod
     def own_record(layer: MaskableLayer, rec: LayerRecorder) -> tuple[Tensor, Tensor | None]:
