@@ -270,3 +270,21 @@ def test_launched_attacker_search_runs_in_the_attacks_processes_and_equals_one_p
     }
     result, _ = check_same(raw, tmp_path)
     assert all(a["details"]["search"]["status"] == "searched" and a["attacker_setting"] for a in result["attacks"])
+
+
+@pytest.mark.slow
+def test_an_attack_scored_every_epoch_snapshots_at_its_own_partys_epoch_end_and_equals_one_process(tmp_path):
+    # VMask (budget 0) masks a second layer at the end of epoch 0; the attacker's snapshot of that epoch is taken at
+    # its own party's end of the epoch, before the active party's decision reaches it, in one process or in many
+    raw = {
+        "data": {"name": "digits", "parties": 2, "train_size": 600, "test_size": 200, "aux_pool": 100},
+        "model": {"bottom": "mlp2", "top": "mlp2"},
+        "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1, "device": "cpu"},
+        "defenses": [{"name": "vmask", "budget": 0.0, "mc_epochs": 1}],
+        "attacks": [{"name": "model_completion", "known_per_class": 4, "epochs": 2, "every_epoch": True}],
+        "seed": 3,
+    }
+    result, _ = check_same(raw, tmp_path)
+    attack = result["attacks"][0]
+    assert len(attack["per_epoch"]) == 2
+    assert attack["per_epoch"][-1] == attack["value"]  # the last snapshot is the final model the attack is scored on

@@ -410,7 +410,6 @@ def _run_passive(
     served = ServedPassive(
         passive,
         channel,
-        lambda: attacks.on_epoch_end(side),  # type: ignore[arg-type]
         out_dir=out_dir if resumable(cfg) else None,
         resume=resume,
         rows={"train": len(passive.data.x_train), "test": len(passive.data.x_test)},

@@ -97,13 +97,10 @@ class Pipeline:
         history: History | None = None,
         batches: torch.Generator | None = None,
     ) -> TrainedRun:
-        """Train ``fed`` (the attacks installed, their epoch snapshots taken, each epoch recorded); ``start_epoch``,
+        """Train ``fed`` (its attacks installed by :meth:`AttackPlan.prepare`, each epoch recorded); ``start_epoch``,
         ``history`` and ``batches`` continue a resumed run."""
-        attacks = self.attacks
-        assert attacks is not None
 
         def epoch_end(epoch: int, record: dict[str, Any]) -> None:
-            attacks.on_epoch_end(fed)
             self.directory.record(record)
             if on_epoch_end is not None:
                 on_epoch_end(epoch, record)

@@ -36,6 +36,7 @@ from vflbench.protocol import Federation, PassiveParty, StepState
 from vflbench.protocol.grants import Grant
 from vflbench.protocol.hooks import PartyHook
 from vflbench.protocol.messages import ACTIVE, passive_index, passive_names
+from vflbench.protocol.party import Party
 from vflbench.rng import generator
 
 log = logging.getLogger(__name__)
@@ -296,14 +297,23 @@ class AttackPlan:
                 )
             for hook in attack.install(party, grant):
                 party.attach(hook)
+            if isinstance(attack, LabelAttack) and attack.every_epoch:
+                party.attach(_Snapshots(planned, party))
 
-    def on_epoch_end(self, fed: Federation) -> None:
-        """Snapshot the attacker's models for attacks evaluated at every epoch."""
-        parties = {p.name: p for p in fed.parties()}
-        for planned in self.attacks:
-            if isinstance(planned.attack, LabelAttack) and planned.attack.every_epoch:
-                models = parties[planned.attack.party].models()
-                planned.snapshots.append({k: attacker_copy(m) for k, m in models.items()})
+
+class _Snapshots(PartyHook):
+    """The attacker's copy of its party's models at the end of every epoch (an attack scored at every epoch),
+    taken at its own party's end of the epoch, after its defenses and the attack's own hooks, in one process or
+    in the party's own."""
+
+    def __init__(self, planned: PlannedAttack, party: Party) -> None:
+        super().__init__(f"{planned.attack.name}.snapshots")
+        self.planned = planned
+        self.party = party
+
+    def on_epoch_end(self, epoch: int) -> dict[str, Any]:
+        self.planned.snapshots.append({k: attacker_copy(m) for k, m in self.party.models().items()})
+        return {}
 
 
 class _Recorder(PartyHook):

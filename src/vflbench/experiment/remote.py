@@ -261,7 +261,6 @@ class ServedPassive(PassiveService):
         self,
         party: PassiveParty,
         channel: NetChannel,
-        on_epoch_end: Callable[[], None],
         *,
         rows: Mapping[str, int],
         epochs: int,
@@ -271,7 +270,6 @@ class ServedPassive(PassiveService):
     ) -> None:
         super().__init__(party, channel.endpoint(party.name))
         self.channel = channel
-        self.on_epoch_end = on_epoch_end
         self.rows = rows
         self.epochs = epochs
         self.out_dir = out_dir
@@ -366,9 +364,8 @@ class ServedPassive(PassiveService):
         return super().end_epoch(request)
 
     def report(self, epoch: int) -> dict[str, Any]:
-        """The party's end-of-epoch report, its attacks' snapshots taken, with its link counters."""
+        """The party's end-of-epoch report with its link counters."""
         report = super().report(epoch)
-        self.on_epoch_end()
         return {**report, "wire": wire_of(self.channel)}
 
     def checkpoint(self, request: Message) -> Message:

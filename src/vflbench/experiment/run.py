@@ -115,13 +115,6 @@ def train_run(
     )
     if attacks is not None:
         attacks.prepare(fed)
-
-    def epoch_end(epoch: int, record: dict[str, Any]) -> None:
-        if attacks is not None:
-            attacks.on_epoch_end(fed)
-        if on_epoch_end is not None:
-            on_epoch_end(epoch, record)
-
     tic = time.perf_counter()
     history = fed.fit(
         epochs=cfg.train.epochs,
@@ -130,7 +123,7 @@ def train_run(
         y_test=vd.y_test,
         eval_every=cfg.train.eval_every,
         progress=progress,
-        on_epoch_end=epoch_end,
+        on_epoch_end=on_epoch_end,
     )
     return TrainedRun(cfg, vd, fed, history, time.perf_counter() - tic, held_out)
 

@@ -429,13 +429,12 @@ def run_attacks(plan: AttackPlan, run: TrainedRun) -> tuple[list[AttackResult], 
         per_epoch = None
         if isinstance(attack, LabelAttack) and attack.every_epoch:
             select = attack.select
-            view = _view(run, planned)
             per_epoch = []
-            for snapshot in planned.snapshots:
-                models = {k: copy.deepcopy(m) for k, m in snapshot.items()}
+            for snapshot in planned.snapshots:  # each epoch with the draws of a single run, as the final model
+                view = _view(run, planned, {k: copy.deepcopy(m) for k, m in snapshot.items()})
                 per_epoch.append(
                     score_inference(
-                        _label_inference(attack.infer(view.with_models(models))),
+                        _label_inference(attack.infer(view)),
                         run.data.y_train,
                         run.data.y_test,
                         metric,
