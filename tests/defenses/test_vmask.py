@@ -11,7 +11,7 @@ import torch
 from conftest import Observer, minimal
 from torch import nn
 
-from vflbench.defenses.vmask import VMask, layer_conditions
+from vflbench.defenses.vmask import VMask, VMaskActive, VMaskPassive, layer_conditions
 from vflbench.errors import CompatibilityError, ConfigError
 from vflbench.experiment.config import build_config
 from vflbench.experiment.plan import validate_attacks
@@ -358,8 +358,8 @@ def test_vmask_auxiliary_rows_are_not_trained_on():
     assert len(trained) == len(fed.train_rows) and not bool(torch.isin(trained, aux).any())
 
 
-class _RecordingVMask(VMask):
-    """VMask that records the attack set each simulated attack is given (a test double)."""
+class _RecordingVMask(VMaskActive):
+    """VMask's active half that records the attack set each simulated attack is given (a test double)."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -375,7 +375,7 @@ def test_attack_set_is_drawn_once_per_selection():
     cfg = build_config(minimal(data=POOL, model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 3}))
     vd = load_vertical_data(cfg)
     defense = _RecordingVMask(aux_size=200, budget=0.0, mc_epochs=1)
-    half = VMask(aux_size=200, budget=0.0, mc_epochs=1)  # the passive party's half
+    half = VMaskPassive(aux_size=200, budget=0.0, mc_epochs=1)  # the passive party's half
     fed = build_federation(cfg, vd, defenses=DefensePlan([defense], {"passive_1": [half]}))
     fed.fit(epochs=3, batch_size=64, generator=torch.Generator().manual_seed(0), y_test=vd.y_test)
     by_epoch = {}
@@ -648,7 +648,7 @@ def test_an_active_half_without_passive_halves_is_refused():
     latest (with parties in separate processes the halves' setups arrive after the active party is built)."""
     cfg = build_config(minimal(data=POOL, model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 1}))
     vd = load_vertical_data(cfg)
-    fed = build_federation(cfg, vd, defenses=DefensePlan([VMask(aux_size=200)], {"passive_1": []}))
+    fed = build_federation(cfg, vd, defenses=DefensePlan([VMaskActive(aux_size=200)], {"passive_1": []}))
     with pytest.raises(CompatibilityError, match="its own VMask half"):
         fed.fit(epochs=1, batch_size=64, generator=torch.Generator().manual_seed(0), y_test=vd.y_test)
 
@@ -696,7 +696,7 @@ def test_selection_simulates_only_the_candidates_it_forecasts():
     cfg = build_config(minimal(data=POOL, model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 3}))
     vd = load_vertical_data(cfg)
     defense = _RecordingVMask(aux_size=200, budget=1.0, mc_epochs=1)
-    half = VMask(aux_size=200, budget=1.0, mc_epochs=1)
+    half = VMaskPassive(aux_size=200, budget=1.0, mc_epochs=1)
     fed = build_federation(cfg, vd, defenses=DefensePlan([defense], {"passive_1": [half]}))
     fed.fit(epochs=3, batch_size=64, generator=torch.Generator().manual_seed(0), y_test=vd.y_test)
     epochs = [epoch for epoch, _, _ in defense.calls_]
@@ -737,3 +737,35 @@ def test_weight_recovery_does_at_least_as_well_as_model_completion_under_vmask()
     assert plain_undefended - plain > 0.05  # VMask protects against the paper's attacker here
     assert recovery >= plain - 0.01  # the adaptive attacker does at least as well under VMask
     assert recovery > plain + 0.03 and recovery <= plain_undefended + 0.03  # it takes VMask's protection back
+
+
+@pytest.mark.parametrize("name", ["vmask", "vmask_as", "vmask_rs", "vmask_alls"])
+def test_each_party_builds_only_its_roles_half_under_the_one_registered_name(name):
+    """Per-role halves (issue 29): one registered name and parameter set; the active party's process builds the
+    active half, each passive party's the passive half, the dealer its own; each half carries the variant's name and
+    parameters and none of the other roles' code."""
+    from vflbench.defenses import DEFENSES
+    from vflbench.defenses.vmask import VMaskDealer
+
+    cfg = build_config(minimal(data=POOL, model={"bottom": "mlp3", "top": "mlp2"}, defenses=[{"name": name}]))
+    spec = DEFENSES.get(name).factory
+    plan = plan_defenses(cfg, ["passive_1", "passive_2"])
+    (active,) = plan.active
+    passives = [d for ds in plan.passive.values() for d in ds]
+    assert isinstance(active, VMaskActive) and isinstance(active, spec) and active.name == name
+    assert all(isinstance(p, VMaskPassive) and isinstance(p, spec) and p.name == name for p in passives)
+    assert not any(isinstance(p, VMaskActive) for p in passives) and not isinstance(active, VMaskPassive)
+    assert active.get_params() == passives[0].get_params() == spec().get_params()
+    assert not hasattr(VMaskPassive, "_shadow_update") and not hasattr(VMaskActive, "_apply_mask")
+    assert isinstance(active.for_role("dealer"), VMaskDealer)
+    only_passive = plan_defenses(cfg, ["passive_1"], active=False)
+    assert only_passive.active == [] and isinstance(only_passive.passive["passive_1"][0], VMaskPassive)
+
+
+def test_a_defense_without_halves_runs_itself_at_every_role_and_an_unknown_role_is_refused():
+    from vflbench.defenses import create_defense
+
+    dcor = create_defense("dcor")
+    assert dcor.for_role("active") is dcor and dcor.for_role("passive") is dcor
+    with pytest.raises(ValueError, match="no half for the role 'auditor'; its roles: active, passive, dealer"):
+        VMask().for_role("auditor")

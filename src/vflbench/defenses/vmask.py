@@ -16,12 +16,14 @@ many layers as VMask would, chosen at random, ``vmask_alls`` masks every eligibl
 
 Simulation notes (also in docs/decisions/vmask.md):
 
-* One instance per party (side ``both``), sharing no Python objects: P_k's half masks its own bottom
-  model (:mod:`vflbench.mpc.masking`) and runs every protocol step as a ``vmask.<step>`` request to
-  the active party; the active half answers with its shares (:class:`~vflbench.mpc.parties.ActiveShares`),
-  keeps a shadow of each P_k's bottom model (initial values from P_k's ``vmask.setup`` message,
-  Algorithm 4 line 2) and sends each mask decision as a ``vmask.select`` request. Beaver triples come
-  from the dealer, a third party of the channel (``dealer.*``). All of it is counted by the channel.
+* One class per role under one registered name and one parameter set (:meth:`VMask.halves`), and only the
+  local party's half is built; the halves share no Python objects: P_k's half (:class:`VMaskPassive`) masks its
+  own bottom model (:mod:`vflbench.mpc.masking`) and runs every protocol step as a ``vmask.<step>`` request to
+  the active party; the active half (:class:`VMaskActive`) answers with its shares
+  (:class:`~vflbench.mpc.parties.ActiveShares`), keeps a shadow of each P_k's bottom model (its architecture is
+  public; its initial values come in P_k's ``vmask.setup`` message, Algorithm 4 line 2) and sends each mask
+  decision as a ``vmask.select`` request. Beaver triples come from the dealer (:class:`VMaskDealer`), a third
+  party of the channel (``dealer.*``). All of it is counted by the channel.
 * Each masked layer keeps the same parameter objects throughout (the plaintext weight while
   unmasked, a zero offset that carries P_k's update while masked), so P_k's optimizer, including
   its momentum, is unaffected by (un)masking. A torch optimizer's weight decay does not reach a
@@ -73,7 +75,7 @@ from vflbench.mpc.masking import VMaskBottom, make_maskable
 from vflbench.mpc.parties import PROTOCOL_KINDS, ActiveShareHolder, ActiveShares, Protocol, resolve_protocol
 from vflbench.protocol.channel import Endpoint
 from vflbench.protocol.hooks import BindContext, Defense, DefenseAux, TrainSettings
-from vflbench.protocol.messages import ACTIVE, DEALER, Message, Phase, Scalar
+from vflbench.protocol.messages import ACTIVE, DEALER, PASSIVE, Message, Phase, Scalar
 from vflbench.protocol.party import aggregate
 from vflbench.registry import Param
 from vflbench.rng import derive_seed
@@ -239,12 +241,12 @@ class VMask(Defense):
     ``beaver`` give the same numbers with ``reveal`` and differ only in their traffic (docs/decisions/vmask.md,
     issue 26).
 
-    One instance runs at every party (side ``both``) and the instances talk only through the
-    channel. At P_k: :meth:`wrap_bottom` makes P_k's own bottom model maskable and sends its initial
-    parameters (``vmask.setup``); the layers masked and unmasked follow the active party's decisions
-    (the reply, then ``vmask.select`` requests). At the active party: it answers P_k's ``vmask.*``
-    requests, trains the shadows, selects the layers and reports. The dealer of Beaver triples is a
-    third party (:func:`start_dealer`).
+    This class holds the parameters; every party runs its role's half (:meth:`halves`), and the halves talk only
+    through the channel: :class:`VMaskPassive` at each P_k (masks its own bottom model, sends its initial
+    parameters in ``vmask.setup``, follows the active party's decisions), :class:`VMaskActive` at the active party
+    (answers P_k's ``vmask.*`` requests, trains the shadows, selects the layers, reports) and :class:`VMaskDealer`,
+    the dealer of Beaver triples, a third party. A variant (VMask-AS, -RS, -ALLS) changes the active party's
+    selection only; its passive half is VMask's under the variant's name.
     """
 
     name = "vmask"
@@ -320,17 +322,14 @@ class VMask(Defense):
                 f"{self.name} trains no shadow model, so it takes no auxiliary set; remove aux_size (got {aux_size})"
             )
 
-    # -- set-up -------------------------------------------------------------------------------------
+    @classmethod
+    def halves(cls) -> Mapping[str, type[Defense]]:  # noqa: D102
+        return {ACTIVE: VMaskActive, PASSIVE: VMaskPassive, DEALER: VMaskDealer}
 
-    def start_party(
-        self, name: str, link: Endpoint, generator: torch.Generator, *, device: torch.device | None = None
-    ) -> None:
-        """Run VMask's trusted dealer (:func:`start_dealer`) at ``link``, computing on ``device``."""
-        if name != DEALER:
-            super().start_party(name, link, generator, device=device)
-        self.dealer_service_ = start_dealer(link, generator, device=device)
+    resumable = True
 
-    def bind(self, context: BindContext) -> None:  # noqa: D102
+    def bind(self, context: BindContext) -> None:
+        """Checks every half makes: a neural bottom model and an endpoint; the half's own seed."""
         super().bind(context)
         if context.algorithm == "vlr":
             raise CompatibilityError("vmask masks layers of neural bottom models; use vhnn or vsnn, not vlr")
@@ -340,21 +339,6 @@ class VMask(Defense):
                 "(BindContext.link; build_federation gives it)"
             )
         self.seed_ = int(torch.randint(0, 2**62, (1,), generator=context.generator))
-        if context.party == ACTIVE:
-            self.parties_: dict[str, PartyState] = {}
-            self.architectures_: dict[str, nn.Module] = {}
-            self.top_: nn.Module | None = None
-            self.ratios_: list[float] = []
-            self.recipe_ = self._recipe(dict(context.model_completion or {}))
-            self.conditions_: dict[str, list[LayerCondition]] = {}
-            self.shares_ = ActiveShares(context.link, noise=self._noise, sigma=self.sigma)
-            context.link.serve("vmask", self._serve_active)
-        else:
-            self.bottom_: VMaskBottom | None = None
-            self.input_shape_: tuple[int, ...] | None = None
-            self.masked_: set[int] = set()
-            self.decisions_ = 0
-            context.link.serve("vmask", self._serve_passive)
 
     def _link(self) -> Endpoint:
         assert self.context_.link is not None
@@ -366,6 +350,171 @@ class VMask(Defense):
                 "vmask needs the training settings (BindContext.train); build_federation gives them"
             )
         return self.context_.train
+
+    def _gen(self, *names: str | int) -> torch.Generator:
+        return torch.Generator().manual_seed(derive_seed(self.seed_, *names))
+
+    def _eligible(self, n: int) -> list[int]:
+        chosen = list(range(n)) if self.layers is None else list(self.layers)
+        bad = [i for i in chosen if not 0 <= i < n]
+        if bad:
+            raise CompatibilityError(
+                f"vmask: layers {bad} do not exist; the bottom model has {n} linear layers (0..{n - 1})"
+            )
+        return chosen
+
+
+class VMaskDealer(VMask):
+    """VMask's trusted dealer of Beaver triples, a party of its own (:data:`~vflbench.protocol.messages.DEALER`):
+    the same for every variant."""
+
+    def start_party(
+        self, name: str, link: Endpoint, generator: torch.Generator, *, device: torch.device | None = None
+    ) -> None:
+        """Run the dealer (:func:`start_dealer`) at ``link``, computing on ``device``."""
+        if name != DEALER:
+            super().start_party(name, link, generator, device=device)
+        self.dealer_service_ = start_dealer(link, generator, device=device)
+
+
+class VMaskPassive(VMask):
+    """VMask's half at a passive party P_k: it masks its own bottom model (:mod:`vflbench.mpc.masking`), runs every
+    protocol step of a masked layer as a ``vmask.<step>`` request to the active party, and masks and unmasks layers
+    as the active party's decisions say (the ``vmask.setup`` reply, then ``vmask.select`` requests)."""
+
+    def bind(self, context: BindContext) -> None:  # noqa: D102
+        super().bind(context)
+        self.bottom_: VMaskBottom | None = None
+        self.input_shape_: tuple[int, ...] | None = None
+        self.masked_: set[int] = set()
+        self.decisions_ = 0
+        assert context.link is not None
+        context.link.serve("vmask", self._serve)
+
+    def augment_features(self, part: PartySlice) -> PartySlice:
+        """At P_k: note the shape of one row of its own slice (sent in ``vmask.setup`` for the paper's
+        precondition check); the slice is unchanged."""
+        self.input_shape_ = part.sample_shape
+        return part
+
+    def wrap_bottom(self, model: nn.Module, party: str) -> nn.Module:
+        """Make P_k's own bottom model maskable, send the active party its initial parameters and the shape of one
+        row of its slice (``vmask.setup``) and mask the layers the reply names (Algorithm 4 lines 2-3)."""
+        initial = [t.detach().clone() for t in model.state_dict().values()]
+        layers = make_maskable(model)
+        if not layers:
+            raise CompatibilityError("vmask needs a bottom model with Linear or Conv2d layers")
+        self.bottom_ = VMaskBottom(model, layers)
+        if self.input_shape_ is None:
+            raise CompatibilityError(
+                "vmask: P_k's half saw no slice of its own before its bottom model was built "
+                "(augment_features); build the party with build_federation or build_passive"
+            )
+        meta: dict[str, Scalar] = {"layers": len(layers), "input_shape": ",".join(map(str, self.input_shape_))}
+        reply = self._link().call("vmask.setup", ACTIVE, *initial, meta=meta, phase="setup")
+        self._apply_mask(reply.meta, phase="setup")
+        return self.bottom_
+
+    def _serve(self, request: Message) -> Message:
+        if request.kind != "vmask.select" or request.sender != ACTIVE:
+            raise ValueError(
+                f"a passive party's VMask half answers vmask.select from the active party only, "
+                f"got {request.kind!r} from {request.sender!r}"
+            )
+        self._apply_mask(request.meta, phase=request.phase)
+        return request.reply()
+
+    def state_dict(self) -> dict[str, Any]:
+        """P_k's state at an epoch boundary: the layers it holds masked, its decision count and, per masked layer,
+        its input-share generator, attacker view and momentum (the shares are in its model's state dict, with a
+        ``fixed_mask`` layer's opening and mask)."""
+        assert self.bottom_ is not None
+        layers = self.bottom_.layers()
+        own: dict[str, Any] = {}
+        for i in sorted(self.masked_):
+            shared = layers[i].shared
+            assert shared is not None
+            p = shared.passive
+            own[str(i)] = {
+                "randomness": shared.randomness.generator.get_state(),
+                "attacker_view": layers[i].attacker_view,
+                "reinit_seed": layers[i].reinit_seed,
+                "momentum_weight": p.momentum_weight,
+                "momentum_bias": p.momentum_bias,
+            }
+        return {"masked": sorted(self.masked_), "decisions": self.decisions_, "layers": own}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """P_k's layers masked as at the checkpoint (rebuilt without messages; the model's state dict, loaded next,
+        fills the shares), its generators and counters."""
+        assert self.bottom_ is not None
+        target = {int(i) for i in state["masked"]}
+        for i, layer in enumerate(self.bottom_.layers()):
+            if i not in target:
+                layer.shared = None  # its plaintext weight comes with the model's state dict
+                continue
+            saved = state["layers"][str(i)]
+            generator = torch.Generator()
+            generator.set_state(saved["randomness"])
+            layer.restore_masked(
+                link=self._link(),
+                generator_passive=generator,
+                sigma=self.sigma,
+                frac_bits=self.frac_bits,
+                truncation=self.truncation,
+                name=f"layer{i}",
+                protocol=self.protocol,
+            )
+            layer.attacker_view, layer.reinit_seed = str(saved["attacker_view"]), int(saved["reinit_seed"])
+            assert layer.shared is not None
+            device = layer.shared.passive.weight_share.device  # checkpoints load on the CPU
+            layer.shared.passive.momentum_weight = _on(saved["momentum_weight"], device)
+            layer.shared.passive.momentum_bias = _on(saved["momentum_bias"], device)
+        self.masked_ = target
+        self.decisions_ = int(state["decisions"])
+
+    def _apply_mask(self, meta: Mapping[str, Scalar], *, phase: Phase) -> None:
+        """At P_k: mask the layers the active party's decision names that are not masked, unmask the
+        others (Algorithm 1), each through its own messages to the active party."""
+        assert self.bottom_ is not None
+        target = _layer_list(meta["mask"])
+        layers = self.bottom_.layers()
+        for i in sorted(target - self.masked_):
+            layers[i].attacker_view = self.attacker_view
+            layers[i].reinit_seed = int(meta[f"reinit_{i}"])  # type: ignore[arg-type]
+            layers[i].mask(
+                link=self._link(),
+                generator_passive=self._gen("share", i, self.decisions_),
+                sigma=self.sigma,
+                frac_bits=self.frac_bits,
+                truncation=self.truncation,
+                name=f"layer{i}",
+                phase=phase,
+                protocol=self.protocol,
+            )
+        for i in sorted(self.masked_ - target):
+            layers[i].unmask(self.sigma, phase=phase)
+        self.masked_ = target
+        self.decisions_ += 1
+
+
+class VMaskActive(VMask):
+    """VMask's half at the active party: it answers P_k's ``vmask.*`` requests with its shares
+    (:class:`~vflbench.mpc.parties.ActiveShares`), keeps a shadow of each P_k's bottom model (initial values from
+    P_k's ``vmask.setup`` message, Algorithm 4 line 2), trains the shadows, selects the layers to mask (Algorithms
+    2, 3 and 6) and sends each decision as a ``vmask.select`` request."""
+
+    def bind(self, context: BindContext) -> None:  # noqa: D102
+        super().bind(context)
+        self.parties_: dict[str, PartyState] = {}
+        self.architectures_: dict[str, nn.Module] = {}
+        self.top_: nn.Module | None = None
+        self.ratios_: list[float] = []
+        self.recipe_ = self._recipe(dict(context.model_completion or {}))
+        self.conditions_: dict[str, list[LayerCondition]] = {}
+        assert context.link is not None
+        self.shares_ = ActiveShares(context.link, noise=self._noise, sigma=self.sigma)
+        context.link.serve("vmask", self._serve)
 
     def _aux(self) -> DefenseAux:
         if self.context_.aux is None:
@@ -387,10 +536,8 @@ class VMask(Defense):
         return recipe
 
     def details(self) -> dict[str, Any]:
-        """For result.json: the simulated attack's recipe and the paper's preconditions per layer (the
-        active party's instance; a passive party's half reports nothing)."""
-        if self.context_.party != ACTIVE:
-            return {}
+        """For result.json: the simulated attack's recipe and the paper's preconditions per layer (a passive
+        party's half reports nothing)."""
         return {
             "simulated_attack_recipe": dict(self.recipe_),
             "preconditions": {p: [asdict(c) for c in cs] for p, cs in self.conditions_.items()},
@@ -399,54 +546,17 @@ class VMask(Defense):
             },
         }
 
-    def _gen(self, *names: str | int) -> torch.Generator:
-        return torch.Generator().manual_seed(derive_seed(self.seed_, *names))
-
-    def _eligible(self, n: int) -> list[int]:
-        chosen = list(range(n)) if self.layers is None else list(self.layers)
-        bad = [i for i in chosen if not 0 <= i < n]
-        if bad:
-            raise CompatibilityError(
-                f"vmask: layers {bad} do not exist; the bottom model has {n} linear layers (0..{n - 1})"
-            )
-        return chosen
-
-    def augment_features(self, part: PartySlice) -> PartySlice:
-        """At P_k: note the shape of one row of its own slice (sent in ``vmask.setup`` for the paper's
-        precondition check); the slice is unchanged."""
-        self.input_shape_ = part.sample_shape
-        return part
-
     def wrap_bottom(self, model: nn.Module, party: str) -> nn.Module:
-        """At P_k: make its own bottom model maskable, send the active party its initial parameters
-        and the shape of one row of its slice (``vmask.setup``) and mask the layers the reply names
-        (Algorithm 4 lines 2-3). At the active party: keep only the architecture of P_k's model (public,
-        as the configuration), with its values cleared, for the shadow; the values arrive in P_k's
-        ``vmask.setup`` message."""
-        if self.context_.party == ACTIVE:
-            if party != ACTIVE:
-                architecture = copy.deepcopy(model)
-                with torch.no_grad():
-                    for t in architecture.state_dict().values():
-                        t.zero_()
-                self.architectures_[party] = architecture
-            return model
-        if party != self.context_.party:
-            return model
-        initial = [t.detach().clone() for t in model.state_dict().values()]
-        layers = make_maskable(model)
-        if not layers:
-            raise CompatibilityError("vmask needs a bottom model with Linear or Conv2d layers")
-        self.bottom_ = VMaskBottom(model, layers)
-        if self.input_shape_ is None:
-            raise CompatibilityError(
-                "vmask: P_k's half saw no slice of its own before its bottom model was built "
-                "(augment_features); build the party with build_federation or build_passive"
-            )
-        meta: dict[str, Scalar] = {"layers": len(layers), "input_shape": ",".join(map(str, self.input_shape_))}
-        reply = self._link().call("vmask.setup", ACTIVE, *initial, meta=meta, phase="setup")
-        self._apply_mask(reply.meta, phase="setup")
-        return self.bottom_
+        """Keep only the architecture of P_k's bottom model (public, as the configuration; the active party is shown
+        one built from P_k's layout, never P_k's model), values cleared, for the shadow: they arrive in P_k's
+        ``vmask.setup`` message. The active party's own bottom model is left as it is."""
+        if party != ACTIVE:
+            architecture = copy.deepcopy(model)
+            with torch.no_grad():
+                for t in architecture.state_dict().values():
+                    t.zero_()
+            self.architectures_[party] = architecture
+        return model
 
     def _setup(self, request: Message) -> Message:
         """The active party's side of ``vmask.setup``: the shadow of P_k's bottom model with the initial
@@ -477,20 +587,11 @@ class VMask(Defense):
         self.parties_[party] = state
         return request.reply(meta=self._decide(party, state, self._initial(n)))
 
-    def _serve_active(self, request: Message) -> Message:
+    def _serve(self, request: Message) -> Message:
         if request.kind == "vmask.setup":
             return self._setup(request)
         self._check_set_up()
         return self.shares_.handle(request)
-
-    def _serve_passive(self, request: Message) -> Message:
-        if request.kind != "vmask.select" or request.sender != ACTIVE:
-            raise ValueError(
-                f"a passive party's VMask half answers vmask.select from the active party only, "
-                f"got {request.kind!r} from {request.sender!r}"
-            )
-        self._apply_mask(request.meta, phase=request.phase)
-        return request.reply()
 
     def _check_conditions(
         self, party: str, plain: nn.Module, n: int, batch_size: int, input_shape: tuple[int, ...]
@@ -541,33 +642,11 @@ class VMask(Defense):
                 "every passive party needs its own VMask half (side 'both')"
             )
 
-    # -- checkpoints (--resume) ---------------------------------------------------------------------
-
-    resumable = True
-
     def state_dict(self) -> dict[str, Any]:
-        """This half's state at an epoch boundary. P_k: the layers it holds masked, its decision count and, per
-        masked layer, its input-share generator, attacker view and momentum (the shares are in its model's state
-        dict, with a ``fixed_mask`` layer's opening and mask). The active party: per P_k its shadow model, the
-        shadow's optimizer, the masks, norms and estimates; its own share of every masked layer with its noise
-        generator (and, with ``fixed_mask``, its weight mask's id and seed and the last triple it used); the mask
-        ratios and the triples it took."""
-        if self.context_.party != ACTIVE:
-            assert self.bottom_ is not None
-            layers = self.bottom_.layers()
-            own: dict[str, Any] = {}
-            for i in sorted(self.masked_):
-                shared = layers[i].shared
-                assert shared is not None
-                p = shared.passive
-                own[str(i)] = {
-                    "randomness": shared.randomness.generator.get_state(),
-                    "attacker_view": layers[i].attacker_view,
-                    "reinit_seed": layers[i].reinit_seed,
-                    "momentum_weight": p.momentum_weight,
-                    "momentum_bias": p.momentum_bias,
-                }
-            return {"masked": sorted(self.masked_), "decisions": self.decisions_, "layers": own}
+        """The active party's state at an epoch boundary: per P_k its shadow model, the shadow's optimizer, the
+        masks, norms and estimates; its own share of every masked layer with its noise generator (and, with
+        ``fixed_mask``, its weight mask's id and seed and the last triple it used); the mask ratios and the triples it
+        took."""
         holders = [
             {
                 "party": party,
@@ -600,9 +679,6 @@ class VMask(Defense):
         return {"parties": parties, "holders": holders, "ratios": list(self.ratios_), "triples": self.shares_.triples}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
-        if self.context_.party != ACTIVE:
-            self._load_passive(state)
-            return
         if set(state["parties"]) != set(self.parties_):
             raise CompatibilityError(
                 f"vmask: the checkpoint holds shadows of {sorted(state['parties'])}, this run "
@@ -640,37 +716,6 @@ class VMask(Defense):
         self.ratios_ = [float(r) for r in state["ratios"]]
         self.shares_.triples = int(state["triples"])
 
-    def _load_passive(self, state: Mapping[str, Any]) -> None:
-        """P_k's layers masked as at the checkpoint (rebuilt without messages; the model's state dict, loaded next,
-        fills the shares), its generators and counters."""
-        assert self.bottom_ is not None
-        target = {int(i) for i in state["masked"]}
-        for i, layer in enumerate(self.bottom_.layers()):
-            if i not in target:
-                layer.shared = None  # its plaintext weight comes with the model's state dict
-                continue
-            saved = state["layers"][str(i)]
-            generator = torch.Generator()
-            generator.set_state(saved["randomness"])
-            layer.restore_masked(
-                link=self._link(),
-                generator_passive=generator,
-                sigma=self.sigma,
-                frac_bits=self.frac_bits,
-                truncation=self.truncation,
-                name=f"layer{i}",
-                protocol=self.protocol,
-            )
-            layer.attacker_view, layer.reinit_seed = str(saved["attacker_view"]), int(saved["reinit_seed"])
-            assert layer.shared is not None
-            device = layer.shared.passive.weight_share.device  # checkpoints load on the CPU
-            layer.shared.passive.momentum_weight = _on(saved["momentum_weight"], device)
-            layer.shared.passive.momentum_bias = _on(saved["momentum_bias"], device)
-        self.masked_ = target
-        self.decisions_ = int(state["decisions"])
-
-    # -- Algorithm 1: layer masking ---------------------------------------------------------------
-
     def _decide(self, party: str, state: PartyState, target: set[int]) -> dict[str, Scalar]:
         """Record the active party's decision to mask ``target`` next and the message header telling P_k."""
         state.history.append(sorted(target))
@@ -685,32 +730,7 @@ class VMask(Defense):
             ACTIVE, "noise", party, int(layer.removeprefix("layer")), len(self.parties_[party].history) - 1
         )
 
-    def _apply_mask(self, meta: Mapping[str, Scalar], *, phase: Phase) -> None:
-        """At P_k: mask the layers the active party's decision names that are not masked, unmask the
-        others (Algorithm 1), each through its own messages to the active party."""
-        assert self.bottom_ is not None
-        target = _layer_list(meta["mask"])
-        layers = self.bottom_.layers()
-        for i in sorted(target - self.masked_):
-            layers[i].attacker_view = self.attacker_view
-            layers[i].reinit_seed = int(meta[f"reinit_{i}"])  # type: ignore[arg-type]
-            layers[i].mask(
-                link=self._link(),
-                generator_passive=self._gen("share", i, self.decisions_),
-                sigma=self.sigma,
-                frac_bits=self.frac_bits,
-                truncation=self.truncation,
-                name=f"layer{i}",
-                phase=phase,
-                protocol=self.protocol,
-            )
-        for i in sorted(self.masked_ - target):
-            layers[i].unmask(self.sigma, phase=phase)
-        self.masked_ = target
-        self.decisions_ += 1
-
     # -- Algorithm 6: shadow model update -------------------------------------------------------------
-
     def _shadow_update(self) -> dict[str, Tensor]:
         """``shadow_epochs`` passes (Algorithm 6: one) of every shadow model over the auxiliary set
         through the frozen top model; the gradient norms are summed over all steps."""
@@ -754,7 +774,6 @@ class VMask(Defense):
         return norms
 
     # -- Algorithms 2 and 3: layer selection by simulated model completion ------------------------
-
     def _attack_set(self, party: str) -> Tensor:
         """D_A (Algorithm 2 line 7): ``known_per_class`` rows per class of the auxiliary set, drawn
         once per selection and shared by every candidate mask set."""
@@ -839,10 +858,7 @@ class VMask(Defense):
         return self._greedy(party, state, set(), sorted(eligible, key=lambda i: -float(state.grad_norm[i])))
 
     # -- per epoch ------------------------------------------------------------------------------------
-
     def on_epoch_end(self, epoch: int) -> dict[str, Any]:  # noqa: D102
-        if self.context_.party != ACTIVE:
-            return {}
         self._check_set_up()
         if not self.parties_:
             return {}
@@ -887,10 +903,22 @@ class VMaskAS(VMask):
     name = "vmask_as"
     selection = "accumulative"
 
+    @classmethod
+    def halves(cls) -> Mapping[str, type[Defense]]:  # noqa: D102
+        return {ACTIVE: VMaskASActive, PASSIVE: VMaskASPassive, DEALER: VMaskDealer}
+
+
+class VMaskASActive(VMaskActive, VMaskAS):
+    """VMask-AS at the active party: the greedy loop starts from the layers masked already."""
+
     def _select(self, party: str, state: PartyState) -> set[int]:
         eligible = self._eligible(len(state.grad_norm))
         queue = [i for i in sorted(eligible, key=lambda i: -float(state.grad_norm[i])) if i not in state.masked]
         return self._greedy(party, state, set(state.masked), queue)
+
+
+class VMaskASPassive(VMaskPassive, VMaskAS):
+    """VMask-AS at a passive party (VMask's passive half)."""
 
 
 @DEFENSES.register(summary="VMask masking as many layers as VMask would, chosen at random")
@@ -900,10 +928,22 @@ class VMaskRS(VMask):
     name = "vmask_rs"
     selection = "random"
 
+    @classmethod
+    def halves(cls) -> Mapping[str, type[Defense]]:  # noqa: D102
+        return {ACTIVE: VMaskRSActive, PASSIVE: VMaskRSPassive, DEALER: VMaskDealer}
+
+
+class VMaskRSActive(VMaskActive, VMaskRS):
+    """VMask-RS at the active party: VMask's count of layers, drawn at random."""
+
     def _next_mask(self, party: str, state: PartyState) -> set[int]:
         count = len(self._select(party, state))
         rng = random.Random(derive_seed(self.seed_, "random-selection", party, len(state.history)))
         return set(rng.sample(self._eligible(len(state.grad_norm)), count))
+
+
+class VMaskRSPassive(VMaskPassive, VMaskRS):
+    """VMask-RS at a passive party (VMask's passive half)."""
 
 
 @DEFENSES.register(summary="VMask masking every eligible layer in every epoch")
@@ -916,8 +956,20 @@ class VMaskALLS(VMask):
     selection = "all"
     uses_aux: ClassVar[bool] = False
 
+    @classmethod
+    def halves(cls) -> Mapping[str, type[Defense]]:  # noqa: D102
+        return {ACTIVE: VMaskALLSActive, PASSIVE: VMaskALLSPassive, DEALER: VMaskDealer}
+
+
+class VMaskALLSActive(VMaskActive, VMaskALLS):
+    """VMask-ALLS at the active party: every eligible layer, from the first epoch on."""
+
     def _initial(self, n: int) -> set[int]:
         return set(self._eligible(n))
 
     def _next_mask(self, party: str, state: PartyState) -> set[int]:
         return set(self._eligible(len(state.grad_norm)))
+
+
+class VMaskALLSPassive(VMaskPassive, VMaskALLS):
+    """VMask-ALLS at a passive party (VMask's passive half)."""

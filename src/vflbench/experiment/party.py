@@ -356,7 +356,7 @@ def _serve_dealer(
     name = needs_dealer(cfg)
     assert name is not None
     spec = next(s for s in cfg.defenses if s.name == name)
-    defense = create_defense(name, **spec.params())
+    defense = create_defense(name, **spec.params()).for_role(DEALER)
     defense.start_party(
         DEALER,
         channel.endpoint(DEALER),

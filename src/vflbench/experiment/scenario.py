@@ -32,7 +32,7 @@ from vflbench.protocol import (
     Transport,
     default_objective,
 )
-from vflbench.protocol.messages import passive_index, passive_names
+from vflbench.protocol.messages import PASSIVE, passive_index, passive_names
 from vflbench.protocol.objective import Objective
 from vflbench.protocol.service import PassivePeer
 from vflbench.rng import generator
@@ -103,7 +103,8 @@ class DefensePlan:
 
 def plan_defenses(cfg: ExperimentConfig, passive_names: Sequence[str], *, active: bool = True) -> DefensePlan:
     """Instantiate the configured defenses for the parties built here, on the side each acts on: the active party's
-    instances (``active``) and each of ``passive_names``'. A party's own process builds its own instances only
+    instances (``active``) and each of ``passive_names``', each its role's half where the defense declares halves
+    (:meth:`Defense.for_role`). A party's own process builds its own instances only
     (another party's are never built there); every defense's parameters are checked either way."""
     plan = DefensePlan([], {n: [] for n in passive_names})
     for spec in cfg.defenses:
@@ -112,10 +113,10 @@ def plan_defenses(cfg: ExperimentConfig, passive_names: Sequence[str], *, active
         assert isinstance(cls, type) and issubclass(cls, Defense)
         side = cls.side
         if active and side in ("active", "both"):
-            plan.active.append(create_defense(spec.name, **spec.params()))
+            plan.active.append(create_defense(spec.name, **spec.params()).for_role(ACTIVE))
         if side in ("passive", "both"):
             for name in passive_names:
-                plan.passive[name].append(create_defense(spec.name, **spec.params()))
+                plan.passive[name].append(create_defense(spec.name, **spec.params()).for_role(PASSIVE))
     return plan
 
 
@@ -617,9 +618,11 @@ def _in_memory_transport(
     transcripts = {n: Transcript(n, keep.get(n, ())) for n in (*names, ACTIVE)}
     for transcript in transcripts.values():
         channel.register(transcript)
-    for d in plan.active:  # e.g. VMask's dealer, a party that is neither of the others
+    for d in plan.active:  # e.g. VMask's dealer, a party that is neither of the others: its own half
         for extra in d.extra_parties:
-            d.start_party(extra, channel.endpoint(extra), generator(cfg.seed, "defense", d.name, ACTIVE), device=device)
+            d.for_role(extra).start_party(
+                extra, channel.endpoint(extra), generator(cfg.seed, "defense", d.name, ACTIVE), device=device
+            )
     return channel, transcripts
 
 

@@ -166,7 +166,8 @@ class Defense(Params):
     """A protection attached at hook points (see the module docstring).
 
     Subclasses set ``name`` and ``side`` (``"active"``, ``"passive"``: one instance per passive
-    party, or ``"both"``: one instance at every party), take their parameters as keyword-only arguments,
+    party, or ``"both"``: one instance at every party; with :meth:`halves`, each party's instance is its role's
+    class), take their parameters as keyword-only arguments,
     and override the hooks they need. ``strength`` aliases the main knob so that sweeps
     treat all defenses alike; ``strength_direction`` says whether larger is stronger.
     ``protects``: the attack targets it defends (``"labels"``, ``"features"``);
@@ -197,6 +198,25 @@ class Defense(Params):
     #: Whether :meth:`state_dict` / :meth:`load_state_dict` hold everything this party's instance needs to continue
     #: a run from an epoch checkpoint (``--resume`` of parties in separate processes).
     resumable: ClassVar[bool] = False
+
+    @classmethod
+    def halves(cls) -> Mapping[str, type[Defense]]:
+        """One class per role (``"active"``, ``"passive"``, an extra party's name), for a defense whose parties run
+        different code under one registered name and one parameter set (VMask: active, passive, dealer); each half
+        subclasses the registered class, so it takes its parameters and constraints. Empty (the default): this
+        class runs at every party of its :attr:`side`."""
+        return {}
+
+    def for_role(self, role: str) -> Defense:
+        """The instance that runs at a party of ``role`` (:data:`~vflbench.protocol.messages.ACTIVE`,
+        :data:`~vflbench.protocol.messages.PASSIVE` or an extra party's name): this one, or, for a defense with
+        :meth:`halves`, that role's half built with the same parameters (only the local party's half is built)."""
+        halves = self.halves()
+        if not halves:
+            return self
+        if role not in halves:
+            raise ValueError(f"defense {self.name!r} has no half for the role {role!r}; its roles: {', '.join(halves)}")
+        return halves[role](**self.get_params())
 
     def state_dict(self) -> dict[str, Any]:
         """This party's instance's state at an epoch boundary (tensors and plain values only), for a checkpoint."""

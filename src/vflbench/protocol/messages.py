@@ -20,6 +20,8 @@ import torch
 from torch import Tensor
 
 ACTIVE = "active"
+#: The role of every passive party (named ``passive_1``, ``passive_2``, ...), e.g. as a key of ``Defense.halves()``.
+PASSIVE = "passive"
 #: The trusted dealer of VMask's Beaver triples (never the active party).
 DEALER = "dealer"
 MessageKind = str
