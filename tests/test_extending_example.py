@@ -16,6 +16,7 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 RUN = """
 from vflbench.experiment.config import build_config
 from vflbench.experiment.run import run_experiment
+from vflbench.experiment.party import party_policy
 from vflbench.experiment.scenario import plan_defenses
 from conftest import minimal
 
@@ -28,6 +29,7 @@ print(json.dumps({
     "refused": metrics[-1].get("norm_gate.refused"),
     "refused_updates": sum(m.get("refused_updates", 0) for m in metrics),
     "kinds": sorted(result.comm["by_kind"]),
+    "served_by_active": party_policy(cfg).serves("active"),
 }))
 """
 
@@ -53,5 +55,6 @@ def test_the_per_role_example_builds_each_half_at_its_party_and_they_talk_throug
     assert gated["halves"] == ["NormGateActive", "NormGatePassive"]
     assert gated["refused"] == gated["refused_updates"] > 0
     assert "norm_gate.refused" in gated["kinds"]
+    assert "norm_gate.refused" in gated["served_by_active"]  # across processes: declared, so let through
     open_gate = _run(1e9, tmp_path / "open")
     assert open_gate["refused"] == open_gate["refused_updates"] == 0

@@ -693,7 +693,7 @@ def party_run(
         addresses=addresses,
         credentials=Credentials.load(certs) if certs is not None else None,
         insecure=insecure,
-        policy=party_policy(),
+        policy=party_policy(cfg),
         options=NetOptions(
             start_timeout=start_timeout,
             receive_timeout=receive_timeout,

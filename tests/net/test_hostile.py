@@ -26,6 +26,7 @@ pytest.importorskip("grpc")
 pytest.importorskip("cryptography")
 from conftest import child_env
 
+from vflbench.defenses.vmask import VMask
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import build_config
 from vflbench.experiment.party import local_state, party_policy, run_party, to_bytes_tensor
@@ -51,7 +52,7 @@ GRANTING = {
 FAST = NetOptions(keepalive_ms=1000, keepalive_timeout_ms=1000, receive_timeout=20, start_timeout=20, close_timeout=2)
 ORACLE = Grant("passive.oracle_bottom", "passive_1", "active")
 #: a fake active party's own table lets it send anything (the real party's table is what is tested)
-ANYTHING = Policy([*SURFACE, *requests(("passive.flood",), "active", "passive")], [ORACLE])
+ANYTHING = Policy([*SURFACE, *VMask.surface, *requests(("passive.flood",), "active", "passive")], [ORACLE])
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +71,7 @@ def channels(certs: Path, cfg: Any, *, policies: dict[str, Policy]) -> dict[str,
         parties=parties,
         addresses={"active": "127.0.0.1:0"},
         credentials=Credentials.load(certs / "active"),
-        policy=policies.get("active", party_policy()),
+        policy=policies.get("active", party_policy(cfg)),
         options=FAST,
     )
     address = active.listen()
@@ -81,7 +82,7 @@ def channels(certs: Path, cfg: Any, *, policies: dict[str, Policy]) -> dict[str,
         parties=parties,
         addresses={"active": address},
         credentials=Credentials.load(certs / "passive_1"),
-        policy=policies.get("passive_1", party_policy()),
+        policy=policies.get("passive_1", party_policy(cfg)),
         options=FAST,
     )
     return {"active": active, "passive_1": passive}
@@ -164,7 +165,8 @@ def test_a_passive_party_refuses_an_ungranted_query_of_its_bottom_model_logs_it_
     ("kind", "expected"),
     [
         ("passive.flood", "may not send 'passive.flood' as a request"),  # a kind outside the protocol's surface
-        ("vmask.select", "passive_1 serves no 'vmask' requests in this run"),  # in the surface, not served by this run
+        # a defense's kind in a run without that defense: not on this run's surface (the defense declares it)
+        ("vmask.select", "may not send 'vmask.select' as a request to passive_1"),
         ("dealer.take", "may not send 'dealer.take' as a request to passive_1"),  # a kind another role serves
     ],
 )
@@ -490,3 +492,14 @@ def test_a_forged_abort_origin_is_charged_to_the_authenticated_peer(certs, caplo
     assert active.party == "passive_1" and active.origin == "dealer"
     assert str(active).startswith("passive_1 reports that dealer failed at epoch 3 step 4: the dealer crashed")
     assert "party active aborts: passive_1 reports that dealer failed" in caplog.text
+
+
+def test_a_runs_surface_is_the_loops_kinds_plus_those_its_defenses_declare():
+    plain = party_policy(build_config(RAW).resolved())
+    vmask = party_policy(build_config({**RAW, "defenses": [{"name": "vmask_alls"}]}).resolved())
+    assert "vmask.forward" in vmask.serves("active") and "vmask.forward" not in plain.serves("active")
+    assert vmask.serves("dealer") and not plain.serves("dealer")  # no dealer kinds, no links to a dealer
+    assert vmask.serves("passive_1") == [*plain.serves("passive_1"), "vmask.select"]
+    with pytest.raises(ProtocolError, match="may not send 'vmask.forward' as a request to active"):
+        plain.check("vmask.forward", "passive_1", "active", "request")
+    vmask.check("vmask.forward", "passive_1", "active", "request")

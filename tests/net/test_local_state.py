@@ -260,7 +260,7 @@ class Recording(NetChannel):
 
 cfg = load_config(Path(config), []).resolved()
 channel = Recording(name="passive_1", run=cfg.hash(), parties=party_names(cfg), addresses={"active": address},
-                    credentials=Credentials.load(Path(certs)), policy=party_policy(),
+                    credentials=Credentials.load(Path(certs)), policy=party_policy(cfg),
                     options=NetOptions(start_timeout=60))
 run_party(cfg, party="passive_1", channel=channel)
 Path(out).write_text(json.dumps({"frames": channel.frames, "scan": channel.scanned}))
@@ -300,7 +300,7 @@ def test_a_live_passive_process_receives_only_its_surface_and_holds_no_labels_or
         parties=parties,
         addresses={"active": "127.0.0.1:0"},
         credentials=Credentials.load(tmp_path / "certs" / "active"),
-        policy=party_policy(),
+        policy=party_policy(cfg),
         options=options,
     )
     address = active.listen()
@@ -311,7 +311,7 @@ def test_a_live_passive_process_receives_only_its_surface_and_holds_no_labels_or
         parties=parties,
         addresses={"active": address},
         credentials=Credentials.load(tmp_path / "certs" / "passive_2"),
-        policy=party_policy(),
+        policy=party_policy(cfg),
         options=options,
     )
     proc = subprocess.Popen(

@@ -16,10 +16,16 @@ from vflbench.registry import Registry, check_params
 DEFENSES: Registry[Defense] = Registry("defense")
 
 
-def check_defense(name: str, params: dict[str, Any]) -> None:
-    """Check a defense's parameters (``strength`` standing for its main knob) before it is built."""
+def defense_class(name: str) -> type[Defense]:
+    """The registered class of defense ``name`` (its metadata: side, surface, strength, ...)."""
     cls = DEFENSES.get(name).factory
     assert isinstance(cls, type) and issubclass(cls, Defense)
+    return cls
+
+
+def check_defense(name: str, params: dict[str, Any]) -> None:
+    """Check a defense's parameters (``strength`` standing for its main knob) before it is built."""
+    cls = defense_class(name)
     aliases = {"strength": cls.strength_param} if cls.strength_param else {}
     check_params(DEFENSES.kind, name, cls, params, aliases=aliases)
 
@@ -28,8 +34,7 @@ def create_defense(name: str, **params: Any) -> Defense:
     """Build defense ``name``; ``strength`` maps to its main knob; parameters are checked by
     :func:`check_defense`."""
     check_defense(name, params)
-    cls = DEFENSES.get(name).factory
-    assert isinstance(cls, type) and issubclass(cls, Defense)
+    cls = defense_class(name)
     if "strength" in params:
         if cls.strength_param in params:
             raise ConfigError(f"defense {name!r}: give 'strength' or {cls.strength_param!r}, not both")

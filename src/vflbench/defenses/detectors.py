@@ -64,8 +64,9 @@ from vflbench.defenses import DEFENSES
 from vflbench.errors import ConfigError
 from vflbench.protocol.channel import Endpoint
 from vflbench.protocol.hooks import BindContext, Defense, StepState
-from vflbench.protocol.messages import ACTIVE, passive_name
+from vflbench.protocol.messages import ACTIVE, PASSIVE, passive_name
 from vflbench.protocol.objective import Objective
+from vflbench.protocol.surface import sends
 from vflbench.registry import Param
 
 SPLITGUARD_PAPER = (
@@ -520,6 +521,7 @@ class GradientScrutinizer(Detector):
     name = "gradient_scrutinizer"
     paper = GS_PAPER
     shared_key = "gradient_scrutinizer.labels"
+    surface = sends((shared_key,), ACTIVE, PASSIVE)
 
     constraints: ClassVar[Mapping[str, Param]] = {
         "every": Param("steps between scoring rounds", ge=1),

@@ -97,7 +97,8 @@ from vflbench.he.keys import load_phe
 from vflbench.he.layers import HolderRef, KeyHolderLink, PaillierLinear, ShareCombiningTop, replace_last_linear
 from vflbench.protocol.channel import Endpoint
 from vflbench.protocol.hooks import BindContext, Defense, StepState
-from vflbench.protocol.messages import ACTIVE, Message, passive_name
+from vflbench.protocol.messages import ACTIVE, PASSIVE, Message, passive_name
+from vflbench.protocol.surface import requests
 from vflbench.registry import Param
 
 
@@ -122,6 +123,7 @@ class PaillierHE(Defense):
 
     name = "paillier_he"
     side = "both"
+    surface = requests(("paillier.public_key", "paillier.share", "paillier.rescale"), PASSIVE, ACTIVE)
     paper = (
         "Zhang & Zhu, Additively Homomorphical Encryption based Deep Neural Network for Asymmetrically "
         "Collaborative Machine Learning (ACML, 2020); Fu et al., BlindFL (SIGMOD 2022); the HE baselines "

@@ -77,6 +77,7 @@ from vflbench.protocol.channel import Endpoint
 from vflbench.protocol.hooks import BindContext, Defense, DefenseAux, TrainSettings
 from vflbench.protocol.messages import ACTIVE, DEALER, PASSIVE, Message, Phase, Scalar
 from vflbench.protocol.party import aggregate
+from vflbench.protocol.surface import requests
 from vflbench.registry import Param
 from vflbench.rng import derive_seed
 
@@ -258,6 +259,24 @@ class VMask(Defense):
     strength_param = "budget"
     strength_direction = "smaller is stronger"
     extra_parties = (DEALER,)
+    surface = (
+        *requests(
+            (
+                "vmask.setup",
+                "vmask.share",
+                "vmask.forward",
+                "vmask.backward",
+                "vmask.decay",
+                "vmask.renormalize",
+                "vmask.release",
+            ),
+            PASSIVE,
+            ACTIVE,
+        ),
+        *requests(("vmask.select",), ACTIVE, PASSIVE),
+        *requests(("dealer.triple", "dealer.mask"), PASSIVE, DEALER),  # the dealer answers, never asks
+        *requests(("dealer.take", "dealer.checkpoint", "dealer.resume", "dealer.take_mask"), ACTIVE, DEALER),
+    )
     selection: ClassVar[str] = "greedy"
     uses_aux: ClassVar[bool] = True  # its shadow models train on rows of the held-out pool (data.aux_pool)
     summary_metrics = ("mask_ratio",)  # the share of masked layers over the whole training (its Fig. 8)

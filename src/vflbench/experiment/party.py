@@ -30,7 +30,7 @@ an attack keeps the whole dataset as the scorer's ground truth (not reachable fr
 passive party sends its attack results in its report.
 
 What a party serves and accepts. Each process's channel lets through only the kinds of the protocol's surface
-(:data:`~vflbench.net.policy.SURFACE`) and, of the evaluation-only queries, only those the run's plan grants
+(:func:`~vflbench.net.policy.run_surface`) and, of the evaluation-only queries, only those the run's plan grants
 (:meth:`~vflbench.experiment.plan.AttackPlan.grants`: the victim's bottom model for a feature attack's scorer);
 a passive party may refuse those (``refuse_grants``), logs every one it answers, and both parties record the
 grants in their results. Everything a party receives is checked before use against what the protocol expects
@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vflbench.defenses import DEFENSES, create_defense
+from vflbench.defenses import DEFENSES, create_defense, defense_class
 from vflbench.devices import resolve_device
 from vflbench.errors import ConfigError
 from vflbench.experiment.assemble import utility_of
@@ -106,7 +106,7 @@ from vflbench.experiment.scoring import run_attacks
 from vflbench.experiment.search import search_attacks
 from vflbench.net.errors import ProtocolError
 from vflbench.net.linkmodel import LINK_PROFILES, project
-from vflbench.net.policy import SURFACE, Policy, role_of
+from vflbench.net.policy import Policy, role_of, run_surface
 from vflbench.net.transport import NetChannel
 from vflbench.protocol import Federation, History
 from vflbench.protocol.channel import CommStats, Endpoint
@@ -124,10 +124,11 @@ def own_attacks(plan: AttackPlan, party: str) -> AttackPlan:
     return dataclasses.replace(plan, attacks=[p for p in plan.attacks if p.attack.party == party])
 
 
-def party_policy(grants: Iterable[Grant] = ()) -> Policy:
-    """The protocol's surface (:data:`~vflbench.net.policy.SURFACE`, the remote passive party's requests included)
-    with the run's ``grants``."""
-    return Policy(SURFACE, grants)
+def party_policy(cfg: ExperimentConfig, grants: Iterable[Grant] = ()) -> Policy:
+    """The surface of ``cfg``'s run (:func:`~vflbench.net.policy.run_surface`: the loop's kinds, the remote passive
+    party's requests included, and those each configured defense declares) with the run's ``grants``."""
+    declared = [rule for spec in cfg.defenses for rule in defense_class(spec.name).surface]
+    return Policy(run_surface(declared), grants)
 
 
 @dataclass

@@ -5,28 +5,26 @@ A party's role follows from its name: ``active``, ``dealer`` or ``passive_<k>``
 the certificate it was given -- the party holding the ``active`` certificate can never act as
 the dealer, and the dealer can only answer requests.
 
-:data:`SURFACE` lists every kind (no wildcards): the one-way messages each role sends, and the requests each role
-answers (``server``) for which other role (``client``). A role serves exactly the requests listed with it as the
-server, and nothing else:
+:data:`SURFACE` lists the training loop's kinds and :func:`run_surface` adds the kinds each configured defense
+declares (:attr:`~vflbench.protocol.hooks.Defense.surface`); every kind is exact (no wildcards): the one-way
+messages each role sends, and the requests each role answers (``server``) for which other role (``client``). A role
+serves exactly the requests listed with it as the server, and nothing else. The loop's:
 
 ==========  =======================================================================  ==========
 server      requests it answers                                                      client
 ==========  =======================================================================  ==========
-active      ``vmask.setup``, ``vmask.share``, ``vmask.forward``, ``vmask.backward``,  passive
-            ``vmask.decay``, ``vmask.renormalize``, ``vmask.release``;
-            ``paillier.public_key``, ``paillier.share``, ``paillier.rescale``
-active      ``vmask.oracle`` -- evaluation only, when the run's plan grants it        passive
-passive     ``vmask.select``; ``passive.forward``, ``passive.backward``,               active
-            ``passive.end_epoch``, ``passive.checkpoint``, ``passive.resume``
+passive     ``passive.forward``, ``passive.backward``, ``passive.end_epoch``,         active
+            ``passive.checkpoint``, ``passive.resume``
 passive     ``passive.oracle_bottom`` -- evaluation only, when the plan grants it     active
-dealer      ``dealer.triple``, ``dealer.mask``                                        passive
-dealer      ``dealer.take``, ``dealer.checkpoint``, ``dealer.resume``,                active
-            ``dealer.take_mask``
+active      ``vmask.oracle`` -- evaluation only, when the plan grants it              passive
 ==========  =======================================================================  ==========
 
 One-way messages: ``embedding``, ``passive.ready`` and ``passive.report`` (passive -> active); ``cut_gradient``,
-``gradient_scrutinizer.labels``, ``passive.setup`` and ``passive.done`` (active -> passive). The ``passive.*`` kinds
-drive a passive party in its own process (``vflbench party run``).
+``passive.setup`` and ``passive.done`` (active -> passive). The ``passive.*`` kinds drive a passive party in its own
+process (``vflbench party run``). The defenses' (each only in a run that configures it): VMask's ``vmask.*`` requests
+to the active party, ``vmask.select`` to a passive party and ``dealer.*`` requests to its dealer (which only
+answers); Paillier's ``paillier.*`` requests to the key holder; Gradient Scrutinizer's ``gradient_scrutinizer.labels``
+(active -> passive).
 
 An evaluation-only request (:data:`~vflbench.protocol.grants.EVALUATION_ONLY`) passes only between the two parties
 of a :class:`~vflbench.protocol.grants.Grant` the policy holds (:meth:`Policy.with_grants`): the run's plan grants
@@ -37,16 +35,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
 
 from vflbench.errors import ConfigError
 from vflbench.net.errors import ProtocolError
 from vflbench.protocol.grants import EVALUATION_ONLY, Grant
 from vflbench.protocol.messages import ACTIVE, DEALER
+from vflbench.protocol.surface import Rule, requests, sends
 
 ROLES = ("active", "passive", "dealer")
 _PASSIVE = re.compile(r"passive_[1-9][0-9]*\Z")
 ALL = frozenset({"send", "request", "reply"})
+__all__ = ["ALL", "DEFAULT_RULES", "ROLES", "SURFACE", "Policy", "Rule", "requests", "role_of", "run_surface", "sends"]
 
 
 def role_of(name: str) -> str:
@@ -62,49 +61,6 @@ def role_of(name: str) -> str:
     )
 
 
-@dataclass(frozen=True)
-class Rule:
-    """Messages of kind ``kind`` (one exact kind) may go from a ``sender``-role party to a ``receiver``-role party as
-    the message roles ``roles`` (send, request, reply); ``granted``: only between two parties a grant names."""
-
-    kind: str
-    sender: str
-    receiver: str
-    roles: frozenset[str] = frozenset({"send"})
-    granted: bool = False
-
-    def matches(self, kind: str, sender: str, receiver: str, role: str) -> bool:
-        """Whether this rule allows a ``role`` message of ``kind`` from a ``sender``-role to a ``receiver``-role."""
-        return self.kind == kind and self.sender == sender and self.receiver == receiver and role in self.roles
-
-
-def sends(kinds: Iterable[str], sender: str, receiver: str) -> tuple[Rule, ...]:
-    """One-way messages of ``kinds`` from a ``sender``-role party to a ``receiver``-role party."""
-    return tuple(Rule(k, sender, receiver) for k in kinds)
-
-
-def requests(kinds: Iterable[str], client: str, server: str, *, granted: bool = False) -> tuple[Rule, ...]:
-    """Requests of ``kinds`` from a ``client``-role party, answered by a ``server``-role party (the reply goes back);
-    ``granted``: evaluation-only requests, allowed only between the parties of a grant."""
-    out: list[Rule] = []
-    for k in kinds:
-        out += [
-            Rule(k, client, server, frozenset({"request"}), granted),
-            Rule(k, server, client, frozenset({"reply"}), granted),
-        ]
-    return tuple(out)
-
-
-VMASK_REQUESTS = (
-    "vmask.setup",
-    "vmask.share",
-    "vmask.forward",
-    "vmask.backward",
-    "vmask.decay",
-    "vmask.renormalize",
-    "vmask.release",
-)
-PAILLIER_REQUESTS = ("paillier.public_key", "paillier.share", "paillier.rescale")
 REMOTE_PASSIVE_REQUESTS = (
     "passive.forward",
     "passive.backward",
@@ -113,18 +69,11 @@ REMOTE_PASSIVE_REQUESTS = (
     "passive.resume",
 )
 
-#: The protocol's whole surface (see the module docstring).
+#: The training loop's surface (see the module docstring); a run's policy adds its defenses' declared kinds.
 SURFACE: tuple[Rule, ...] = (
     # the training loop's one-way messages
     *sends(("embedding",), "passive", "active"),
-    *sends(("cut_gradient", "gradient_scrutinizer.labels"), "active", "passive"),
-    # VMask: P_k's secure-layer requests to P_K, P_K's layer selection; Paillier: requests to the key holder
-    *requests(VMASK_REQUESTS, "passive", "active"),
-    *requests(("vmask.select",), "active", "passive"),
-    *requests(PAILLIER_REQUESTS, "passive", "active"),
-    # the dealer of Beaver triples answers, never asks
-    *requests(("dealer.triple", "dealer.mask"), "passive", "dealer"),
-    *requests(("dealer.take", "dealer.checkpoint", "dealer.resume", "dealer.take_mask"), "active", "dealer"),
+    *sends(("cut_gradient",), "active", "passive"),
     # a passive party in its own process, driven by the active party
     *sends(("passive.setup", "passive.done"), "active", "passive"),
     *sends(("passive.ready", "passive.report"), "passive", "active"),
@@ -133,6 +82,14 @@ SURFACE: tuple[Rule, ...] = (
     *requests(("passive.oracle_bottom",), "active", "passive", granted=True),
     *requests(("vmask.oracle",), "passive", "active", granted=True),
 )
+
+
+def run_surface(declared: Iterable[Rule]) -> tuple[Rule, ...]:
+    """The surface of a run: the loop's (:data:`SURFACE`) and, after it, the ``declared`` rules of its defenses,
+    each once."""
+    return tuple(dict.fromkeys((*SURFACE, *declared)))
+
+
 #: The protocol's table (the same as :data:`SURFACE`).
 DEFAULT_RULES = SURFACE
 

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from vflbench.data.base import PartySlice
 from vflbench.protocol.channel import Endpoint
 from vflbench.protocol.objective import Objective
+from vflbench.protocol.surface import Rule
 from vflbench.registry import Params
 
 Side = Literal["active", "passive", "both"]
@@ -191,6 +192,10 @@ class Defense(Params):
     #: Parties beside the federation's that this defense needs (VMask's trusted dealer: ``"dealer"``);
     #: the experiment runs each with :meth:`start_party` at its own endpoint, in one process or as its own.
     extra_parties: ClassVar[tuple[str, ...]] = ()
+    #: Every message kind this defense's halves exchange (:func:`~vflbench.protocol.surface.requests`,
+    #: :func:`~vflbench.protocol.surface.sends`, by role): with the parties in separate processes every frame is
+    #: checked against the loop's kinds plus those of the run's defenses, so a kind left out is refused.
+    surface: ClassVar[tuple[Rule, ...]] = ()
     #: Keys of :meth:`on_epoch_end` whose value after the last epoch summarises the run (a sweep's summary.csv
     #: gets a column of each: VMask's ``mask_ratio``).
     summary_metrics: ClassVar[tuple[str, ...]] = ()
