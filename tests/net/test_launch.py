@@ -288,3 +288,39 @@ def test_an_attack_scored_every_epoch_snapshots_at_its_own_partys_epoch_end_and_
     attack = result["attacks"][0]
     assert len(attack["per_epoch"]) == 2
     assert attack["per_epoch"][-1] == attack["value"]  # the last snapshot is the final model the attack is scored on
+
+
+@pytest.mark.slow
+def test_launched_gradient_scrutinizer_sends_its_declared_kind_and_equals_one_process(tmp_path):
+    # the detector's halves exchange gradient_scrutinizer.labels before training, a kind it declares
+    # (Defense.surface; undeclared, the passive party would refuse it); its decisions are made at the passive party,
+    # whose process reports them for result.json
+    raw = {
+        "data": {"name": "digits", "parties": 2, "train_size": 400, "test_size": 100},
+        "model": {"bottom": "mlp2", "top": "mlp2"},
+        "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 32, "lr": 0.1, "device": "cpu"},
+        "defenses": [{"name": "gradient_scrutinizer", "every": 5, "start": 3}],
+        "seed": 4,
+    }
+    result, _ = check_same(raw, tmp_path)
+    (entry,) = result["defense"]
+    assert entry["details"]["decisions"] > 0 and set(entry["details"]["parties"]) == {"passive_1"}
+    assert entry["honest_reference"]["same_run"] is True
+
+
+@pytest.mark.slow
+def test_launched_detector_against_a_malicious_attack_runs_its_honest_reference_beside_and_equals_one_process(
+    tmp_path,
+):
+    raw = {
+        "data": {"name": "digits", "parties": 2, "train_size": 400, "test_size": 100, "aux_pool": 80},
+        "model": {"bottom": "mlp2", "top": "mlp2"},
+        "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 32, "lr": 0.1, "device": "cpu"},
+        "defenses": [{"name": "gradient_scrutinizer", "every": 5, "start": 3}],
+        "attacks": [{"name": "dmavfl", "aux_batch_size": 80, "n_targets": 16}],
+        "seed": 5,
+    }
+    result, _ = check_same(raw, tmp_path)
+    reference = result["defense"][0]["honest_reference"]
+    assert reference["same_run"] is False and reference["without"] == ["dmavfl"] and reference["decisions"] > 0
+    assert (tmp_path / "many" / reference["config_hash"] / "result.json").is_file()  # launched beside, as processes

@@ -46,17 +46,22 @@ def utility_of(cfg: ExperimentConfig, history: History) -> UtilityResult:
     return UtilityResult(cfg.train.metric, per_epoch[-1], per_epoch, final, diverged=diverged)
 
 
-def defense_details(run: TrainedRun, name: str) -> dict[str, Any]:
-    """``{"details": ...}`` of the first instance of defense ``name`` that reports any (else nothing); a detector's
-    are the decisions of all its instances together (:func:`detector_details`)."""
-    instances = [d for party in run.federation.parties() for d in party.defenses if d.name == name]
-    if instances and isinstance(instances[0], Detector):
-        found = [details for d in instances if (details := d.details())]
+def defense_details(
+    run: TrainedRun, name: str, reported: Mapping[str, Mapping[str, dict[str, Any]]] | None = None
+) -> dict[str, Any]:
+    """``{"details": ...}`` of the first instance of defense ``name`` that reports any (else nothing), the instances
+    of this process's parties first, then those ``reported`` by the parties in other processes (by party, in order);
+    a detector's are the decisions of all its instances together (:func:`detector_details`)."""
+    found = [
+        details
+        for party in run.federation.parties()
+        for d in party.defenses
+        if d.name == name and (details := d.details())
+    ]
+    found += [r[name] for r in (reported or {}).values() if r.get(name)]
+    if is_detector(name):
         return {"details": detector_details(found)} if found else {}
-    for d in instances:
-        if details := d.details():
-            return {"details": details}
-    return {}
+    return {"details": found[0]} if found else {}
 
 
 def detector_details(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -82,9 +87,14 @@ def is_detector(name: str) -> bool:
     return isinstance(factory, type) and issubclass(factory, Detector)
 
 
-def defense_entries(run: TrainedRun) -> list[dict[str, Any]]:
-    """``result.json``'s ``defense``: each configured defense's name, parameters and details, in config order."""
-    return [{"name": s.name, "params": s.params(), **defense_details(run, s.name)} for s in run.config.defenses]
+def defense_entries(
+    run: TrainedRun, reported: Mapping[str, Mapping[str, dict[str, Any]]] | None = None
+) -> list[dict[str, Any]]:
+    """``result.json``'s ``defense``: each configured defense's name, parameters and details (:func:`defense_details`),
+    in config order."""
+    return [
+        {"name": s.name, "params": s.params(), **defense_details(run, s.name, reported)} for s in run.config.defenses
+    ]
 
 
 def baselines_of(

@@ -21,7 +21,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -96,14 +96,22 @@ def launch(
     same config without its defenses (unless that run's result is in ``out_dir``), as ``vflbench run`` does, for
     the attacks' undefended leakage: its processes start with the others', and the active party reads its result
     when it scores its attacks (the launcher holds the run's claim meanwhile,
-    :func:`~vflbench.experiment.run.claim_undefended`).
+    :func:`~vflbench.experiment.run.claim_undefended`). A config with a detector and a malicious attack is launched
+    beside its honest reference too (:func:`~vflbench.experiment.run.honest_config`), read the same way.
     """
-    from vflbench.experiment.run import undefended_config
+    from vflbench.experiment.run import (
+        claim_reference,
+        claim_undefended,
+        honest_config,
+        needs_honest_reference,
+        undefended_config,
+    )
 
     cfg = cfg.resolved()
     _check_launch(cfg, out_dir, resume=resume, stop_after=stop_after)
     context = party_context()  # the fork server imports while the certificates are made
     reference = undefended_config(cfg) if cfg.defenses and cfg.attacks else None
+    honest = honest_config(cfg) if needs_honest_reference(cfg) else None
     options = _Options(
         out_dir=out_dir,
         insecure=insecure,
@@ -114,9 +122,13 @@ def launch(
     )
     with (
         tempfile.TemporaryDirectory(prefix="vflbench-launch-") as tmp,
-        _claimed(reference, out_dir) as launch_reference,
+        _claimed(reference, out_dir, claim_undefended) as launch_reference,
+        _claimed(honest, out_dir, claim_reference) as launch_honest,
     ):
-        runs = _runs(cfg, reference, launch_reference, resume=resume, stop_after=stop_after)
+        runs = _runs(cfg, reference if launch_reference else None, resume=resume, stop_after=stop_after)
+        if launch_honest:
+            assert honest is not None
+            runs.append(_Run(honest, f" of the detectors' honest reference run {honest.hash()}", False, None))
         certs = _certificates(certs, insecure, cfg, Path(tmp))
         failed, procs, logs, tic = _run_processes(runs, options, certs, tmp, context, timeout=timeout, grace=grace)
     seconds = time.monotonic() - tic
@@ -126,17 +138,11 @@ def launch(
 
 
 def _runs(
-    cfg: ExperimentConfig,
-    reference: ExperimentConfig | None,
-    launch_reference: bool,
-    *,
-    resume: bool,
-    stop_after: int | None,
+    cfg: ExperimentConfig, reference: ExperimentConfig | None, *, resume: bool, stop_after: int | None
 ) -> list[_Run]:
-    """The runs to launch: ``cfg``, and its undefended ``reference`` beside it when ``launch_reference``."""
+    """The runs to launch: ``cfg``, and its undefended ``reference`` beside it (``None``: none to launch)."""
     runs = [_Run(cfg, "", resume, stop_after)]
-    if launch_reference:
-        assert reference is not None
+    if reference is not None:
         runs.append(_Run(reference, f" of the undefended reference run {reference.hash()}", False, None))
     return runs
 
@@ -287,16 +293,18 @@ class _Run:
 
 
 @contextlib.contextmanager
-def _claimed(reference: ExperimentConfig | None, out_dir: Path) -> Iterator[bool]:
-    """Whether this launch must run ``reference`` (the undefended run of its config), holding its claim while it
-    does: not when there is none, when its result is in ``out_dir``, or once another process that claimed it has
-    written it (then this waits for that)."""
+def _claimed(
+    reference: ExperimentConfig | None,
+    out_dir: Path,
+    claim: Callable[[ExperimentConfig, Path], contextlib.AbstractContextManager[bool]],
+) -> Iterator[bool]:
+    """Whether this launch must run ``reference`` (the undefended run of its config, or its detectors' honest run),
+    holding its ``claim`` while it does: not when there is none, when its result is in ``out_dir``, or once another
+    process that claimed it has written it (then this waits for that)."""
     if reference is None or (out_dir / reference.hash() / "result.json").is_file():
         yield False
         return
-    from vflbench.experiment.run import claim_undefended
-
-    with claim_undefended(reference, out_dir) as mine:
+    with claim(reference, out_dir) as mine:
         yield mine and not (out_dir / reference.hash() / "result.json").is_file()
 
 

@@ -90,7 +90,15 @@ from vflbench.experiment.resume import (
     save_checkpoint,
     write_manifest,
 )
-from vflbench.experiment.run import check_before_training, cpu_state_dict, environment, train_run, undefended_result
+from vflbench.experiment.run import (
+    check_before_training,
+    cpu_state_dict,
+    environment,
+    honest_result,
+    needs_honest_reference,
+    train_run,
+    undefended_result,
+)
 from vflbench.experiment.scenario import (
     PassiveData,
     active_data,
@@ -458,7 +466,9 @@ def _report_passive(
     cfg: ExperimentConfig, local: LocalState, side: OwnSide, channel: NetChannel, endpoint: Endpoint
 ) -> None:
     """Run the passive party's own attacks on the trained run and send the active party ``passive.report``: this
-    process's channel counters and wire, the attacks' results (by their positions in the run's plan) and times."""
+    process's channel counters and wire, the attacks' results (by their positions in the run's plan) and times, and
+    what its defenses report for result.json (:meth:`~vflbench.protocol.hooks.Defense.details`, e.g. a detector's
+    decisions at this party)."""
     attacks = local.attacks
     results: list[Any] = []
     seconds: dict[str, float] = {}
@@ -476,6 +486,7 @@ def _report_passive(
                 "wire": wire_of(channel),
                 "attacks": {str(i): dataclasses.asdict(r) for i, r in zip(local.positions, results, strict=True)},
                 "attack_seconds": seconds,
+                "defenses": {d.name: details for d in side.passives[0].defenses if (details := d.details())},
             }
         ),
     )
@@ -662,11 +673,11 @@ class _ActiveRun:
         """``result.json`` (the traffic counted here and each passive party's ``dealer.*`` from its report) and
         ``net.json``; the summary's utility, epochs, traffic and grants."""
         cfg, out_dir, channel = self.cfg, self.out_dir, self.channel
+        root = out_dir.parent if out_dir else None
         undefended = (
-            undefended_result(cfg, out_dir=out_dir.parent if out_dir else None, data_root=self.data_root)
-            if cfg.defenses and cfg.attacks
-            else None
+            undefended_result(cfg, out_dir=root, data_root=self.data_root) if cfg.defenses and cfg.attacks else None
         )
+        honest = honest_result(cfg, out_dir=root, data_root=self.data_root) if needs_honest_reference(cfg) else None
         comm = merged_comm(
             [
                 (channel.train, protocol_kind),
@@ -693,7 +704,8 @@ class _ActiveRun:
             baselines=baselines,
             undefended=undefended,
             grants=grants,
-            honest_reference=False,
+            reported={n: r["defenses"] for n, r in reports.items()},
+            honest=honest,
         )
         self.summary.update(utility=result.utility.__dict__, epochs=run.history.epochs, comm=comm, grants=grants)
         self.pipeline.directory.write(

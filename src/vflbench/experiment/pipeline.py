@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,11 +159,13 @@ class Pipeline:
         undefended: dict[str, Any] | None,
         honest: dict[str, Any] | None = None,
         grants: list[dict[str, Any]] | None = None,
+        reported: Mapping[str, Mapping[str, dict[str, Any]]] | None = None,
         honest_reference: bool = True,
     ) -> RunResult:
         """``result.json`` of ``run``: its utility, ``baselines``, ``attacks`` marked with the undefended run's
-        leakage (``undefended``), the defenses with the detectors' honest reference (``honest``; not with
-        ``honest_reference=False``), the traffic ``comm`` and the plan's ``grants``."""
+        leakage (``undefended``), the defenses (with the details ``reported`` by the parties in other processes, by
+        party and defense) with the detectors' honest reference (``honest``; not with ``honest_reference=False``),
+        the traffic ``comm`` and the plan's ``grants``."""
         cfg = self.cfg
         mark_undefended(
             attacks,
@@ -171,7 +173,7 @@ class Pipeline:
             seed=cfg.seed,
             confidence=cfg.evaluation.confidence,
         )
-        defense = defense_entries(run)
+        defense = defense_entries(run, reported or {})
         if honest_reference:
             malicious = [p.attack.name for p in self.plan.attacks if p.attack.phase == "malicious"]
             mark_honest_reference(defense, honest, config_hash=cfg.hash(), malicious=malicious)

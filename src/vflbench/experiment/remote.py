@@ -486,7 +486,7 @@ def refusals(ready: Message, grants: list[Grant]) -> dict[Grant, str]:
 def final_report(payload: Tensor, sender: str, positions: list[int]) -> dict[str, Any]:
     """A passive party's ``passive.report``, bounded and checked before the active party reads it."""
     report = from_bytes_tensor(payload, sender=sender, what="final report")
-    keys = {"stats", "wire", "attacks", "attack_seconds"}
+    keys = {"stats", "wire", "attacks", "attack_seconds", "defenses"}
     if not isinstance(report, dict) or set(report) != keys:
         raise ProtocolError(
             f"{sender}'s final report must be an object with exactly {', '.join(sorted(keys))}, "
@@ -500,6 +500,11 @@ def final_report(payload: Tensor, sender: str, positions: list[int]) -> dict[str
         isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in seconds.items()
     ):
         raise ProtocolError(f"{sender}'s final report: attack_seconds must map attack names to seconds")
+    defenses = report["defenses"]
+    if not isinstance(defenses, dict) or not all(
+        isinstance(k, str) and isinstance(v, dict) and all(isinstance(f, str) for f in v) for k, v in defenses.items()
+    ):
+        raise ProtocolError(f"{sender}'s final report: defenses must map defense names to objects of details")
     return report
 
 

@@ -22,6 +22,7 @@ import torch
 
 from vflbench._version import __version__
 from vflbench.attacks.base import LabelAttack
+from vflbench.attacks.registry import ATTACKS
 from vflbench.data import VerticalData
 from vflbench.devices import device_name, resolve_device
 from vflbench.errors import ConfigError, DataError
@@ -232,13 +233,15 @@ def honest_config(cfg: ExperimentConfig) -> ExperimentConfig:
     return build_config({**cfg.model_dump(mode="json", exclude={"sweep"}), "attacks": []}).resolved()
 
 
-def needs_honest_reference(cfg: ExperimentConfig, plan: AttackPlan) -> bool:
+def needs_honest_reference(cfg: ExperimentConfig) -> bool:
     """Whether the run's detectors need an honest reference run: it has a detector and a malicious attack (without
     one the run is honest training itself)."""
-    return any(is_detector(d.name) for d in cfg.defenses) and any(p.attack.phase == "malicious" for p in plan.attacks)
+    return any(is_detector(d.name) for d in cfg.defenses) and any(
+        getattr(ATTACKS.get(a.name).factory, "phase", None) == "malicious" for a in cfg.attacks
+    )
 
 
-def _honest_result(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path | None) -> dict[str, Any]:
+def honest_result(cfg: ExperimentConfig, *, out_dir: Path | None, data_root: str | Path | None) -> dict[str, Any]:
     """The result of :func:`honest_config` of ``cfg`` (a run of its own, read from ``out_dir/<hash>/result.json``
     when that exists, so that a sweep's points with the same detectors and scenario share one honest run)."""
     honest = honest_config(cfg)
@@ -324,9 +327,7 @@ def _run(
     vd = load_vertical_data(cfg, data_root)
     attack_plan = validate_attacks(cfg, vd)
     check_before_training(cfg, vd, attack_plan)
-    honest = (
-        _honest_result(cfg, out_dir=out_dir, data_root=data_root) if needs_honest_reference(cfg, attack_plan) else None
-    )
+    honest = honest_result(cfg, out_dir=out_dir, data_root=data_root) if needs_honest_reference(cfg) else None
 
     def undefended() -> dict[str, Any] | None:
         """The undefended run's result, asked for once this run has trained: a sweep's defended point trains while
