@@ -29,7 +29,7 @@ from phe import paillier as phe_paillier
 import vflbench.defenses.paillier as paillier_module
 import vflbench.he as he_package
 from vflbench.defenses import DEFENSES, create_defense
-from vflbench.defenses.paillier import PaillierHE
+from vflbench.defenses.paillier import PaillierHE, PaillierHEActive, PaillierHEPassive
 from vflbench.errors import CompatibilityError, ConfigError
 from vflbench.experiment.config import build_config
 from vflbench.experiment.run import run_experiment
@@ -207,7 +207,8 @@ def test_decryption_happens_only_at_the_active_party(monkeypatch):
     holder = he.active.defenses[0].holder_
     assert holder.decrypted["embedding_share"] > 0 and holder.decrypted["rescale"] > 0
     for d in he.passives[0].defenses:
-        assert getattr(d, "holder_", None) is None
+        assert isinstance(d, PaillierHEPassive) and not hasattr(d, "holder_")  # only its own half is built there
+    assert isinstance(he.active.defenses[0], PaillierHEActive)
 
 
 def test_missing_phe_names_the_extra(monkeypatch):

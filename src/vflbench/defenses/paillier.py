@@ -7,9 +7,9 @@ plaintext cut gradient. It is a runtime baseline first (VMask, NDSS 2025, Table 
 ACML, SPNN, SFA and BlindFL; the paper used python-paillier with a 1024-bit key). Requires the
 optional ``he`` extra (``pip install 'vflbench[he]'``: phe and gmpy2), imported only when a run
 binds the defense. The cryptography lives in :mod:`vflbench.he`; this module is the defense: one
-instance per party, each holding only its own half, the halves talking only through ``paillier.*``
-messages on their parties' channel endpoints (counted with all other traffic in ``result.json``'s
-``comm``).
+class per role (:class:`PaillierHEActive`, the key holder; :class:`PaillierHEPassive`), each party
+building only its own half, the halves talking only through ``paillier.*`` messages on their
+parties' channel endpoints (counted with all other traffic in ``result.json``'s ``comm``).
 
 Model. The passive party's bottom model ``x -> f(x) -> a W + b`` is split at its last
 ``nn.Linear``: the layers before it are a plaintext feature extractor ``f`` that is **frozen**
@@ -114,11 +114,9 @@ class PaillierHE(Defense):
     fixed-point encoding (the cost of each exponentiation grows with it). ``pool``: worker
     processes for exponentiations and encryptions (0 or 1: none).
 
-    The active party's instance is the key holder: it generates the keys at ``bind``, serves the
-    ``paillier.*`` requests, wraps its own top model to add its decrypted embedding shares, and
-    encrypts cut gradients. Each passive party's instance asks for the public key, installs the
-    encrypted interactive layer into its own bottom model (``wrap_bottom``) and drives the layer's
-    encrypted backward from the ciphertext it receives. Neither holds an object of the other.
+    This class holds the parameters; each party runs its role's half (:meth:`halves`):
+    :class:`PaillierHEActive`, the key holder, at the active party and :class:`PaillierHEPassive` at each passive
+    party. Neither holds an object of the other.
     """
 
     name = "paillier_he"
@@ -147,28 +145,13 @@ class PaillierHE(Defense):
         self.precision = precision
         self.pool = pool
 
+    @classmethod
+    def halves(cls) -> Mapping[str, type[Defense]]:  # noqa: D102
+        return {ACTIVE: PaillierHEActive, PASSIVE: PaillierHEPassive}
+
     def bind(self, context: BindContext) -> None:  # noqa: D102
         super().bind(context)
         load_phe()
-        self.holder_: PaillierKeyHolder | None = None
-        self.layer_: PaillierLinear | None = None
-        if context.party == ACTIVE:
-            self.holder_ = PaillierKeyHolder(self.key_bits, pool=self.pool)
-            self._link().serve(NAMESPACE, self._handle)
-
-    def _handle(self, request: Message) -> Message:
-        """The key holder answers a passive party of the federation (another sender is refused)."""
-        assert self.holder_ is not None
-        reply = self.holder_.handle(request)
-        self._check_senders()
-        return reply
-
-    def _check_senders(self) -> None:
-        assert self.holder_ is not None
-        known = {passive_name(i) for i in range(1, self.context_.num_parties)}
-        strangers = sorted(set(self.holder_.widths) - known)
-        if strangers:
-            raise CompatibilityError(f"paillier_he: unexpected parties {strangers} asked for the public key")
 
     def _link(self) -> Endpoint:
         if self.context_.link is None:
@@ -178,10 +161,95 @@ class PaillierHE(Defense):
             )
         return self.context_.link
 
+    def traffic(self, phase: str = "train") -> dict[str, int]:
+        """Bytes of ``paillier.*`` messages the channel counted in ``phase``, by direction (``up``: to the
+        active party); the loop's embedding and cut-gradient messages are not included."""
+        out = {"up": 0, "down": 0}
+        for kind, directions in self._link().stats[phase].by_kind.items():
+            if kind.startswith(f"{NAMESPACE}."):
+                for direction, stats in directions.items():
+                    out[direction] += stats.bytes
+        return out
+
+
+class PaillierHEActive(PaillierHE):
+    """Paillier at the active party, the key holder: it generates the keys at ``bind``, serves the ``paillier.*``
+    requests, wraps its own top model to add its decrypted embedding shares, and encrypts cut gradients."""
+
+    def bind(self, context: BindContext) -> None:  # noqa: D102
+        super().bind(context)
+        self.holder_ = PaillierKeyHolder(self.key_bits, pool=self.pool)
+        self._link().serve(NAMESPACE, self._handle)
+
+    def _handle(self, request: Message) -> Message:
+        """The key holder answers a passive party of the federation (another sender is refused)."""
+        reply = self.holder_.handle(request)
+        self._check_senders()
+        return reply
+
+    def _check_senders(self) -> None:
+        known = {passive_name(i) for i in range(1, self.context_.num_parties)}
+        strangers = sorted(set(self.holder_.widths) - known)
+        if strangers:
+            raise CompatibilityError(f"paillier_he: unexpected parties {strangers} asked for the public key")
+
+    def wrap_top(self, model: nn.Module) -> nn.Module:
+        """The active party's top model behind the addition of each passive party's decrypted embedding share, where
+        the top model's input layout (``BindContext.top_layout``) puts that party's embedding."""
+        layout = self.context_.top_layout
+        if layout is None:
+            raise CompatibilityError(
+                "paillier_he needs the top model's input layout (BindContext.top_layout, given to the active "
+                "party's instance by Defense.bind_top before its models are built)"
+            )
+        self._check_senders()
+        shares = [
+            (p.party, p.start, p.end) if layout.how == "concat" else (p.party, 0, 0)
+            for p in layout.parts
+            if p.party != ACTIVE
+        ]
+        return ShareCombiningTop(model, HolderRef(self.holder_), shares, layout.how, len(layout.parts))
+
+    def transform_cut_gradient(self, gradient: Tensor, state: StepState) -> Tensor:  # noqa: D102
+        if state.receiver not in self.holder_.widths:
+            return gradient
+        cts = self.holder_.encrypt_reals(gradient.reshape(len(gradient), -1), self.precision)
+        return self.holder_.ops.to_wire(cts)
+
+    def on_epoch_end(self, epoch: int) -> dict[str, Any]:
+        """The ``paillier.*`` training traffic so far (read from the channel's counter), decryptions, encryptions
+        and rescalings."""
+        h = self.holder_
+        side = self.traffic("train")
+        out: dict[str, Any] = {
+            "side_bytes_up": side["up"],
+            "side_bytes_down": side["down"],
+            "decrypted": sum(v for k, v in h.decrypted.items() if k != "oracle"),
+            "encrypted": h.encrypted,
+            "rescales": h.refreshes,
+        }
+        if epoch == 0:
+            out["keygen_seconds"] = h.keygen_seconds
+        return out
+
+    def reveal(self, x: EncTensor) -> Tensor:
+        """Oracle for tests and evaluation (not a protocol step), at the key holder: the plaintext of ``x``
+        (e.g. a passive layer's ``params["weight"]``, shape (in, out))."""
+        return self.holder_.reveal(x)
+
+
+class PaillierHEPassive(PaillierHE):
+    """Paillier at a passive party: it asks for the public key, installs the encrypted interactive layer into its
+    own bottom model (``wrap_bottom``) and drives the layer's encrypted backward from the ciphertext it receives."""
+
+    def bind(self, context: BindContext) -> None:  # noqa: D102
+        super().bind(context)
+        self.layer_: PaillierLinear | None = None
+
     def attach_optimizer(self, optimizer: torch.optim.Optimizer, party: str) -> None:
         """Apply the encrypted layer's pending update whenever its party's optimizer steps."""
-        layer = self.layer_ if party == self.context_.party else None
-        if layer is None:
+        layer = self.layer_
+        if layer is None or party != self.context_.party:
             return
 
         def after_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -192,10 +260,7 @@ class PaillierHE(Defense):
         optimizer.register_step_post_hook(after_step)
 
     def wrap_bottom(self, model: nn.Module, party: str) -> nn.Module:
-        """Each instance changes only its own party's bottom model: the passive party's gets the encrypted
-        layer; the active party's and another party's pass untouched."""
-        if party != self.context_.party or party == ACTIVE:
-            return model
+        """The passive party's own bottom model gets the encrypted layer."""
         link = KeyHolderLink(self._link())
 
         def encrypted(linear: nn.Linear) -> PaillierLinear:
@@ -216,30 +281,6 @@ class PaillierHE(Defense):
         self.layer_ = layer
         return model
 
-    def wrap_top(self, model: nn.Module) -> nn.Module:
-        """The active party's top model behind the addition of each passive party's decrypted embedding share, where
-        the top model's input layout (``BindContext.top_layout``) puts that party's embedding."""
-        assert self.holder_ is not None
-        layout = self.context_.top_layout
-        if layout is None:
-            raise CompatibilityError(
-                "paillier_he needs the top model's input layout (BindContext.top_layout, given to the active "
-                "party's instance by Defense.bind_top before its models are built)"
-            )
-        self._check_senders()
-        shares = [
-            (p.party, p.start, p.end) if layout.how == "concat" else (p.party, 0, 0)
-            for p in layout.parts
-            if p.party != ACTIVE
-        ]
-        return ShareCombiningTop(model, HolderRef(self.holder_), shares, layout.how, len(layout.parts))
-
-    def transform_cut_gradient(self, gradient: Tensor, state: StepState) -> Tensor:  # noqa: D102
-        if self.holder_ is None or state.receiver not in self.holder_.widths:
-            return gradient
-        cts = self.holder_.encrypt_reals(gradient.reshape(len(gradient), -1), self.precision)
-        return self.holder_.ops.to_wire(cts)
-
     def on_received_gradient(self, gradient: Tensor, state: StepState) -> Tensor | None:  # noqa: D102
         layer = self.layer_
         if layer is None:
@@ -253,39 +294,6 @@ class PaillierHE(Defense):
         assert state.embedding is not None
         return torch.zeros_like(state.embedding)  # the share S has no plaintext gradient; the update is encrypted
 
-    def traffic(self, phase: str = "train") -> dict[str, int]:
-        """Bytes of ``paillier.*`` messages the channel counted in ``phase``, by direction (``up``: to the
-        active party); the loop's embedding and cut-gradient messages are not included."""
-        out = {"up": 0, "down": 0}
-        for kind, directions in self._link().stats[phase].by_kind.items():
-            if kind.startswith(f"{NAMESPACE}."):
-                for direction, stats in directions.items():
-                    out[direction] += stats.bytes
-        return out
-
     def on_epoch_end(self, epoch: int) -> dict[str, Any]:
-        """The key holder reports the ``paillier.*`` training traffic so far (read from the channel's
-        counter), decryptions, encryptions and rescalings; a passive party its layer's seconds."""
-        if self.holder_ is not None:
-            h = self.holder_
-            side = self.traffic("train")
-            out: dict[str, Any] = {
-                "side_bytes_up": side["up"],
-                "side_bytes_down": side["down"],
-                "decrypted": sum(v for k, v in h.decrypted.items() if k != "oracle"),
-                "encrypted": h.encrypted,
-                "rescales": h.refreshes,
-            }
-            if epoch == 0:
-                out["keygen_seconds"] = h.keygen_seconds
-            return out
-        if self.layer_ is not None:
-            return {f"{k}_seconds": v for k, v in self.layer_.seconds.items()}
-        return {}
-
-    def reveal(self, x: EncTensor) -> Tensor:
-        """Oracle for tests and evaluation (not a protocol step), at the key holder: the plaintext of ``x``
-        (e.g. a passive layer's ``params["weight"]``, shape (in, out))."""
-        if self.holder_ is None:
-            raise RuntimeError("paillier_he: only the active party's instance (the key holder) can decrypt")
-        return self.holder_.reveal(x)
+        """The encrypted layer's seconds."""
+        return {} if self.layer_ is None else {f"{k}_seconds": v for k, v in self.layer_.seconds.items()}

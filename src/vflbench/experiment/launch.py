@@ -99,19 +99,9 @@ def launch(
     :func:`~vflbench.experiment.run.claim_undefended`). A config with a detector and a malicious attack is launched
     beside its honest reference too (:func:`~vflbench.experiment.run.honest_config`), read the same way.
     """
-    from vflbench.experiment.run import (
-        claim_reference,
-        claim_undefended,
-        honest_config,
-        needs_honest_reference,
-        undefended_config,
-    )
-
     cfg = cfg.resolved()
     _check_launch(cfg, out_dir, resume=resume, stop_after=stop_after)
     context = party_context()  # the fork server imports while the certificates are made
-    reference = undefended_config(cfg) if cfg.defenses and cfg.attacks else None
-    honest = honest_config(cfg) if needs_honest_reference(cfg) else None
     options = _Options(
         out_dir=out_dir,
         insecure=insecure,
@@ -122,13 +112,8 @@ def launch(
     )
     with (
         tempfile.TemporaryDirectory(prefix="vflbench-launch-") as tmp,
-        _claimed(reference, out_dir, claim_undefended) as launch_reference,
-        _claimed(honest, out_dir, claim_reference) as launch_honest,
+        _claimed_runs(cfg, out_dir, resume=resume, stop_after=stop_after) as runs,
     ):
-        runs = _runs(cfg, reference if launch_reference else None, resume=resume, stop_after=stop_after)
-        if launch_honest:
-            assert honest is not None
-            runs.append(_Run(honest, f" of the detectors' honest reference run {honest.hash()}", False, None))
         certs = _certificates(certs, insecure, cfg, Path(tmp))
         failed, procs, logs, tic = _run_processes(runs, options, certs, tmp, context, timeout=timeout, grace=grace)
     seconds = time.monotonic() - tic
@@ -137,14 +122,35 @@ def launch(
     return _launched(out_dir / cfg.hash(), cfg, stop_after, seconds)
 
 
-def _runs(
-    cfg: ExperimentConfig, reference: ExperimentConfig | None, *, resume: bool, stop_after: int | None
-) -> list[_Run]:
-    """The runs to launch: ``cfg``, and its undefended ``reference`` beside it (``None``: none to launch)."""
-    runs = [_Run(cfg, "", resume, stop_after)]
-    if reference is not None:
-        runs.append(_Run(reference, f" of the undefended reference run {reference.hash()}", False, None))
-    return runs
+@contextlib.contextmanager
+def _claimed_runs(
+    cfg: ExperimentConfig, out_dir: Path, *, resume: bool, stop_after: int | None
+) -> Iterator[list[_Run]]:
+    """The runs to launch, holding the claims of the references among them: ``cfg``, its undefended reference (a
+    config with defenses and attacks) and its detectors' honest reference (a detector against a malicious attack),
+    each reference unless its result is in ``out_dir`` or another process that claimed it wrote it."""
+    from vflbench.experiment.run import (
+        claim_reference,
+        claim_undefended,
+        honest_config,
+        needs_honest_reference,
+        undefended_config,
+    )
+
+    undefended = undefended_config(cfg) if cfg.defenses and cfg.attacks else None
+    honest = honest_config(cfg) if needs_honest_reference(cfg) else None
+    with (
+        _claimed(undefended, out_dir, claim_undefended) as launch_undefended,
+        _claimed(honest, out_dir, claim_reference) as launch_honest,
+    ):
+        runs = [_Run(cfg, "", resume, stop_after)]
+        if launch_undefended:
+            assert undefended is not None
+            runs.append(_Run(undefended, f" of the undefended reference run {undefended.hash()}", False, None))
+        if launch_honest:
+            assert honest is not None
+            runs.append(_Run(honest, f" of the detectors' honest reference run {honest.hash()}", False, None))
+        yield runs
 
 
 def _run_processes(
