@@ -52,7 +52,7 @@ def test_the_layout_is_what_the_active_party_aggregates_and_what_its_defenses_se
 
 
 def _bound(name: str, **params: object) -> Defense:
-    d = create_defense(name, **params)
+    d = create_defense(name, **params).for_role("active")  # the active party's instance (its half, if it has halves)
     d.bind(
         BindContext(
             "active",
