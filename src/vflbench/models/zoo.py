@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from vflbench.models.registry import MODELS
 from vflbench.registry import WIDTH, Param
@@ -79,7 +79,7 @@ class LeNet5(nn.Module):
             nn.Linear(84, out_dim),
         )
 
-    def forward(self, x):  # noqa: D102
+    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
         return self.classifier(self.features(x))
 
 

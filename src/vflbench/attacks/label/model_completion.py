@@ -109,7 +109,7 @@ class ModelCompletion(LabelAttack):
         self.metric = metric
         check_selection(self.name, select, val_per_class, known_per_class)
 
-    def check(self, scenario) -> None:  # noqa: D102
+    def check(self, scenario: Scenario) -> None:  # noqa: D102
         require(self.party != "active", self.name, "it is run by a passive party")
         check_metric(self.name, self.metric, scenario)
 
