@@ -154,6 +154,7 @@ def test_bad_decoder_maps_fail_early(model, params, message):
 
 
 def _passive(defense):
+    defense = defense.for_role("passive")  # the passive party's half
     channel = Channel(PARTIES)
     channel.endpoint("active").post("gradient_scrutinizer.labels", "passive_1", torch.zeros(4, dtype=torch.long))
     defense.bind(
@@ -200,6 +201,7 @@ def test_gradient_scrutinizer_dmavfl_preset_averages_five_scores_against_0_8():
 
 
 def _labelled_passive(defense, y):
+    defense = defense.for_role("passive")  # the passive party's half
     channel = Channel(PARTIES)
     channel.endpoint("active").post("gradient_scrutinizer.labels", "passive_1", y)
     defense.bind(

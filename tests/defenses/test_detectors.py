@@ -254,8 +254,10 @@ def test_result_json_gives_both_rates_and_the_honest_reference_is_the_same_scena
 
 
 def _bind(defense, party: str, num_classes: int = 10, seed: int = 0, shared: Channel | None = None):
-    """Bind ``defense`` at ``party``; ``shared`` is the federation's channel every instance talks through."""
+    """Bind ``defense``'s half for ``party`` there; ``shared`` is the federation's channel every instance talks
+    through."""
     channel = Channel(PARTIES) if shared is None else shared
+    defense = defense.for_role("active" if party == "active" else "passive")
     defense.bind(
         BindContext(
             party,

@@ -105,7 +105,7 @@ class _FakeableTargets:
     is delegated to the underlying tensor.
     """
 
-    def __init__(self, base: Tensor, guard: SplitGuard) -> None:
+    def __init__(self, base: Tensor, guard: SplitGuardActive) -> None:
         self.base = base
         self.guard = guard
 
@@ -170,10 +170,11 @@ def splitguard_score(fakes: _Running, r1: _Running, r2: _Running, *, mult: float
 
 
 class Detector(Defense):
-    """Shared bookkeeping of the detectors (side ``both``: the active instance only coordinates).
+    """The parameters every detector shares (side ``both``): the detection happens at each passive party
+    (:class:`DetectorPassive`); the active party's half only coordinates (its label transform).
 
     A detector decides at each of its scoring rounds (from its ``min_scores``-th score) whether the
-    training is hijacked; :meth:`details` reports the decisions made and flagged (module docstring).
+    training is hijacked; :meth:`DetectorPassive.details` reports the decisions made and flagged (module docstring).
     """
 
     side = "both"
@@ -199,17 +200,19 @@ class Detector(Defense):
     def bind(self, context: BindContext) -> None:  # noqa: D102
         super().bind(context)
         self.key_ = _key(context.shared_generator)
+
+
+class DetectorPassive(Detector):
+    """A detector's bookkeeping at a passive party, where it decides: its scores, decisions and first flag."""
+
+    def bind(self, context: BindContext) -> None:
+        super().bind(context)
         self.count_ = 0
         self.scores_: list[tuple[int, int, float]] = []
         self.decisions_: list[tuple[int, int, float, bool]] = []
         self.detected_step_: int | None = None
         self.detected_epoch_: int | None = None
         self._reported = 0
-
-    @property
-    def passive(self) -> bool:
-        """Whether this instance sits at a passive party (where detection happens)."""
-        return self.context_.party != ACTIVE
 
     @property
     def halted(self) -> bool:
@@ -231,10 +234,8 @@ class Detector(Defense):
             self.detected_epoch_ = state.epoch
 
     def details(self) -> dict[str, Any]:
-        """The decisions this (passive) instance made: ``decisions``, ``flagged``, ``rate`` (their share, ``None``
-        before the first decision), where it first flagged and whether it halted there."""
-        if not self.passive:
-            return {}
+        """The decisions this instance made: ``decisions``, ``flagged``, ``rate`` (their share, ``None`` before the
+        first decision), where it first flagged and whether it halted there."""
         flagged = sum(f for *_, f in self.decisions_)
         n = len(self.decisions_)
         return {
@@ -249,9 +250,7 @@ class Detector(Defense):
             "scores": len(self.scores_),
         }
 
-    def on_epoch_end(self, epoch: int) -> dict[str, Any]:  # noqa: D102
-        if not self.passive:
-            return {}
+    def on_epoch_end(self, epoch: int) -> dict[str, Any]:
         new = [s for _, _, s in self.scores_[self._reported :]]
         self._reported = len(self.scores_)
         party = self.context_.party
@@ -332,17 +331,17 @@ class SplitGuard(Detector):
         self.shift = shift
         self.vector = vector
 
-    def bind(self, context: BindContext) -> None:  # noqa: D102
-        super().bind(context)
-        self.fakes_, self.r1_, self.r2_ = _Running(), _Running(), _Running()
-        self.model_: nn.Module | None = None
-        self._width: int | None = None
-
-    # -- coordination (both sides) ----------------------------------------------------------
+    @classmethod
+    def halves(cls) -> Mapping[str, type[Defense]]:  # noqa: D102
+        return {ACTIVE: SplitGuardActive, PASSIVE: SplitGuardPassive}
 
     def is_fake(self, ids: Tensor) -> bool:
         """Whether the batch of ``ids`` is a fake batch (same answer at every party)."""
         return _keyed_int(self.key_, ids, b"fake") / 2.0**64 < self.p_fake
+
+
+class SplitGuardActive(SplitGuard):
+    """SplitGuard at the active party: the training targets of fake batches carry randomised labels."""
 
     def randomise(self, ids: Tensor, targets: Tensor) -> Tensor:
         """Fake labels ``(y + r) mod C``, r uniform in 1..C-1, for the first ``fake_fraction`` rows."""
@@ -362,13 +361,22 @@ class SplitGuard(Detector):
         """Active side: targets whose fake batches carry randomised labels."""
         return objective.replace(targets=_FakeableTargets(objective.targets, self))
 
+
+class SplitGuardPassive(DetectorPassive, SplitGuard):
+    """SplitGuard at a passive party: it sorts the received gradients into fake and regular batches, scores and
+    decides; it does not apply a fake batch's update."""
+
+    def bind(self, context: BindContext) -> None:
+        super().bind(context)
+        self.fakes_, self.r1_, self.r2_ = _Running(), _Running(), _Running()
+        self.model_: nn.Module | None = None
+        self._width: int | None = None
+
     def wrap_bottom(self, model: nn.Module, party: str) -> nn.Module:
         """Remember this passive party's own bottom model (for the first-parameter gradient)."""
-        if self.passive and party == self.context_.party:
+        if party == self.context_.party:
             self.model_ = model
         return model
-
-    # -- detection (passive side) -----------------------------------------------------------
 
     def _vector(self, gradient: Tensor, state: StepState) -> Tensor | None:
         if self.vector == "embedding":
@@ -381,9 +389,7 @@ class SplitGuard(Detector):
         (g,) = torch.autograd.grad(state.embedding, first, grad_outputs=gradient, retain_graph=True, allow_unused=True)
         return (torch.zeros_like(first) if g is None else g).detach().flatten().double()
 
-    def on_received_gradient(self, gradient: Tensor, state: StepState) -> Tensor | None:  # noqa: D102
-        if not self.passive:
-            return gradient
+    def on_received_gradient(self, gradient: Tensor, state: StepState) -> Tensor | None:
         self.count_ += 1
         fake = self.is_fake(state.ids)
         if self.count_ <= self.start:
@@ -549,15 +555,9 @@ class GradientScrutinizer(Detector):
         self.lag = lag
         self.min_scores = min_scores
 
-    def bind(self, context: BindContext) -> None:  # noqa: D102
-        super().bind(context)
-        self.diff_mean_: list[float] = []
-        self.same_mean_: list[float] = []
-        self.diff_std_: list[float] = []
-        self.same_std_: list[float] = []
-        self.labels_: Tensor | None = None
-        if self.passive:
-            self.labels_ = self._link().take(self.shared_key, ACTIVE).payload
+    @classmethod
+    def halves(cls) -> Mapping[str, type[Defense]]:  # noqa: D102
+        return {ACTIVE: GradientScrutinizerActive, PASSIVE: GradientScrutinizerPassive}
 
     def _link(self) -> Endpoint:
         if self.context_.link is None:
@@ -566,6 +566,10 @@ class GradientScrutinizer(Detector):
                 "build_federation provides it"
             )
         return self.context_.link
+
+
+class GradientScrutinizerActive(GradientScrutinizer):
+    """Gradients Scrutinizer at the active party: it shares the training labels with the passive halves."""
 
     def transform_labels(self, objective: Objective) -> Objective:
         """Active side: share the training labels with the passive instances of this federation (see the module
@@ -583,9 +587,20 @@ class GradientScrutinizer(Detector):
             link.post(self.shared_key, passive_name(i), t.detach().clone())
         return objective
 
-    def on_received_gradient(self, gradient: Tensor, state: StepState) -> Tensor | None:  # noqa: D102
-        if not self.passive:
-            return gradient
+
+class GradientScrutinizerPassive(DetectorPassive, GradientScrutinizer):
+    """Gradients Scrutinizer at a passive party: it scores the similarities of the received gradients by label and
+    decides."""
+
+    def bind(self, context: BindContext) -> None:
+        super().bind(context)
+        self.diff_mean_: list[float] = []
+        self.same_mean_: list[float] = []
+        self.diff_std_: list[float] = []
+        self.same_std_: list[float] = []
+        self.labels_: Tensor | None = self._link().take(self.shared_key, ACTIVE).payload
+
+    def on_received_gradient(self, gradient: Tensor, state: StepState) -> Tensor | None:
         self.count_ += 1
         if self.labels_ is None:
             raise RuntimeError("gradient_scrutinizer: the active side shared no labels")
@@ -652,6 +667,18 @@ class GradientScrutinizerDMAVFL(GradientScrutinizer):
             min_scores=window + 1 if min_scores is None else min_scores,
             halt=halt,
         )
+
+    @classmethod
+    def halves(cls) -> Mapping[str, type[Defense]]:
+        return {ACTIVE: GradientScrutinizerDMAVFLActive, PASSIVE: GradientScrutinizerDMAVFLPassive}
+
+
+class GradientScrutinizerDMAVFLActive(GradientScrutinizerActive, GradientScrutinizerDMAVFL):
+    """The DMAVFL preset at the active party (Gradients Scrutinizer's active half)."""
+
+
+class GradientScrutinizerDMAVFLPassive(GradientScrutinizerPassive, GradientScrutinizerDMAVFL):
+    """The DMAVFL preset at a passive party (Gradients Scrutinizer's passive half)."""
 
 
 # ----------------------------------------------------------------------------------------------
