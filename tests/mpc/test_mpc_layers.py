@@ -303,8 +303,10 @@ def test_fixed_mask_sends_the_masked_operand_and_the_output_shares_only() -> Non
     y = shared(x)
     train = session.channel.train.by_kind
     assert (train["vmask.forward"]["up"].bytes, train["vmask.forward"]["down"].bytes) == (8 * b * n_in, 8 * b * n_out)
-    assert train["dealer.triple"]["down"].bytes == 8 * b * n_out  # C0 (the request carries a header only)
-    assert train["vmask.forward"]["up"].rounds == train["dealer.triple"]["down"].rounds == 1
+    # C0 of the forward and, dealt ahead while P_k and P_K exchange E and z1, of the backward (the requests carry
+    # headers only): one dealer round per product, as before
+    assert train["dealer.triple"]["down"].bytes == 8 * (b * n_out + b * n_in)
+    assert train["vmask.forward"]["up"].rounds == 1 and train["dealer.triple"]["down"].rounds == 2
     assert "dealer.take" not in train and "dealer.take_mask" not in train
     y.backward(torch.randn(b, n_out))
     assert (train["vmask.backward"]["up"].bytes, train["vmask.backward"]["down"].bytes) == (8 * b * n_out, 8 * b * n_in)
@@ -313,6 +315,35 @@ def test_fixed_mask_sends_the_masked_operand_and_the_output_shares_only() -> Non
     dealer = session.dealer
     assert dealer.issued["matmul"] == 2 and dealer.consumed == 0 and dealer.pending == 0
     assert session.active.triples == 2
+
+
+def test_fixed_mask_deals_the_backward_triple_ahead_only_when_an_input_gradient_will_follow() -> None:
+    """The backward product's triple is asked for in the forward only for a training forward whose input needs a
+    gradient; a forward without one (a first layer, evaluation) deals one triple, and a triple asked ahead whose
+    backward never comes is dropped by the next product, which takes a fresh, later one."""
+    b, n_in, n_out = 4, 6, 3
+    torch.manual_seed(0)
+    plain = nn.Linear(n_in, n_out)
+    shared, session = masked(copy.deepcopy(plain))
+    dealer = session.dealer
+    shared(torch.randn(b, n_in))  # the input needs no gradient: no backward
+    assert dealer.issued["matmul"] == 1
+    shared.eval()
+    with torch.no_grad():
+        shared(torch.randn(b, n_in, requires_grad=True))
+    assert dealer.issued["matmul"] == 2
+    shared.train()
+    x = torch.randn(b, n_in, requires_grad=True)
+    shared(x)  # forward (triple 2) and its backward's, asked ahead (3), whose backward never runs
+    assert dealer.issued["matmul"] == 4
+    y = shared(x)  # triple 3 goes unused: this forward takes 4, its backward 5
+    g = torch.randn(b, n_out)
+    y.backward(g)
+    assert dealer.issued["matmul"] == 6 and session.active.triples == 5
+    assert [h.last_triple for h in session.active.holders.values()] == [5]
+    x_plain = x.detach().clone().requires_grad_(True)
+    plain(x_plain).backward(g)
+    assert x.grad is not None and torch.allclose(x.grad, x_plain.grad, atol=1e-3)
 
 
 @pytest.mark.parametrize("protocol", ["fixed_mask", "beaver"])

@@ -132,7 +132,7 @@ from vflbench.mpc.protocol import (
 )
 from vflbench.mpc.ring import DEFAULT_FRAC_BITS, decode, encode
 from vflbench.mpc.shares import share
-from vflbench.protocol.channel import Endpoint
+from vflbench.protocol.channel import Asked, Endpoint
 from vflbench.protocol.messages import Phase
 
 Truncation = Literal["reveal", "secureml"]
@@ -161,7 +161,7 @@ class _SecureLayerFn(torch.autograd.Function):
         ctx.layer = layer
         ctx.has_bias = b_offset is not None
         ctx.save_for_backward(x)
-        return layer._secure_forward(x)
+        return layer._secure_forward(x, backward=bool(ctx.needs_input_grad[0]))
 
     @staticmethod
     @once_differentiable
@@ -213,6 +213,9 @@ class SharedLayer(nn.Module, ABC):
         self.frac_bits = frac_bits
         self.truncation: Truncation = truncation
         self.observation = observation
+        self._asked: tuple[int, Meta, Asked] | None = None
+        """``fixed_mask``: the backward product's triple P_k asked for in the forward (mask id, its header, the
+        request), taken by the backward."""
 
     # -- defined by subclasses ----------------------------------------------------------------------
 
@@ -241,17 +244,25 @@ class SharedLayer(nn.Module, ABC):
     # -- protocol -----------------------------------------------------------------------------------
 
     def _secure_product(
-        self, v_ring: Tensor, stage: Stage, *, input_size: tuple[int, int] | None = None, out_factor: float = 1.0
+        self,
+        v_ring: Tensor,
+        stage: Stage,
+        *,
+        input_size: tuple[int, int] | None = None,
+        out_factor: float = 1.0,
+        backward: bool = False,
+        backward_size: tuple[int, int] | None = None,
     ) -> Tensor:
         """P_k's side: share the encoded ``v_ring``, Beaver against the shared weight, reconstruct to P_k.
 
-        Returns the decoded product times the public scale and ``out_factor`` (float64).
+        Returns the decoded product times the public scale and ``out_factor`` (float64). ``backward``: a forward
+        product whose input gradient will be computed (``backward_size``: the input's spatial size, convolutions).
         """
         f = self.frac_bits
         p = self.passive
         spec: BilinearSpec = layer_spec(self.geometry, stage, v_ring.shape, p.weight_share.shape, input_size)
         z = (
-            self._fixed_mask_product(v_ring, spec, stage, input_size)
+            self._fixed_mask_product(v_ring, spec, stage, input_size, backward=backward, backward_size=backward_size)
             if self.protocol == "fixed_mask"
             else self._beaver_product(v_ring, spec, stage, input_size)
         )
@@ -262,14 +273,38 @@ class SharedLayer(nn.Module, ABC):
         return z.to(torch.float64).mul_(float(p.scale) * out_factor / 2.0**f)
 
     def _fixed_mask_product(
-        self, v_ring: Tensor, spec: BilinearSpec, stage: Stage, input_size: tuple[int, int] | None
+        self,
+        v_ring: Tensor,
+        spec: BilinearSpec,
+        stage: Stage,
+        input_size: tuple[int, int] | None,
+        *,
+        backward: bool = False,
+        backward_size: tuple[int, int] | None = None,
     ) -> Tensor:
         """The ``fixed_mask`` protocol at P_k (:mod:`vflbench.mpc.parties`): the untruncated ring product
-        ``op(v, W)`` (+ the bias at ``2f`` fractional bits), reconstructed at P_k."""
+        ``op(v, W)`` (+ the bias at ``2f`` fractional bits), reconstructed at P_k.
+
+        Dealing ahead: a training forward whose input gradient will be computed (``backward``) asks the dealer for
+        the backward product's triple right after taking its own (its ``C0`` is data-independent; only its shape,
+        the forward output's, is needed), and the backward takes that reply: the dealer computes and sends it while
+        P_k and P_K exchange ``E`` and ``z1``, off the step's critical path. The ids stay in issue order
+        (forward ``t``, backward a later one), every triple is still used once, and nothing is asked across a step,
+        so a run, its launch and a resumed launch deal the same triples."""
         p = self.passive
         assert p.mask_id is not None and p.mask_seed is not None and p.weight_opening is not None
         dev = v_ring.device
-        triple_id, c0 = self.peer.masked_triple(spec, int(p.mask_id), phase=self.phase)
+        mask = int(p.mask_id)
+        asked, self._asked = self._asked, None
+        if asked is not None and stage == "backward" and asked[0] == mask and asked[1] == spec.triple:
+            triple_id, c0 = self.peer.masked_triple_answer(asked[2])
+        else:
+            if asked is not None:  # a forward without its backward (never in training): its triple goes unused
+                self.peer.masked_triple_answer(asked[2])
+            triple_id, c0 = self.peer.masked_triple(spec, mask, phase=self.phase)
+        if backward and stage == "forward" and self.training:
+            ahead = layer_spec(self.geometry, "backward", c0.shape, p.weight_share.shape, backward_size)
+            self._asked = (mask, ahead.triple, self.peer.ask_masked_triple(ahead, mask, phase=self.phase))
         a = operand_mask(int(p.mask_seed), triple_id, v_ring.shape, device=dev)
         z1 = self.peer.product(stage, v_ring - a, triple_id, phase=self.phase, input_size=input_size)
         z = spec.op(v_ring, spec.weight_operand(p.weight_share.to(dev)))
@@ -299,10 +334,10 @@ class SharedLayer(nn.Module, ABC):
         z += z1  # Reconstruct, at P_k only
         return z
 
-    def _secure_forward(self, x: Tensor) -> Tensor:
+    def _secure_forward(self, x: Tensor, *, backward: bool = False) -> Tensor:
         xo = self._to_operand(x)
         x_ring = encode(xo, self.frac_bits)
-        y = self._secure_product(x_ring, "forward")
+        y = self._secure_product(x_ring, "forward", backward=backward, backward_size=self._input_size(x.shape))
         if self.observation is not None and self.observation.observers:
             self._emit("forward", decode(x_ring, self.frac_bits), y, 2.0**-self.frac_bits)
         return self._from_output(y, x).to(x.dtype)

@@ -80,7 +80,7 @@ from vflbench.mpc.protocol import (
     truncate_share,
 )
 from vflbench.mpc.ring import encode
-from vflbench.protocol.channel import Channel, Endpoint
+from vflbench.protocol.channel import Asked, Channel, Endpoint
 from vflbench.protocol.messages import ACTIVE, DEALER, Message, Phase
 
 #: The kinds of VMask's secret-sharing protocol (what ``mpc_bytes`` sums; ``vmask.oracle`` is not one).
@@ -430,9 +430,18 @@ class ActivePeer(ServiceHandle):
 
     def masked_triple(self, spec: BilinearSpec, mask: int, *, phase: Phase) -> tuple[int, Tensor]:
         """A fresh fixed-mask triple for ``spec`` against weight mask ``mask``: its id and P_k's share ``C0_t``."""
-        reply = self.link.call(
+        return self.masked_triple_answer(self.ask_masked_triple(spec, mask, phase=phase))
+
+    def ask_masked_triple(self, spec: BilinearSpec, mask: int, *, phase: Phase) -> Asked:
+        """Ask the dealer for a fixed-mask triple as :meth:`masked_triple` does, without waiting for it: the dealer
+        deals it while P_k goes on (:meth:`masked_triple_answer` takes it)."""
+        return self.link.ask(
             "dealer.triple", DEALER, meta={**spec.triple, "mask": mask, "transpose": spec.transpose}, phase=phase
         )
+
+    def masked_triple_answer(self, asked: Asked) -> tuple[int, Tensor]:
+        """The id and ``C0_t`` of the triple :meth:`ask_masked_triple` asked for."""
+        reply = self.link.answer(asked)
         return int(reply.meta["triple"]), reply.payload  # type: ignore[arg-type]
 
     def product(

@@ -73,7 +73,7 @@ from vflbench.net.frames import (
 from vflbench.net.linkmodel import LinkProfile
 from vflbench.net.policy import Policy, role_of
 from vflbench.net.provision import Credentials
-from vflbench.protocol.channel import CommStats, Endpoint, Handler, Transcript
+from vflbench.protocol.channel import Asked, CommStats, Endpoint, Handler, Transcript, take_answer
 from vflbench.protocol.grants import Grant
 from vflbench.protocol.messages import Message
 
@@ -875,15 +875,29 @@ class NetChannel:
 
     def call(self, request: Message) -> Message:
         """Send ``request`` and wait for its reply, answering peers' requests meanwhile (requests nest)."""
+        return self.answer(self.ask(request))
+
+    def ask(self, request: Message) -> Asked:
+        """Send ``request``; its reply is kept when it arrives, for :meth:`answer`."""
         call = next(self._calls)
         key = (request.receiver, call)
         with self._cond:
             self._pending[key] = request
         self._transmit(request, call)
-        reply = self._wait(
-            lambda: self._replies.pop(key, None), what=f"the reply to {request.kind!r}", peer=request.receiver
-        )
-        return self._consume(reply)
+        return Asked(request, key)
+
+    def answer(self, asked: Asked) -> Message:
+        """The reply to a request :meth:`ask` sent, waiting for it (answering peers' requests meanwhile)."""
+        if asked.reply is None and not asked.answered:
+            key = asked.key
+            if key is None:
+                raise ValueError(f"the {asked.request.kind!r} request was not asked through this channel")
+            asked.reply = self._wait(
+                lambda: self._replies.pop(key, None),
+                what=f"the reply to {asked.request.kind!r}",
+                peer=asked.request.receiver,
+            )
+        return self._consume(take_answer(asked))
 
     def serve(self, owner: str, namespace: str, handler: Handler) -> None:
         """Answer requests of kinds ``<namespace>.*`` that peers send this party with ``handler``."""
