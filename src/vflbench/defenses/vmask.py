@@ -841,7 +841,9 @@ class VMask(Defense):
     # -- per epoch ------------------------------------------------------------------------------------
 
     def on_epoch_end(self, epoch: int) -> dict[str, Any]:  # noqa: D102
-        if self.context_.party != ACTIVE:
+        if self.context_.party != ACTIVE:  # P_k: nothing its layers asked the dealer for ahead crosses the epoch
+            for layer in self.bottom_.layers() if self.bottom_ is not None else ():
+                layer.settle()
             return {}
         self._check_set_up()
         if not self.parties_:

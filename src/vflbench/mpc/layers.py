@@ -108,6 +108,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.nn.grad import conv2d_weight
 
+from vflbench.mpc._service import ServiceHandle
 from vflbench.mpc.dealer import operand_mask
 from vflbench.mpc.observation import ObservationPoint, Opening
 from vflbench.mpc.parties import (
@@ -173,6 +174,38 @@ class _SecureLayerFn(torch.autograd.Function):
         return gx, gw, (gb if ctx.has_bias else None), None
 
 
+class DealtAhead(ServiceHandle):
+    """The ``fixed_mask`` triples P_k asked the dealer for before a product needs them, by use: ``"backward"`` (the
+    input gradient of the step whose forward asked) and ``"forward"`` (the next training forward). A service
+    handle: a deep copy of the layer shares it (a copy never runs a training product)."""
+
+    def __init__(self) -> None:
+        self.asked: dict[str, tuple[int, Meta, Asked]] = {}
+        """Use -> (weight mask id, the product's triple header, the request whose reply carries the triple)."""
+
+    def __repr__(self) -> str:
+        return f"DealtAhead({sorted(self.asked)})"
+
+    def ask(self, use: Stage, spec: BilinearSpec, mask: int, peer: ActivePeer, *, phase: Phase) -> None:
+        """Ask for the triple of the product ``use`` will be (``spec`` against weight mask ``mask``), not waiting."""
+        self.asked[use] = (mask, dict(spec.triple), peer.ask_masked_triple(spec, mask, phase=phase))
+
+    def take(self, use: Stage, spec: BilinearSpec, mask: int, peer: ActivePeer) -> tuple[int, Tensor] | None:
+        """The triple asked for ``use``, its id and ``C0``, if it fits ``spec`` and ``mask``; ``None`` otherwise (one
+        that does not fit is taken and dropped)."""
+        asked = self.asked.pop(use, None)
+        if asked is None:
+            return None
+        got = peer.masked_triple_answer(asked[2])
+        return got if (asked[0], asked[1]) == (mask, spec.triple) else None
+
+    def settle(self, peer: ActivePeer) -> None:
+        """Take and drop every triple still asked for."""
+        for _, _, asked in self.asked.values():
+            peer.masked_triple_answer(asked)
+        self.asked.clear()
+
+
 class SharedLayer(nn.Module, ABC):
     """Common machinery of :class:`SharedLinear` and :class:`SharedConv2d` (P_k's side).
 
@@ -213,9 +246,7 @@ class SharedLayer(nn.Module, ABC):
         self.frac_bits = frac_bits
         self.truncation: Truncation = truncation
         self.observation = observation
-        self._asked: tuple[int, Meta, Asked] | None = None
-        """``fixed_mask``: the backward product's triple P_k asked for in the forward (mask id, its header, the
-        request), taken by the backward."""
+        self.ahead = DealtAhead()
 
     # -- defined by subclasses ----------------------------------------------------------------------
 
@@ -285,26 +316,31 @@ class SharedLayer(nn.Module, ABC):
         """The ``fixed_mask`` protocol at P_k (:mod:`vflbench.mpc.parties`): the untruncated ring product
         ``op(v, W)`` (+ the bias at ``2f`` fractional bits), reconstructed at P_k.
 
-        Dealing ahead: a training forward whose input gradient will be computed (``backward``) asks the dealer for
-        the backward product's triple right after taking its own (its ``C0`` is data-independent; only its shape,
-        the forward output's, is needed), and the backward takes that reply: the dealer computes and sends it while
-        P_k and P_K exchange ``E`` and ``z1``, off the step's critical path. The ids stay in issue order
-        (forward ``t``, backward a later one), every triple is still used once, and nothing is asked across a step,
-        so a run, its launch and a resumed launch deal the same triples."""
+        Dealt ahead (:class:`DealtAhead`): a triple's ``C0`` is data-independent and only its shape is needed to ask
+        for it, so a training forward, right after taking its own triple, asks the dealer for its backward product's
+        (when an input gradient will follow, ``backward``; its operand has the forward output's shape) and for the
+        next training forward's (the same shape), without waiting: the dealer computes and sends them while P_k and
+        P_K exchange ``E`` and ``z1`` and the step goes on, and the products that use them take the replies. A
+        triple asked ahead that does not fit its product (a new mask, a smaller last batch) goes unused, the
+        product takes a fresh one and asks nothing ahead for the next forward. P_k's VMask half settles its layers
+        (:meth:`settle`) at each epoch's end, so nothing asked ahead crosses an epoch (a resumed run deals as the
+        uninterrupted one). The ids stay in issue order for each layer (forward, its backward, the next forward),
+        and every triple is used at most once."""
         p = self.passive
         assert p.mask_id is not None and p.mask_seed is not None and p.weight_opening is not None
         dev = v_ring.device
         mask = int(p.mask_id)
-        asked, self._asked = self._asked, None
-        if asked is not None and stage == "backward" and asked[0] == mask and asked[1] == spec.triple:
-            triple_id, c0 = self.peer.masked_triple_answer(asked[2])
-        else:
-            if asked is not None:  # a forward without its backward (never in training): its triple goes unused
-                self.peer.masked_triple_answer(asked[2])
-            triple_id, c0 = self.peer.masked_triple(spec, mask, phase=self.phase)
-        if backward and stage == "forward" and self.training:
-            ahead = layer_spec(self.geometry, "backward", c0.shape, p.weight_share.shape, backward_size)
-            self._asked = (mask, ahead.triple, self.peer.ask_masked_triple(ahead, mask, phase=self.phase))
+        use: Stage | None = stage if self.training else None
+        missed = use is not None and use in self.ahead.asked
+        taken = self.ahead.take(use, spec, mask, self.peer) if use is not None else None
+        missed = missed and taken is None
+        triple_id, c0 = taken if taken is not None else self.peer.masked_triple(spec, mask, phase=self.phase)
+        if use == "forward":
+            if backward:
+                after = layer_spec(self.geometry, "backward", c0.shape, p.weight_share.shape, backward_size)
+                self.ahead.ask("backward", after, mask, self.peer, phase=self.phase)
+            if not missed:  # a batch unlike the last (an epoch's short last batch) is not dealt ahead
+                self.ahead.ask("forward", spec, mask, self.peer, phase=self.phase)
         a = operand_mask(int(p.mask_seed), triple_id, v_ring.shape, device=dev)
         z1 = self.peer.product(stage, v_ring - a, triple_id, phase=self.phase, input_size=input_size)
         z = spec.op(v_ring, spec.weight_operand(p.weight_share.to(dev)))
@@ -364,6 +400,11 @@ class SharedLayer(nn.Module, ABC):
         """The layer's output for ``x``, computed with P_K by the secret-shared protocol."""
         self.passive.absorb()
         return _SecureLayerFn.apply(x, self.passive.weight_offset, self.passive.bias_offset, self)
+
+    def settle(self) -> None:
+        """Take and drop the triples dealt ahead that no product used (at an epoch's end; see
+        :meth:`_fixed_mask_product`)."""
+        self.ahead.settle(self.peer)
 
     # -- updates ------------------------------------------------------------------------------------
 
@@ -707,6 +748,7 @@ def unmask(layer: SharedLayer, *, sigma: float | None = None, phase: Phase | Non
     P_K adds fresh ``N(0, sigma^2)`` noise (default: the layer's ``sigma``) to its share and sends it
     (``vmask.release``); P_k reconstructs. P_K forgets its share, so ``layer`` can no longer be used.
     """
+    layer.settle()
     layer.passive.absorb()
     if layer.observation is not None:
         layer.observation.unmasked()
