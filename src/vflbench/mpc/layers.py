@@ -342,11 +342,12 @@ class SharedLayer(nn.Module, ABC):
             if not missed:  # a batch unlike the last (an epoch's short last batch) is not dealt ahead
                 self.ahead.ask("forward", spec, mask, self.peer, phase=self.phase)
         a = operand_mask(int(p.mask_seed), triple_id, v_ring.shape, device=dev)
-        z1 = self.peer.product(stage, v_ring - a, triple_id, phase=self.phase, input_size=input_size)
+        # P_k computes its own terms while P_K computes z1 and the link carries E and z1
+        sent = self.peer.ask_product(stage, v_ring - a, triple_id, phase=self.phase, input_size=input_size)
         z = spec.op(v_ring, spec.weight_operand(p.weight_share.to(dev)))
         z += spec.op(a, spec.weight_operand(p.weight_opening.to(dev)))
         z += c0.to(dev)
-        z += z1.to(dev)  # Reconstruct, at P_k only
+        z += self.peer.product_answer(sent).to(dev)  # Reconstruct, at P_k only
         b0 = p.bias_share.to(dev) if (spec.bias_view is not None and p.bias_share is not None) else None
         return add_bias_share(z, b0, spec, 0, self.truncation, self.frac_bits)
 
