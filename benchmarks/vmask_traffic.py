@@ -2,11 +2,14 @@
 channel's counter (no timing, so the numbers do not depend on the machine).
 
 For each bottom model (MLP3 on a TabMNIST half, 392 pixels; LeNet5 on an MNIST half, 1 x 28 x 14) and each of its
-Linear/Conv2d layers, the layer alone is masked (P_k, the active party and the dealer joined by a channel) and one
-training step is run at batch 128 (``--batch``): the forward product and, for every layer but the first (whose input,
-the data, needs no gradient), the input gradient's product. The channel's training-phase counters give per kind and
-direction the messages, bytes and rounds (a request and its reply are one round trip). ``--protocol`` picks the
-masked layers' protocol for the layers that take one (``fixed_mask``: the default with ``truncation: reveal``;
+Linear/Conv2d layers, the layer alone is masked (P_k, the active party and the dealer joined by a channel) and two
+training steps are run at batch 128 (``--batch``): the forward product and, for every layer but the first (whose
+input, the data, needs no gradient), the input gradient's product. The second step's traffic is reported (the steady
+state: ``fixed_mask`` deals a step's triples ahead, during the step before or the forward). The channel's
+training-phase counters give per kind and direction the messages, bytes and rounds (a request and its reply are one
+round trip); ``online`` is what the step's critical path carries (with ``fixed_mask`` everything but the dealer's
+triples, which are asked for ahead and travel while the step goes on; with ``beaver`` everything). ``--protocol`` picks
+the masked layers' protocol for the layers that take one (``fixed_mask``: the default with ``truncation: reveal``;
 ``beaver``: a fresh Beaver triple per product opening both operands, the protocol before issue 26); ``all`` measures
 every protocol this version has. Writes a JSON (``--out``) and prints a Markdown table.
 
@@ -57,23 +60,50 @@ def one_step(model_name: str, layer_name: str, protocol: str, batch: int, first:
         kwargs["protocol"] = protocol
     mask_submodule(model, layer_name, **kwargs)
     x = torch.rand(batch, *shape, generator=torch.Generator().manual_seed(4))
-    out = model(x)
-    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(5)))
-    train = session.channel.stats["train"].as_dict()
-    by_kind = train["by_kind"]
-    rounds = sum(d.get("rounds", 0) for v in by_kind.values() for d in v.values())
-    if "rounds" not in train:  # a counter without rounds (before issue 26): every request is one round trip
-        rounds = sum(d["messages"] for v in by_kind.values() for d in v.values()) // 2
+    before: dict = {}
+    for _ in range(2):
+        before = copy.deepcopy(session.channel.stats["train"].as_dict()["by_kind"])
+        out = model(x)
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(5)))
+    after = session.channel.stats["train"].as_dict()["by_kind"]
+    by_kind = {
+        kind: {
+            d: {k: v - before.get(kind, {}).get(d, {}).get(k, 0) for k, v in s.items()} for d, s in directions.items()
+        }
+        for kind, directions in after.items()
+    }
+    by_kind = {k: v for k, v in by_kind.items() if any(s["messages"] for s in v.values())}
+
+    def total(key: str, keep=lambda kind: True) -> int:
+        return sum(s.get(key, 0) for kind, v in by_kind.items() if keep(kind) for s in v.values())
+
+    rounds = total("rounds")
+    if not any("rounds" in s for v in by_kind.values() for s in v.values()):  # no rounds counted (before issue 26)
+        rounds = total("messages") // 2
+    ahead = protocol == "fixed_mask" and _deals_ahead()
+
+    def online(kind: str) -> bool:
+        return not (ahead and kind.startswith("dealer."))
+
     return {
         "model": model_name,
         "layer": layer_name,
         "protocol": protocol,
         "first": first,
-        "bytes": train["bytes_up"] + train["bytes_down"],
-        "messages": train["messages"],
+        "bytes": total("bytes"),
+        "messages": total("messages"),
         "rounds": rounds,
+        "online_bytes": total("bytes", online),
+        "online_rounds": total("rounds", online) if rounds else 0,
         "by_kind": by_kind,
     }
+
+
+def _deals_ahead() -> bool:
+    """Whether this version's fixed_mask deals a step's triples ahead (``SharedLayer.settle`` exists)."""
+    from vflbench.mpc import layers
+
+    return hasattr(layers.SharedLayer, "settle")
 
 
 def measure(batch: int, wanted: list[str]) -> list[dict]:
@@ -101,12 +131,13 @@ def main() -> None:
         parser.error(f"unknown protocol {unknown[0]!r}; this version has: {', '.join(available)}, all")
     rows = measure(args.batch, wanted)
     args.out.write_text(json.dumps({"batch": args.batch, "rows": copy.deepcopy(rows)}, indent=1) + "\n")
-    print("| model | layer | protocol | kB/step | messages/step | rounds/step |")
-    print("|---|---|---|---:|---:|---:|")
+    print("| model | layer | protocol | kB/step | online kB | messages/step | rounds/step | online rounds |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
             f"| {r['model']} | {r['layer']}{' (forward only)' if r['first'] else ''} | {r['protocol']} "
-            f"| {r['bytes'] / 1e3:,.1f} | {r['messages']} | {r['rounds']} |"
+            f"| {r['bytes'] / 1e3:,.1f} | {r['online_bytes'] / 1e3:,.1f} | {r['messages']} | {r['rounds']} "
+            f"| {r['online_rounds']} |"
         )
 
 

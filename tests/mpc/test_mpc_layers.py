@@ -135,7 +135,9 @@ def test_shared_linear_matches_nn_linear(
     )
     torch.testing.assert_close(shared.passive.bias_offset.grad.double(), lin64.bias.grad, rtol=1e-5, atol=1e-5 * xmag)
     # one triple per product: beaver (secureml) hands each party its half, fixed_mask (reveal) sends P_k its C0 only
-    assert dealer.issued["matmul"] == 2 and dealer.pending == 0 and session.active.triples == 2
+    # and has the next forward's dealt ahead
+    assert dealer.issued["matmul"] == (2 if truncation == "secureml" else 3)
+    assert dealer.pending == 0 and session.active.triples == 2
     assert dealer.consumed == (4 if truncation == "secureml" else 0)
 
 
@@ -185,7 +187,8 @@ def test_shared_conv2d_matches_nn_conv2d(
         torch.testing.assert_close(
             shared.passive.bias_offset.grad.double(), conv64.bias.grad, rtol=1e-5, atol=1e-5 * mag
         )
-    assert dealer.issued["conv2d"] == 1 and dealer.issued["conv2d_input_grad"] == 1
+    # the forward's triple, the next forward's dealt ahead (fixed_mask), the input gradient's
+    assert dealer.issued["conv2d"] == 2 and dealer.issued["conv2d_input_grad"] == 1
 
 
 def test_typical_layer_error_is_well_below_1e_3() -> None:
@@ -233,7 +236,8 @@ def test_linear_accepts_leading_dimensions_and_first_layer_inputs() -> None:
     y.sum().backward()
     # the weight gradient still arrives (P_k computes it in plaintext), with no input-gradient protocol
     torch.testing.assert_close(shared.passive.weight_offset.grad, torch.ones(8, 3).t() @ x.reshape(8, 5))
-    assert traffic(session) == before and session.dealer.issued["matmul"] == 1
+    # its own triple and the next forward's, dealt ahead; none for an input gradient
+    assert traffic(session) == before and session.dealer.issued["matmul"] == 2
 
 
 def test_overflowing_input_raises() -> None:
@@ -291,7 +295,10 @@ def test_comm_grows_by_the_expected_elements_per_forward_and_backward() -> None:
 def test_fixed_mask_sends_the_masked_operand_and_the_output_shares_only() -> None:
     """fixed_mask (issue 26): P_K's share is opened once per masking (``D``, weight-sized, set-up phase); each
     product sends P_k's masked operand ``E`` up and P_K's output share down, and the dealer sends P_k its ``C0``
-    (output-sized); two round trips per product. The active party takes only its mask's seed (8 bytes)."""
+    (output-sized). A training forward asks ahead, without waiting, for its backward's triple and the next
+    forward's, so a step in steady state takes every triple it uses from replies already on their way: one round
+    trip per product on its critical path (E and z1), the dealer's rounds beside it. The active party takes only its
+    mask's seed (8 bytes)."""
     b, n_in, n_out = 4, 6, 3
     shared, session = masked(nn.Linear(n_in, n_out))
     assert shared.protocol == "fixed_mask"
@@ -299,20 +306,61 @@ def test_fixed_mask_sends_the_masked_operand_and_the_output_shares_only() -> Non
     assert setup["vmask.share"]["up"].bytes == 8 * (n_in * n_out + n_out)  # P_K's weight and bias shares
     assert setup["vmask.share"]["down"].bytes == 8 * n_in * n_out  # D = w1 - B, once
     assert setup["dealer.mask"]["down"].bytes == 8 and setup["dealer.take_mask"]["up"].bytes == 8  # the seeds
-    x = torch.randn(b, n_in, requires_grad=True)
-    y = shared(x)
     train = session.channel.train.by_kind
-    assert (train["vmask.forward"]["up"].bytes, train["vmask.forward"]["down"].bytes) == (8 * b * n_in, 8 * b * n_out)
-    assert train["dealer.triple"]["down"].bytes == 8 * b * n_out  # C0 (the request carries a header only)
-    assert train["vmask.forward"]["up"].rounds == train["dealer.triple"]["down"].rounds == 1
+    x = torch.randn(b, n_in, requires_grad=True)
+    shared(x).backward(torch.randn(b, n_out))  # the first step: its forward's triple is asked for when needed
+    assert train["dealer.triple"]["down"].rounds == 3
+    first = {k: {d: (s.bytes, s.rounds) for d, s in v.items()} for k, v in train.items()}
+    y = shared(x)  # a step in steady state
+    assert (train["vmask.forward"]["up"].bytes, train["vmask.forward"]["down"].bytes) == (
+        2 * 8 * b * n_in,
+        2 * 8 * b * n_out,
+    )
     assert "dealer.take" not in train and "dealer.take_mask" not in train
     y.backward(torch.randn(b, n_out))
-    assert (train["vmask.backward"]["up"].bytes, train["vmask.backward"]["down"].bytes) == (8 * b * n_out, 8 * b * n_in)
-    assert train["dealer.triple"]["down"].bytes == 8 * (b * n_out + b * n_in)
-    assert session.channel.train.rounds == 4 and session.channel.train.messages == 8
+    assert train["vmask.backward"]["down"].bytes - first["vmask.backward"]["down"][0] == 8 * b * n_in
+    assert train["vmask.backward"]["up"].bytes - first["vmask.backward"]["up"][0] == 8 * b * n_out
+    # per step: C0 of the backward and of the next forward (the requests carry headers only), two dealer rounds
+    assert train["dealer.triple"]["down"].bytes - first["dealer.triple"]["down"][0] == 8 * (b * n_in + b * n_out)
+    assert train["dealer.triple"]["down"].rounds == 5
+    shared.settle()  # the next forward's triple goes unused; in one process its reply was counted when it came
+    assert session.channel.train.rounds == 9 and session.channel.train.messages == 18
     dealer = session.dealer
-    assert dealer.issued["matmul"] == 2 and dealer.consumed == 0 and dealer.pending == 0
-    assert session.active.triples == 2
+    assert dealer.issued["matmul"] == 5 and dealer.consumed == 0 and dealer.pending == 0
+    assert session.active.triples == 4
+
+
+def test_fixed_mask_deals_ahead_only_what_a_training_forward_will_need_and_drops_what_does_not_fit() -> None:
+    """A training forward asks ahead for the next forward's triple and, when an input gradient will follow, its
+    backward's; a forward without one (a first layer) or in evaluation asks for nothing ahead and takes none; a
+    triple asked ahead that does not fit (another batch size, as an epoch's short last batch) is dropped, a fresh, later
+    one taken and nothing asked ahead for the next forward. P_K sees
+    each layer's ids in increasing order, and the results are the plaintext layer's."""
+    b, n_in, n_out = 4, 6, 3
+    torch.manual_seed(0)
+    plain = nn.Linear(n_in, n_out)
+    shared, session = masked(copy.deepcopy(plain))
+    dealer = session.dealer
+    shared(torch.randn(b, n_in))  # no input gradient: its own (0) and the next forward's (1)
+    assert dealer.issued["matmul"] == 2 and sorted(shared.ahead.asked) == ["forward"]
+    shared.eval()
+    with torch.no_grad():
+        shared(torch.randn(b, n_in, requires_grad=True))  # evaluation: a triple of its own (2), nothing ahead
+    assert dealer.issued["matmul"] == 3 and sorted(shared.ahead.asked) == ["forward"]
+    shared.train()
+    x = torch.randn(b + 1, n_in, requires_grad=True)
+    y = shared(x)  # 1 does not fit 5 rows: dropped; its own (3) and its backward's (4)
+    assert dealer.issued["matmul"] == 5 and sorted(shared.ahead.asked) == ["backward"]
+    g = torch.randn(b + 1, n_out)
+    y.backward(g)
+    assert dealer.issued["matmul"] == 5 and session.active.triples == 4 and shared.ahead.asked == {}
+    assert [h.last_triple for h in session.active.holders.values()] == [4]
+    x_plain = x.detach().clone().requires_grad_(True)
+    plain(x_plain).backward(g)
+    assert x.grad is not None and torch.allclose(x.grad, x_plain.grad, atol=1e-3)
+    shared(x)  # the next forward is dealt ahead again (7) after its own (5) and its backward's (6)
+    shared.settle()
+    assert shared.ahead.asked == {} and dealer.issued["matmul"] == 8
 
 
 @pytest.mark.parametrize("protocol", ["fixed_mask", "beaver"])
@@ -326,7 +374,8 @@ def test_conv_comm_opens_input_shaped_masks(protocol: str) -> None:
         assert s["down"]["elements"] == x.numel() + 3 * 2 * 3 * 3 + y.numel()
     else:
         assert (s["up"]["elements"], s["down"]["elements"]) == (x.numel(), y.numel())
-        assert session.channel.train.by_kind["dealer.triple"]["down"].bytes == 8 * y.numel()
+        # C0 of this forward and of the next one, dealt ahead (no input gradient: x needs none)
+        assert session.channel.train.by_kind["dealer.triple"]["down"].bytes == 2 * 8 * y.numel()
 
 
 def test_messages_of_a_layer_in_evaluation_mode_count_as_eval() -> None:

@@ -16,7 +16,18 @@ pytest.importorskip("msgpack")
 from conftest import child_env
 
 from vflbench.net.errors import ProtocolError
-from vflbench.net.frames import DTYPES, MAGIC, VERSION, Frame, decode, encode
+from vflbench.net.frames import (
+    BUNDLE_MAGIC,
+    DTYPES,
+    MAGIC,
+    MAX_BUNDLE,
+    VERSION,
+    Frame,
+    decode,
+    encode,
+    encode_bundle,
+    split,
+)
 from vflbench.protocol.messages import Message
 
 
@@ -183,6 +194,49 @@ def test_frames_over_the_size_limit_are_refused_before_parsing():
     decode(data, max_bytes=len(data))
     with pytest.raises(ProtocolError, match="exceeds the limit"):
         decode(data, max_bytes=len(data) - 1)
+
+
+def test_a_bundle_carries_its_frames_in_order_and_a_single_frame_travels_as_it_is():
+    first = encode(Frame.of(Message("embedding", "passive_1", "active", torch.ones(3), torch.arange(3)), run="r"))
+    second = encode(
+        Frame.of(Message("passive.forward", "passive_1", "active", torch.empty(0), role="reply"), run="r", call=4)
+    )
+    assert encode_bundle([first]) == first and [bytes(p) for p in split(first)] == [first]
+    bundle = encode_bundle([first, second])
+    assert bundle.startswith(BUNDLE_MAGIC) and len(bundle) == len(first) + len(second) + 7 + 8
+    frames = [decode(p) for p in split(bundle)]
+    assert [(f.kind, f.role, f.call) for f in frames] == [("embedding", "send", 0), ("passive.forward", "reply", 4)]
+    assert torch.equal(frames[0].tensors[0], torch.ones(3))
+
+
+def bundle_bytes(count: int, lengths: list[int], body: bytes, version: int = VERSION) -> bytes:
+    return struct.pack("<4sBH", BUNDLE_MAGIC, version, count) + b"".join(struct.pack("<I", n) for n in lengths) + body
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (bundle_bytes(2, [3, 3], bytes(6), version=9), "bundle version 9"),
+        (bundle_bytes(1, [6], bytes(6)), "2 to 16 frames"),
+        (bundle_bytes(MAX_BUNDLE + 1, [0] * (MAX_BUNDLE + 1), b""), "2 to 16 frames"),
+        (bundle_bytes(2, [3, 4], bytes(6)), "does not match its 2 frame lengths"),
+        (bundle_bytes(2, [3, 3], bytes(8)), "does not match its 2 frame lengths"),
+        (struct.pack("<4sBH", BUNDLE_MAGIC, VERSION, 2000), "2 to 16 frames"),
+        (BUNDLE_MAGIC + b"\x02", "shorter than its"),
+    ],
+)
+def test_malformed_bundles_are_refused_before_any_frame_is_decoded(data, reason):
+    with pytest.raises(ProtocolError, match=reason):
+        split(data)
+
+
+def test_each_frame_of_a_bundle_is_checked_on_its_own():
+    good = encode(Frame.of(Message("embedding", "passive_1", "active", torch.ones(3)), run="r"))
+    bad = frame_bytes(good_header(type="exec"), bytes(8))
+    pieces = split(encode_bundle([good, bad]))
+    assert decode(pieces[0]).kind == "embedding"
+    with pytest.raises(ProtocolError, match="'type'"):
+        decode(pieces[1])
 
 
 HOSTILE_SCRIPT = textwrap.dedent("""

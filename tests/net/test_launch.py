@@ -105,10 +105,13 @@ def test_launched_vmask_with_its_dealer_process_equals_one_process(tmp_path):
     # VMask's own messages and the dealer's triples (counted at the passive party's process) are in comm
     assert {"vmask.forward", "dealer.triple"} <= kinds.keys()
     # each product (fixed_mask): P_k's triple request and the dealer's reply (neither to the active party), one round
-    # trip; then P_k's request to the active party and its reply, another; the active party takes no triple half
+    # trip, most of them asked ahead; then P_k's request to the active party and its reply, another; the active party
+    # takes no triple half. Each masked layer (at most 2) leaves the next forward's triple, asked ahead, unused at each
+    # of the 2 epochs' ends
     products = sum(kinds.get(k, {}).get("up", {}).get("rounds", 0) for k in ("vmask.forward", "vmask.backward"))
     triples = kinds["dealer.triple"]["down"]
-    assert triples["messages"] == 2 * triples["rounds"] == 2 * products > 0
+    assert triples["messages"] == 2 * triples["rounds"] and products > 0
+    assert 1 <= triples["rounds"] - products <= 2 * 2
     assert "dealer.take" not in kinds
     assert {"active-passive_1", "active-dealer", "passive_1-dealer"} <= net["wire_total"].keys()
 

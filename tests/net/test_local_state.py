@@ -244,10 +244,10 @@ class Recording(NetChannel):
         super().__init__(**kwargs)
         self.frames, self.scanned = [], None
 
-    def _put(self, link, frame):
+    def _put(self, link, frame, **kwargs):
         self.frames.append({"dir": "sent", "type": frame.type, "kind": frame.kind, "role": frame.role,
                             "tensors": [[str(t.dtype), list(t.shape)] for t in frame.tensors]})
-        super()._put(link, frame)
+        super()._put(link, frame, **kwargs)
 
     def _on_frame(self, link, frame):
         self.frames.append({"dir": "received", "peer": link.peer, "type": frame.type, "kind": frame.kind,

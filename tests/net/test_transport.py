@@ -319,6 +319,62 @@ KILLED_PASSIVE = textwrap.dedent("""
 """)
 
 
+def test_a_posted_message_travels_with_the_next_frame_on_its_link_and_each_is_still_checked(certs):
+    ch = build(certs, ["active", "passive_1"])
+
+    def active():
+        with ch["active"] as c:
+            e = c.endpoint("active")
+            wire = c.wire["passive_1"]
+            before = wire.frames_sent, wire.frames_received
+            e.post("cut_gradient", "passive_1", torch.ones(2), ids=torch.arange(2), epoch=0, step=0, phase="train")
+            reply = e.call("passive.backward", "passive_1", epoch=0, step=0)  # one frame: the gradient and this
+            embedding = e.take("embedding", "passive_1")
+            return reply, embedding, wire.frames_sent - before[0], wire.frames_received - before[1]
+
+    def passive():
+        with ch["passive_1"] as c:
+            e = c.endpoint("passive_1")
+
+            def backward(request: Message) -> Message:
+                gradient = e.take("cut_gradient", "active")  # arrived in the request's frame, before it
+                e.post("embedding", "active", gradient.payload * 2, epoch=0, step=0, phase="train")
+                return request.reply(meta={"applied": True})  # one frame: the embedding and this reply
+
+            e.serve("passive", backward)
+            c.serve_forever()
+
+    r = run_parties({"active": active, "passive_1": passive})
+    assert not any(isinstance(v, BaseException) for v in r.values()), r
+    reply, embedding, sent, received = r["active"]
+    assert reply.meta == {"applied": True} and torch.equal(embedding.payload, torch.full((2,), 2.0))
+    # one frame each way: the gradient with the request, the embedding with the reply; four messages counted
+    assert (sent, received) == (1, 1)
+    assert ch["active"].stats["train"].by_kind["cut_gradient"]["down"].messages == 1
+    assert ch["active"].stats["train"].by_kind["embedding"]["up"].bytes == 8
+
+
+def test_a_refused_message_inside_a_bundle_is_refused_as_if_it_came_alone(certs):
+    lax = Policy([*LIBRARY.rules, Rule("cut_gradient", "passive", "active")])
+    ch = build(certs, ["active", "passive_1"], policies={"passive_1": lax})
+
+    def active():
+        with ch["active"] as c:
+            c.endpoint("active").serve("vmask", lambda r: r.reply())
+            c.serve_forever()
+
+    def passive():
+        with ch["passive_1"] as c:
+            e = c.endpoint("passive_1")
+            e.post("cut_gradient", "active", torch.ones(2), epoch=0, step=0, phase="train")
+            return e.call("vmask.forward", "active", torch.ones(2), meta={"layer": 0}, epoch=0, step=0)
+
+    r = run_parties({"active": active, "passive_1": passive})
+    assert isinstance(r["active"], ProtocolError), r
+    assert "passive_1 (passive) may not send 'cut_gradient' as a send to active" in str(r["active"])
+    assert isinstance(r["passive_1"], PeerFailed) and r["passive_1"].party == "active"
+
+
 @pytest.mark.slow
 def test_a_killed_party_makes_its_peer_fail_within_seconds_naming_it(certs):
     options = NetOptions(

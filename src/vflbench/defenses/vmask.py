@@ -492,6 +492,13 @@ class VMaskPassive(VMask):
         self.masked_ = target
         self.decisions_ = int(state["decisions"])
 
+    def on_epoch_end(self, epoch: int) -> dict[str, Any]:
+        """Nothing P_k's layers asked the dealer for ahead crosses the epoch (each layer settles); P_k reports
+        nothing."""
+        for layer in self.bottom_.layers() if self.bottom_ is not None else ():
+            layer.settle()
+        return {}
+
     def _apply_mask(self, meta: Mapping[str, Scalar], *, phase: Phase) -> None:
         """At P_k: mask the layers the active party's decision names that are not masked, unmask the
         others (Algorithm 1), each through its own messages to the active party."""
@@ -609,7 +616,10 @@ class VMaskActive(VMask):
     def _serve(self, request: Message) -> Message:
         if request.kind == "vmask.setup":
             return self._setup(request)
-        self._check_set_up()
+        if request.sender not in self.parties_:  # another party's set-up may still be on its way
+            raise CompatibilityError(
+                f"vmask: {request.sender!r} sent {request.kind!r} before its initial parameters (vmask.setup)"
+            )
         return self.shares_.handle(request)
 
     def _check_conditions(
@@ -652,9 +662,10 @@ class VMaskActive(VMask):
         return model
 
     def _check_set_up(self) -> None:
-        """Every passive party's half has sent its initial parameters (``vmask.setup``). Checked at every
-        other ``vmask.*`` request and at each epoch's end, not when the top model is built: with the parties in
-        separate processes the setups arrive after the active party has built its models, before training."""
+        """Every passive party's half has sent its initial parameters (``vmask.setup``). Checked at each epoch's
+        end, not when the top model is built: with the parties in separate processes the setups arrive after the
+        active party has built its models, each party's before its own other ``vmask.*`` requests (checked per
+        request), but in no order between parties."""
         if self.architectures_:
             raise CompatibilityError(
                 f"vmask: {', '.join(sorted(self.architectures_))} sent no initial parameters: "

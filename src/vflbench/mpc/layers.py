@@ -108,6 +108,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.nn.grad import conv2d_weight
 
+from vflbench.mpc._service import ServiceHandle
 from vflbench.mpc.dealer import operand_mask
 from vflbench.mpc.observation import ObservationPoint, Opening
 from vflbench.mpc.parties import (
@@ -132,7 +133,7 @@ from vflbench.mpc.protocol import (
 )
 from vflbench.mpc.ring import DEFAULT_FRAC_BITS, decode, encode
 from vflbench.mpc.shares import share
-from vflbench.protocol.channel import Endpoint
+from vflbench.protocol.channel import Asked, Endpoint
 from vflbench.protocol.messages import Phase
 
 Truncation = Literal["reveal", "secureml"]
@@ -161,7 +162,7 @@ class _SecureLayerFn(torch.autograd.Function):
         ctx.layer = layer
         ctx.has_bias = b_offset is not None
         ctx.save_for_backward(x)
-        return layer._secure_forward(x)
+        return layer._secure_forward(x, backward=bool(ctx.needs_input_grad[0]))
 
     @staticmethod
     @once_differentiable
@@ -171,6 +172,38 @@ class _SecureLayerFn(torch.autograd.Function):
         gw, gb = layer._plain_weight_grads(x, grad_out)
         gx = layer._secure_input_grad(grad_out, x) if ctx.needs_input_grad[0] else None
         return gx, gw, (gb if ctx.has_bias else None), None
+
+
+class DealtAhead(ServiceHandle):
+    """The ``fixed_mask`` triples P_k asked the dealer for before a product needs them, by use: ``"backward"`` (the
+    input gradient of the step whose forward asked) and ``"forward"`` (the next training forward). A service
+    handle: a deep copy of the layer shares it (a copy never runs a training product)."""
+
+    def __init__(self) -> None:
+        self.asked: dict[str, tuple[int, Meta, Asked]] = {}
+        """Use -> (weight mask id, the product's triple header, the request whose reply carries the triple)."""
+
+    def __repr__(self) -> str:
+        return f"DealtAhead({sorted(self.asked)})"
+
+    def ask(self, use: Stage, spec: BilinearSpec, mask: int, peer: ActivePeer, *, phase: Phase) -> None:
+        """Ask for the triple of the product ``use`` will be (``spec`` against weight mask ``mask``), not waiting."""
+        self.asked[use] = (mask, dict(spec.triple), peer.ask_masked_triple(spec, mask, phase=phase))
+
+    def take(self, use: Stage, spec: BilinearSpec, mask: int, peer: ActivePeer) -> tuple[int, Tensor] | None:
+        """The triple asked for ``use``, its id and ``C0``, if it fits ``spec`` and ``mask``; ``None`` otherwise (one
+        that does not fit is taken and dropped)."""
+        asked = self.asked.pop(use, None)
+        if asked is None:
+            return None
+        got = peer.masked_triple_answer(asked[2])
+        return got if (asked[0], asked[1]) == (mask, spec.triple) else None
+
+    def settle(self, peer: ActivePeer) -> None:
+        """Take and drop every triple still asked for."""
+        for _, _, asked in self.asked.values():
+            peer.masked_triple_answer(asked)
+        self.asked.clear()
 
 
 class SharedLayer(nn.Module, ABC):
@@ -213,6 +246,7 @@ class SharedLayer(nn.Module, ABC):
         self.frac_bits = frac_bits
         self.truncation: Truncation = truncation
         self.observation = observation
+        self.ahead = DealtAhead()
 
     # -- defined by subclasses ----------------------------------------------------------------------
 
@@ -241,17 +275,25 @@ class SharedLayer(nn.Module, ABC):
     # -- protocol -----------------------------------------------------------------------------------
 
     def _secure_product(
-        self, v_ring: Tensor, stage: Stage, *, input_size: tuple[int, int] | None = None, out_factor: float = 1.0
+        self,
+        v_ring: Tensor,
+        stage: Stage,
+        *,
+        input_size: tuple[int, int] | None = None,
+        out_factor: float = 1.0,
+        backward: bool = False,
+        backward_size: tuple[int, int] | None = None,
     ) -> Tensor:
         """P_k's side: share the encoded ``v_ring``, Beaver against the shared weight, reconstruct to P_k.
 
-        Returns the decoded product times the public scale and ``out_factor`` (float64).
+        Returns the decoded product times the public scale and ``out_factor`` (float64). ``backward``: a forward
+        product whose input gradient will be computed (``backward_size``: the input's spatial size, convolutions).
         """
         f = self.frac_bits
         p = self.passive
         spec: BilinearSpec = layer_spec(self.geometry, stage, v_ring.shape, p.weight_share.shape, input_size)
         z = (
-            self._fixed_mask_product(v_ring, spec, stage, input_size)
+            self._fixed_mask_product(v_ring, spec, stage, input_size, backward=backward, backward_size=backward_size)
             if self.protocol == "fixed_mask"
             else self._beaver_product(v_ring, spec, stage, input_size)
         )
@@ -262,20 +304,50 @@ class SharedLayer(nn.Module, ABC):
         return z.to(torch.float64).mul_(float(p.scale) * out_factor / 2.0**f)
 
     def _fixed_mask_product(
-        self, v_ring: Tensor, spec: BilinearSpec, stage: Stage, input_size: tuple[int, int] | None
+        self,
+        v_ring: Tensor,
+        spec: BilinearSpec,
+        stage: Stage,
+        input_size: tuple[int, int] | None,
+        *,
+        backward: bool = False,
+        backward_size: tuple[int, int] | None = None,
     ) -> Tensor:
         """The ``fixed_mask`` protocol at P_k (:mod:`vflbench.mpc.parties`): the untruncated ring product
-        ``op(v, W)`` (+ the bias at ``2f`` fractional bits), reconstructed at P_k."""
+        ``op(v, W)`` (+ the bias at ``2f`` fractional bits), reconstructed at P_k.
+
+        Dealt ahead (:class:`DealtAhead`): a triple's ``C0`` is data-independent and only its shape is needed to ask
+        for it, so a training forward, right after taking its own triple, asks the dealer for its backward product's
+        (when an input gradient will follow, ``backward``; its operand has the forward output's shape) and for the
+        next training forward's (the same shape), without waiting: the dealer computes and sends them while P_k and
+        P_K exchange ``E`` and ``z1`` and the step goes on, and the products that use them take the replies. A
+        triple asked ahead that does not fit its product (a new mask, a smaller last batch) goes unused, the
+        product takes a fresh one and asks nothing ahead for the next forward. P_k's VMask half settles its layers
+        (:meth:`settle`) at each epoch's end, so nothing asked ahead crosses an epoch (a resumed run deals as the
+        uninterrupted one). The ids stay in issue order for each layer (forward, its backward, the next forward),
+        and every triple is used at most once."""
         p = self.passive
         assert p.mask_id is not None and p.mask_seed is not None and p.weight_opening is not None
         dev = v_ring.device
-        triple_id, c0 = self.peer.masked_triple(spec, int(p.mask_id), phase=self.phase)
+        mask = int(p.mask_id)
+        use: Stage | None = stage if self.training else None
+        missed = use is not None and use in self.ahead.asked
+        taken = self.ahead.take(use, spec, mask, self.peer) if use is not None else None
+        missed = missed and taken is None
+        triple_id, c0 = taken if taken is not None else self.peer.masked_triple(spec, mask, phase=self.phase)
+        if use == "forward":
+            if backward:
+                after = layer_spec(self.geometry, "backward", c0.shape, p.weight_share.shape, backward_size)
+                self.ahead.ask("backward", after, mask, self.peer, phase=self.phase)
+            if not missed:  # a batch unlike the last (an epoch's short last batch) is not dealt ahead
+                self.ahead.ask("forward", spec, mask, self.peer, phase=self.phase)
         a = operand_mask(int(p.mask_seed), triple_id, v_ring.shape, device=dev)
-        z1 = self.peer.product(stage, v_ring - a, triple_id, phase=self.phase, input_size=input_size)
+        # P_k computes its own terms while P_K computes z1 and the link carries E and z1
+        sent = self.peer.ask_product(stage, v_ring - a, triple_id, phase=self.phase, input_size=input_size)
         z = spec.op(v_ring, spec.weight_operand(p.weight_share.to(dev)))
         z += spec.op(a, spec.weight_operand(p.weight_opening.to(dev)))
         z += c0.to(dev)
-        z += z1.to(dev)  # Reconstruct, at P_k only
+        z += self.peer.product_answer(sent).to(dev)  # Reconstruct, at P_k only
         b0 = p.bias_share.to(dev) if (spec.bias_view is not None and p.bias_share is not None) else None
         return add_bias_share(z, b0, spec, 0, self.truncation, self.frac_bits)
 
@@ -299,10 +371,10 @@ class SharedLayer(nn.Module, ABC):
         z += z1  # Reconstruct, at P_k only
         return z
 
-    def _secure_forward(self, x: Tensor) -> Tensor:
+    def _secure_forward(self, x: Tensor, *, backward: bool = False) -> Tensor:
         xo = self._to_operand(x)
         x_ring = encode(xo, self.frac_bits)
-        y = self._secure_product(x_ring, "forward")
+        y = self._secure_product(x_ring, "forward", backward=backward, backward_size=self._input_size(x.shape))
         if self.observation is not None and self.observation.observers:
             self._emit("forward", decode(x_ring, self.frac_bits), y, 2.0**-self.frac_bits)
         return self._from_output(y, x).to(x.dtype)
@@ -329,6 +401,11 @@ class SharedLayer(nn.Module, ABC):
         """The layer's output for ``x``, computed with P_K by the secret-shared protocol."""
         self.passive.absorb()
         return _SecureLayerFn.apply(x, self.passive.weight_offset, self.passive.bias_offset, self)
+
+    def settle(self) -> None:
+        """Take and drop the triples dealt ahead that no product used (at an epoch's end; see
+        :meth:`_fixed_mask_product`)."""
+        self.ahead.settle(self.peer)
 
     # -- updates ------------------------------------------------------------------------------------
 
@@ -672,6 +749,7 @@ def unmask(layer: SharedLayer, *, sigma: float | None = None, phase: Phase | Non
     P_K adds fresh ``N(0, sigma^2)`` noise (default: the layer's ``sigma``) to its share and sends it
     (``vmask.release``); P_k reconstructs. P_K forgets its share, so ``layer`` can no longer be used.
     """
+    layer.settle()
     layer.passive.absorb()
     if layer.observation is not None:
         layer.observation.unmasked()

@@ -129,6 +129,12 @@ class MaskableLayer(nn.Module):
                 self.bias.copy_(plain.bias)
         self.shared = None
 
+    def settle(self) -> None:
+        """Drop the triples dealt ahead for this layer's products that none used (:meth:`SharedLayer.settle`; P_k's
+        VMask half at each epoch's end)."""
+        if self.shared is not None:
+            self.shared.settle()
+
     def attacker_module(self) -> nn.Module:
         """What P_k's copy holds. Unmasked: the plain layer. Masked: a fresh initialisation
         (``attacker_view="reinit"``, the attacker the paper evaluates and Algorithm 2 simulates) or

@@ -80,8 +80,8 @@ from vflbench.mpc.protocol import (
     truncate_share,
 )
 from vflbench.mpc.ring import encode
-from vflbench.protocol.channel import Channel, Endpoint
-from vflbench.protocol.messages import ACTIVE, DEALER, Message, Phase
+from vflbench.protocol.channel import Asked, Channel, Endpoint
+from vflbench.protocol.messages import ACTIVE, DEALER, Message, Phase, Scalar
 
 #: The kinds of VMask's secret-sharing protocol (what ``mpc_bytes`` sums; ``vmask.oracle`` is not one).
 PROTOCOL_KINDS = ("vmask.share", "vmask.forward", "vmask.backward", "vmask.decay", "vmask.renormalize", "vmask.release")
@@ -430,17 +430,37 @@ class ActivePeer(ServiceHandle):
 
     def masked_triple(self, spec: BilinearSpec, mask: int, *, phase: Phase) -> tuple[int, Tensor]:
         """A fresh fixed-mask triple for ``spec`` against weight mask ``mask``: its id and P_k's share ``C0_t``."""
-        reply = self.link.call(
+        return self.masked_triple_answer(self.ask_masked_triple(spec, mask, phase=phase))
+
+    def ask_masked_triple(self, spec: BilinearSpec, mask: int, *, phase: Phase) -> Asked:
+        """Ask the dealer for a fixed-mask triple as :meth:`masked_triple` does, without waiting for it: the dealer
+        deals it while P_k goes on (:meth:`masked_triple_answer` takes it)."""
+        return self.link.ask(
             "dealer.triple", DEALER, meta={**spec.triple, "mask": mask, "transpose": spec.transpose}, phase=phase
         )
+
+    def masked_triple_answer(self, asked: Asked) -> tuple[int, Tensor]:
+        """The id and ``C0_t`` of the triple :meth:`ask_masked_triple` asked for."""
+        reply = self.link.answer(asked)
         return int(reply.meta["triple"]), reply.payload  # type: ignore[arg-type]
 
     def product(
         self, stage: Stage, e: Tensor, triple_id: int, *, phase: Phase, input_size: tuple[int, int] | None = None
     ) -> Tensor:
         """One ``fixed_mask`` product: P_k sends its masked operand ``E``; P_K answers with ``z1``."""
+        return self.product_answer(self.ask_product(stage, e, triple_id, phase=phase, input_size=input_size))
+
+    def ask_product(
+        self, stage: Stage, e: Tensor, triple_id: int, *, phase: Phase, input_size: tuple[int, int] | None = None
+    ) -> Asked:
+        """:meth:`product`'s request, without waiting for P_K's answer (:meth:`product_answer` takes it)."""
         size = "" if input_size is None else f"{input_size[0]},{input_size[1]}"
-        return self._call(stage, e, phase=phase, triple=triple_id, input_size=size).payload
+        meta: dict[str, Scalar] = {"layer": self.layer, "triple": triple_id, "input_size": size}
+        return self.link.ask(f"vmask.{stage}", ACTIVE, e, meta=meta, phase=phase)
+
+    def product_answer(self, asked: Asked) -> Tensor:
+        """P_K's output share ``z1`` of the product :meth:`ask_product` sent."""
+        return self.link.answer(asked).payload
 
     def bilinear(
         self,

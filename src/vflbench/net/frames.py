@@ -19,6 +19,14 @@ and raises :class:`~vflbench.net.errors.ProtocolError` naming what was wrong. No
 (or anywhere on the network path) unpickles: headers are msgpack without extension types, tensors
 are built from raw buffers.
 
+A bundle carries several frames in one unit on the wire (one gRPC message), so that a one-way message and the
+request or reply that follows it on the same link travel together (:func:`encode_bundle`)::
+
+    b"VFLS"  u8 version  u16 count (2 to MAX_BUNDLE)  count x u32 frame length (little-endian)  frames...
+
+:func:`split` checks the bundle's prefix and lengths against its size before any frame is decoded; each frame is then
+decoded and checked on its own, exactly as if it had come alone.
+
 A JSON document that travels as a tensor (a party's report: :func:`json_tensor`) is bounded before it is parsed
 (:func:`json_from_tensor`): its size and its nesting depth, so that a report can neither take the receiver's
 memory nor its stack.
@@ -45,8 +53,14 @@ from vflbench.net.errors import NetError, ProtocolError
 from vflbench.protocol.messages import NO_IDS, Message, Scalar
 
 MAGIC = b"VFLB"
-VERSION = 1
+#: Version 2: frames may travel in bundles (:func:`encode_bundle`).
+VERSION = 2
 _PREFIX = struct.Struct("<4sBI")
+BUNDLE_MAGIC = b"VFLS"
+_BUNDLE_PREFIX = struct.Struct("<4sBH")
+_LENGTH = struct.Struct("<I")
+#: Most frames one bundle carries.
+MAX_BUNDLE = 16
 #: Largest frame accepted by default (bytes, header and buffers together).
 DEFAULT_MAX_FRAME_BYTES = 256 * 2**20
 MAX_HEADER_BYTES = 64 * 2**10
@@ -390,6 +404,45 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX
         tensors.append(t)
         offset += nbytes
     return replace(base, ids=tensors[0], tensors=tuple(tensors[1:]))
+
+
+def encode_bundle(frames: list[bytes]) -> bytes:
+    """One unit on the wire carrying the encoded ``frames`` in order (a single frame travels as it is)."""
+    if len(frames) == 1:
+        return frames[0]
+    if not 2 <= len(frames) <= MAX_BUNDLE:
+        raise NetError(f"a bundle carries 2 to {MAX_BUNDLE} frames, not {len(frames)}")
+    lengths = b"".join(_LENGTH.pack(len(f)) for f in frames)
+    return b"".join([_BUNDLE_PREFIX.pack(BUNDLE_MAGIC, VERSION, len(frames)), lengths, *frames])
+
+
+def split(data: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> list[memoryview]:
+    """The frames one unit on the wire carries, undecoded: ``data`` itself, or the frames of a bundle after the
+    checks of its prefix and lengths (:class:`ProtocolError` otherwise). Each is then checked by :func:`decode`."""
+    view = memoryview(data).cast("B")
+    if bytes(view[:4]) != BUNDLE_MAGIC:
+        return [view]
+    if len(view) > max_bytes:
+        raise ProtocolError(f"bundle of {len(view)} bytes exceeds the limit of {max_bytes} bytes")
+    if len(view) < _BUNDLE_PREFIX.size:
+        raise ProtocolError(f"bundle of {len(view)} bytes is shorter than its {_BUNDLE_PREFIX.size}-byte prefix")
+    _, version, count = _BUNDLE_PREFIX.unpack_from(view)
+    if version != VERSION:
+        raise ProtocolError(f"bundle version {version} is not supported (this side speaks version {VERSION})")
+    start = _BUNDLE_PREFIX.size + count * _LENGTH.size
+    if not 2 <= count <= MAX_BUNDLE or start > len(view):
+        raise ProtocolError(f"a bundle must carry 2 to {MAX_BUNDLE} frames within its {len(view)} bytes, says {count}")
+    lengths = [_LENGTH.unpack_from(view, _BUNDLE_PREFIX.size + i * _LENGTH.size)[0] for i in range(count)]
+    if start + sum(lengths) != len(view):
+        raise ProtocolError(
+            f"bundle of {len(view)} bytes does not match its {count} frame lengths ({sum(lengths)} bytes after "
+            f"the {start}-byte prefix)"
+        )
+    frames = []
+    for n in lengths:
+        frames.append(view[start : start + n])
+        start += n
+    return frames
 
 
 def json_tensor(value: Any) -> Tensor:

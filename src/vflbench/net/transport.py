@@ -20,6 +20,12 @@ check and queue frames; requests are answered by the party's thread whenever it 
 reply, a mailbox message or in :meth:`NetChannel.serve_forever` -- so requests nest: while A waits
 for B's reply, A's handlers answer B's requests, as in one process.
 
+Frames. A posted one-way message (:meth:`NetChannel.post`: an embedding, a cut gradient) waits on its link for
+the next frame this party sends there, and the two travel as one bundle (:func:`~vflbench.net.frames.encode_bundle`):
+the loop's ``passive.forward`` reply carries the embedding posted before it, the ``passive.backward`` request the cut
+gradient. Nothing waits longer than until this party itself waits (for a reply, a mailbox message, a request) or
+closes. Every message is still counted, checked and delivered on its own, in order; only the frames are fewer.
+
 Faults. Keepalive pings on every link; every wait has a deadline (``receive_timeout`` seconds
 without the awaited frame); the start-up barrier has its own deadline; a party that fails sends
 an ``abort`` frame to its peers (:meth:`NetChannel.abort`, done by the context manager on an
@@ -54,11 +60,20 @@ from torch import Tensor
 
 from vflbench.errors import ConfigError
 from vflbench.net.errors import BarrierTimeout, NetError, PeerFailed, ProtocolError
-from vflbench.net.frames import DEFAULT_MAX_FRAME_BYTES, VERSION, Frame, decode, encode
+from vflbench.net.frames import (
+    DEFAULT_MAX_FRAME_BYTES,
+    MAX_BUNDLE,
+    VERSION,
+    Frame,
+    decode,
+    encode,
+    encode_bundle,
+    split,
+)
 from vflbench.net.linkmodel import LinkProfile
 from vflbench.net.policy import Policy, role_of
 from vflbench.net.provision import Credentials
-from vflbench.protocol.channel import CommStats, Endpoint, Handler, Transcript
+from vflbench.protocol.channel import Asked, CommStats, Endpoint, Handler, Transcript, take_answer
 from vflbench.protocol.grants import Grant
 from vflbench.protocol.messages import Message
 
@@ -150,6 +165,8 @@ class _Link:
     call: Any = None
     grpc_channel: grpc.Channel | None = None
     shaper: Shaper | None = None
+    held: list[bytes] = field(default_factory=list)
+    """Encoded one-way messages waiting to travel with the next frame on this link (see the module doc)."""
 
     def outgoing(self) -> Iterator[bytes]:
         while True:
@@ -499,10 +516,11 @@ class NetChannel:
         try:
             for data in frames:
                 self._count_in(peer, len(data))
-                with self._cond:
-                    if peer in self._said_bye or self._closed:
-                        continue
-                self._on_frame(link, decode(data, max_bytes=self.options.max_frame_bytes))
+                for piece in split(data, max_bytes=self.options.max_frame_bytes):
+                    with self._cond:
+                        if peer in self._said_bye or self._closed:
+                            break
+                    self._on_frame(link, decode(piece, max_bytes=self.options.max_frame_bytes))
         except ProtocolError as exc:
             self._refuse(link, exc)
             return
@@ -675,6 +693,7 @@ class NetChannel:
 
     def _wait(self, ready: Callable[[], T | None], *, what: str, peer: str | None, timeout: float | None = -1.0) -> T:
         """Wait for ``ready()`` to give a value, answering peers' requests meanwhile."""
+        self._flush()
         limit = self.options.receive_timeout if timeout == -1.0 else timeout
         deadline = None if limit is None else time.monotonic() + limit
         while True:
@@ -705,6 +724,7 @@ class NetChannel:
                         )
                     self._cond.wait(remaining)
             self._answer(request, call)
+            self._flush()
             deadline = None if limit is None else time.monotonic() + limit
 
     def _answer(self, request: Message, call: int) -> None:
@@ -751,20 +771,43 @@ class NetChannel:
 
     # ----------------------------------------------------------------- sending
 
-    def _put(self, link: _Link, frame: Frame) -> None:
+    def _put(self, link: _Link, frame: Frame, *, hold: bool = False) -> None:
+        """Send ``frame`` on ``link`` with the one-way messages held there; ``hold``: a one-way message, which waits
+        for the next frame (see the module doc)."""
         data = encode(frame)
-        if len(data) > self.options.max_frame_bytes:
+        limit = self.options.max_frame_bytes
+        if len(data) > limit:
             raise NetError(
                 f"{self.name} cannot send a {frame.kind or frame.type!r} frame of {len(data)} bytes to "
-                f"{link.peer}: it exceeds the limit of {self.options.max_frame_bytes} bytes"
+                f"{link.peer}: it exceeds the limit of {limit} bytes"
             )
         with self._cond:  # the party's thread and a server thread may both send (a greeting, a refusal)
-            w = self.wire[link.peer]
-            w.frames_sent += 1
-            w.bytes_sent += len(data)
+            held = link.held
+            fits = len(held) < MAX_BUNDLE and 16 + 4 * MAX_BUNDLE + sum(map(len, held)) + len(data) <= limit
+            if not fits and held:
+                self._ship(link, held)
+                held = []
+            link.held = [] if not hold else [*held, data]
+            if not hold:
+                self._ship(link, [*held, data])
+
+    def _ship(self, link: _Link, frames: list[bytes]) -> None:
+        """Hand ``frames`` to gRPC as one unit (a bundle of several); under the lock, so that units keep their order."""
+        data = encode_bundle(frames)
+        w = self.wire[link.peer]
+        w.frames_sent += 1
+        w.bytes_sent += len(data)
         link.outbox.put((data, time.monotonic()))
 
-    def _transmit(self, message: Message, call: int = 0) -> Message:
+    def _flush(self) -> None:
+        """Send every one-way message still held (this party is about to wait)."""
+        with self._cond:
+            for link in self._links.values():
+                if link.held:
+                    self._ship(link, link.held)
+                    link.held = []
+
+    def _transmit(self, message: Message, call: int = 0, *, hold: bool = False) -> Message:
         if message.sender != self.name:
             raise ValueError(f"party {self.name!r} cannot send a message as {message.sender!r}")
         with self._cond:
@@ -777,7 +820,7 @@ class NetChannel:
                 f"{', '.join(self.peers) or 'none'}); was the channel started?"
             )
         self.policy.check(message.kind, self.name, message.receiver, message.role)
-        self._put(link, Frame.of(message, run=self.run, call=call))
+        self._put(link, Frame.of(message, run=self.run, call=call), hold=hold)
         return self._consume(message)
 
     # ----------------------------------------------------------------- the channel interface
@@ -832,15 +875,29 @@ class NetChannel:
 
     def call(self, request: Message) -> Message:
         """Send ``request`` and wait for its reply, answering peers' requests meanwhile (requests nest)."""
+        return self.answer(self.ask(request))
+
+    def ask(self, request: Message) -> Asked:
+        """Send ``request``; its reply is kept when it arrives, for :meth:`answer`."""
         call = next(self._calls)
         key = (request.receiver, call)
         with self._cond:
             self._pending[key] = request
         self._transmit(request, call)
-        reply = self._wait(
-            lambda: self._replies.pop(key, None), what=f"the reply to {request.kind!r}", peer=request.receiver
-        )
-        return self._consume(reply)
+        return Asked(request, key)
+
+    def answer(self, asked: Asked) -> Message:
+        """The reply to a request :meth:`ask` sent, waiting for it (answering peers' requests meanwhile)."""
+        if asked.reply is None and not asked.answered:
+            key = asked.key
+            if key is None:
+                raise ValueError(f"the {asked.request.kind!r} request was not asked through this channel")
+            asked.reply = self._wait(
+                lambda: self._replies.pop(key, None),
+                what=f"the reply to {asked.request.kind!r}",
+                peer=asked.request.receiver,
+            )
+        return self._consume(take_answer(asked))
 
     def serve(self, owner: str, namespace: str, handler: Handler) -> None:
         """Answer requests of kinds ``<namespace>.*`` that peers send this party with ``handler``."""
@@ -851,8 +908,9 @@ class NetChannel:
         self._handlers[namespace] = handler
 
     def post(self, message: Message) -> None:
-        """Send a one-way message into the receiver's mailbox (it picks it up with :meth:`take`)."""
-        self._transmit(message)
+        """Send a one-way message into the receiver's mailbox (it picks it up with :meth:`take`). It travels with the
+        next frame this party sends to the receiver, at the latest when this party waits or closes (module doc)."""
+        self._transmit(message, hold=True)
 
     def take(self, owner: str, sender: str, kind: str) -> Message:
         """The oldest ``kind`` message from ``sender`` (waiting for it, answering requests meanwhile)."""

@@ -13,7 +13,8 @@ Three ways to talk, each a message exchange that a network transport carries unc
   mailbox until its code takes it (e.g. what parties agree on before training);
 * :meth:`Endpoint.call` / :meth:`Endpoint.serve` -- a request answered by a handler the receiving
   party registered for the kind's namespace (the halves of a two-party protocol such as VMask's
-  secret-shared layers or the Paillier key holder).
+  secret-shared layers or the Paillier key holder); :meth:`Endpoint.ask` sends the request without waiting and
+  :meth:`Endpoint.answer` takes its reply later (the reply may travel while the party does other work).
 
 Every message goes through the transport's one counter (:class:`CommStats`): messages, bytes and rounds per
 phase, per direction (``up`` = towards the active party) and per kind. A party's code holds only its own
@@ -33,6 +34,17 @@ from torch import Tensor
 from vflbench.protocol.messages import ACTIVE, NO_IDS, Message, MessageKind, Phase, Scalar
 
 Handler = Callable[[Message], Message]
+
+
+@dataclass
+class Asked:
+    """A request sent with :meth:`Endpoint.ask` whose reply :meth:`Endpoint.answer` has not yet taken: the request,
+    the transport's key for its reply and, on a transport that answers at once, the reply."""
+
+    request: Message
+    key: tuple[str, int] | None = None
+    reply: Message | None = None
+    answered: bool = False
 
 
 class Transcript:
@@ -177,6 +189,12 @@ class Transport(Protocol):
     def call(self, request: Message) -> Message:
         """Deliver a request to the handler its receiver serves for the kind's namespace; returns the reply."""
 
+    def ask(self, request: Message) -> Asked:
+        """Deliver a request as :meth:`call` does without waiting for its reply (:meth:`answer` takes it)."""
+
+    def answer(self, asked: Asked) -> Message:
+        """The reply to a request :meth:`ask` sent (waiting for it if needed); each reply is taken once."""
+
     def serve(self, owner: str, namespace: str, handler: Handler) -> None:
         """Answer requests of kinds ``<namespace>.*`` sent to party ``owner`` with ``handler``."""
 
@@ -269,6 +287,15 @@ class InMemoryTransport:
             raise RuntimeError(f"the {request.kind!r} handler of {request.receiver!r} did not answer its request")
         return self.send(reply)
 
+    def ask(self, request: Message) -> Asked:
+        """:meth:`call` at once (a handler in this process answers synchronously); :meth:`answer` hands the reply
+        over."""
+        return Asked(request, reply=self.call(request))
+
+    def answer(self, asked: Asked) -> Message:
+        """The reply :meth:`ask` received."""
+        return take_answer(asked)
+
     def post(self, message: Message) -> None:
         """Deliver ``message`` (:meth:`send`) into its receiver's mailbox."""
         self._mailboxes[(message.receiver, message.sender, message.kind)].append(self.send(message))
@@ -279,6 +306,14 @@ class InMemoryTransport:
         if not box:
             raise RuntimeError(f"party {owner!r} expected a {kind!r} message from {sender!r}, but none was sent")
         return box.popleft()
+
+
+def take_answer(asked: Asked) -> Message:
+    """``asked``'s reply, once (a second take is an error: a reply answers one use)."""
+    if asked.answered or asked.reply is None:
+        raise RuntimeError(f"the reply to {asked.request.kind!r} was already taken or has not arrived")
+    asked.answered = True
+    return asked.reply
 
 
 #: The in-memory transport's former name (kept for existing code).
@@ -343,6 +378,29 @@ class Endpoint:
                 kind, receiver, tensors, meta=meta, ids=ids, epoch=epoch, step=step, phase=phase, role="request"
             )
         )
+
+    def ask(
+        self,
+        kind: str,
+        receiver: str,
+        *tensors: Tensor,
+        meta: Mapping[str, Scalar] | None = None,
+        ids: Tensor | None = None,
+        epoch: int = -1,
+        step: int = -1,
+        phase: Phase = "train",
+    ) -> Asked:
+        """Send a request as :meth:`call` does, without waiting for its reply: :meth:`answer` takes it later. Counted
+        as :meth:`call` counts it (a request and its reply, one round)."""
+        return self._transport.ask(
+            self._message(
+                kind, receiver, tensors, meta=meta, ids=ids, epoch=epoch, step=step, phase=phase, role="request"
+            )
+        )
+
+    def answer(self, asked: Asked) -> Message:
+        """The reply to the request :meth:`ask` sent (waiting for it if it has not arrived)."""
+        return self._transport.answer(asked)
 
     def serve(self, namespace: str, handler: Handler) -> None:
         """Answer requests of kinds ``<namespace>.*`` sent to this party with ``handler(request) -> reply``."""
