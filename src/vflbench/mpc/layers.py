@@ -158,7 +158,9 @@ class _SecureLayerFn(torch.autograd.Function):
     """Autograd bridge (FATE's pattern): forward and backward run the two-party protocol."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, w_offset: Tensor, b_offset: Tensor | None, layer: SharedLayer) -> Tensor:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx: Any, x: Tensor, w_offset: Tensor, b_offset: Tensor | None, layer: SharedLayer
+    ) -> Tensor:
         ctx.layer = layer
         ctx.has_bias = b_offset is not None
         ctx.save_for_backward(x)
@@ -166,7 +168,7 @@ class _SecureLayerFn(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, Tensor, Tensor | None, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, Tensor, Tensor | None, None]:  # type: ignore[override]
         (x,) = ctx.saved_tensors
         layer: SharedLayer = ctx.layer
         gw, gb = layer._plain_weight_grads(x, grad_out)
@@ -561,7 +563,7 @@ class SharedConv2d(SharedLayer):
         kernel_size: tuple[int, int],
         stride: tuple[int, int],
         padding: tuple[int, int],
-        **kwargs,  # type: ignore[no-untyped-def]
+        **kwargs: Any,
     ) -> None:
         super().__init__(passive, **kwargs)
         self.in_channels = in_channels
