@@ -654,6 +654,20 @@ def test_an_active_half_without_passive_halves_is_refused():
         fed.fit(epochs=1, batch_size=64, generator=torch.Generator().manual_seed(0), y_test=vd.y_test)
 
 
+def test_a_vmask_request_before_its_own_senders_setup_is_refused_by_name():
+    """The active half answers a party's protocol requests only after that party's own ``vmask.setup`` (another
+    party's set-up may still be on its way across processes, so only the sender's is required)."""
+    from vflbench.protocol.messages import Message
+
+    cfg = build_config(minimal(data=POOL, model={"bottom": "mlp3", "top": "mlp2"}, train={"epochs": 1}))
+    fed = build_federation(
+        cfg, load_vertical_data(cfg), defenses=DefensePlan([VMaskActive(aux_size=200)], {"passive_1": []})
+    )
+    request = Message("vmask.share", "passive_1", "active", torch.zeros(1), role="request")
+    with pytest.raises(CompatibilityError, match="'passive_1' sent 'vmask.share' before its initial parameters"):
+        fed.active.defenses[0]._serve(request)
+
+
 def test_vmask_messages_carry_only_tensors_and_scalars():
     """What the halves exchange can cross a process boundary as bytes: detached tensors and a header
     of scalars, never an object of the other party (issue 16 builds the network transport on this)."""

@@ -327,3 +327,20 @@ def test_launched_detector_against_a_malicious_attack_runs_its_honest_reference_
     reference = result["defense"][0]["honest_reference"]
     assert reference["same_run"] is False and reference["without"] == ["dmavfl"] and reference["decisions"] > 0
     assert (tmp_path / "many" / reference["config_hash"] / "result.json").is_file()  # launched beside, as processes
+
+
+@pytest.mark.slow
+def test_launched_vmask_with_two_passive_parties_equals_one_process(tmp_path):
+    # each passive party's vmask requests follow its own vmask.setup, but the two parties' set-ups reach the active
+    # party in no particular order: a request is refused only when its own sender has not set up
+    raw = {
+        "data": {"name": "digits", "parties": 3, "train_size": 600, "test_size": 200, "aux_pool": 100},
+        "model": {"bottom": "mlp2", "top": "mlp2"},
+        "train": {"algorithm": "vhnn", "epochs": 2, "batch_size": 64, "lr": 0.1, "momentum": 0.9},
+        "defenses": [{"name": "vmask", "mc_epochs": 2}],
+        "seed": 1,
+    }
+    result, _ = check_same(raw, tmp_path)
+    assert {"passive_1.masked", "passive_2.masked"} <= {
+        k.removeprefix("vmask.") for k in metrics(tmp_path / "one" / build_config(raw).hash())[0]
+    }
