@@ -38,6 +38,7 @@ from typing import Any
 
 import swap
 import torch
+from intervals import show
 
 from vflbench.attacks.base import LabelInference, Scores
 from vflbench.attacks.label.embedding_extension import original_bottom
@@ -51,7 +52,7 @@ from vflbench.experiment.scenario import load_vertical_data
 from vflbench.experiment.scoring import score_inference
 from vflbench.experiment.views import _view, scratch_models
 from vflbench.metrics.correlation import distance_correlation
-from vflbench.metrics.stats import Interval, difference_interval, mean_interval
+from vflbench.metrics.stats import difference_interval, mean_interval
 from vflbench.rng import generator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -330,24 +331,15 @@ def _by_seed(records: list[dict[str, Any]], key: str) -> dict[int, list[float]]:
     return {r["seed"]: [float(r[key])] for r in records if key in r}
 
 
-def _show(interval: Interval, sign: str = "") -> str:
-    """``mean [low, high]`` (just the mean without an interval), two decimals; ``sign="+"`` signs them."""
-    if interval.seeds == 0:
-        return "-"
-    if not interval.defined:
-        return f"{interval.mean:{sign}.2f}"
-    return f"{interval.mean:{sign}.2f} [{interval.low:{sign}.2f}, {interval.high:{sign}.2f}]"
-
-
 def _cell(records: list[dict[str, Any]], key: str) -> str:
     """The mean of ``key`` over the records' seeds with its 95% t interval over the per-seed values."""
-    return _show(mean_interval(_by_seed(records, key)))
+    return show(mean_interval(_by_seed(records, key)), missing="-")
 
 
 def _gap(treated: list[dict[str, Any]], treated_key: str, control: list[dict[str, Any]], control_key: str) -> str:
     """The mean of ``treated_key − control_key`` paired by seed, with its 95% t interval over the per-seed
     differences (seeds present in both)."""
-    return _show(difference_interval(_by_seed(treated, treated_key), _by_seed(control, control_key)), "+")
+    return show(difference_interval(_by_seed(treated, treated_key), _by_seed(control, control_key)), "+", missing="-")
 
 
 def _f(value: float | None) -> str:

@@ -27,10 +27,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import pandas as pd
+from intervals import show
 
 from vflbench.experiment.results import RunResult, write_atomic
 from vflbench.experiment.sweep import RUNS
-from vflbench.metrics.stats import Interval, difference_interval, mean_interval
+from vflbench.metrics.stats import difference_interval, mean_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = {
@@ -65,15 +66,6 @@ PAPER: dict[str, tuple[float, dict[str, tuple[float, float]]]] = {
         },
     ),
 }
-
-
-def _show(interval: Interval, sign: str = "") -> str:
-    """``mean [low, high]`` with two decimals (just the mean without an interval; ``–`` without a value)."""
-    if interval.seeds == 0:
-        return "–"
-    if not interval.defined:
-        return f"{interval.mean:{sign}.2f}"
-    return f"{interval.mean:{sign}.2f} [{interval.low:{sign}.2f}, {interval.high:{sign}.2f}]"
 
 
 def load(directory: Path) -> dict[str, list[RunResult]]:
@@ -111,7 +103,7 @@ def change(key: str, results: list[RunResult], vanilla: list[RunResult], attack:
     if key == "none" or not vanilla:
         return "–"
     delta = difference_interval(per_seed(results, attack, "leakages"), per_seed(vanilla, attack, "leakages"))
-    return _show(delta, "+") + (" lower" if delta.below(0.0) else "")
+    return show(delta, "+") + (" lower" if delta.below(0.0) else "")
 
 
 def table(pair: str, directory: Path) -> str:
@@ -150,18 +142,18 @@ def table(pair: str, directory: Path) -> str:
         main = mean_interval({r.seed: [100.0 * r.utility.value] for r in results})
         cells = [
             name,
-            _show(main),
+            show(main),
             f"{paper[key][0]:.2f}",
-            _show(mean_interval(per_seed(results, REINIT, "values"))),
+            show(mean_interval(per_seed(results, REINIT, "values"))),
             f"{paper[key][1]:.2f}",
-            _show(mean_interval(per_seed(results, REINIT, "priors"))),
+            show(mean_interval(per_seed(results, REINIT, "priors"))),
             f"{scratch:.2f}",
-            _show(mean_interval(per_seed(results, REINIT, "leakages")), "+"),
+            show(mean_interval(per_seed(results, REINIT, "leakages")), "+"),
             f"{paper[key][1] - scratch:+.2f}",
         ]
         cells += [
             change(key, results, vanilla, REINIT),
-            _show(mean_interval(per_seed(results, ADAPTIVE, "leakages")), "+"),
+            show(mean_interval(per_seed(results, ADAPTIVE, "leakages")), "+"),
             change(key, results, vanilla, ADAPTIVE),
         ]
         cells.append("–" if key == "none" else f"{masks.get(key, float('nan')):.2f}")
