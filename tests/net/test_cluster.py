@@ -48,8 +48,10 @@ def test_a_ray_task_returns_its_run_files_and_reuses_the_undefended_reference_it
 
 
 @pytest.mark.slow
-def test_a_ray_sweep_writes_on_the_driver_what_a_local_sweep_writes(tmp_path):
+def test_a_ray_sweep_writes_on_the_driver_what_a_local_sweep_writes(tmp_path, monkeypatch):
     ray = pytest.importorskip("ray", reason="the Ray executor needs the `cluster` extra (installed by make test)")
+    # Ray waits 30 s for its GCS server to start; on a loaded 2-core CI machine that was not always enough
+    monkeypatch.setenv("RAY_gcs_server_port_wait_time_s", "180")
     raw = {**DEFENDED, "sweep": {"grid": {"defenses.0.strength": [0.5, 5.0]}, "seeds": [0]}}
     local = run_sweep(build_config(raw), tmp_path / "local")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
