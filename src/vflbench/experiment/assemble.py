@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import Tensor
 
-from vflbench.defenses import DEFENSES
+from vflbench.defenses import defense_class
 from vflbench.defenses.detectors import Detector
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import ExperimentConfig
@@ -83,8 +83,7 @@ def detector_details(parts: list[dict[str, Any]]) -> dict[str, Any]:
 def is_detector(name: str) -> bool:
     """Whether defense ``name`` is a detector (it decides whether the training is hijacked, and reports how often
     it flags: :class:`~vflbench.defenses.detectors.Detector`)."""
-    factory = DEFENSES.get(name).factory
-    return isinstance(factory, type) and issubclass(factory, Detector)
+    return issubclass(defense_class(name), Detector)
 
 
 def defense_entries(

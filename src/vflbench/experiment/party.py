@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vflbench.defenses import DEFENSES, create_defense, defense_class
+from vflbench.defenses import create_defense, defense_class
 from vflbench.devices import resolve_device
 from vflbench.errors import ConfigError
 from vflbench.experiment.assemble import utility_of
@@ -220,9 +220,7 @@ def check_party_config(cfg: ExperimentConfig) -> None:
 
 def needs_dealer(cfg: ExperimentConfig) -> str | None:
     """The name of the configured defense that needs the dealer as an extra party (VMask and its variants), if any."""
-    return next(
-        (s.name for s in cfg.defenses if DEALER in getattr(DEFENSES.get(s.name).factory, "extra_parties", ())), None
-    )
+    return next((s.name for s in cfg.defenses if DEALER in defense_class(s.name).extra_parties), None)
 
 
 def party_names(cfg: ExperimentConfig) -> list[str]:

@@ -37,9 +37,9 @@ def manifest_path(out_dir: Path) -> Path:
 
 
 def _unresumable_defenses(cfg: ExperimentConfig) -> list[str]:
-    from vflbench.defenses import DEFENSES
+    from vflbench.defenses import defense_class
 
-    return [s.name for s in cfg.defenses if not getattr(DEFENSES.get(s.name).factory, "resumable", False)]
+    return [s.name for s in cfg.defenses if not defense_class(s.name).resumable]
 
 
 def resumable(cfg: ExperimentConfig) -> bool:

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from vflbench.data import PartySlice, VerticalData, aux_indices, load_dataset, partition, subsample
-from vflbench.defenses import DEFENSES, check_defense, create_defense
+from vflbench.defenses import check_defense, create_defense, defense_class
 from vflbench.devices import resolve_device
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import ExperimentConfig
@@ -109,9 +109,7 @@ def plan_defenses(cfg: ExperimentConfig, passive_names: Sequence[str], *, active
     plan = DefensePlan([], {n: [] for n in passive_names})
     for spec in cfg.defenses:
         check_defense(spec.name, spec.params())
-        cls = DEFENSES.get(spec.name).factory
-        assert isinstance(cls, type) and issubclass(cls, Defense)
-        side = cls.side
+        side = defense_class(spec.name).side
         if active and side in ("active", "both"):
             plan.active.append(create_defense(spec.name, **spec.params()).for_role(ACTIVE))
         if side in ("passive", "both"):

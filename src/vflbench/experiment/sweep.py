@@ -130,13 +130,13 @@ def expand(cfg: ExperimentConfig) -> list[SweepPoint]:
 
 def _knobless(raw: dict[str, Any], key: str) -> bool:
     """Whether ``key`` is ``defenses.N.strength`` of a defense without a strength knob (e.g. max_norm)."""
-    from vflbench.defenses import DEFENSES
+    from vflbench.defenses import DEFENSES, defense_class
 
     parts = key.split(".")
     if len(parts) != 3 or parts[2] != "strength" or not parts[1].isdigit():
         return False
     name = raw["defenses"][int(parts[1])]["name"]
-    return name in DEFENSES and getattr(DEFENSES.get(name).factory, "strength_param", None) is None
+    return name in DEFENSES and defense_class(name).strength_param is None
 
 
 def _path_exists(raw: dict[str, Any], key: str) -> bool:
@@ -602,7 +602,7 @@ def _defense_label(defenses: list[dict[str, Any]], coords: dict[str, Any] | None
     """The defenses' names joined by ``+`` and, in brackets, the sweep grid's values of their parameters other than
     the strength knob (e.g. ``vmask_alls [sigma=0.1]``): points that differ in them are different defenses, never
     averaged together (the strength knob has its own column)."""
-    from vflbench.defenses import DEFENSES
+    from vflbench.defenses import DEFENSES, defense_class
 
     label = "+".join(d["name"] for d in defenses) or NO_DEFENSE
     extra = []
@@ -611,7 +611,7 @@ def _defense_label(defenses: list[dict[str, Any]], coords: dict[str, Any] | None
         if parts[0] != "defenses" or len(parts) < 3 or not parts[1].isdigit() or int(parts[1]) >= len(defenses):
             continue
         name = defenses[int(parts[1])]["name"]
-        knob = getattr(DEFENSES.get(name).factory, "strength_param", None) if name in DEFENSES else None
+        knob = defense_class(name).strength_param if name in DEFENSES else None
         if parts[2] not in ("strength", knob):
             extra.append(
                 f"{'.'.join(parts[2:])}={json.dumps(value)}"
@@ -623,11 +623,11 @@ def _defense_label(defenses: list[dict[str, Any]], coords: dict[str, Any] | None
 
 def _strength(defenses: list[dict[str, Any]]) -> float | None:
     """The main knob of the first defense that has one (``strength`` or its aliased name)."""
-    from vflbench.defenses import DEFENSES
+    from vflbench.defenses import defense_class
 
     for d in defenses:
         params = d.get("params", {})
-        knob = getattr(DEFENSES.get(d["name"]).factory, "strength_param", None)
+        knob = defense_class(d["name"]).strength_param
         for key in ("strength", knob):
             if key is not None and isinstance(params.get(key), (int, float)) and not isinstance(params[key], bool):
                 return float(params[key])
@@ -638,13 +638,10 @@ def _summary_metrics(defenses: Sequence[dict[str, Any]], metrics: Path) -> dict[
     """The run's defenses' :attr:`~vflbench.protocol.Defense.summary_metrics` (each defense says which of its
     per-epoch values summarise the run, e.g. VMask's ``mask_ratio``), from the last epoch's record of
     ``metrics.jsonl``, by metric name (the first defense that reports one wins)."""
-    from vflbench.defenses import DEFENSES
+    from vflbench.defenses import DEFENSES, defense_class
 
     wanted = [
-        (d["name"], key)
-        for d in defenses
-        if d["name"] in DEFENSES
-        for key in DEFENSES.get(d["name"]).factory.summary_metrics  # type: ignore[attr-defined]
+        (d["name"], key) for d in defenses if d["name"] in DEFENSES for key in defense_class(d["name"]).summary_metrics
     ]
     if not wanted or not metrics.is_file():
         return {}
@@ -1192,14 +1189,14 @@ def adaptive_coverage(stacks: Sequence[tuple[list[dict[str, Any]], set[str]]]) -
     defense against them; each one not evaluated is logged as a note. ``stacks``: each run's defense
     entries and the names of the attacks it ran."""
     from vflbench.attacks import ATTACKS
-    from vflbench.defenses import DEFENSES
+    from vflbench.defenses import defense_class
 
     rows = []
     names = sorted({d["name"] for defenses, _ in stacks for d in defenses})
     for name in names:
-        cls = DEFENSES.get(name).factory
+        cls = defense_class(name)
         runs = [(defenses, attacks) for defenses, attacks in stacks if any(d["name"] == name for d in defenses)]
-        for attack in getattr(cls, "adaptive_attacks", ()):
+        for attack in cls.adaptive_attacks:
             evaluated = any(attack in attacks for _, attacks in runs)
             registered = "" if attack in ATTACKS else " (not registered in this build)"
             rows.append(_coverage_row(name, attack + registered, "attack", evaluated))

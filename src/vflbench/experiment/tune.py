@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vflbench.defenses import DEFENSES
+from vflbench.defenses import defense_class
 from vflbench.experiment.config import ConfigError, ExperimentConfig, apply_override, build_config
 from vflbench.experiment.results import RunResult, read_result, write_json
 from vflbench.experiment.sweep import RUNS, SEARCHED, SweepPoint, collect, is_done
@@ -122,10 +122,10 @@ def _check_tune(cfg: ExperimentConfig, low: float, high: float) -> tuple[str, bo
     if not 0 < low < high:
         raise ConfigError(f"tune needs 0 < low < high, got low={low}, high={high}")
     name = cfg.defenses[0].name
-    cls = DEFENSES.get(name).factory
-    if getattr(cls, "strength_param", None) is None:
+    cls = defense_class(name)
+    if cls.strength_param is None:
         raise ConfigError(f"defense {name!r} has no strength knob to tune")
-    larger_is_stronger = getattr(cls, "strength_direction", "larger is stronger").startswith("larger")
+    larger_is_stronger = cls.strength_direction.startswith("larger")
     from vflbench.attacks import ATTACKS
 
     features = [s.name for s in cfg.attacks if getattr(ATTACKS.get(s.name).factory, "target", None) != "labels"]
