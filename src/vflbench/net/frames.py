@@ -346,14 +346,21 @@ def _check_header(header: Any) -> tuple[Frame, list[_Spec]]:
     return frame, parsed
 
 
+def _bounded(data: bytes | bytearray | memoryview, what: str, prefix: int, max_bytes: int) -> memoryview:
+    """``data`` as bytes, checked to hold at least its ``prefix`` and at most ``max_bytes`` (:class:`ProtocolError`
+    naming ``what`` otherwise)."""
+    view = memoryview(data).cast("B")
+    if len(view) > max_bytes:
+        raise ProtocolError(f"{what} of {len(view)} bytes exceeds the limit of {max_bytes} bytes")
+    if len(view) < prefix:
+        raise ProtocolError(f"{what} of {len(view)} bytes is shorter than its {prefix}-byte prefix")
+    return view
+
+
 def decode(data: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Frame:
     """The frame in ``data``, after every check (see the module docstring); :class:`ProtocolError` otherwise."""
     _check_byte_order()
-    view = memoryview(data).cast("B")
-    if len(view) > max_bytes:
-        raise ProtocolError(f"frame of {len(view)} bytes exceeds the limit of {max_bytes} bytes")
-    if len(view) < _PREFIX.size:
-        raise ProtocolError(f"frame of {len(view)} bytes is shorter than its {_PREFIX.size}-byte prefix")
+    view = _bounded(data, "frame", _PREFIX.size, max_bytes)
     magic, version, header_len = _PREFIX.unpack_from(view)
     if magic != MAGIC:
         raise ProtocolError(f"frame does not start with {MAGIC!r} (got {bytes(magic)!r}): not a vflbench frame")
@@ -422,10 +429,7 @@ def split(data: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
     view = memoryview(data).cast("B")
     if bytes(view[:4]) != BUNDLE_MAGIC:
         return [view]
-    if len(view) > max_bytes:
-        raise ProtocolError(f"bundle of {len(view)} bytes exceeds the limit of {max_bytes} bytes")
-    if len(view) < _BUNDLE_PREFIX.size:
-        raise ProtocolError(f"bundle of {len(view)} bytes is shorter than its {_BUNDLE_PREFIX.size}-byte prefix")
+    view = _bounded(view, "bundle", _BUNDLE_PREFIX.size, max_bytes)
     _, version, count = _BUNDLE_PREFIX.unpack_from(view)
     if version != VERSION:
         raise ProtocolError(f"bundle version {version} is not supported (this side speaks version {VERSION})")
