@@ -548,7 +548,9 @@ def test_vmask_traffic_is_counted_by_the_channel_as_the_old_mpc_comm_counted_it(
     fixed_mask protocol (issue 26) sends 8601856 and 12939904 (mpc_bytes 19191680), the same 123 triples; with
     the dealer's messages, 137.4 MB in 766 messages before and 34.3 MB in 526 messages (263 round trips) after.
     Dealing the next forward's triple ahead leaves one unused per masked layer at each epoch's end (1 + 3 here):
-    34.6 MB in 534 messages (267 round trips). The training phase's share reaches result.json's comm.by_kind."""
+    34.6 MB in 534 messages (267 round trips). Sending each product's operand in 4 row blocks, each answered alone
+    (``row_blocks``), keeps the bytes and adds 3 round trips to each of the 126 products: 1290 messages, 645 round
+    trips. The training phase's share reaches result.json's comm.by_kind."""
     cfg, vd, fed = _federation({"name": "vmask_as", "budget": 0.0, "mc_epochs": 1}, epochs=2)
     history = fed.fit(epochs=2, batch_size=64, generator=torch.Generator().manual_seed(0), y_test=vd.y_test)
     totals = {"up": 0, "down": 0}
@@ -563,7 +565,7 @@ def test_vmask_traffic_is_counted_by_the_channel_as_the_old_mpc_comm_counted_it(
                     everything["messages"] += stats.messages
                     everything["rounds"] += stats.rounds
     assert totals == {"up": 8601856, "down": 12939904}  # beaver: 31307136 and 35301120
-    assert everything == {"bytes": 34647152, "messages": 534, "rounds": 267}  # beaver: 137384128 bytes, 766 messages
+    assert everything == {"bytes": 34647152, "messages": 1290, "rounds": 645}  # beaver: 137384128 bytes, 766 messages
     # the epoch report is read before the last evaluation; the old report said the same
     assert history.epochs[-1]["vmask_as.mpc_bytes"] == 19191680 < 8601856 + 12939904  # beaver: 61173888
     assert history.epochs[-1]["vmask_as.triples"] == 123
@@ -619,8 +621,9 @@ def test_the_fixed_mask_protocol_gives_the_per_product_protocols_run_bit_for_bit
     """Issue 26: the default protocol (fixed_mask: P_K's share opened once per masking) and the protocol before it
     (beaver: a fresh triple per product, both operands opened) give the same run to the last bit -- utility,
     attacks (the weight recovery reads every opening), metrics and final weights -- and fixed_mask sends under
-    a third of the bytes. On the commits before issue 26 (b135da5, d4cebb2) this run gave per-epoch accuracies
-    [0.3194444477558136, 0.39444443583488464] and attacks [0.1944444477558136, 0.20277777314186096]."""
+    a third of the bytes, its operands in row blocks. On the commits before issue 26 (b135da5, d4cebb2) this run
+    gave per-epoch accuracies [0.3194444477558136, 0.39444443583488464] and attacks [0.1944444477558136,
+    0.20277777314186096]."""
     fixed, fixed_weights, fixed_metrics = _run_with("fixed_mask", tmp_path / "fixed")
     beaver, beaver_weights, beaver_metrics = _run_with("beaver", tmp_path / "beaver")
     assert fixed["utility"] == beaver["utility"] and fixed["attacks"] == beaver["attacks"]
@@ -635,12 +638,17 @@ def test_the_fixed_mask_protocol_gives_the_per_product_protocols_run_bit_for_bit
     assert fixed_metrics[-1]["vmask.triples"] == beaver_metrics[-1]["vmask.triples"] > 0
     sent = {name: r["comm"]["bytes_up"] + r["comm"]["bytes_down"] for name, r in (("fixed", fixed), ("beaver", beaver))}
     assert 3 * sent["fixed"] < sent["beaver"]
-    assert fixed["comm"]["rounds"] < beaver["comm"]["rounds"]
+    # fixed_mask sends each product's operand in 4 row blocks (row_blocks), beaver whole
+    for stage in ("vmask.forward", "vmask.backward"):
+        blocks, whole = (r["comm"]["by_kind"][stage]["up"]["messages"] for r in (fixed, beaver))
+        assert blocks == 4 * whole > 0, stage
 
 
 def test_vmask_refuses_the_fixed_mask_protocol_with_secureml_truncation():
     with pytest.raises(ValueError, match="truncation 'secureml' needs protocol 'beaver'"):
         VMask(truncation="secureml", protocol="fixed_mask")
+    with pytest.raises(ValueError, match="row_blocks 4 needs the fixed_mask protocol"):
+        VMask(truncation="secureml", row_blocks=4)  # secureml's default protocol, beaver, sends operands whole
 
 
 def test_an_active_half_without_passive_halves_is_refused():

@@ -31,7 +31,14 @@ from vflbench.mpc import (
 )
 from vflbench.mpc._service import DisconnectedService, ServiceHandle
 from vflbench.mpc.dealer import TripleReuseError
-from vflbench.mpc.parties import PROTOCOL_KINDS, LocalSession, local_session, resolve_protocol
+from vflbench.mpc.parties import (
+    PROTOCOL_KINDS,
+    ROW_BLOCKS,
+    LocalSession,
+    local_session,
+    resolve_protocol,
+    resolve_row_blocks,
+)
 
 FAST = settings(max_examples=20, deadline=None)
 F_BITS = 16
@@ -300,7 +307,7 @@ def test_fixed_mask_sends_the_masked_operand_and_the_output_shares_only() -> Non
     trip per product on its critical path (E and z1), the dealer's rounds beside it. The active party takes only its
     mask's seed (8 bytes)."""
     b, n_in, n_out = 4, 6, 3
-    shared, session = masked(nn.Linear(n_in, n_out))
+    shared, session = masked(nn.Linear(n_in, n_out), row_blocks=1)  # each operand whole (row blocks: below)
     assert shared.protocol == "fixed_mask"
     setup = session.channel.stats["setup"].by_kind
     assert setup["vmask.share"]["up"].bytes == 8 * (n_in * n_out + n_out)  # P_K's weight and bias shares
@@ -446,6 +453,66 @@ def test_the_protocol_follows_the_truncation_unless_named() -> None:
     shared, session = masked(nn.Linear(2, 2), truncation="secureml")
     assert shared.protocol == "beaver" and shared.passive.weight_opening is None
     assert "dealer.mask" not in session.channel.stats["setup"].by_kind
+
+
+@pytest.mark.parametrize("layer", [nn.Linear(6, 5), nn.Conv2d(2, 3, 3, padding=1)], ids=["linear", "conv"])
+def test_row_blocks_give_the_product_of_the_whole_operand_bit_for_bit(layer: nn.Module) -> None:
+    """fixed_mask sends each product's operand in row blocks that P_K answers one by one (issue 26): the output and
+    the input gradient are the same to the last bit for any number of blocks (uneven ones, more blocks than rows),
+    the bytes are the same, and each block is one request."""
+    torch.manual_seed(3)
+    x = torch.randn(10, *((6,) if isinstance(layer, nn.Linear) else (2, 4, 4)))
+    gy = torch.randn_like(layer(x))
+    runs = {}
+    for blocks in (1, 3, 4, 16):
+        shared, session = masked(copy.deepcopy(layer), row_blocks=blocks)
+        assert shared.row_blocks == blocks
+        xi = x.clone().requires_grad_(True)
+        y = shared(xi)
+        y.backward(gy)
+        requests = session.channel.train.by_kind["vmask.forward"]["up"]
+        runs[blocks] = (y.detach(), xi.grad, requests.bytes, requests.messages)
+    sizes = {1: 1, 3: 3, 4: 4, 16: 10}  # blocks of 10, 4 (4+4+2), 3 (3+3+3+1) and 1 row
+    for blocks, (y, gx, nbytes, messages) in runs.items():
+        assert torch.equal(y, runs[1][0]) and torch.equal(gx, runs[1][1]), blocks
+        assert nbytes == runs[1][2] and messages == sizes[blocks], blocks
+
+
+def test_the_active_party_answers_each_row_of_a_triple_once_in_order() -> None:
+    """P_K refuses a row block that does not follow the last one of its triple: a block out of order, a block
+    answered before, a block that names another operand's size, the rows of a triple once its last row is done."""
+    shared, session = masked(nn.Linear(5, 3))
+    passive = session.passive
+    shared(torch.randn(4, 5))
+    mask_id = int(shared.passive.mask_id)
+    triple_id, _ = shared.peer.masked_triple(shared_spec(shared, 4), mask_id, phase="train")
+    block = torch.zeros(2, 5, dtype=torch.int64)
+
+    def send(row: int, rows: int = 4) -> None:
+        meta = {"layer": "Linear", "triple": triple_id, "input_size": "", "row": row, "rows": rows}
+        passive.call("vmask.forward", "active", block, meta=meta)
+
+    with pytest.raises(TripleReuseError, match="rows 2..4 of 4 of triple .* do not follow"):
+        send(2)  # the second block before the first
+    send(0)
+    with pytest.raises(TripleReuseError, match="not later than the last one used"):
+        send(0)  # the first block again
+    with pytest.raises(TripleReuseError, match="do not follow the last rows used"):
+        send(2, rows=6)  # another operand's rows
+    send(2)
+    with pytest.raises(TripleReuseError, match="do not follow the last rows used"):
+        send(2)  # the triple's rows are all used
+    with pytest.raises(ValueError, match="rows 4..6 are not a block of an operand of 4 rows"):
+        send(4)
+
+
+def test_row_blocks_are_a_whole_number_for_the_fixed_mask_protocol() -> None:
+    assert resolve_row_blocks(None, "fixed_mask") == ROW_BLOCKS == 4 and resolve_row_blocks(None, "beaver") == 1
+    with pytest.raises(ValueError, match="row_blocks 2 needs the fixed_mask protocol"):
+        masked(nn.Linear(2, 2), protocol="beaver", row_blocks=2)
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="row_blocks must be a whole number >= 1"):
+            masked(nn.Linear(2, 2), row_blocks=bad)
 
 
 def _trained(layer: nn.Module, protocol: str, xs: list[Tensor], grads: list[Tensor]) -> list[Tensor]:
@@ -770,7 +837,7 @@ def test_the_peer_handle_is_not_copied_or_pickled() -> None:
 def test_a_deep_copy_draws_fresh_input_shares(protocol: str) -> None:
     """The copy shares P_k's random source and its peer (not clones of them), so no input mask is ever reused
     (beaver: P_k's own input shares; fixed_mask: the dealer's A_t of a fresh triple id)."""
-    shared, session = masked(nn.Linear(4, 3), record_active_inbox=True, protocol=protocol)
+    shared, session = masked(nn.Linear(4, 3), record_active_inbox=True, protocol=protocol, row_blocks=1)
     clone = copy.deepcopy(shared)
     x = torch.randn(2, 4)
     shared(x)
@@ -797,8 +864,9 @@ def test_the_active_party_only_receives_masked_values(protocol: str) -> None:
         assert float(decode(t).abs().median()) > 1e6, tag  # uniform ring elements, not encodings
         for target in targets:
             assert not looks_like(t, target), tag
-    if protocol == "fixed_mask":  # P_K received its weight share and one masked operand per product, no more
-        assert [tag for tag, _ in holder.received] == ["weight_share", "weight_share", "forward", "backward"]
+    if protocol == "fixed_mask":  # P_K received its weight share and each product's masked operand (4 row blocks)
+        assert [tag for tag, _ in holder.received] == ["weight_share"] * 2 + ["forward"] * 4 + ["backward"] * 4
+        assert [t.shape[0] for tag, t in holder.received if tag == "forward"] == [10] * 4
         return
     # what P_K can combine from its inbox: x1 + e0 = x1 + (x0 - a0) = x - a0, still masked by P_k's a0
     fwd = [t for tag, t in holder.received if tag == "forward"]

@@ -72,7 +72,14 @@ from vflbench.models.finetune import complete, complete_stacked, stackable
 from vflbench.mpc.dealer import Dealer, DealerService
 from vflbench.mpc.layers import Truncation
 from vflbench.mpc.masking import VMaskBottom, make_maskable
-from vflbench.mpc.parties import PROTOCOL_KINDS, ActiveShareHolder, ActiveShares, Protocol, resolve_protocol
+from vflbench.mpc.parties import (
+    PROTOCOL_KINDS,
+    ActiveShareHolder,
+    ActiveShares,
+    Protocol,
+    resolve_protocol,
+    resolve_row_blocks,
+)
 from vflbench.protocol.channel import Endpoint
 from vflbench.protocol.hooks import BindContext, Defense, DefenseAux, TrainSettings
 from vflbench.protocol.messages import ACTIVE, DEALER, PASSIVE, Message, Phase, Scalar
@@ -240,7 +247,9 @@ class VMask(Defense):
     ``protocol``: how the masked layers' products are computed (:func:`~vflbench.mpc.parties.resolve_protocol`;
     ``None``: ``fixed_mask`` with ``truncation: reveal``, ``beaver`` with ``secureml``); ``fixed_mask`` and
     ``beaver`` give the same numbers with ``reveal`` and differ only in their traffic (docs/decisions/vmask.md,
-    issue 26).
+    issue 26). ``row_blocks``: the row blocks each ``fixed_mask`` product's operand travels in, P_K answering each
+    as it arrives so that the link and P_K's product overlap (``None``: 4; ``beaver`` sends operands whole); the
+    numbers are the same for every value (docs/performance.md).
 
     This class holds the parameters; every party runs its role's half (:meth:`halves`), and the halves talk only
     through the channel: :class:`VMaskPassive` at each P_k (masks its own bottom model, sends its initial
@@ -298,7 +307,10 @@ class VMask(Defense):
             "what a passive attacker's bottom model holds for a masked layer: reinit or its "
             "share (the recovered view is the attack vmask_weight_recovery)"
         ),
-        "protocol": Param("the masked layers' protocol (null: beaver)"),
+        "protocol": Param("the masked layers' protocol (null: fixed_mask with truncation reveal, else beaver)"),
+        "row_blocks": Param(
+            "row blocks each fixed_mask product's operand travels in, answered one by one (null: 4; beaver: 1)", ge=1
+        ),
     }
 
     def __init__(
@@ -319,6 +331,7 @@ class VMask(Defense):
         layers: list[int] | None = None,
         attacker_view: Literal["reinit", "share"] = "reinit",
         protocol: Protocol | None = None,
+        row_blocks: int | None = None,
     ) -> None:
         self.budget = budget
         self.sigma = sigma
@@ -335,7 +348,9 @@ class VMask(Defense):
         self.layers = layers
         self.attacker_view = attacker_view
         self.protocol = protocol
-        resolve_protocol(protocol, truncation)  # refuses an unknown protocol, or fixed_mask with secureml
+        self.row_blocks = row_blocks
+        resolve_row_blocks(row_blocks, resolve_protocol(protocol, truncation))  # refuses an unknown protocol,
+        # fixed_mask with secureml, and row blocks with beaver
         if aux_size is not None and not self.uses_aux:
             raise ValueError(
                 f"{self.name} trains no shadow model, so it takes no auxiliary set; remove aux_size (got {aux_size})"
@@ -483,6 +498,7 @@ class VMaskPassive(VMask):
                 truncation=self.truncation,
                 name=f"layer{i}",
                 protocol=self.protocol,
+                row_blocks=self.row_blocks,
             )
             layer.attacker_view, layer.reinit_seed = str(saved["attacker_view"]), int(saved["reinit_seed"])
             assert layer.shared is not None
@@ -517,6 +533,7 @@ class VMaskPassive(VMask):
                 name=f"layer{i}",
                 phase=phase,
                 protocol=self.protocol,
+                row_blocks=self.row_blocks,
             )
         for i in sorted(self.masked_ - target):
             layers[i].unmask(self.sigma, phase=phase)

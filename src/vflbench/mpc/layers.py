@@ -118,6 +118,7 @@ from vflbench.mpc.parties import (
     Protocol,
     on_device,
     resolve_protocol,
+    resolve_row_blocks,
 )
 from vflbench.mpc.protocol import (
     BilinearSpec,
@@ -213,7 +214,9 @@ class SharedLayer(nn.Module, ABC):
 
     ``geometry``: the layer's public description (sent to P_K when it is masked), from which each
     party derives the shared products (:func:`~vflbench.mpc.protocol.layer_spec`); ``protocol``: how the
-    products are computed (:data:`~vflbench.mpc.parties.PROTOCOLS`; ``None``: the default for ``truncation``).
+    products are computed (:data:`~vflbench.mpc.parties.PROTOCOLS`; ``None``: the default for ``truncation``);
+    ``row_blocks``: the row blocks a ``fixed_mask`` product's operand travels in
+    (:func:`~vflbench.mpc.parties.resolve_row_blocks`; ``None``: the protocol's default).
     """
 
     passive: PassiveShareHolder
@@ -230,11 +233,13 @@ class SharedLayer(nn.Module, ABC):
         truncation: Truncation,
         observation: ObservationPoint | None = None,
         protocol: Protocol | None = None,
+        row_blocks: int | None = None,
     ) -> None:
         super().__init__()
         if truncation not in TRUNCATIONS:
             raise ValueError(f"unknown truncation {truncation!r}; valid: {', '.join(TRUNCATIONS)}")
         self.protocol: Protocol = resolve_protocol(protocol, truncation)
+        self.row_blocks = resolve_row_blocks(row_blocks, self.protocol)
         if (self.protocol == "fixed_mask") != passive.fixed_mask:
             raise ValueError(
                 f"protocol {self.protocol!r} needs a share holder "
@@ -319,7 +324,7 @@ class SharedLayer(nn.Module, ABC):
         ``op(v, W)`` (+ the bias at ``2f`` fractional bits), reconstructed at P_k.
 
         Dealt ahead (:class:`DealtAhead`): a triple's ``C0`` is data-independent and only its shape is needed to ask
-        for it, so a training forward, right after taking its own triple, asks the dealer for its backward product's
+        for it, so a training forward, once its ``E`` is on its way, asks the dealer for its backward product's
         (when an input gradient will follow, ``backward``; its operand has the forward output's shape) and for the
         next training forward's (the same shape), without waiting: the dealer computes and sends them while P_k and
         P_K exchange ``E`` and ``z1`` and the step goes on, and the products that use them take the replies. A
@@ -327,7 +332,11 @@ class SharedLayer(nn.Module, ABC):
         product takes a fresh one and asks nothing ahead for the next forward. P_k's VMask half settles its layers
         (:meth:`settle`) at each epoch's end, so nothing asked ahead crosses an epoch (a resumed run deals as the
         uninterrupted one). The ids stay in issue order for each layer (forward, its backward, the next forward),
-        and every triple is used at most once."""
+        and every triple is used at most once.
+
+        Pipelined: ``E`` goes out in :attr:`row_blocks` blocks of rows before anything else (the triples asked
+        ahead are asked after it), P_K answers each block with its rows of ``z1`` as it arrives, and P_k computes
+        its own terms meanwhile; the product is the same ring value whatever the blocks."""
         p = self.passive
         assert p.mask_id is not None and p.mask_seed is not None and p.weight_opening is not None
         dev = v_ring.device
@@ -337,19 +346,39 @@ class SharedLayer(nn.Module, ABC):
         taken = self.ahead.take(use, spec, mask, self.peer) if use is not None else None
         missed = missed and taken is None
         triple_id, c0 = taken if taken is not None else self.peer.masked_triple(spec, mask, phase=self.phase)
+        a = operand_mask(int(p.mask_seed), triple_id, v_ring.shape, device=dev)
+        e = v_ring - a
+        n = e.shape[0]
+        block = -(-n // self.row_blocks)
+        whole = block >= n
+        sent = [
+            (
+                r,
+                self.peer.ask_product(
+                    stage,
+                    e[r : r + block],
+                    triple_id,
+                    phase=self.phase,
+                    input_size=input_size,
+                    row=r,
+                    rows=None if whole else n,
+                ),
+            )
+            for r in range(0, n, block)
+        ]
         if use == "forward":
             if backward:
                 after = layer_spec(self.geometry, "backward", c0.shape, p.weight_share.shape, backward_size)
                 self.ahead.ask("backward", after, mask, self.peer, phase=self.phase)
             if not missed:  # a batch unlike the last (an epoch's short last batch) is not dealt ahead
                 self.ahead.ask("forward", spec, mask, self.peer, phase=self.phase)
-        a = operand_mask(int(p.mask_seed), triple_id, v_ring.shape, device=dev)
         # P_k computes its own terms while P_K computes z1 and the link carries E and z1
-        sent = self.peer.ask_product(stage, v_ring - a, triple_id, phase=self.phase, input_size=input_size)
         z = spec.op(v_ring, spec.weight_operand(p.weight_share.to(dev)))
         z += spec.op(a, spec.weight_operand(p.weight_opening.to(dev)))
         z += c0.to(dev)
-        z += self.peer.product_answer(sent).to(dev)  # Reconstruct, at P_k only
+        for r, asked in sent:  # Reconstruct, at P_k only
+            z1 = self.peer.product_answer(asked).to(dev)
+            z[r : r + z1.shape[0]] += z1
         b0 = p.bias_share.to(dev) if (spec.bias_view is not None and p.bias_share is not None) else None
         return add_bias_share(z, b0, spec, 0, self.truncation, self.frac_bits)
 
@@ -623,6 +652,7 @@ def mask_layer(
     observation: ObservationPoint | None = None,
     phase: Phase = "setup",
     protocol: Protocol | None = None,
+    row_blocks: int | None = None,
 ) -> SharedLinear | SharedConv2d:
     """Mask a plaintext layer of P_k's bottom model (VMask Algorithm 1, lines 2-6).
 
@@ -634,13 +664,15 @@ def mask_layer(
     party); ``observation``: P_k's observation point of the layer (told about the masking, then about
     every opening); ``phase``: the phase the masking's messages are counted in; ``protocol``: how the
     products are computed (:func:`~vflbench.mpc.parties.resolve_protocol`; ``fixed_mask`` first asks the
-    dealer for a weight mask, ``dealer.mask``, and keeps P_K's opening of its share under it).
+    dealer for a weight mask, ``dealer.mask``, and keeps P_K's opening of its share under it); ``row_blocks``: the
+    row blocks each product's operand travels in (:func:`~vflbench.mpc.parties.resolve_row_blocks`).
     """
     if sigma < 0:
         raise ValueError(f"sigma must be >= 0, got {sigma}")
     if truncation not in TRUNCATIONS:
         raise ValueError(f"unknown truncation {truncation!r}; valid: {', '.join(TRUNCATIONS)}")
     chosen = resolve_protocol(protocol, truncation)
+    resolve_row_blocks(row_blocks, chosen)  # refused before any message
     geometry: Meta
     if isinstance(layer, nn.Conv2d):
         if layer.dilation != (1, 1) or layer.groups != 1 or layer.padding_mode != "zeros":
@@ -679,6 +711,7 @@ def mask_layer(
         "truncation": truncation,
         "observation": observation,
         "protocol": chosen,
+        "row_blocks": row_blocks,
     }
     if observation is not None:
         with torch.no_grad():
@@ -697,6 +730,7 @@ def restored_layer(
     name: str = "",
     observation: ObservationPoint | None = None,
     protocol: Protocol | None = None,
+    row_blocks: int | None = None,
 ) -> SharedLinear | SharedConv2d:
     """P_k's side of a layer that was masked before a checkpoint, rebuilt without a message: its share buffers
     (and, with ``fixed_mask``, its weight opening and mask) are zero here, for the checkpoint's state dict to fill
@@ -724,6 +758,7 @@ def restored_layer(
         "truncation": truncation,
         "observation": observation,
         "protocol": chosen,
+        "row_blocks": row_blocks,
     }
     return _shared(layer, passive, common)
 

@@ -25,7 +25,9 @@ is reconstructed to P_k in both, and with ``truncation: reveal`` both give the s
   P_K opens ``D = w1 - B`` to P_k once, under a fixed dealer mask ``B`` known to P_K alone; per product
   P_k takes ``C0_t`` of a triple ``(A_t, B, C_t = op(A_t, B))`` with a fresh ``A_t`` known to P_k alone
   (:mod:`vflbench.mpc.dealer`), sends ``E = x - A_t``, and P_K answers
-  ``z1 = op(E, w1) + C1_t`` (+ its bias share); P_k adds ``op(x, w0) + op(A_t, D) + C0_t`` (+ its bias
+  ``z1 = op(E, w1) + C1_t`` (+ its bias share; ``E`` travels in row blocks, each answered with its rows of
+  ``z1`` as it arrives, so that the link carries one block while P_K computes on another: ``row_blocks``);
+  P_k adds ``op(x, w0) + op(A_t, D) + C0_t`` (+ its bias
   share): ``op(x, w0) + op(A_t, w1 - B) + op(A_t, B) + op(x - A_t, w1) = op(x, W)``. What each party sees
   is argued in docs/decisions/vmask.md (issue 26): P_K sees the same kind of opening of P_k's operand as before
   and nothing of P_k's share; P_k sees one uniformly masked ``w1 - B`` per masking where ``beaver`` showed it
@@ -37,8 +39,9 @@ Requests (P_k -> P_K; the header ``meta`` names the layer, the triple id, the st
   geometry; the reply is empty (``beaver``), or ``D`` (``fixed_mask``: the header names the mask, whose seed
   P_K takes from the dealer with ``dealer.take_mask``).
 * ``vmask.forward`` / ``vmask.backward``: ``beaver``: P_k's share of the operand and its Beaver openings
-  ``e0, d0``; the reply carries P_K's openings ``e1, d1`` and its output share. ``fixed_mask``: ``E``; the
-  reply carries ``z1``.
+  ``e0, d0``; the reply carries P_K's openings ``e1, d1`` and its output share. ``fixed_mask``: a block of
+  ``E``'s rows (the header names its first row and the operand's rows, ``row`` and ``rows``, when it is not the
+  whole operand); the reply carries those rows of ``z1``.
 * ``vmask.decay`` / ``vmask.renormalize``: the public decay factor / the number of bits; empty reply
   (``fixed_mask``'s renormalisation names a new mask and its reply carries the new ``D``).
 * ``vmask.release``: the noise scale (Algorithm 1 lines 7-10); the reply carries P_K's noised shares.
@@ -107,6 +110,25 @@ def resolve_protocol(protocol: str | None, truncation: str) -> Protocol:
     return "fixed_mask" if protocol == "fixed_mask" else "beaver"
 
 
+ROW_BLOCKS = 4
+"""The row blocks a ``fixed_mask`` product's operand travels in by default (docs/performance.md, issue 26)."""
+
+
+def resolve_row_blocks(row_blocks: int | None, protocol: Protocol) -> int:
+    """The row blocks each product's operand travels in (see the module doc): ``row_blocks``, or by default
+    :data:`ROW_BLOCKS` with ``fixed_mask`` and one with ``beaver``, whose products open both operands at once
+    (more than one is refused there)."""
+    if row_blocks is None:
+        return ROW_BLOCKS if protocol == "fixed_mask" else 1
+    if isinstance(row_blocks, bool) or not isinstance(row_blocks, int) or row_blocks < 1:
+        raise ValueError(f"row_blocks must be a whole number >= 1, got {row_blocks!r}")
+    if protocol != "fixed_mask" and row_blocks != 1:
+        raise ValueError(
+            f"row_blocks {row_blocks} needs the fixed_mask protocol; the {protocol} protocol sends each operand whole"
+        )
+    return row_blocks
+
+
 def on_device(t: TripleShare, device: torch.device) -> TripleShare:
     """A triple half moved to ``device``."""
     if t.a.device == device:
@@ -168,6 +190,10 @@ class ActiveShareHolder:
         """P_K's seed of that mask (its ``B`` and its output shares ``C1_t``)."""
         self.last_triple = -1
         """The last fixed-mask triple used: every product needs a later one (triple ids only grow)."""
+        self._next_row = 0
+        self._rows = 0
+        self._output_share: Tensor | None = None
+        """``C1`` of the product whose row blocks are coming (its rows ``_next_row`` to ``_rows`` are to come)."""
         self.record_received = record_received
         self.received: list[tuple[str, Tensor]] = []
         """What P_K received (tag, ring tensor), logged when ``record_received``."""
@@ -223,20 +249,41 @@ class ActiveShareHolder:
         self.mask_id, self.mask_seed = int(mask_id), int(seed)
         return w1 - weight_mask(seed, w1.shape, device=w1.device)
 
-    def masked_product(self, spec: BilinearSpec, e: Tensor, triple_id: int, *, tag: str) -> Tensor:
-        """P_K's side of a ``fixed_mask`` product: ``op(E, w1) + C1_t`` (+ its bias share) for P_k."""
+    def masked_product(
+        self, spec: BilinearSpec, e: Tensor, triple_id: int, *, tag: str, row: int = 0, rows: int | None = None
+    ) -> Tensor:
+        """P_K's side of a ``fixed_mask`` product: ``op(E, w1) + C1_t`` (+ its bias share) for P_k.
+
+        ``e`` is the operand's rows ``row`` to ``row + len(e)`` of ``rows`` (``None``: all of them, ``e`` is the
+        whole operand): a product's row blocks come in order, each row once, and each is answered alone."""
         self._log(tag, e)
         if self.mask_seed is None:
             raise RuntimeError(f"layer {self.name!r} uses the beaver protocol; a fixed_mask product needs a mask")
-        if triple_id <= self.last_triple:
+        n = e.shape[0] if rows is None else int(rows)
+        stop = row + e.shape[0]
+        if not 0 <= row < stop <= n:
+            raise ValueError(f"layer {self.name!r}: rows {row}..{stop} are not a block of an operand of {n} rows")
+        if row == 0:
+            if triple_id <= self.last_triple:
+                raise TripleReuseError(
+                    f"layer {self.name!r}: triple {triple_id} is not later than the last one used "
+                    f"({self.last_triple}); a triple is used once"
+                )
+            self._output_share = None
+        elif not (triple_id == self.last_triple and row == self._next_row and n == self._rows):
             raise TripleReuseError(
-                f"layer {self.name!r}: triple {triple_id} is not later than the last one used "
-                f"({self.last_triple}); a triple is used once"
+                f"layer {self.name!r}: rows {row}..{stop} of {n} of triple {triple_id} do not follow the last rows "
+                f"used (up to row {self._next_row} of {self._rows} of triple {self.last_triple}); a triple's rows "
+                "come once, in order"
             )
-        self.last_triple = int(triple_id)
+        self.last_triple, self._next_row, self._rows = int(triple_id), stop, n
         w1 = self.require().to(e.device)
         z1 = spec.op(e, spec.weight_operand(w1))
-        z1 += output_share(self.mask_seed, triple_id, z1.shape, device=e.device)
+        if self._output_share is None:
+            self._output_share = output_share(self.mask_seed, triple_id, (n, *z1.shape[1:]), device=e.device)
+        z1 += self._output_share[row:stop]
+        if stop == n:
+            self._output_share = None
         b1 = self.bias_share.to(e.device) if (spec.bias_view is not None and self.bias_share is not None) else None
         return add_bias_share(z1, b1, spec, 1, "reveal", self.frac_bits)
 
@@ -341,8 +388,16 @@ class ActiveShares:
             size = meta_shape(meta["input_size"]) if meta.get("input_size") else None
             spec = holder.spec(step, operand.shape, None if size is None else (size[0], size[1]))  # type: ignore[arg-type]
             if holder.mask_seed is not None:
-                z1 = holder.masked_product(spec, operand, int(meta["triple"]), tag=step)  # type: ignore[arg-type]
-                self.triples += 1
+                row = int(meta.get("row", 0))  # type: ignore[arg-type]
+                z1 = holder.masked_product(
+                    spec,
+                    operand,
+                    int(meta["triple"]),  # type: ignore[arg-type]
+                    tag=step,
+                    row=row,
+                    rows=None if meta.get("rows") is None else int(meta["rows"]),  # type: ignore[arg-type]
+                )
+                self.triples += row == 0  # a triple's first row block
                 return request.reply(z1)
             x1, e0, d0 = request.tensors
             taken = self.link.call("dealer.take", DEALER, meta={"triple": meta["triple"]}, phase=request.phase)
@@ -451,11 +506,23 @@ class ActivePeer(ServiceHandle):
         return self.product_answer(self.ask_product(stage, e, triple_id, phase=phase, input_size=input_size))
 
     def ask_product(
-        self, stage: Stage, e: Tensor, triple_id: int, *, phase: Phase, input_size: tuple[int, int] | None = None
+        self,
+        stage: Stage,
+        e: Tensor,
+        triple_id: int,
+        *,
+        phase: Phase,
+        input_size: tuple[int, int] | None = None,
+        row: int = 0,
+        rows: int | None = None,
     ) -> Asked:
-        """:meth:`product`'s request, without waiting for P_K's answer (:meth:`product_answer` takes it)."""
+        """:meth:`product`'s request, without waiting for P_K's answer (:meth:`product_answer` takes it). ``e`` may
+        be the operand's rows ``row`` to ``row + len(e)`` of ``rows`` (a row block; ``rows=None``: the whole
+        operand)."""
         size = "" if input_size is None else f"{input_size[0]},{input_size[1]}"
         meta: dict[str, Scalar] = {"layer": self.layer, "triple": triple_id, "input_size": size}
+        if rows is not None:
+            meta.update(row=row, rows=rows)
         return self.link.ask(f"vmask.{stage}", ACTIVE, e, meta=meta, phase=phase)
 
     def product_answer(self, asked: Asked) -> Tensor:
