@@ -14,9 +14,10 @@ step x one-way latency + 8 x bytes per step / bandwidth); VMask's end-of-epoch w
 
 ``--shape lan`` (or ``wan``) launches the parties on a shaped link instead (``vflbench launch --shape``: every process
 delays what it sends as a link of the profile's bandwidth and one-way latency would), so the per-step times are
-measured on that link, not projected. ``--variants`` picks the runs: ``vanilla``, ``vmask`` (its default protocol)
-and ``vmask_beaver`` (VMask with ``protocol: beaver``, the per-product Beaver protocol before issue 26: the same
-numbers, more traffic); the ratios are each VMask variant's per step over vanilla's. ``--launch-only`` skips the
+measured on that link, not projected. ``--variants`` picks the runs: ``vanilla``, ``vmask`` (its default protocol),
+``vmask_whole`` (VMask with ``row_blocks: 1``: each product's operand in one message, as before the row blocks) and
+``vmask_beaver`` (VMask with ``protocol: beaver``, the per-product Beaver protocol before issue 26); the three VMask
+variants give the same numbers with different traffic. The ratios are each VMask variant's per step over vanilla's. ``--launch-only`` skips the
 one-process runs.
 
     VFLBENCH_DATA=../shared/datasets OMP_NUM_THREADS=1 python benchmarks/network_vmask.py --out network_vmask.json
@@ -46,12 +47,17 @@ PAPER = {"vanilla": 1.9, "vmask": 6.2}
 FULL_EPOCH_STEPS = math.ceil(60_000 / 128)
 
 
-VARIANTS = ("vanilla", "vmask", "vmask_beaver")
+VARIANTS = ("vanilla", "vmask", "vmask_whole", "vmask_beaver")
 
 
 def config(variant: str, *, train_size: int, epochs: int) -> dict:
     vmask = {"name": "vmask", "budget": 0.25, "sigma": 0.01, "mc_epochs": 20}
-    defenses = {"vanilla": [], "vmask": [vmask], "vmask_beaver": [{**vmask, "protocol": "beaver"}]}[variant]
+    defenses = {
+        "vanilla": [],
+        "vmask": [vmask],
+        "vmask_whole": [{**vmask, "row_blocks": 1}],
+        "vmask_beaver": [{**vmask, "protocol": "beaver"}],
+    }[variant]
     return {
         "data": {"name": "tabmnist", "parties": 2, "train_size": train_size, "test_size": 1000, "aux_pool": 640},
         "model": {"bottom": "mlp3", "top": "mlp2"},
