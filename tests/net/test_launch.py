@@ -107,8 +107,11 @@ def test_launched_vmask_with_its_dealer_process_equals_one_process(tmp_path):
     # each product (fixed_mask): P_k's triple request and the dealer's reply (neither to the active party), one round
     # trip, most of them asked ahead; then P_k's request to the active party and its reply, another; the active party
     # takes no triple half. Each masked layer (at most 2) leaves the next forward's triple, asked ahead, unused at each
-    # of the 2 epochs' ends
-    products = sum(kinds.get(k, {}).get("up", {}).get("rounds", 0) for k in ("vmask.forward", "vmask.backward"))
+    # of the 2 epochs' ends. P_k sends each product's operand in 4 row blocks (row_blocks; every batch here has more
+    # than 4 rows), each a round trip of its own
+    blocks = sum(kinds.get(k, {}).get("up", {}).get("rounds", 0) for k in ("vmask.forward", "vmask.backward"))
+    assert blocks % 4 == 0
+    products = blocks // 4
     triples = kinds["dealer.triple"]["down"]
     assert triples["messages"] == 2 * triples["rounds"] and products > 0
     assert 1 <= triples["rounds"] - products <= 2 * 2
