@@ -17,8 +17,8 @@ delays what it sends as a link of the profile's bandwidth and one-way latency wo
 measured on that link, not projected. ``--variants`` picks the runs: ``vanilla``, ``vmask`` (its default protocol),
 ``vmask_whole`` (VMask with ``row_blocks: 1``: each product's operand in one message, as before the row blocks) and
 ``vmask_beaver`` (VMask with ``protocol: beaver``, the per-product Beaver protocol before issue 26); the three VMask
-variants give the same numbers with different traffic. The ratios are each VMask variant's per step over vanilla's. ``--launch-only`` skips the
-one-process runs.
+variants give the same numbers with different traffic. The ratios are each VMask variant's per step over vanilla's.
+``--launch-only`` skips the one-process runs.
 
     VFLBENCH_DATA=../shared/datasets OMP_NUM_THREADS=1 python benchmarks/network_vmask.py --out network_vmask.json
     VFLBENCH_DATA=../shared/datasets OMP_NUM_THREADS=1 python benchmarks/network_vmask.py --shape lan \
