@@ -16,7 +16,7 @@ pytest.importorskip("cryptography")
 
 from vflbench.errors import ConfigError
 from vflbench.experiment.config import build_config
-from vflbench.experiment.launch import _PartyProcess, _wait, launch, party_context
+from vflbench.experiment.launch import _failure, _PartyProcess, _wait, launch, party_context
 from vflbench.experiment.party import comm_from_dict, merged_comm, party_names
 from vflbench.experiment.run import run_experiment, undefended_config
 from vflbench.net.linkmodel import LINK_PROFILES, project
@@ -218,6 +218,20 @@ def test_a_failing_party_is_named_and_the_others_are_ended_after_the_grace(tmp_p
     assert failed == ["passive_1", "active"]
     assert time.monotonic() - tic < 10
     assert sleeper.poll() is not None
+
+
+def test_a_party_that_failed_before_its_log_is_named_with_the_likely_cause(tmp_path):
+    """A party process that dies while starting (e.g. a script calling launch without a `__main__` guard, whose
+    party processes import the script again) has no log: the launcher says so and why, not FileNotFoundError."""
+
+    class Exited:
+        returncode = 1
+
+    logs = {"passive_1": tmp_path / "passive_1.log", "active": tmp_path / "active.log"}
+    logs["active"].write_text("error: passive_1 closed its link (noticed by active)\n")
+    error = _failure(["active", "passive_1"], {"active": Exited(), "passive_1": Exited()}, logs)  # type: ignore[dict-item]
+    assert str(error).startswith("party passive_1 failed first (exit 1): it exited before it wrote its log")
+    assert "if __name__ == '__main__':" in str(error) and "then active (exit 1): error: passive_1 closed" in str(error)
 
 
 def test_launch_refuses_what_it_cannot_run_yet(tmp_path):

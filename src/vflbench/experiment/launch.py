@@ -57,6 +57,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+NO_LOG = (
+    "it exited before it wrote its log, while starting (a script that calls launch must guard its entry point with "
+    "`if __name__ == '__main__':`, since each party process imports the script's main module again; "
+    "the error went to the launcher's standard error)"
+)
+
+
+def _log_text(log: Path) -> str:
+    """A party's log, or what its absence means: the process failed before :func:`_party_main` opened it."""
+    try:
+        return log.read_text(errors="replace")
+    except FileNotFoundError:
+        return NO_LOG
+
+
 def _error_line(log: str) -> str:
     lines = [line.strip() for line in log.splitlines() if line.strip()]
     for line in reversed(lines):
@@ -276,10 +291,14 @@ def _party_commands(run: _Run, options: _Options, certs: Path | None, tmp: Path)
 def _failure(failed: list[str], procs: Mapping[str, _PartyProcess], logs: Mapping[str, Path]) -> LaunchError:
     """The error naming the party that failed first (the one whose own error it is, not one that noticed another's
     failure), then the others, with where their logs are."""
-    text = {n: logs[n].read_text(errors="replace") for n in failed}
+    text = {n: _log_text(logs[n]) for n in failed}
     failed = sorted(failed, key=lambda n: "(noticed by" in _error_line(text[n]))
     first, *others = failed
-    detail = "; ".join(f"{n} (exit {procs[n].returncode}): {_error_line(text[n]).rstrip('.')}" for n in others)
+    detail = "; ".join(
+        f"{n} (exit {procs[n].returncode}): "
+        + ("no log either" if text[n] == NO_LOG == text[first] else _error_line(text[n]).rstrip("."))
+        for n in others
+    )
     return LaunchError(
         f"party {first} failed first (exit {procs[first].returncode}): "
         f"{_error_line(text[first]).rstrip('.')}"
