@@ -18,7 +18,9 @@ measured on that link, not projected. ``--variants`` picks the runs: ``vanilla``
 ``vmask_whole`` (VMask with ``row_blocks: 1``: each product's operand in one message, as before the row blocks) and
 ``vmask_beaver`` (VMask with ``protocol: beaver``, the per-product Beaver protocol before issue 26); the three VMask
 variants give the same numbers with different traffic. The ratios are each VMask variant's per step over vanilla's.
-``--launch-only`` skips the one-process runs.
+``--launch-only`` skips the one-process runs; ``--repeats N`` runs every variant N times, the variants side by side
+in each round, and adds each round's ratios (VMask over the same round's vanilla, per epoch) and their medians
+(``variants`` holds the first round).
 
     VFLBENCH_DATA=../shared/datasets OMP_NUM_THREADS=1 python benchmarks/network_vmask.py --out network_vmask.json
     VFLBENCH_DATA=../shared/datasets OMP_NUM_THREADS=1 python benchmarks/network_vmask.py --shape lan \
@@ -31,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -40,7 +43,7 @@ import torch
 from vflbench.experiment.config import build_config
 from vflbench.experiment.launch import launch
 from vflbench.experiment.run import run_experiment
-from vflbench.net.linkmodel import LINK_PROFILES, SHAPES, shape_profile
+from vflbench.net.linkmodel import LINK_PROFILES, SHAPES, LinkProfile, shape_profile
 
 #: VMask (NDSS 2025) Table III, MLP3 / TM, seconds per epoch (GPU servers on 836 Mbit/s Ethernet).
 PAPER = {"vanilla": 1.9, "vmask": 6.2}
@@ -80,6 +83,50 @@ def _untimed(result: dict) -> dict:
     return {k: v for k, v in result.items() if k != "timing"}
 
 
+def _measure(variant: str, args: argparse.Namespace, shape: LinkProfile | None, link: str, out_dir: Path) -> dict:
+    """One launch of ``variant`` (and its one-process run unless ``--launch-only``): per step, traffic, accuracy."""
+    cfg = build_config(config(variant, train_size=args.train_size, epochs=args.epochs))
+    one = None if args.launch_only else run_experiment(cfg).to_dict()
+    tic = time.perf_counter()
+    many = launch(cfg, out_dir=out_dir, receive_timeout=300, shape=shape)
+    rows = many.result["data"]["n_train"] - 640  # the pool is held out of both variants' training
+    steps = math.ceil(rows / 128)
+    net = many.net
+    per_step = {
+        "processes_ms": [1e3 * s / steps for s in many.result["timing"]["epoch_seconds"]],
+        "frames": [f / steps for f in net["wire_per_epoch"]["frames"]],
+        "bytes": [b / steps for b in net["wire_per_epoch"]["bytes"]],
+    }
+    if one is not None:
+        per_step["one_process_ms"] = [1e3 * s / steps for s in one["timing"]["epoch_seconds"]]
+    last = -1  # the last epoch: no warm-up, and VMask's mask is the selected one
+    full = {link: FULL_EPOCH_STEPS * per_step["processes_ms"][last] / 1e3}
+    if one is not None:
+        full["one_process"] = FULL_EPOCH_STEPS * per_step["one_process_ms"][last] / 1e3
+    if shape is None:  # a shaped run is measured on its link: projecting it would count the link twice
+        full.update(
+            {
+                f"projected_{name}": FULL_EPOCH_STEPS
+                * (
+                    per_step["processes_ms"][last] / 1e3
+                    + per_step["frames"][last] * p.latency_ms / 1e3
+                    + 8 * per_step["bytes"][last] / (p.bandwidth_mbit_s * 1e6)
+                )
+                for name, p in LINK_PROFILES.items()
+            }
+        )
+    return {
+        "steps_per_epoch": steps,
+        "launch_seconds": time.perf_counter() - tic,
+        "per_step": per_step,
+        "epoch_wall_seconds_processes": net["epoch_seconds"],
+        "full_epoch_seconds": full,
+        "accuracy": many.result["utility"]["value"],
+        "comm": many.result["comm"],
+        "identical_to_one_process": None if one is None else _untimed(many.result) == _untimed(one),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train-size", type=int, default=6400)
@@ -92,6 +139,7 @@ def main() -> None:
     )
     parser.add_argument("--variants", default="vanilla,vmask", help=f"comma-separated, of {', '.join(VARIANTS)}")
     parser.add_argument("--launch-only", action="store_true", help="skip the one-process runs")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of every variant, side by side in each round")
     parser.add_argument("--out", type=Path, default=Path("network_vmask.json"))
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
@@ -111,48 +159,11 @@ def main() -> None:
         "profiles": {k: v.as_dict() for k, v in LINK_PROFILES.items()},
         "variants": {},
     }
+    rounds: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="network-vmask-") as tmp:
-        for variant in variants:
-            cfg = build_config(config(variant, train_size=args.train_size, epochs=args.epochs))
-            one = None if args.launch_only else run_experiment(cfg).to_dict()
-            tic = time.perf_counter()
-            many = launch(cfg, out_dir=Path(tmp) / variant, receive_timeout=300, shape=shape)
-            rows = many.result["data"]["n_train"] - 640  # the pool is held out of both variants' training
-            steps = math.ceil(rows / 128)
-            net = many.net
-            per_step = {
-                "processes_ms": [1e3 * s / steps for s in many.result["timing"]["epoch_seconds"]],
-                "frames": [f / steps for f in net["wire_per_epoch"]["frames"]],
-                "bytes": [b / steps for b in net["wire_per_epoch"]["bytes"]],
-            }
-            if one is not None:
-                per_step["one_process_ms"] = [1e3 * s / steps for s in one["timing"]["epoch_seconds"]]
-            last = -1  # the last epoch: no warm-up, and VMask's mask is the selected one
-            full = {link: FULL_EPOCH_STEPS * per_step["processes_ms"][last] / 1e3}
-            if one is not None:
-                full["one_process"] = FULL_EPOCH_STEPS * per_step["one_process_ms"][last] / 1e3
-            if shape is None:  # a shaped run is measured on its link: projecting it would count the link twice
-                full.update(
-                    {
-                        f"projected_{name}": FULL_EPOCH_STEPS
-                        * (
-                            per_step["processes_ms"][last] / 1e3
-                            + per_step["frames"][last] * p.latency_ms / 1e3
-                            + 8 * per_step["bytes"][last] / (p.bandwidth_mbit_s * 1e6)
-                        )
-                        for name, p in LINK_PROFILES.items()
-                    }
-                )
-            report["variants"][variant] = {
-                "steps_per_epoch": steps,
-                "launch_seconds": time.perf_counter() - tic,
-                "per_step": per_step,
-                "epoch_wall_seconds_processes": net["epoch_seconds"],
-                "full_epoch_seconds": full,
-                "accuracy": many.result["utility"]["value"],
-                "comm": many.result["comm"],
-                "identical_to_one_process": None if one is None else _untimed(many.result) == _untimed(one),
-            }
+        for r in range(args.repeats):  # the variants side by side in each round
+            rounds.append({v: _measure(v, args, shape, link, Path(tmp) / f"{v}-{r}") for v in variants})
+    report["variants"] = rounds[0]
     report["load_after"] = os.getloadavg()
     full = {v: r["full_epoch_seconds"] for v, r in report["variants"].items()}
     report["ratio_over_vanilla"] = {
@@ -165,6 +176,16 @@ def main() -> None:
         for v, r in report["variants"].items()
         if v != "vanilla"
     }
+    report["rounds_ms_per_step"] = [{v: m["per_step"]["processes_ms"] for v, m in rnd.items()} for rnd in rounds]
+    paired = {  # each round's VMask variant over the same round's vanilla, per epoch
+        v: [[ms / b for ms, b in zip(rnd[v], rnd["vanilla"], strict=True)] for rnd in report["rounds_ms_per_step"]]
+        for v in variants
+        if v != "vanilla"
+    }
+    report["ratio_per_epoch_rounds"] = paired
+    report["ratio_per_epoch_median"] = {
+        v: [statistics.median(epoch) for epoch in zip(*per_round, strict=True)] for v, per_round in paired.items()
+    }
     report["ratio_paper"] = PAPER["vmask"] / PAPER["vanilla"]
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(
@@ -173,6 +194,7 @@ def main() -> None:
                 "full_epoch_seconds": full,
                 "ratio": report["ratio_over_vanilla"],
                 "ratio_per_epoch": report["ratio_over_vanilla_per_epoch"],
+                "ratio_per_epoch_median_of_rounds": report["ratio_per_epoch_median"],
                 "per_step": {
                     v: {k: r["per_step"][k] for k in ("frames", "bytes", "processes_ms")}
                     for v, r in report["variants"].items()
