@@ -149,6 +149,8 @@ EXPERIMENTS: dict[str, Experiment] = {
         for s in (1, 2)
     },
     **{f"mnist_honest_seed{s}": Experiment("dmavfl_mnist", None, [], None, 99.11, {}, s) for s in (1, 2)},
+    **{f"credit_fsha_seed{s}": Experiment("dmavfl_credit", "fsha", [], 0.5152, None, FSHA_PARAMS, s) for s in (1, 2)},
+    **{f"credit_agn_seed{s}": Experiment("dmavfl_credit", "agn", [], 1.0934, None, {}, s) for s in (1, 2)},
 }
 
 
@@ -328,6 +330,8 @@ SEED_GROUPS = {
     "DMAVFL, no defense": "mnist_dmavfl",
     "DMAVFL, DP epsilon 10": "mnist_dmavfl_dp_10",
     "honest, no defense": "mnist_honest",
+    "FSHA, Credit": "credit_fsha",
+    "AGN, Credit": "credit_agn",
 }
 
 
@@ -1015,7 +1019,7 @@ def main() -> None:
         + table(results)
         + "\nDMAVFL Tables 7-9 (MNIST): DMAVFL against NoPeek, embedding noise and DP\n\n"
         + defense_table(results)
-        + "\nSeed spread (MNIST; every other row is seed 0)\n\n"
+        + "\nSeed spread (every other row is seed 0)\n\n"
         + seed_table(results)
         + "\nGradients Scrutinizer on DMAVFL (reduced MNIST setting, conv_map)\n\n"
         + gs_cause_table(results)
