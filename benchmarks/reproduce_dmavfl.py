@@ -149,6 +149,17 @@ EXPERIMENTS: dict[str, Experiment] = {
         for s in (1, 2)
     },
     **{f"mnist_honest_seed{s}": Experiment("dmavfl_mnist", None, [], None, 99.11, {}, s) for s in (1, 2)},
+    **{  # Tables 7-9's other seeds (DP epsilon 10's are above)
+        f"mnist_{who}_{tag}_seed{s}": Experiment("dmavfl_mnist", attack, [defense], mse if attack else None, acc, {}, s)
+        for tag, (defense, acc, mse, _) in TABLES_7_9.items()
+        if tag in ("nopeek_0.95", "noise_0.5", "dp_1")
+        for who, attack in (("dmavfl", "dmavfl"), ("honest", None))
+        for s in (1, 2)
+    },
+    **{
+        f"mnist_honest_dp_10_seed{s}": Experiment("dmavfl_mnist", None, [TABLES_7_9["dp_10"][0]], None, 97.36, {}, s)
+        for s in (1, 2)
+    },
     **{f"credit_fsha_seed{s}": Experiment("dmavfl_credit", "fsha", [], 0.5152, None, FSHA_PARAMS, s) for s in (1, 2)},
     **{f"credit_agn_seed{s}": Experiment("dmavfl_credit", "agn", [], 1.0934, None, {}, s) for s in (1, 2)},
 }
