@@ -142,22 +142,12 @@ EXPERIMENTS: dict[str, Experiment] = {
     **{f"mnist_honest_{tag}": _mnist(None, [defense], paper_acc=acc) for tag, (defense, acc, *_) in TABLES_7_9.items()},
     # seed spread (the rows above are seed 0): data subsample, aux draw, initialisation and batches all change
     **{f"mnist_dmavfl_seed{s}": Experiment("dmavfl_mnist", "dmavfl", [], 0.0152, None, {}, s) for s in (1, 2)},
-    **{
-        f"mnist_dmavfl_dp_10_seed{s}": Experiment(
-            "dmavfl_mnist", "dmavfl", [{"name": "received_gradient_dp", "epsilon": 10.0}], 0.0122, 97.36, {}, s
-        )
-        for s in (1, 2)
-    },
     **{f"mnist_honest_seed{s}": Experiment("dmavfl_mnist", None, [], None, 99.11, {}, s) for s in (1, 2)},
-    **{  # Tables 7-9's other seeds (DP epsilon 10's are above)
+    **{  # Tables 7-9's other seeds (NoPeek alpha 1.0 is seed 0 only)
         f"mnist_{who}_{tag}_seed{s}": Experiment("dmavfl_mnist", attack, [defense], mse if attack else None, acc, {}, s)
         for tag, (defense, acc, mse, _) in TABLES_7_9.items()
-        if tag in ("nopeek_0.95", "noise_0.5", "dp_1")
+        if tag != "nopeek_1.0"
         for who, attack in (("dmavfl", "dmavfl"), ("honest", None))
-        for s in (1, 2)
-    },
-    **{
-        f"mnist_honest_dp_10_seed{s}": Experiment("dmavfl_mnist", None, [TABLES_7_9["dp_10"][0]], None, 97.36, {}, s)
         for s in (1, 2)
     },
     **{f"credit_fsha_seed{s}": Experiment("dmavfl_credit", "fsha", [], 0.5152, None, FSHA_PARAMS, s) for s in (1, 2)},
