@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from vflbench.metrics.stats import Interval
+from collections.abc import Mapping, Sequence
+
+from vflbench.metrics.stats import Interval, mean_interval
 
 
 def show(interval: Interval, sign: str = "", digits: int = 2, missing: str = "–") -> str:
@@ -14,3 +16,8 @@ def show(interval: Interval, sign: str = "", digits: int = 2, missing: str = "�
     if not interval.defined:
         return f"{interval.mean:{spec}}"
     return f"{interval.mean:{spec}} [{interval.low:{spec}}, {interval.high:{spec}}]"
+
+
+def show_mean(per_seed: Mapping[int, Sequence[float]], sign: str = "", digits: int = 2, missing: str = "–") -> str:
+    """:func:`show` of the mean over ``per_seed`` (seed -> values) and its interval (:func:`mean_interval`)."""
+    return show(mean_interval(per_seed), sign, digits, missing)

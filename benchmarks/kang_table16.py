@@ -16,11 +16,11 @@ import argparse
 from collections import defaultdict
 from pathlib import Path
 
-from intervals import show
+from intervals import show, show_mean
 
 from vflbench.experiment.results import read_result
 from vflbench.experiment.sweep import RUNS
-from vflbench.metrics.stats import difference_interval, mean_interval
+from vflbench.metrics.stats import difference_interval
 
 #: Kang Table 16 (FMNIST): protection -> {algorithm: (ε_u in accuracy points, ε_p = SSIM)}; "none" holds the
 #: unprotected accuracy in place of ε_u.
@@ -78,19 +78,19 @@ def table(sweeps: dict[str, Path]) -> str:
                 )
                 continue
             if name == "none":
-                utility = f"0 (accuracy {show(mean_interval(row['acc']))}) / 0 (accuracy {paper_u:.2f})"
+                utility = f"0 (accuracy {show_mean(row['acc'])}) / 0 (accuracy {paper_u:.2f})"
             else:
                 utility = f"{show(difference_interval(base, row['acc']), '+')} / {paper_u:.2f}"
             drop = difference_interval(row["ssim_black_box"], none.get("ssim_black_box", {}))
             change = "–" if name == "none" else show(drop, "+", 3)
             lines.append(
                 f"| {algorithm.upper()} | {name} | {utility} "
-                f"| {show(mean_interval(row['ssim_query_free']), digits=3)} / {paper_p:.2f} "
-                f"| {show(mean_interval(row['ssim_black_box']), digits=3)} "
+                f"| {show_mean(row['ssim_query_free'], digits=3)} / {paper_p:.2f} "
+                f"| {show_mean(row['ssim_black_box'], digits=3)} "
                 f"| {change} "
-                f"| {show(mean_interval(row['mse_query_free']), digits=4)} "
-                f"| {show(mean_interval(row['mse_black_box']), digits=4)} "
-                f"| {show(mean_interval(row['mse_prior']), digits=4)} | {len(row['acc'])} |"
+                f"| {show_mean(row['mse_query_free'], digits=4)} "
+                f"| {show_mean(row['mse_black_box'], digits=4)} "
+                f"| {show_mean(row['mse_prior'], digits=4)} | {len(row['acc'])} |"
             )
     return "\n".join(lines)
 

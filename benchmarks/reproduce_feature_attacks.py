@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import swap
-from intervals import show
+from intervals import show, show_mean
 
 from vflbench.experiment.config import load_config
 from vflbench.experiment.run import run_experiment
-from vflbench.metrics.stats import difference_interval, mean_interval
+from vflbench.metrics.stats import difference_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 REPRO = ROOT / "configs" / "repro"
@@ -233,10 +233,10 @@ def dmavfl_seeds_table(out: Path, data_root: str | None, no_run: bool, seeds: li
                 rows.append(f"| {dataset} | {attack} | {paper[0]:.4f} | {NOT_RUN} | | | | 0 |")
                 continue
             rows.append(
-                f"| {dataset} | {attack} | {paper[0]:.4f} | {show(mean_interval(c['mse']), digits=3)} "
-                f"| {show(mean_interval(c['prior']), digits=3)} "
+                f"| {dataset} | {attack} | {paper[0]:.4f} | {show_mean(c['mse'], digits=3)} "
+                f"| {show_mean(c['prior'], digits=3)} "
                 f"| {show(difference_interval(c['mse'], c['prior']), '+', 3)} "
-                f"| {show(mean_interval(c['ssim']), digits=3)} | {len(c['mse'])} |"
+                f"| {show_mean(c['ssim'], digits=3)} | {len(c['mse'])} |"
             )
     return "\n".join(rows)
 

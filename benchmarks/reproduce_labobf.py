@@ -38,7 +38,7 @@ from typing import Any
 
 import swap
 import torch
-from intervals import show
+from intervals import show, show_mean
 
 from vflbench.attacks.base import LabelInference, Scores
 from vflbench.attacks.label.embedding_extension import original_bottom
@@ -52,7 +52,7 @@ from vflbench.experiment.scenario import load_vertical_data
 from vflbench.experiment.scoring import score_inference
 from vflbench.experiment.views import _view, scratch_models
 from vflbench.metrics.correlation import distance_correlation
-from vflbench.metrics.stats import difference_interval, mean_interval
+from vflbench.metrics.stats import difference_interval
 from vflbench.rng import generator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -333,7 +333,7 @@ def _by_seed(records: list[dict[str, Any]], key: str) -> dict[int, list[float]]:
 
 def _cell(records: list[dict[str, Any]], key: str) -> str:
     """The mean of ``key`` over the records' seeds with its 95% t interval over the per-seed values."""
-    return show(mean_interval(_by_seed(records, key)), missing="-")
+    return show_mean(_by_seed(records, key), missing="-")
 
 
 def _gap(treated: list[dict[str, Any]], treated_key: str, control: list[dict[str, Any]], control_key: str) -> str:

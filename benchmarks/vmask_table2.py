@@ -27,7 +27,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pandas as pd
-from intervals import show
+from intervals import show, show_mean
 
 from vflbench.experiment.results import RunResult, write_atomic
 from vflbench.experiment.sweep import RUNS
@@ -144,16 +144,16 @@ def table(pair: str, directory: Path) -> str:
             name,
             show(main),
             f"{paper[key][0]:.2f}",
-            show(mean_interval(per_seed(results, REINIT, "values"))),
+            show_mean(per_seed(results, REINIT, "values")),
             f"{paper[key][1]:.2f}",
-            show(mean_interval(per_seed(results, REINIT, "priors"))),
+            show_mean(per_seed(results, REINIT, "priors")),
             f"{scratch:.2f}",
-            show(mean_interval(per_seed(results, REINIT, "leakages")), "+"),
+            show_mean(per_seed(results, REINIT, "leakages"), "+"),
             f"{paper[key][1] - scratch:+.2f}",
         ]
         cells += [
             change(key, results, vanilla, REINIT),
-            show(mean_interval(per_seed(results, ADAPTIVE, "leakages")), "+"),
+            show_mean(per_seed(results, ADAPTIVE, "leakages"), "+"),
             change(key, results, vanilla, ADAPTIVE),
         ]
         cells.append("–" if key == "none" else f"{masks.get(key, float('nan')):.2f}")
