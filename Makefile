@@ -55,7 +55,7 @@ typecheck: $(STAMP)
 
 # The documentation site (MkDocs + Material + mkdocstrings): every warning is an error; site/ is the output.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet -d site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
 
 clean:
 	rm -rf $(VENV) runs site .pytest_cache
