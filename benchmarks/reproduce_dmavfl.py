@@ -143,11 +143,17 @@ EXPERIMENTS: dict[str, Experiment] = {
     # seed spread (the rows above are seed 0): data subsample, aux draw, initialisation and batches all change
     **{f"mnist_dmavfl_seed{s}": Experiment("dmavfl_mnist", "dmavfl", [], 0.0152, None, {}, s) for s in (1, 2)},
     **{f"mnist_honest_seed{s}": Experiment("dmavfl_mnist", None, [], None, 99.11, {}, s) for s in (1, 2)},
-    **{f"mnist_dmavfl_sync_seed{s}": Experiment("dmavfl_mnist", "dmavfl_sync", [], 0.0137, None, {}, s) for s in (1, 2)},
+    **{
+        f"mnist_dmavfl_sync_seed{s}": Experiment("dmavfl_mnist", "dmavfl_sync", [], 0.0137, None, {}, s) for s in (1, 2)
+    },
     **{  # Tables 7-9's other seeds
         f"mnist_{who}_{tag}_seed{s}": Experiment("dmavfl_mnist", attack, [defense], mse, acc, {}, s)
         for tag, (defense, acc, *papers) in TABLES_7_9.items()
-        for who, attack, mse in (("dmavfl", "dmavfl", papers[0]), ("dmavfl_sync", "dmavfl_sync", papers[1]), ("honest", None, None))
+        for who, attack, mse in (
+            ("dmavfl", "dmavfl", papers[0]),
+            ("dmavfl_sync", "dmavfl_sync", papers[1]),
+            ("honest", None, None),
+        )
         for s in (1, 2)
     },
     **{f"credit_fsha_seed{s}": Experiment("dmavfl_credit", "fsha", [], 0.5152, None, FSHA_PARAMS, s) for s in (1, 2)},
