@@ -19,8 +19,8 @@ measured on that link, not projected. ``--variants`` picks the runs: ``vanilla``
 ``vmask_beaver`` (VMask with ``protocol: beaver``, the per-product Beaver protocol before issue 26); the three VMask
 variants give the same numbers with different traffic. The ratios are each VMask variant's per step over vanilla's.
 ``--launch-only`` skips the one-process runs; ``--repeats N`` runs every variant N times, the variants side by side
-in each round, and adds each round's ratios (VMask over the same round's vanilla, per epoch) and their medians
-(``variants`` holds the first round).
+in each round, and adds each round's ratios (VMask over the same round's vanilla, per epoch), their medians and
+their mean with its 95% Student t interval over the rounds (``variants`` holds the first round).
 
     VFLBENCH_DATA=../shared/datasets OMP_NUM_THREADS=1 python benchmarks/network_vmask.py --out network_vmask.json
     VFLBENCH_DATA=../shared/datasets OMP_NUM_THREADS=1 python benchmarks/network_vmask.py --shape lan \
@@ -43,6 +43,7 @@ import torch
 from vflbench.experiment.config import build_config
 from vflbench.experiment.launch import launch
 from vflbench.experiment.run import run_experiment
+from vflbench.metrics.stats import mean_interval
 from vflbench.net.linkmodel import LINK_PROFILES, SHAPES, LinkProfile, shape_profile
 
 #: VMask (NDSS 2025) Table III, MLP3 / TM, seconds per epoch (GPU servers on 836 Mbit/s Ethernet).
@@ -127,6 +128,17 @@ def _measure(variant: str, args: argparse.Namespace, shape: LinkProfile | None, 
     }
 
 
+def _interval(ratios: list[float]) -> dict[str, float | int | None]:
+    """The mean of one epoch's ratios over the rounds and its 95% Student t interval (none from one round)."""
+    iv = mean_interval(dict(enumerate([r] for r in ratios)))
+    return {
+        "mean": iv.mean,
+        "low": iv.low if iv.defined else None,
+        "high": iv.high if iv.defined else None,
+        "rounds": iv.seeds,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train-size", type=int, default=6400)
@@ -186,6 +198,9 @@ def main() -> None:
     report["ratio_per_epoch_median"] = {
         v: [statistics.median(epoch) for epoch in zip(*per_round, strict=True)] for v, per_round in paired.items()
     }
+    report["ratio_per_epoch_interval"] = {  # the mean over rounds and its 95% Student t interval (rounds as samples)
+        v: [_interval(list(epoch)) for epoch in zip(*per_round, strict=True)] for v, per_round in paired.items()
+    }
     report["ratio_paper"] = PAPER["vmask"] / PAPER["vanilla"]
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(
@@ -195,6 +210,7 @@ def main() -> None:
                 "ratio": report["ratio_over_vanilla"],
                 "ratio_per_epoch": report["ratio_over_vanilla_per_epoch"],
                 "ratio_per_epoch_median_of_rounds": report["ratio_per_epoch_median"],
+                "ratio_per_epoch_mean_and_interval_over_rounds": report["ratio_per_epoch_interval"],
                 "per_step": {
                     v: {k: r["per_step"][k] for k in ("frames", "bytes", "processes_ms")}
                     for v, r in report["variants"].items()
