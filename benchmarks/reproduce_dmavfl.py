@@ -156,6 +156,8 @@ EXPERIMENTS: dict[str, Experiment] = {
         )
         for s in (1, 2)
     },
+    **{f"mnist_fsha_seed{s}": Experiment("dmavfl_mnist", "fsha", [], 0.0156, None, FSHA_PARAMS, s) for s in (1, 2)},
+    **{f"mnist_agn_seed{s}": Experiment("dmavfl_mnist", "agn", [], 0.0929, None, {}, s) for s in (1, 2)},
     **{f"credit_fsha_seed{s}": Experiment("dmavfl_credit", "fsha", [], 0.5152, None, FSHA_PARAMS, s) for s in (1, 2)},
     **{f"credit_agn_seed{s}": Experiment("dmavfl_credit", "agn", [], 1.0934, None, {}, s) for s in (1, 2)},
 }
