@@ -282,6 +282,14 @@ EXPERIMENTS.update(
             )
             for who in ("honest", "dmavfl", "dmavfl_sync", "fsha", "agn")
         },
+        # its honest and DMAVFL rows on another seed (the detection verdicts at this scale)
+        **{
+            f"paper_mnist_conv_map_fig6_{who}_seed{s}": Experiment(
+                "dmavfl_mnist_paper_convmap", None if who == "honest" else who, FIG6_DETECTORS, seed=s
+            )
+            for who in ("honest", "dmavfl")
+            for s in (1, 2)
+        },
     }
 )
 # Gradients Scrutinizer on DMAVFL, cause (issue 14): GS alone watching, as in URVFL's detection runs (defense.py::
