@@ -15,9 +15,19 @@ what it had done):
 * ``tests``: the fast test suite with ``train.device: auto`` resolving to cuda (``VFLBENCH_DEVICE=cuda``), its
   pass/fail counts and the failures' short tracebacks.
 
-``device`` and ``vmask`` run first, alone on the GPU (they are timings); ``dmavfl`` and ``tests`` then run side by
-side (``--serial``: one after the other), each with what is left of ``--total`` seconds. Without CUDA every part
-but ``device`` is skipped, saying so, unless ``--smoke`` runs them all on the CPU with tiny settings (the plumbing).
+Two more parts measure the machine's cores rather than its GPU, and run only when ``--parts`` names them:
+
+* ``sweep``: issue 26's sweep, ``sweep_demo.yaml`` with 40 epochs and seeds 0-3 (28 runs of about 2 s), by
+  ``vflbench sweep --device cpu`` in a fresh process each time, with 8, 1 and 14 workers: wall seconds, the speed-up
+  over 1 worker and the sum of the runs' own seconds;
+* ``lan``: ``network_vmask.py --shape lan --launch-only`` (VMask and vanilla MLP3/TabMNIST, every party its own
+  process on the shaped 836 Mbit/s link), 5 rounds on the CPU and, with CUDA, 3 rounds with every party on the GPU:
+  VMask / vanilla per epoch (epoch 1: the first layer masked; epoch 2: all three) with the 95% interval over rounds.
+
+``device``, ``vmask``, ``sweep`` and ``lan`` run first, one at a time (they are timings); ``dmavfl`` and ``tests``
+then run side by side (``--serial``: one after the other), each with what is left of ``--total`` seconds. Without
+CUDA, ``vmask``, ``dmavfl`` and ``tests`` are skipped, saying so, unless ``--smoke`` runs every part on the CPU with
+tiny settings (the plumbing).
 
 Writes ``gpu_check.json`` (everything), ``gpu_check.txt`` (a short summary), ``tests.log`` (the suite's output)
 and ``dmavfl.npz`` (the first test rows and their reconstructions) into ``--out`` (default ``$OUT``). The parts'
@@ -48,9 +58,14 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("device", "vmask", "dmavfl", "tests")
-BUDGETS = {"device": 25.0, "vmask": 50.0}
+PARTS = ("device", "vmask", "sweep", "lan", "dmavfl", "tests")
+DEFAULT_PARTS = ("device", "vmask", "dmavfl", "tests")
+ALONE = ("device", "vmask", "sweep", "lan")
+"""The parts that are timings: each runs alone, in this order."""
+BUDGETS = {"device": 25.0, "vmask": 50.0, "sweep": 170.0, "lan": 170.0}
 """Seconds for the parts that run alone; ``dmavfl`` and ``tests`` share what is left of ``--total``."""
+NEEDS_CUDA = ("vmask", "dmavfl", "tests")
+SWEEP_EXAMPLE = ROOT / "src" / "vflbench" / "examples" / "sweep_demo.yaml"
 PAPER_VMASK = {"mlp3, tabmnist": 3.3, "lenet5, mnist": 5.6}
 """VMask Table III: per-epoch time of VMask over vanilla (GPU, one process)."""
 DMAVFL_ROW = "paper_mnist_conv_map_dmavfl"
@@ -251,7 +266,79 @@ def part_dmavfl(args: argparse.Namespace) -> dict[str, Any]:
     return record
 
 
-PART_FUNCTIONS = {"device": part_device, "vmask": part_vmask, "dmavfl": part_dmavfl}
+def part_sweep(args: argparse.Namespace) -> dict[str, Any]:
+    """Issue 26's sweep on this machine's cores: wall seconds with 8, 1 and 14 workers (a fresh ``vflbench sweep``
+    each, timed from outside), the speed-up over 1 worker and the sum of the runs' own seconds. Every finished
+    measurement is written to ``--work`` at once, so a part stopped at its budget keeps what it measured."""
+    from vflbench.experiment.sweep import RUNS
+
+    epochs, seeds, counts = (2, "[0]", (2, 1)) if args.smoke else (40, "[0, 1, 2, 3]", (8, 1, 14))
+    out: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "config": f"{SWEEP_EXAMPLE.name}, train.epochs={epochs}, sweep.seeds={seeds}, --device cpu",
+        "workers": {},
+    }
+    for n in counts:
+        with tempfile.TemporaryDirectory(prefix="gpu_check_sweep_") as tmp:
+            cmd = [sys.executable, "-m", "vflbench.cli", "sweep", str(SWEEP_EXAMPLE), "--out", tmp]
+            cmd += ["--workers", str(n), "--device", "cpu"]
+            cmd += ["--set", f"train.epochs={epochs}", "--set", f"sweep.seeds={seeds}"]
+            load = os.getloadavg()[0]
+            tic = time.perf_counter()
+            done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            wall = time.perf_counter() - tic
+            if done.returncode:
+                raise RuntimeError(f"vflbench sweep --workers {n} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+            own = [json.loads(path.read_text())["timing"] for path in sorted((Path(tmp) / RUNS).glob("*/result.json"))]
+        out["workers"][str(n)] = {
+            "wall_s": wall,
+            "runs": len(own),
+            "sum_run_s": sum(t["train_seconds"] + sum(t["attack_seconds"].values()) for t in own),
+            "load_before": load,
+        }
+        base = out["workers"].get("1")
+        if base:
+            for row in out["workers"].values():
+                row["speedup"] = base["wall_s"] / row["wall_s"]
+        write_json(Path(args.work) / "sweep.json", out)
+    return out
+
+
+def part_lan(args: argparse.Namespace) -> dict[str, Any]:
+    """VMask / vanilla on the shaped LAN with every party in its own process (``network_vmask.py``), on the CPU and,
+    with CUDA, on the GPU; each finished measurement written to ``--work`` at once."""
+    import torch
+
+    runs = [("cpu", 1 if args.smoke else 5)] + ([("cuda", 3)] if torch.cuda.is_available() and not args.smoke else [])
+    out: dict[str, Any] = {"cpus": os.cpu_count(), "devices": {}}
+    for device, rounds in runs:
+        path = Path(args.work) / f"network_vmask_lan_{device}.json"
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "network_vmask.py"), "--shape", "lan", "--launch-only"]
+        cmd += ["--device", device, "--repeats", str(rounds), "--out", str(path)]
+        cmd += ["--train-size", "1280", "--epochs", "2"] if args.smoke else []
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if done.returncode:
+            raise RuntimeError(f"network_vmask.py --device {device} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+        report = json.loads(path.read_text())
+        out["devices"][device] = {
+            "rounds": rounds,
+            "ms_per_step_rounds": report["rounds_ms_per_step"],
+            "ratio_per_epoch_rounds": report["ratio_per_epoch_rounds"]["vmask"],
+            "ratio_per_epoch_interval": report["ratio_per_epoch_interval"]["vmask"],
+            "bytes_per_step": {v: r["per_step"]["bytes"] for v, r in report["variants"].items()},
+            "load": [report["load_before"], report["load_after"]],
+        }
+        write_json(Path(args.work) / "lan.json", out)
+    return out
+
+
+PART_FUNCTIONS = {
+    "device": part_device,
+    "vmask": part_vmask,
+    "sweep": part_sweep,
+    "lan": part_lan,
+    "dmavfl": part_dmavfl,
+}
 
 
 # -- the orchestrator ---------------------------------------------------------------------------------------
@@ -368,8 +455,8 @@ def parse_tests(log: str) -> dict[str, Any]:
 def summary_text(report: dict[str, Any]) -> str:
     """The short text summary of ``gpu_check.json``."""
     lines = [f"gpu_check ({'smoke, ' if report['smoke'] else ''}{report['seconds']:.0f} s): {report['machine']}"]
-    for name in PARTS:
-        part = report["parts"].get(name, {})
+    for name in [p for p in PARTS if p in report["parts"]]:
+        part = report["parts"][name]
         status = part.get("status", "not run")
         timing = f" ({part['seconds']:.0f} s of {part['budget']:.0f})" if "seconds" in part else ""
         lines.append(f"\n[{name}] {status}{timing}")
@@ -391,6 +478,20 @@ def summary_text(report: dict[str, Any]) -> str:
                     f"{r['per_step_ms']['vmask (layer 1 masked)']:.2f}, end of epoch "
                     f"{r['epoch_end_seconds']:.2f} s)"
                 )
+        if name == "sweep" and result:
+            for n, r in result.get("workers", {}).items():
+                speed = f", {r['speedup']:.2f}x over 1 worker" if "speedup" in r else ""
+                lines.append(
+                    f"  {n} workers: {r['wall_s']:.1f} s for {r['runs']} runs ({r['sum_run_s']:.1f} s of their "
+                    f"own){speed}"
+                )
+        if name == "lan" and result:
+            for device, r in result.get("devices", {}).items():
+                epochs = ", ".join(
+                    f"{e['mean']:.2f}x" + (f" [{e['low']:.2f}, {e['high']:.2f}]" if e["low"] is not None else "")
+                    for e in r["ratio_per_epoch_interval"]
+                )
+                lines.append(f"  {device}, {r['rounds']} rounds: VMask / vanilla per epoch {epochs}")
         if name == "dmavfl" and result:
             if result.get("value_pm1") is not None:
                 lines.append(
@@ -433,7 +534,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     }
     machine = torch.cuda.get_device_name(0) if cuda else "no CUDA device (CPU only)"
     report: dict[str, Any] = {"smoke": args.smoke, "machine": machine, "total_budget": args.total, "parts": {}}
-    runnable = {p: cuda or args.smoke or p == "device" for p in PARTS}
+    runnable = {p: cuda or args.smoke or p not in NEEDS_CUDA for p in PARTS}
     chosen = [p for p in PARTS if p in args.parts]
     for name in chosen:
         if not runnable[name]:
@@ -453,7 +554,7 @@ def orchestrate(args: argparse.Namespace) -> int:
         report["parts"][name] = entry
         write_json(out / "gpu_check.json", {**report, "seconds": time.monotonic() - began})
 
-    for name in [p for p in ("device", "vmask") if p in chosen and runnable[p]]:
+    for name in [p for p in ALONE if p in chosen and runnable[p]]:
         budget = BUDGETS[name]
         proc = _start(_part_cmd(args, name), env)
         ((rc, seconds),) = _wait({name: (proc, time.monotonic(), time.monotonic() + budget)}).values()
@@ -511,7 +612,13 @@ def main() -> None:
     parser.add_argument("--total", type=float, default=285.0, help="seconds for the whole check")
     parser.add_argument("--workers", type=int, default=10, help="pytest-xdist workers for the test suite")
     parser.add_argument("--serial", action="store_true", help="run dmavfl and the tests one after the other")
-    parser.add_argument("--parts", nargs="*", default=list(PARTS), choices=PARTS, help="which parts to run")
+    parser.add_argument(
+        "--parts",
+        nargs="*",
+        default=list(DEFAULT_PARTS),
+        choices=PARTS,
+        help=f"which parts to run (default: {' '.join(DEFAULT_PARTS)})",
+    )
     parser.add_argument("--part", choices=sorted(PART_FUNCTIONS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.work = args.work or tempfile.mkdtemp(prefix="gpu_check_")

@@ -12,15 +12,16 @@ the frames and bytes that crossed the links per epoch (evaluation and end-of-epo
 steps. The projection of a full 60,000-row epoch (469 steps) on a network: 469 x (measured ms per step + frames per
 step x one-way latency + 8 x bytes per step / bandwidth); VMask's end-of-epoch work and the evaluation are left out.
 
-``--shape lan`` (or ``wan``) launches the parties on a shaped link instead (``vflbench launch --shape``: every process
-delays what it sends as a link of the profile's bandwidth and one-way latency would), so the per-step times are
-measured on that link, not projected. ``--variants`` picks the runs: ``vanilla``, ``vmask`` (its default protocol),
-``vmask_whole`` (VMask with ``row_blocks: 1``: each product's operand in one message, as before the row blocks) and
-``vmask_beaver`` (VMask with ``protocol: beaver``, the per-product Beaver protocol before issue 26); the three VMask
-variants give the same numbers with different traffic. The ratios are each VMask variant's per step over vanilla's.
-``--launch-only`` skips the one-process runs; ``--repeats N`` runs every variant N times, the variants side by side
-in each round, and adds each round's ratios (VMask over the same round's vanilla, per epoch), their medians and
-their mean with its 95% Student t interval over the rounds (``variants`` holds the first round).
+``--shape lan`` (or ``wan``) launches the parties on a shaped link instead (``vflbench launch --shape``: every
+process delays what it sends as a link of the profile's bandwidth and one-way latency would), so the per-step times
+are measured on that link, not projected. ``--variants`` picks the runs: ``vanilla``, ``vmask`` (its default
+protocol), ``vmask_whole`` (VMask with ``row_blocks: 1``: each product's operand in one message, as before the row
+blocks) and ``vmask_beaver`` (VMask with ``protocol: beaver``, the per-product Beaver protocol before issue 26); the
+three VMask variants give the same numbers with different traffic. The ratios are each VMask variant's per step over
+vanilla's. ``--device cuda`` runs every party's models and VMask's ring products on the GPU (``train.device``;
+default ``cpu``). ``--launch-only`` skips the one-process runs; ``--repeats N`` runs every variant N times, the
+variants side by side in each round, and adds each round's ratios (VMask over the same round's vanilla, per epoch),
+their medians and their mean with its 95% Student t interval over the rounds (``variants`` holds the first round).
 
     VFLBENCH_DATA=../shared/datasets OMP_NUM_THREADS=1 python benchmarks/network_vmask.py --out network_vmask.json
     VFLBENCH_DATA=../shared/datasets OMP_NUM_THREADS=1 python benchmarks/network_vmask.py --shape lan \
@@ -54,7 +55,7 @@ FULL_EPOCH_STEPS = math.ceil(60_000 / 128)
 VARIANTS = ("vanilla", "vmask", "vmask_whole", "vmask_beaver")
 
 
-def config(variant: str, *, train_size: int, epochs: int) -> dict:
+def config(variant: str, *, train_size: int, epochs: int, device: str = "cpu") -> dict:
     vmask = {"name": "vmask", "budget": 0.25, "sigma": 0.01, "mc_epochs": 20}
     defenses = {
         "vanilla": [],
@@ -74,6 +75,7 @@ def config(variant: str, *, train_size: int, epochs: int) -> dict:
             "optimizer": "sgd",
             "momentum": 0.0,
             "threads": 1,
+            "device": device,
         },
         "defenses": defenses,
         "seed": 0,
@@ -86,7 +88,7 @@ def _untimed(result: dict) -> dict:
 
 def _measure(variant: str, args: argparse.Namespace, shape: LinkProfile | None, link: str, out_dir: Path) -> dict:
     """One launch of ``variant`` (and its one-process run unless ``--launch-only``): per step, traffic, accuracy."""
-    cfg = build_config(config(variant, train_size=args.train_size, epochs=args.epochs))
+    cfg = build_config(config(variant, train_size=args.train_size, epochs=args.epochs, device=args.device))
     one = None if args.launch_only else run_experiment(cfg).to_dict()
     tic = time.perf_counter()
     many = launch(cfg, out_dir=out_dir, receive_timeout=300, shape=shape)
@@ -151,6 +153,7 @@ def main() -> None:
     )
     parser.add_argument("--variants", default="vanilla,vmask", help=f"comma-separated, of {', '.join(VARIANTS)}")
     parser.add_argument("--launch-only", action="store_true", help="skip the one-process runs")
+    parser.add_argument("--device", default="cpu", help="train.device of every party: cpu (default), cuda, auto")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of every variant, side by side in each round")
     parser.add_argument("--out", type=Path, default=Path("network_vmask.json"))
     args = parser.parse_args()
@@ -163,6 +166,7 @@ def main() -> None:
     report: dict = {
         "load_before": os.getloadavg(),
         "cpus": os.cpu_count(),
+        "device": args.device,
         "train_size": args.train_size,
         "epochs": args.epochs,
         "full_epoch_steps": FULL_EPOCH_STEPS,
