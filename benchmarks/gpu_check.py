@@ -266,41 +266,82 @@ def part_dmavfl(args: argparse.Namespace) -> dict[str, Any]:
     return record
 
 
+def _sweep_timeline(runs: Path, began: float, workers: int) -> dict[str, float]:
+    """When the runs of a finished sweep started and ended (seconds from ``began``, the sweep's launch), from their
+    files: a run writes ``config.yaml`` first and ``result.json`` last."""
+    spans = []
+    for run in runs.iterdir():
+        if (run / "result.json").is_file():
+            spans.append((min(f.stat().st_mtime for f in run.iterdir()), (run / "result.json").stat().st_mtime))
+    starts = sorted(s for s, _ in spans)
+    return {
+        "first_start_s": starts[0] - began,
+        "all_busy_s": starts[min(workers, len(starts)) - 1] - began,
+        "last_end_s": max(e for _, e in spans) - began,
+        "sum_run_wall_s": sum(e - s for s, e in spans),
+    }
+
+
+def _wall(cmd: list[str]) -> float:
+    tic = time.perf_counter()
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+    return time.perf_counter() - tic
+
+
 def part_sweep(args: argparse.Namespace) -> dict[str, Any]:
     """Issue 26's sweep on this machine's cores: wall seconds with 8, 1 and 14 workers (a fresh ``vflbench sweep``
-    each, timed from outside), the speed-up over 1 worker and the sum of the runs' own seconds. Every finished
-    measurement is written to ``--work`` at once, so a part stopped at its budget keeps what it measured."""
+    each, timed from outside), the speed-up over 1 worker, the sum of the runs' own seconds and the timeline (when
+    the first run started, when every worker had one, when the last ended); beside them what a fresh process pays to
+    import torch and to start the CLI, and ``sweep_overhead.py``'s sleeping runs at 8 workers (the executor and each
+    worker's first-run imports). Every finished measurement is written to ``--work`` at once, so a part stopped at
+    its budget keeps what it measured."""
     from vflbench.experiment.sweep import RUNS
 
     epochs, seeds, counts = (2, "[0]", (2, 1)) if args.smoke else (40, "[0, 1, 2, 3]", (8, 1, 14))
+    work = Path(args.work)
     out: dict[str, Any] = {
         "cpus": os.cpu_count(),
         "config": f"{SWEEP_EXAMPLE.name}, train.epochs={epochs}, sweep.seeds={seeds}, --device cpu",
+        "start_up_s": {
+            "python -c 'import torch' (first, second)": [_wall([sys.executable, "-c", "import torch"]) for _ in "12"],
+            "vflbench --version": _wall([sys.executable, "-m", "vflbench.cli", "--version"]),
+            "python -c 'import vflbench.experiment.run'": _wall(
+                [sys.executable, "-c", "import vflbench.experiment.run"]
+            ),
+        },
         "workers": {},
     }
+    overhead = work / "sweep_overhead.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "sweep_overhead.py"), "--workers", "8", "--first-run-imports"]
+    cmd += ["--json", str(overhead), "--seeds", "1" if args.smoke else "4", "--sleep", "0.2" if args.smoke else "1"]
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+    out["sleeping_runs_8_workers"] = json.loads(overhead.read_text())
+    write_json(work / "sweep.json", out)
     for n in counts:
         with tempfile.TemporaryDirectory(prefix="gpu_check_sweep_") as tmp:
             cmd = [sys.executable, "-m", "vflbench.cli", "sweep", str(SWEEP_EXAMPLE), "--out", tmp]
             cmd += ["--workers", str(n), "--device", "cpu"]
             cmd += ["--set", f"train.epochs={epochs}", "--set", f"sweep.seeds={seeds}"]
             load = os.getloadavg()[0]
-            tic = time.perf_counter()
+            began, tic = time.time(), time.perf_counter()
             done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
             wall = time.perf_counter() - tic
             if done.returncode:
                 raise RuntimeError(f"vflbench sweep --workers {n} failed ({done.returncode}):\n{done.stderr[-2000:]}")
             own = [json.loads(path.read_text())["timing"] for path in sorted((Path(tmp) / RUNS).glob("*/result.json"))]
+            timeline = _sweep_timeline(Path(tmp) / RUNS, began, n)
         out["workers"][str(n)] = {
             "wall_s": wall,
             "runs": len(own),
             "sum_run_s": sum(t["train_seconds"] + sum(t["attack_seconds"].values()) for t in own),
+            **timeline,
             "load_before": load,
         }
         base = out["workers"].get("1")
         if base:
             for row in out["workers"].values():
                 row["speedup"] = base["wall_s"] / row["wall_s"]
-        write_json(Path(args.work) / "sweep.json", out)
+        write_json(work / "sweep.json", out)
     return out
 
 
@@ -483,8 +524,11 @@ def summary_text(report: dict[str, Any]) -> str:
                 speed = f", {r['speedup']:.2f}x over 1 worker" if "speedup" in r else ""
                 lines.append(
                     f"  {n} workers: {r['wall_s']:.1f} s for {r['runs']} runs ({r['sum_run_s']:.1f} s of their "
-                    f"own){speed}"
+                    f"own){speed}; first run at {r['first_start_s']:.1f} s, every worker busy at "
+                    f"{r['all_busy_s']:.1f} s, last end {r['last_end_s']:.1f} s"
                 )
+            for what, seconds in result.get("start_up_s", {}).items():
+                lines.append(f"  {what}: {seconds} s")
         if name == "lan" and result:
             for device, r in result.get("devices", {}).items():
                 epochs = ", ".join(

@@ -86,10 +86,12 @@ def sleep_point(config: dict[str, Any], runs_dir: str, data_root: str | None) ->
     result = {
         "config_hash": digest,
         "seed": cfg.seed,
+        "data": {"n_train": 455, "n_test": 114, "dataset": cfg.data.name, "parties": 2},
         "utility": {"metric": "auc", "value": 0.95},
         "defense": [{"name": d.name, "params": d.params()} for d in cfg.defenses],
         "attacks": attacks,
         "timing": {"train_seconds": 1.0, "epoch_seconds": [1.0], "attack_seconds": {}},
+        "comm": {"messages": 0, "bytes_up": 0, "bytes_down": 0},
     }
     run_dir = Path(runs_dir) / digest
     run_dir.mkdir(parents=True, exist_ok=True)

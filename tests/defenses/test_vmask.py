@@ -295,9 +295,9 @@ def test_own_record_installs_w_known_and_reads_no_oracle(monkeypatch):
         share, _ = layer.own_shares()
         frac = layer.shared.frac_bits
         expected = rec.weight0 + (share.cpu() - rec.share0).to(torch.float64) * 2.0**-frac
-        installed = copy_.inner.get_submodule(name).weight.detach().to(torch.float64)
+        installed = copy_.inner.get_submodule(name).weight.detach().to(torch.float64).cpu()  # the run's device
         assert torch.allclose(installed, expected.to(installed.dtype), atol=1e-6)
-        truth = truths[name].to(torch.float64)
+        truth = truths[name].to(torch.float64).cpu()
         assert 1e-3 < float((installed - truth).norm() / truth.norm()) < 1.0
 
 
