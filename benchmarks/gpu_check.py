@@ -295,6 +295,9 @@ def part_sweep(args: argparse.Namespace) -> dict[str, Any]:
     import torch and to start the CLI, and ``sweep_overhead.py``'s sleeping runs at 8 workers (the executor and each
     worker's first-run imports). Every finished measurement is written to ``--work`` at once, so a part stopped at
     its budget keeps what it measured."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import sweep_workers
+
     from vflbench.experiment.sweep import RUNS
 
     epochs, seeds, counts = (2, "[0]", (2, 1)) if args.smoke else (40, "[0, 1, 2, 3]", (8, 1, 14))
@@ -328,12 +331,12 @@ def part_sweep(args: argparse.Namespace) -> dict[str, Any]:
             wall = time.perf_counter() - tic
             if done.returncode:
                 raise RuntimeError(f"vflbench sweep --workers {n} failed ({done.returncode}):\n{done.stderr[-2000:]}")
-            own = [json.loads(path.read_text())["timing"] for path in sorted((Path(tmp) / RUNS).glob("*/result.json"))]
+            runs, own = sweep_workers._own_seconds(Path(tmp))
             timeline = _sweep_timeline(Path(tmp) / RUNS, began, n)
         out["workers"][str(n)] = {
             "wall_s": wall,
-            "runs": len(own),
-            "sum_run_s": sum(t["train_seconds"] + sum(t["attack_seconds"].values()) for t in own),
+            "runs": runs,
+            "sum_run_s": own,
             **timeline,
             "load_before": load,
         }
